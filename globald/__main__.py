@@ -1,0 +1,5 @@
+import sys
+
+from globald.cli import main
+
+sys.exit(main())

@@ -1,0 +1,98 @@
+"""``globald run``: owns the state_dir, runs the global thread in the foreground, publishes status.
+
+One daemon per state_dir, enforced with an advisory lock. SIGTERM and SIGINT commit, close and exit 0. The
+state_dir is created private (0700) and a second daemon is refused without touching the first one's files.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import signal
+import time
+from pathlib import Path
+from types import FrameType
+from typing import IO
+
+from globald import statusfile
+from globald.config import Config
+from globald.engine.thread import GlobalThread
+from globald.errors import StateDirError, StateDirLockedError
+from globald.states import Listeners, State
+from globald.store.names import LOCK_FILE
+
+log = logging.getLogger(__name__)
+
+
+def prepare_state_dir(state_dir: Path) -> None:
+    try:
+        state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if state_dir.stat().st_mode & 0o077:
+            os.chmod(state_dir, 0o700)
+            log.warning("state_dir %s was readable by others; tightened to 0700", state_dir)
+    except OSError as e:
+        raise StateDirError(f"state_dir {state_dir}: {e.strerror or e}") from None
+    if not os.access(state_dir, os.W_OK | os.X_OK):
+        raise StateDirError(f"state_dir {state_dir} is not writable by uid {os.getuid()}")
+
+
+def lock_state_dir(state_dir: Path) -> IO[str]:
+    """Hold the state_dir's advisory lock for the life of the returned file."""
+    path = state_dir / LOCK_FILE
+    try:
+        f = open(path, "a+")  # noqa: SIM115 - held open for the life of the daemon
+    except OSError as e:
+        raise StateDirError(f"cannot open {path}: {e.strerror or e}") from None
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        owner = f.read().strip() or "unknown"
+        f.close()
+        raise StateDirLockedError(f"state_dir {state_dir} is owned by another globald (pid {owner})") from None
+    f.seek(0)
+    f.truncate()
+    f.write(str(os.getpid()))
+    f.flush()
+    return f
+
+
+class Daemon:
+    def __init__(self, config: Config, listeners: Listeners | None = None) -> None:
+        self.config = config
+        self.listeners = listeners or Listeners()
+        self.thread = GlobalThread(config, self.listeners)
+        self._last_status = 0.0
+        self.listeners.state.append(lambda new, old, reason: self.publish_status())
+        self.listeners.table_state.append(lambda table, new, old, reason: self.publish_status())
+        self.thread.after_commit.append(self.publish_status)
+        self.thread.after_poll.append(self._maybe_publish_status)
+
+    def publish_status(self) -> None:
+        self._last_status = time.monotonic()
+        statusfile.write(self.config.state_dir, self.thread.status())
+
+    def _maybe_publish_status(self) -> None:
+        if time.monotonic() - self._last_status >= 1.0:
+            self.publish_status()
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        log.info("%s received; committing and stopping", signal.Signals(signum).name)
+        self.thread.stop()
+
+    def run(self) -> int:
+        prepare_state_dir(self.config.state_dir)
+        lock = lock_state_dir(self.config.state_dir)
+        old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            log.info("globald %d starting: %d table(s), state_dir %s", os.getpid(), len(self.config.tables),
+                     self.config.state_dir)
+            self.thread.run()
+            return 0
+        finally:
+            for s, h in old.items():
+                signal.signal(s, h)
+            if self.thread.state in (State.NOT_RUNNING, State.ERROR):
+                self.publish_status()
+            lock.close()

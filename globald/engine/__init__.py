@@ -1,0 +1,2 @@
+"""The restoration engine, split as in Kafka Streams: the thread (loop and states), the state manager (restore
+plans, wipes, commits) and the update task (records into write batches)."""

@@ -1,0 +1,304 @@
+"""The global thread: one consumer, every partition of every table, restore then tail (GlobalStreamThread).
+
+What callers can rely on: the daemon is RESTORING while any table is restoring and RUNNING once every table has
+reached the log end captured when its restore began. Faults that may heal (broker down, topic missing, disk
+errors) are retried with backoff in-process; invalid offsets wipe and rebuild the table in-process. Only a bug
+ends the loop, in state ERROR.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from confluent_kafka import Consumer, TopicPartition
+
+from globald.config import Config
+from globald.engine.state_manager import StateManager, TableRuntime
+from globald.engine.update_task import UpdateTask
+from globald.kafka.clients import TransientKafkaError, make_consumer, partitions, watermarks
+from globald.kafka.retry import Backoff
+from globald.states import Listeners, State, StateMachine
+
+log = logging.getLogger(__name__)
+
+
+class GlobalThread:
+    def __init__(self, config: Config, listeners: Listeners | None = None,
+                 consumer_factory: Callable[[Config], Consumer] = make_consumer) -> None:
+        self.config = config
+        self.listeners = listeners or Listeners()
+        self.machine = StateMachine(self.listeners)
+        self.manager = StateManager(config, self.listeners)
+        self._consumer_factory = consumer_factory
+        self._consumer: Consumer | None = None
+        self._stop = threading.Event()
+        self._pending: set[str] = set()
+        self._backoff = Backoff()
+        self.after_commit: list[Callable[[], None]] = []
+        self.after_poll: list[Callable[[], None]] = []
+        self.last_loop = time.monotonic()
+        self.last_progress = time.monotonic()
+        self.consumer_errors = 0
+        self.degraded: str | None = None
+        self.recoveries: list[float] = []  # seconds from an invalid-offset error to RUNNING again
+
+    # -- public -----------------------------------------------------------------------------------------------
+
+    @property
+    def state(self) -> State:
+        return self.machine.state
+
+    @property
+    def tables(self) -> dict[str, TableRuntime]:
+        return self.manager.tables
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def run(self) -> None:
+        """Run until ``stop()``; commit and close on the way out. Raises only on a bug, after entering ERROR."""
+        clean = False
+        try:
+            self._start()
+            while not self._stop.is_set():
+                self._tick()
+            clean = True
+        except BaseException as e:
+            log.exception("global thread failed")
+            if self.machine.state not in (State.ERROR, State.NOT_RUNNING):
+                self.machine.to(State.ERROR, f"{type(e).__name__}: {e}")
+            raise
+        finally:
+            self._shutdown(clean)
+
+    # -- lifecycle ----------------------------------------------------------------------------------------------
+
+    def _start(self) -> None:
+        self.machine.to(State.RESTORING, "starting")
+        self.manager.open_all()
+        self._consumer = self._consumer_factory(self.config)
+        for rt in self.tables.values():
+            rt.machine.to(State.RESTORING, "starting")
+            self._pending.add(rt.name)
+        self._task = UpdateTask({rt.topic: rt for rt in self.tables.values()})
+        self._next_commit = time.monotonic() + self.config.commit_interval_ms / 1000
+        self._next_metadata = time.monotonic() + self.config.metadata_refresh_ms / 1000
+
+    def _shutdown(self, clean: bool) -> None:
+        if clean:
+            self.machine.to(State.PENDING_SHUTDOWN, "stop requested")
+            for rt in self.tables.values():
+                rt.machine.to(State.PENDING_SHUTDOWN, "stop requested")
+            try:
+                self.manager.commit(force=True)
+                self._after(self.after_commit)
+            except Exception:
+                log.exception("final commit failed; the stores stay consistent at their last write")
+                clean = False
+        self.manager.close(clean=clean)
+        if self._consumer is not None:
+            try:
+                self._consumer.close()
+            except Exception:
+                log.exception("consumer close failed")
+        if self.machine.state == State.PENDING_SHUTDOWN:
+            for rt in self.tables.values():
+                rt.machine.to(State.NOT_RUNNING, "stopped")
+            self.machine.to(State.NOT_RUNNING, "stopped")
+
+    # -- the loop -----------------------------------------------------------------------------------------------
+
+    def _tick(self) -> None:
+        assert self._consumer is not None
+        self.last_loop = time.monotonic()
+        self._plan_pending()
+        messages = self._consumer.consume(self.config.consume_batch_size, self.config.poll_timeout_ms / 1000)
+        try:
+            result = self._task.apply(messages)
+        except Exception as e:  # a store write failed (disk full, I/O error): nothing of this poll was lost
+            self._rewind_all(f"store write failed: {e}")
+            return
+        if self.degraded and result.records:
+            log.info("recovered: %s", self.degraded)
+            self.degraded = None
+        if result.errors:
+            self.consumer_errors += len(result.errors)
+            log.warning("consumer: %s", "; ".join(sorted(set(result.errors))[:5]))
+        for name, tb in result.tables.items():
+            rt = self.tables[name]
+            if tb.invalid_offset is not None:
+                self._recover(rt, tb.invalid_offset)
+                continue
+            if tb.positions:
+                rt.positions.update(tb.positions)
+                rt.dirty = True
+                self.last_progress = time.monotonic()
+            rt.null_keys += tb.null_keys
+            rt.records += sum(tb.counts.values())
+            if rt.ends:
+                self._restore_progress(rt, tb.counts)
+        now = time.monotonic()
+        if now >= self._next_metadata:
+            self._next_metadata = now + self.config.metadata_refresh_ms / 1000
+            self._refresh_metadata()
+        if now >= self._next_commit:
+            self._next_commit = now + self.config.commit_interval_ms / 1000
+            self._commit()
+        self._after(self.after_poll)
+        self._update_daemon_state()
+
+    def _commit(self) -> None:
+        try:
+            if self.manager.commit():
+                self._after(self.after_commit)
+        except Exception as e:
+            self._rewind_all(f"commit failed: {e}")
+
+    def _after(self, hooks: list[Callable[[], None]]) -> None:
+        for fn in hooks:
+            self.listeners.call(fn)
+
+    def _plan_pending(self) -> None:
+        assert self._consumer is not None
+        for name in sorted(self._pending):
+            if not self._backoff.due(name):
+                continue
+            rt = self.tables[name]
+            try:
+                tps = self.manager.plan(self._consumer, rt)
+                self._consumer.incremental_assign(tps)
+            except Exception as e:  # Kafka unreachable, topic missing, or the disk refusing a wipe
+                delay = self._backoff.failed(name)
+                if not isinstance(e, TransientKafkaError) and self._backoff.failures(name) == 1:
+                    log.exception("table %s: restore plan failed", name)
+                rt.last_error = str(e)
+                self.degraded = f"table {name}: {e}"
+                log.warning("table %s: cannot plan restore (%s); retrying in %.1fs", name, e, delay)
+                continue
+            rt.assigned = True
+            rt.last_error = None
+            self._pending.discard(name)
+            self._backoff.succeeded(name)
+            self._restore_progress(rt, {})
+
+    def _restore_progress(self, rt: TableRuntime, counts: dict[int, int]) -> None:
+        for p, n in counts.items():
+            if p in rt.ends and n:
+                rt.restored[p] = rt.restored.get(p, 0) + n
+                self.listeners.restore_event("on_batch_restored", rt.name, p, rt.positions[p], n)
+        for p in [p for p, end in rt.ends.items() if rt.positions.get(p, -1) >= end]:
+            del rt.ends[p]
+            log.info("table %s: partition %d restored (%d records)", rt.name, p, rt.restored.get(p, 0))
+            self.listeners.restore_event("on_restore_end", rt.name, p, rt.restored.get(p, 0))
+        if not rt.ends and rt.assigned and rt.machine.state == State.RESTORING:
+            self.manager.commit()
+            if rt.restore_started is not None:
+                took = time.monotonic() - rt.restore_started
+                self.recoveries.append(took)
+                rt.restore_started = None
+            rt.machine.to(State.RUNNING, "restored to the log end")
+
+    def _recover(self, rt: TableRuntime, detail: str) -> None:
+        """KIP-406: the broker no longer has our offset. Wipe the table and rebuild it from the log start."""
+        assert self._consumer is not None
+        self._unassign(rt)
+        self.manager.wipe(rt, "invalid_offset", detail)
+        rt.machine.to(State.RESTORING, f"invalid offset, rebuilding: {detail}")
+        self._pending.add(rt.name)
+        self._backoff.succeeded(rt.name)
+
+    def _unassign(self, rt: TableRuntime) -> None:
+        assert self._consumer is not None
+        if rt.assigned:
+            self._consumer.incremental_unassign(rt.assignment())
+            rt.assigned = False
+
+    def _rewind_all(self, reason: str) -> None:
+        """Forget the consumer's positions and re-plan every table from what its store holds."""
+        self.degraded = reason
+        log.error("degraded: %s; re-reading from the stored offsets after a backoff", reason)
+        for rt in self.tables.values():
+            self._unassign(rt)
+            rt.last_error = reason
+            self._pending.add(rt.name)
+            self._backoff.failed(rt.name)
+
+    def _refresh_metadata(self) -> None:
+        """Pick up partitions added to a topic, and refresh end offsets for lag."""
+        assert self._consumer is not None
+        for rt in self.tables.values():
+            if not rt.assigned:
+                continue
+            try:
+                parts = partitions(self._consumer, rt.topic)
+                added = [p for p in parts if p not in rt.partitions]
+                marks = {p: watermarks(self._consumer, rt.topic, p) for p in added}
+            except TransientKafkaError as e:
+                log.warning("table %s: metadata refresh failed: %s", rt.name, e)
+                continue
+            if not added:
+                continue
+            log.info("table %s: partitions %s added to %s", rt.name, added, rt.topic)
+            rt.partitions = sorted(rt.partitions + added)
+            for p, (low, high) in marks.items():
+                rt.positions[p] = low
+                rt.end_offsets[p] = high
+                if low < high:
+                    rt.ends[p] = high
+                    rt.restored[p] = 0
+                    self.listeners.restore_event("on_restore_start", rt.name, p, low, high)
+            self._consumer.incremental_assign([TopicPartition(rt.topic, p, marks[p][0]) for p in added])
+            if rt.ends and rt.machine.state == State.RUNNING:
+                rt.machine.to(State.RESTORING, f"partitions {added} added")
+
+    def _update_daemon_state(self) -> None:
+        restoring = [rt.name for rt in self.tables.values() if rt.machine.state != State.RUNNING]
+        if restoring:
+            self.machine.to(State.RESTORING, f"restoring {', '.join(restoring)}")
+        else:
+            self.machine.to(State.RUNNING, "every table restored")
+
+    # -- observation --------------------------------------------------------------------------------------------
+
+    def end_offsets(self, rt: TableRuntime) -> dict[int, int]:
+        """Latest known log ends: the consumer's cached high watermarks, else those from the restore plan."""
+        ends = dict(rt.end_offsets)
+        if self._consumer is not None and rt.assigned:
+            for p in rt.partitions:
+                try:
+                    _, high = self._consumer.get_watermark_offsets(TopicPartition(rt.topic, p), cached=True)
+                except Exception:
+                    continue
+                if high is not None and high >= 0:
+                    ends[p] = max(high, ends.get(p, 0))
+        return ends
+
+    def status(self) -> dict[str, Any]:
+        tables: dict[str, Any] = {}
+        for rt in list(self.tables.values()):
+            ends = self.end_offsets(rt)
+            positions = dict(rt.positions)
+            tables[rt.name] = {
+                "state": rt.machine.state.value,
+                "reason": rt.machine.reason,
+                "topic": rt.topic,
+                "offsets": {str(p): o for p, o in sorted(positions.items())},
+                "end_offsets": {str(p): o for p, o in sorted(ends.items())},
+                "lag": sum(max(0, ends.get(p, 0) - positions.get(p, 0)) for p in ends),
+                "records": rt.records,
+                "null_keys": rt.null_keys,
+                "wipes": sum(n for (t, _), n in self.manager.wipes.items() if t == rt.name),
+                "last_error": rt.last_error,
+            }
+        return {
+            "state": self.machine.state.value,
+            "reason": self.machine.reason,
+            "pid": os.getpid(),
+            "degraded": self.degraded,
+            "tables": tables,
+        }

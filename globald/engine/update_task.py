@@ -1,0 +1,112 @@
+"""Applies one poll's records to the table stores: one WriteBatch per table, offsets inside it.
+
+Contract: after ``apply`` returns, each touched table's store holds the records of this poll together with the
+next-offsets just past them, written atomically; a table that reported an invalid offset in the poll gets no
+write at all (it is about to be wiped). Null keys are skipped and counted; tombstones delete.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, KafkaError, Message
+from rocksdict import WriteBatch
+
+from globald.engine.state_manager import TableRuntime
+from globald.store.codec import NO_TIMESTAMP, pack_i64
+
+log = logging.getLogger(__name__)
+
+_EOF = KafkaError._PARTITION_EOF
+_INVALID_OFFSET = KafkaError._AUTO_OFFSET_RESET
+
+
+@dataclass
+class TableBatch:
+    """What one poll did to one table."""
+
+    positions: dict[int, int] = field(default_factory=dict)  # new next-offset per touched partition
+    counts: dict[int, int] = field(default_factory=dict)  # records applied per partition
+    null_keys: int = 0
+    invalid_offset: str | None = None
+
+
+@dataclass
+class PollResult:
+    tables: dict[str, TableBatch] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)  # transient consumer errors, for logs and status
+
+    @property
+    def records(self) -> int:
+        return sum(sum(b.counts.values()) for b in self.tables.values())
+
+
+class UpdateTask:
+    """Turns consumed messages into store writes for the tables in ``tables`` (keyed by topic)."""
+
+    def __init__(self, tables: dict[str, TableRuntime]) -> None:
+        self._tables = tables
+
+    def apply(self, messages: Sequence[Message]) -> PollResult:
+        result = PollResult()
+        batches: dict[str, WriteBatch] = {}
+        for m in messages:
+            err = m.error()
+            rt = self._tables.get(m.topic() or "")
+            if err is not None:
+                self._on_error(m, err, rt, result)
+                continue
+            if rt is None:
+                continue
+            tb = result.tables.get(rt.name)
+            if tb is None:
+                tb = result.tables[rt.name] = TableBatch()
+            if tb.invalid_offset is not None:
+                continue
+            batch = batches.get(rt.name)
+            if batch is None:
+                batch = batches[rt.name] = rt.store.new_batch()
+            partition = m.partition()
+            tb.positions[partition] = m.offset() + 1
+            tb.counts[partition] = tb.counts.get(partition, 0) + 1
+            key = m.key()
+            if key is None:
+                tb.null_keys += 1
+                continue
+            value = m.value()
+            if value is None:
+                batch.delete(key)
+            else:
+                ts_type, ts = m.timestamp()
+                batch.put(key, pack_i64(ts if ts_type != TIMESTAMP_NOT_AVAILABLE else NO_TIMESTAMP) + value)
+        for rt in self._tables.values():
+            tb = result.tables.get(rt.name)
+            if tb is None or tb.invalid_offset is not None or not tb.positions:
+                continue
+            batch = batches.get(rt.name)
+            if batch is None:
+                batch = rt.store.new_batch()
+            rt.store.put_offsets(batch, tb.positions)
+            rt.store.write(batch)
+        return result
+
+    @staticmethod
+    def _on_error(m: Message, err: KafkaError, rt: TableRuntime | None, result: PollResult) -> None:
+        code = err.code()
+        if rt is None:
+            if code != _EOF:
+                result.errors.append(err.str())
+            return
+        tb = result.tables.setdefault(rt.name, TableBatch())
+        if code == _EOF:
+            # The broker's end (past compaction gaps and transaction markers) is a valid next-offset.
+            partition, offset = m.partition(), m.offset()
+            known = max(tb.positions.get(partition, -1), rt.positions.get(partition, -1))
+            if offset is not None and offset > known:
+                tb.positions[partition] = offset
+        elif code == _INVALID_OFFSET:
+            tb.invalid_offset = f"invalid offset {m.offset()} for {m.topic()}[{m.partition()}]: {err.str()}"
+        else:
+            result.errors.append(f"{m.topic()}[{m.partition()}]: {err.str()}")

@@ -1,0 +1,35 @@
+"""Exceptions an operator may meet. Each docstring says what to do about it."""
+
+from __future__ import annotations
+
+
+class GlobaldError(Exception):
+    """Base class of globald's own errors."""
+
+
+class ConfigError(GlobaldError):
+    """The config file is invalid. Fix the key named in the message; nothing on disk was touched."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(f"{key}: {message}")
+        self.key = key
+
+
+class StateDirLockedError(GlobaldError):
+    """Another globald already owns this state_dir. Stop it first, or give this instance its own state_dir."""
+
+
+class StateDirError(GlobaldError):
+    """The state_dir cannot be created or written. Fix its ownership and permissions (globald wants mode 0700)."""
+
+
+class StoreCorruptError(GlobaldError):
+    """A table's store cannot be opened as a globald store. The daemon wipes and rebuilds it from the topic."""
+
+
+class StoreUnavailableError(GlobaldError):
+    """A store could not be opened for a reason a wipe would not fix (locked, I/O error). Check the disk."""
+
+
+class UnknownTableError(GlobaldError):
+    """The table named is not in the config. Check the spelling against the [[tables]] entries."""

@@ -1,0 +1,54 @@
+"""The daemon's single consumer and the metadata queries the loop makes through it.
+
+Queries raise ``TransientKafkaError`` for anything that may heal by itself (broker down, leader moving, topic
+missing for now); the loop retries those with backoff and never ends the process because of them.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+
+from globald.config import Config, redact
+
+log = logging.getLogger(__name__)
+kafka_log = logging.getLogger("globald.librdkafka")
+
+
+class TransientKafkaError(Exception):
+    """Kafka could not answer now (broker unreachable, topic missing, leader moving). Retried with backoff."""
+
+
+def make_consumer(config: Config) -> Consumer:
+    settings = config.consumer_settings()
+    log.info("consumer settings: %s", redact(settings))
+    return Consumer({**settings, "logger": kafka_log})
+
+
+def partitions(consumer: Consumer, topic: str, timeout: float = 5.0) -> list[int]:
+    try:
+        md = consumer.list_topics(topic, timeout=timeout)
+    except KafkaException as e:
+        raise TransientKafkaError(f"metadata for {topic}: {e}") from None
+    tm = md.topics.get(topic)
+    if tm is None or tm.error is not None or not tm.partitions:
+        err = tm.error if tm is not None else None
+        raise TransientKafkaError(f"topic {topic} unavailable: {err.str() if err else 'no partitions'}")
+    return sorted(tm.partitions)
+
+
+def watermarks(consumer: Consumer, topic: str, partition: int, timeout: float = 5.0) -> tuple[int, int]:
+    """(log start, end) of a partition, asked of the broker (never cached)."""
+    try:
+        low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout, cached=False)
+    except KafkaException as e:
+        raise TransientKafkaError(f"watermarks of {topic}[{partition}]: {e}") from None
+    if low < 0 or high < 0:
+        raise TransientKafkaError(f"watermarks of {topic}[{partition}] unknown ({low}, {high})")
+    return low, high
+
+
+def error_text(err: KafkaError | Any) -> str:
+    return err.str() if hasattr(err, "str") else str(err)

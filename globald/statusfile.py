@@ -1,0 +1,85 @@
+"""The status document a running daemon publishes in its state_dir, and how other processes read it.
+
+The daemon replaces ``status.json`` atomically on every state change and commit, so ``globald status`` never
+opens the store or takes a lock while a daemon runs. A file left by a dead daemon is recognised by its pid.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from globald.config import Config
+from globald.errors import StoreUnavailableError
+from globald.states import State
+from globald.store import checkpoint_file
+from globald.store.names import STATUS_FILE, checkpoint_path, db_dir
+from globald.store.reader import StoreReader
+
+
+def write(state_dir: Path, doc: dict[str, Any]) -> None:
+    doc = {**doc, "updated": time.time()}
+    path = state_dir / STATUS_FILE
+    tmp = path.with_name(f"{STATUS_FILE}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(doc, sort_keys=True))
+    os.replace(tmp, path)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        return b"globald" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return True
+
+
+def read_live(state_dir: Path) -> dict[str, Any] | None:
+    """The running daemon's status, or None when no daemon owns ``state_dir``."""
+    try:
+        doc = json.loads((state_dir / STATUS_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    pid = doc.get("pid")
+    if not isinstance(pid, int) or not _alive(pid) or doc.get("state") == State.NOT_RUNNING.value:
+        return None
+    return doc
+
+
+def offline(config: Config) -> dict[str, Any]:
+    """Status with no daemon running: committed offsets from each store, else from its .checkpoint file."""
+    tables: dict[str, Any] = {}
+    for t in config.tables:
+        offsets: dict[int, int] = {}
+        source = "none"
+        if (db_dir(config.state_dir, t.name) / "CURRENT").exists():
+            try:
+                with StoreReader(db_dir(config.state_dir, t.name)) as r:
+                    offsets, source = r.offsets(), "store"
+            except StoreUnavailableError as e:
+                source = f"unreadable store: {e}"
+        if not offsets:
+            try:
+                found = checkpoint_file.read(checkpoint_path(config.state_dir, t.name))
+                offsets = {p: o for (topic, p), o in found.items() if topic == t.topic}
+                source = "checkpoint" if offsets else source
+            except checkpoint_file.CheckpointFormatError:
+                pass
+        tables[t.name] = {
+            "state": State.NOT_RUNNING.value,
+            "topic": t.topic,
+            "offsets": {str(p): o for p, o in sorted(offsets.items())},
+            "source": source,
+        }
+    return {"state": State.NOT_RUNNING.value, "pid": None, "tables": tables}
+
+
+def current(config: Config) -> dict[str, Any]:
+    return read_live(config.state_dir) or offline(config)

@@ -1,0 +1,37 @@
+"""Byte encodings of stored values and offsets (KIP-258 timestamped values).
+
+A stored value is the record timestamp as 8 big-endian signed bytes, then the value bytes. ``NO_TIMESTAMP``
+(-1) stands in when the broker gives none. Offsets are stored as 8 big-endian signed bytes under the partition
+number in decimal ASCII.
+"""
+
+from __future__ import annotations
+
+import struct
+
+NO_TIMESTAMP = -1
+_I64 = struct.Struct(">q")
+pack_i64 = _I64.pack
+
+
+def encode_value(timestamp: int, value: bytes) -> bytes:
+    return _I64.pack(timestamp) + value
+
+
+def decode_value(stored: bytes) -> tuple[bytes, int]:
+    """(value, timestamp) of a stored value."""
+    if len(stored) < 8:
+        raise ValueError(f"stored value of {len(stored)} bytes is shorter than its timestamp prefix")
+    return stored[8:], _I64.unpack_from(stored)[0]
+
+
+def encode_offset(offset: int) -> bytes:
+    return _I64.pack(offset)
+
+
+def decode_offset(raw: bytes) -> int:
+    return _I64.unpack(raw)[0]
+
+
+def partition_key(partition: int) -> bytes:
+    return str(partition).encode()
