@@ -138,7 +138,9 @@ class EmbeddedKafka:
             "log.retention.check.interval.ms": "1000",
             "log.segment.delete.delay.ms": "1000",
             "offsets.topic.replication.factor": "1",
-            "auto.create.topics.enable": "true",
+            # Topics are created explicitly (TopicAdmin): a 0.9 metadata request would otherwise resurrect a
+            # topic a test just deleted.
+            "auto.create.topics.enable": "false",
             "num.partitions": "3",
             "log.cleanup.policy": "compact",
             "controlled.shutdown.enable": "false",

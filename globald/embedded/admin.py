@@ -1,0 +1,205 @@
+"""Topic administration for the demo, tests and benchmarks: create, delete, advance the log start, produce.
+
+``TopicAdmin.for_broker`` picks the modern Admin API where the broker has it, or the Java tools bundled with
+the embedded 0.9 broker (through ZooKeeper) where it does not. Callers never branch on the broker version.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from globald.embedded.broker import kafka_home
+
+Record = tuple[bytes | None, bytes | None]  # (key, value); a None value is a tombstone
+
+
+class TopicAdmin:
+    """Common operations; subclasses provide create/delete/advance."""
+
+    def __init__(self, client_settings: dict[str, Any]) -> None:
+        self.settings = dict(client_settings)
+        self._producer: Producer | None = None
+
+    @staticmethod
+    def for_broker(client_settings: dict[str, Any], zookeeper: str | None = None) -> TopicAdmin:
+        if zookeeper:
+            return JavaToolsAdmin(client_settings, zookeeper)
+        return ModernAdmin(client_settings)
+
+    # -- data ---------------------------------------------------------------------------------------------
+
+    def producer(self) -> Producer:
+        if self._producer is None:
+            self._producer = Producer({**self.settings, "log_level": 3, "linger.ms": 20, "batch.num.messages": 10000,
+                                       "queue.buffering.max.messages": 500000})
+        return self._producer
+
+    def produce(self, topic: str, records: Iterable[Record], partition: int | None = None,
+                timestamp: int | None = None) -> int:
+        """Produce and flush; returns how many records were sent. Raises if any delivery failed."""
+        p = self.producer()
+        failures: list[str] = []
+
+        def on_delivery(err: Any, msg: Any) -> None:
+            if err is not None:
+                failures.append(str(err))
+
+        n = 0
+        for key, value in records:
+            kwargs: dict[str, Any] = {"key": key, "value": value, "on_delivery": on_delivery}
+            if partition is not None:
+                kwargs["partition"] = partition
+            if timestamp is not None:
+                kwargs["timestamp"] = timestamp
+            while True:
+                try:
+                    p.produce(topic, **kwargs)
+                    break
+                except BufferError:
+                    p.poll(0.05)
+            n += 1
+        remaining = p.flush(60)
+        if remaining or failures:
+            raise RuntimeError(f"produce to {topic}: {remaining} undelivered, failures: {failures[:3]}")
+        return n
+
+    def watermarks(self, topic: str) -> dict[int, tuple[int, int]]:
+        c = Consumer({**self.settings, "group.id": "globald-admin", "log_level": 3})
+        try:
+            md = c.list_topics(topic, timeout=10)
+            parts = sorted(md.topics[topic].partitions) if topic in md.topics else []
+            return {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False) for p in parts}
+        finally:
+            c.close()
+
+    def end_offsets(self, topic: str) -> dict[int, int]:
+        return {p: hi for p, (_, hi) in self.watermarks(topic).items()}
+
+    def wait_for_topic(self, topic: str, partitions: int, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                if len(self.watermarks(topic)) == partitions:
+                    return
+            except Exception:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError(f"topic {topic} did not get {partitions} partitions")
+
+    def close(self) -> None:
+        if self._producer is not None:
+            self._producer.flush(10)
+            self._producer = None
+
+    # -- topology (per broker kind) -----------------------------------------------------------------------
+
+    def create(self, topic: str, partitions: int = 3, compact: bool = True) -> None:
+        raise NotImplementedError
+
+    def delete(self, topic: str) -> None:
+        raise NotImplementedError
+
+    def add_partitions(self, topic: str, total: int) -> None:
+        raise NotImplementedError
+
+    def advance_log_start(self, topic: str, timeout: float = 90.0) -> dict[int, int]:
+        """Drop every record currently in ``topic`` (log start moves past the current end), as retention would."""
+        raise NotImplementedError
+
+
+class ModernAdmin(TopicAdmin):
+    """Brokers with the CreateTopics/DeleteTopics/DeleteRecords APIs (Kafka ≥ 1.1)."""
+
+    def _admin(self) -> Any:
+        from confluent_kafka.admin import AdminClient
+
+        return AdminClient(self.settings)
+
+    def create(self, topic: str, partitions: int = 3, compact: bool = True) -> None:
+        from confluent_kafka.admin import NewTopic
+
+        config = {"cleanup.policy": "compact"} if compact else {}
+        fs = self._admin().create_topics([NewTopic(topic, partitions, 1, config=config)])
+        fs[topic].result(30)
+        self.wait_for_topic(topic, partitions)
+
+    def delete(self, topic: str) -> None:
+        self._admin().delete_topics([topic])[topic].result(30)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and topic in self._admin().list_topics(timeout=10).topics:
+            time.sleep(0.2)
+
+    def add_partitions(self, topic: str, total: int) -> None:
+        from confluent_kafka.admin import NewPartitions
+
+        self._admin().create_partitions([NewPartitions(topic, total)])[topic].result(30)
+        self.wait_for_topic(topic, total)
+
+    def advance_log_start(self, topic: str, timeout: float = 90.0) -> dict[int, int]:
+        ends = self.end_offsets(topic)
+        fs = self._admin().delete_records([TopicPartition(topic, p, o) for p, o in ends.items()])
+        for f in fs.values():
+            f.result(30)
+        return ends
+
+
+class JavaToolsAdmin(TopicAdmin):
+    """Brokers without the modern Admin APIs (the embedded 0.9): Kafka's TopicCommand through ZooKeeper."""
+
+    def __init__(self, client_settings: dict[str, Any], zookeeper: str) -> None:
+        super().__init__(client_settings)
+        self.zookeeper = zookeeper
+
+    def _topic_command(self, *args: str) -> str:
+        home = kafka_home()
+        cmd = ["java", "-Xmx128m", "-XX:+UseSerialGC", "-cp", f"{home}/libs/*",
+               f"-Dlog4j.configuration=file:{home}/config/tools-log4j.properties",
+               "kafka.admin.TopicCommand", "--zookeeper", self.zookeeper, *args]
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        if out.returncode != 0 or "Error" in out.stdout:
+            raise RuntimeError(f"TopicCommand {' '.join(args)} failed: {out.stdout[-500:]} {out.stderr[-500:]}")
+        return out.stdout
+
+    def create(self, topic: str, partitions: int = 3, compact: bool = True) -> None:
+        args = ["--create", "--topic", topic, "--partitions", str(partitions), "--replication-factor", "1"]
+        args += ["--config", f"cleanup.policy={'compact' if compact else 'delete'}"]
+        self._topic_command(*args)
+        self.wait_for_topic(topic, partitions)
+
+    def delete(self, topic: str) -> None:
+        self._topic_command("--delete", "--topic", topic)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if topic not in self._topic_command("--list").split():
+                return
+            time.sleep(0.5)
+        raise TimeoutError(f"topic {topic} was not deleted")
+
+    def add_partitions(self, topic: str, total: int) -> None:
+        self._topic_command("--alter", "--topic", topic, "--partitions", str(total))
+        self.wait_for_topic(topic, total)
+
+    def advance_log_start(self, topic: str, timeout: float = 90.0) -> dict[int, int]:
+        """Switch the topic to time retention briefly so the broker deletes every closed segment."""
+        before = self.end_offsets(topic)
+        self._topic_command("--alter", "--topic", topic, "--config", "cleanup.policy=delete",
+                            "--config", "retention.ms=1", "--config", "segment.ms=100")
+        try:
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                # A segment rolls only when a record arrives after segment.ms; retention then drops the old one.
+                time.sleep(0.3)
+                for p in before:
+                    self.produce(topic, [(b"__roll__", b"x")], partition=p)
+                marks = self.watermarks(topic)
+                if all(marks[p][0] > before[p] for p in before):
+                    return {p: marks[p][0] for p in before}
+            raise TimeoutError(f"log start of {topic} did not advance past {before}")
+        finally:
+            self._topic_command("--alter", "--topic", topic, "--config", "cleanup.policy=compact",
+                                "--delete-config", "retention.ms", "--delete-config", "segment.ms")

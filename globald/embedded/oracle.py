@@ -1,0 +1,55 @@
+"""The correctness oracle: the last value per key among a topic's records below given offsets.
+
+Tombstones delete the key, null keys are ignored. Every claim the tests, benchmarks and soak make about a store
+or a snapshot is checked against this fold, read straight from the broker.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+Table = dict[bytes, bytes]
+
+
+def fold(settings: dict[str, Any], topic: str, upto: dict[int, int], timeout: float = 120.0) -> Table:
+    """Fold ``topic`` from each partition's log start up to (excluding) ``upto[partition]``."""
+    c = Consumer({**settings, "group.id": "globald-oracle", "enable.auto.commit": False,
+                  "auto.offset.reset": "earliest", "enable.partition.eof": True, "log_level": 3})
+    table: Table = {}
+    try:
+        todo = {p: o for p, o in upto.items() if o > 0}
+        # Start at each log start explicitly: offset 0 may be gone after retention.
+        lows = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)[0] for p in todo}
+        todo = {p: o for p, o in todo.items() if lows[p] < o}
+        c.assign([TopicPartition(topic, p, lows[p]) for p in todo])
+        deadline = time.monotonic() + timeout
+        while todo:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"oracle fold of {topic} did not reach {upto}; left {todo}")
+            for m in c.consume(10000, 0.5):
+                p = m.partition()
+                if p not in todo:
+                    continue
+                err = m.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF and m.offset() >= todo[p]:
+                        del todo[p]
+                    continue
+                if m.offset() >= todo[p]:
+                    del todo[p]
+                    continue
+                key = m.key()
+                if key is not None:
+                    value = m.value()
+                    if value is None:
+                        table.pop(key, None)
+                    else:
+                        table[key] = value
+                if m.offset() + 1 >= todo[p]:
+                    del todo[p]
+    finally:
+        c.close()
+    return table

@@ -1,0 +1,185 @@
+"""Test harness: the broker under test and the real daemon run as a subprocess (``python -m globald run``).
+
+The broker is the embedded Apache Kafka 0.9 unless ``GLOBALD_TEST_BOOTSTRAP`` names an external one (then
+``GLOBALD_TEST_KAFKA_PROPS`` may add client properties as JSON, and ``GLOBALD_TEST_ZOOKEEPER`` selects the Java
+admin tools for a pre-1.1 broker).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from globald.embedded.admin import Record, TopicAdmin
+from globald.embedded.broker import EmbeddedKafka
+from globald.embedded.oracle import Table, fold
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class Broker:
+    settings: dict[str, Any]
+    admin: TopicAdmin
+    embedded: EmbeddedKafka | None = None
+
+    @property
+    def has_timestamps(self) -> bool:
+        return self.settings.get("broker.version.fallback", "") != "0.9.0.1"
+
+
+def start_broker(run_dir: Path) -> Broker:
+    external = os.environ.get("GLOBALD_TEST_BOOTSTRAP")
+    if external:
+        settings: dict[str, Any] = {"bootstrap.servers": external}
+        settings.update(json.loads(os.environ.get("GLOBALD_TEST_KAFKA_PROPS", "{}")))
+        return Broker(settings, TopicAdmin.for_broker(settings, os.environ.get("GLOBALD_TEST_ZOOKEEPER")))
+    kafka = EmbeddedKafka(run_dir).start()
+    return Broker(kafka.client_settings, TopicAdmin.for_broker(kafka.client_settings, kafka.zookeeper), kafka)
+
+
+def random_records(n: int, keys: int, seed: int, tombstones: float = 0.05, null_keys: float = 0.0,
+                   value_size: int = 24) -> list[Record]:
+    rnd = random.Random(seed)
+    out: list[Record] = []
+    for i in range(n):
+        if rnd.random() < null_keys:
+            out.append((None, b"null-key-%d" % i))
+            continue
+        key = b"key-%06d" % rnd.randrange(keys)
+        value = None if rnd.random() < tombstones else (b"v%d-" % i) + rnd.randbytes(value_size)
+        out.append((key, value))
+    return out
+
+
+def toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int | float):
+        return str(v)
+    return json.dumps(str(v))
+
+
+def write_config(path: Path, state_dir: Path, settings: dict[str, Any], tables: dict[str, str],
+                 **top: Any) -> Path:
+    lines = [f"state_dir = {json.dumps(str(state_dir))}"]
+    lines += [f"{k} = {toml_value(v)}" for k, v in top.items() if not isinstance(v, dict)]
+    for section, values in ((k, v) for k, v in top.items() if isinstance(v, dict)):
+        lines.append(f"[{section}]")
+        lines += [f"{k} = {toml_value(v)}" for k, v in values.items()]
+    lines.append("[kafka]")
+    lines += [f"{json.dumps(k)} = {toml_value(v)}" for k, v in settings.items()]
+    for name, topic in tables.items():
+        lines += ["[[tables]]", f"name = {json.dumps(name)}", f"topic = {json.dumps(topic)}"]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def globald(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "globald", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=REPO)
+
+
+@dataclass
+class DaemonProcess:
+    """The real daemon, run as ``python -m globald run --config FILE``."""
+
+    config: Path
+    log: Path
+    proc: subprocess.Popen[bytes] | None = None
+    pids: list[int] = field(default_factory=list)
+
+    def start(self) -> DaemonProcess:
+        out = open(self.log, "ab")  # noqa: SIM115 - handed to the child
+        self.proc = subprocess.Popen([sys.executable, "-m", "globald", "run", "--config", str(self.config)],
+                                     stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
+        out.close()
+        self.pids.append(self.proc.pid)
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def status(self) -> dict[str, Any]:
+        r = globald("status", "--config", str(self.config), "--json")
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout)
+
+    def wait_for(self, predicate: Callable[[dict[str, Any]], bool], timeout: float = 60.0,
+                 what: str = "condition") -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        doc: dict[str, Any] = {}
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise AssertionError(f"daemon exited with {self.proc.returncode}; log:\n{self.tail()}")
+            doc = self.status()
+            if predicate(doc):
+                return doc
+            time.sleep(0.2)
+        raise AssertionError(f"timed out waiting for {what}; last status {doc}; log:\n{self.tail()}")
+
+    def wait_running(self, ends: dict[str, dict[int, int]] | None = None, timeout: float = 60.0) -> dict[str, Any]:
+        """RUNNING, and (when given) each table's offsets at least at ``ends``."""
+
+        def ok(doc: dict[str, Any]) -> bool:
+            if doc.get("state") != "RUNNING" or doc.get("pid") != self.pid:
+                return False
+            for table, want in (ends or {}).items():
+                got = doc["tables"][table]["offsets"]
+                if any(got.get(str(p), -1) < o for p, o in want.items()):
+                    return False
+            return True
+
+        return self.wait_for(ok, timeout, f"RUNNING at {ends}")
+
+    def dump(self, table: str, snapshot: str | None = None) -> dict[bytes, tuple[bytes, int]]:
+        args = ["dump", "--config", str(self.config), "--table", table]
+        if snapshot:
+            args += ["--snapshot", snapshot]
+        r = globald(*args)
+        assert r.returncode == 0, r.stderr
+        out: dict[bytes, tuple[bytes, int]] = {}
+        for line in r.stdout.splitlines():
+            doc = json.loads(line)
+            out[base64.b64decode(doc["key"])] = (base64.b64decode(doc["value"]), doc["timestamp"])
+        return out
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise AssertionError(f"daemon did not stop on {sig}; log:\n{self.tail()}") from None
+
+    def tail(self, n: int = 60) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return "(no log)"
+
+
+def values_only(dump: dict[bytes, tuple[bytes, int]]) -> Table:
+    return {k: v for k, (v, _) in dump.items()}
+
+
+def oracle_at(broker: Broker, topic: str, offsets: dict[str, int]) -> Table:
+    return fold(broker.settings, topic, {int(p): o for p, o in offsets.items()})

@@ -1,0 +1,170 @@
+"""The daemon against a real broker and real RocksDB: oracle equality, restart, SIGKILL, KIP-406 recovery."""
+
+from __future__ import annotations
+
+import random
+import signal
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+
+from tests.harness import Broker, DaemonProcess, oracle_at, random_records, values_only
+
+pytestmark = pytest.mark.kafka
+
+Daemon = Callable[..., DaemonProcess]
+
+
+def ends_of(broker: Broker, topic: str) -> dict[int, int]:
+    return broker.admin.end_offsets(topic)
+
+
+def assert_matches_oracle(broker: Broker, d: DaemonProcess, table: str, topic: str) -> dict[str, int]:
+    offsets = d.status()["tables"][table]["offsets"]
+    dump = d.dump(table)
+    assert values_only(dump) == oracle_at(broker, topic, offsets)
+    return offsets
+
+
+def test_store_equals_oracle_fold(broker: Broker, topic: Callable[..., str], daemon: Daemon) -> None:
+    t = topic()
+    records = random_records(20_000, keys=2_000, seed=1, tombstones=0.1)
+    records.append((b"empty-value", b""))  # an empty value is a value, not a tombstone
+    broker.admin.produce(t, records)
+    d = daemon({"customers": t})
+    doc = d.wait_running({"customers": ends_of(broker, t)})
+    dump = d.dump("customers")
+    expected = oracle_at(broker, t, doc["tables"]["customers"]["offsets"])
+    assert values_only(dump) == expected
+    assert dump[b"empty-value"][0] == b""
+    if not broker.has_timestamps:
+        assert {ts for _, ts in dump.values()} == {-1}
+    # Tail: new records, overwrites and tombstones arrive while RUNNING.
+    live = random_records(3_000, keys=2_000, seed=2, tombstones=0.2)
+    broker.admin.produce(t, live)
+    d.wait_running({"customers": ends_of(broker, t)})
+    assert_matches_oracle(broker, d, "customers", t)
+    assert d.stop() == 0
+
+
+def test_null_keys_are_skipped_and_counted(broker: Broker, topic: Callable[..., str], daemon: Daemon) -> None:
+    # Brokers refuse null keys on compacted topics, so they can only come from a topic with delete retention.
+    t = topic(compact=False)
+    records = random_records(2_000, keys=100, seed=13, null_keys=0.1)
+    broker.admin.produce(t, records)
+    d = daemon({"tbl": t})
+    doc = d.wait_running({"tbl": ends_of(broker, t)})
+    assert doc["tables"]["tbl"]["null_keys"] == sum(1 for k, _ in records if k is None)
+    assert_matches_oracle(broker, d, "tbl", t)
+
+
+def test_restart_fetches_only_new_records(broker: Broker, topic: Callable[..., str], daemon: Daemon) -> None:
+    t = topic()
+    broker.admin.produce(t, random_records(5_000, keys=500, seed=3))
+    d = daemon({"tbl": t})
+    d.wait_running({"tbl": ends_of(broker, t)})
+    assert d.stop() == 0
+    assert d.status()["state"] == "NOT_RUNNING" and d.status()["pid"] is None
+
+    new = random_records(777, keys=500, seed=4)
+    broker.admin.produce(t, new)
+    d.start()
+    doc = d.wait_running({"tbl": ends_of(broker, t)})
+    assert doc["tables"]["tbl"]["records"] == len(new)
+    assert doc["tables"]["tbl"]["wipes"] == 0
+    assert_matches_oracle(broker, d, "tbl", t)
+
+
+def test_sigkill_during_restore_then_restart(broker: Broker, topic: Callable[..., str], daemon: Daemon) -> None:
+    t = topic()
+    broker.admin.produce(t, random_records(150_000, keys=20_000, seed=5, tombstones=0.1))
+    d = daemon({"tbl": t})
+    rnd = random.Random(6)
+    for _ in range(2):
+        d.wait_for(lambda doc: doc.get("pid") == d.pid and doc["state"] == "RESTORING", what="restoring")
+        time.sleep(rnd.uniform(0.05, 0.5))
+        d.stop(signal.SIGKILL)
+        d.start()
+    d.wait_running({"tbl": ends_of(broker, t)}, timeout=120)
+    assert_matches_oracle(broker, d, "tbl", t)
+
+
+def test_sigkill_in_steady_state_then_restart(broker: Broker, topic: Callable[..., str], daemon: Daemon) -> None:
+    t = topic()
+    broker.admin.produce(t, random_records(5_000, keys=1_000, seed=7))
+    d = daemon({"tbl": t})
+    d.wait_running({"tbl": ends_of(broker, t)})
+    stop = threading.Event()
+
+    def load() -> None:
+        seed = 100
+        while not stop.is_set():
+            broker.admin.produce(t, random_records(500, keys=1_000, seed=seed, tombstones=0.2))
+            seed += 1
+
+    producer = threading.Thread(target=load)
+    producer.start()
+    try:
+        time.sleep(1.5)
+        d.stop(signal.SIGKILL)
+    finally:
+        stop.set()
+        producer.join()
+    d.start()
+    d.wait_running({"tbl": ends_of(broker, t)})
+    assert_matches_oracle(broker, d, "tbl", t)
+
+
+def test_log_start_advanced_while_stopped(broker: Broker, topic: Callable[..., str], daemon: Daemon) -> None:
+    t = topic()
+    broker.admin.produce(t, random_records(3_000, keys=300, seed=8))
+    d = daemon({"tbl": t})
+    d.wait_running({"tbl": ends_of(broker, t)})
+    assert d.stop() == 0
+    stored = d.status()["tables"]["tbl"]["offsets"]
+
+    lows = broker.admin.advance_log_start(t)
+    assert all(lows[int(p)] > o for p, o in stored.items())
+    broker.admin.produce(t, random_records(200, keys=300, seed=9))
+    d.start()
+    doc = d.wait_running({"tbl": ends_of(broker, t)})
+    assert doc["tables"]["tbl"]["wipes"] == 1
+    assert doc["pid"] == d.pid
+    assert_matches_oracle(broker, d, "tbl", t)
+
+
+def test_topic_recreated_with_fewer_records_while_running(broker: Broker, topic: Callable[..., str],
+                                                          daemon: Daemon) -> None:
+    t = topic()
+    broker.admin.produce(t, random_records(6_000, keys=600, seed=10))
+    d = daemon({"tbl": t}, metadata_refresh_ms=500)
+    d.wait_running({"tbl": ends_of(broker, t)})
+    pid = d.pid
+
+    broker.admin.delete(t)
+    broker.admin.create(t, partitions=3)
+    fewer = random_records(90, keys=600, seed=11)
+    broker.admin.produce(t, fewer)
+    ends = ends_of(broker, t)
+    doc = d.wait_for(
+        lambda s: s["state"] == "RUNNING" and s["tables"]["tbl"]["wipes"] >= 1
+        and all(s["tables"]["tbl"]["offsets"].get(str(p)) == o for p, o in ends.items()),
+        timeout=90, what="rebuilt after recreate")
+    assert doc["pid"] == pid and d.alive()
+    assert_matches_oracle(broker, d, "tbl", t)
+
+
+def test_second_daemon_on_same_state_dir_is_refused(broker: Broker, topic: Callable[..., str],
+                                                    daemon: Daemon) -> None:
+    t = topic()
+    broker.admin.produce(t, random_records(100, keys=10, seed=12))
+    first = daemon({"tbl": t})
+    first.wait_running({"tbl": ends_of(broker, t)})
+    second = DaemonProcess(first.config, first.log.with_name("second.log")).start()
+    assert second.proc is not None and second.proc.wait(30) == 1
+    assert "owned by another globald" in second.log.read_text()
+    assert first.alive()
+    assert first.status()["pid"] == first.pid
+    assert_matches_oracle(broker, first, "tbl", t)
