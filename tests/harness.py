@@ -108,6 +108,12 @@ class DaemonProcess:
         return self
 
     @property
+    def state_dir(self) -> Path:
+        from globald.config import load
+
+        return load(self.config).state_dir
+
+    @property
     def pid(self) -> int:
         assert self.proc is not None
         return self.proc.pid

@@ -26,7 +26,7 @@ class Backoff:
     _due: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self._wait = wait_exponential_jitter(initial=self.initial_s, max=self.max_s, jitter=self.jitter_s)
+        self._wait = wait_exponential_jitter(multiplier=self.initial_s, max=self.max_s, jitter=self.jitter_s)
 
     def failed(self, what: str) -> float:
         """Record a failure of ``what``; returns the delay before its next attempt."""

@@ -97,20 +97,20 @@ class TableStore:
         self._values = self._db.get_column_family_handle(VALUES_CF)
         self._offsets = self._db.get_column_family(OFFSETS_CF)
         self._meta = self._db.get_column_family(META_CF)
-        meta = self._meta
-        version = meta.get(META_FORMAT)
+        version, stored_topic, status = (self._meta.get(k) for k in (META_FORMAT, META_TOPIC, META_STATUS))
         if fresh or (version is None and self._is_empty()):
             self._put_meta({META_FORMAT: str(FORMAT_VERSION).encode(), META_TOPIC: self.topic.encode()})
-            version = str(FORMAT_VERSION).encode()
+            version, stored_topic = str(FORMAT_VERSION).encode(), self.topic.encode()
+        problem = None
         if version != str(FORMAT_VERSION).encode():
             shown = version.decode(errors="replace") if version else "none"
+            problem = f"store format {shown} is not format {FORMAT_VERSION}"
+        elif stored_topic is not None and stored_topic != self.topic.encode():
+            problem = f"store holds topic {stored_topic.decode(errors='replace')!r}, not {self.topic!r}"
+        if problem:
             self.close(clean=False)
-            raise StoreCorruptError(f"store format {shown} is not format {FORMAT_VERSION}")
-        stored_topic = meta.get(META_TOPIC)
-        if stored_topic is not None and stored_topic != self.topic.encode():
-            self.close(clean=False)
-            raise StoreCorruptError(f"store holds topic {stored_topic.decode(errors='replace')!r}, not {self.topic!r}")
-        crashed = meta.get(META_STATUS) == STATUS_OPEN
+            raise StoreCorruptError(problem)
+        crashed = status == STATUS_OPEN
         if crashed:
             log.warning("table %s: previous run did not close the store cleanly; resuming from its offsets",
                         self.table)
@@ -118,11 +118,14 @@ class TableStore:
         return crashed
 
     def _is_empty(self) -> bool:
-        assert self._db is not None and self._offsets is not None
-        for handle in (self._db, self._offsets, self._db.get_column_family(VALUES_CF)):
+        assert self._db is not None
+        for name in (None, *COLUMN_FAMILIES):
+            handle = self._db if name is None else self._db.get_column_family(name)
             it = handle.iter()
             it.seek_to_first()
-            if it.valid():
+            found = it.valid()
+            del it, handle  # iterators and family objects pin the database open
+            if found:
                 return False
         return True
 

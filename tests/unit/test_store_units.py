@@ -1,0 +1,82 @@
+"""Pure logic and the real RocksDB store without a broker: encoding, .checkpoint files, states, imports."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from globald.states import IllegalTransition, Listeners, State, StateMachine
+from globald.store import checkpoint_file
+from globald.store.codec import decode_value, encode_value
+from globald.store.names import checkpoint_path
+from globald.store.options import StoreOptions
+from globald.store.reader import StoreReader
+from globald.store.table_store import TableStore
+
+
+def test_value_encoding_round_trip() -> None:
+    assert encode_value(-1, b"v") == b"\xff" * 8 + b"v"
+    assert decode_value(encode_value(1_700_000_000_000, b"")) == (b"", 1_700_000_000_000)
+    with pytest.raises(ValueError):
+        decode_value(b"short")
+
+
+def test_checkpoint_file_round_trip_and_rejects_garbage(tmp_path: Path) -> None:
+    path = tmp_path / ".checkpoint"
+    checkpoint_file.write(path, {("t", 1): 10, ("t", 0): 5})
+    assert path.read_text() == "0\n2\nt 0 5\nt 1 10\n"
+    assert checkpoint_file.read(path) == {("t", 0): 5, ("t", 1): 10}
+    for garbage in ["", "0\n", "1\n0\n", "0\n2\nt 0 5\n", "0\n1\nt x 5\n", "0\n1\nt 0 -5\n", "\x00\xff"]:
+        path.write_text(garbage)
+        with pytest.raises(checkpoint_file.CheckpointFormatError):
+            checkpoint_file.read(path)
+    assert checkpoint_file.read(tmp_path / "missing") == {}
+
+
+def test_transition_table_is_enforced() -> None:
+    m = StateMachine(Listeners())
+    with pytest.raises(IllegalTransition):
+        m.to(State.RUNNING, "skipping restore")
+    assert m.to(State.RESTORING, "start")
+    assert not m.to(State.RESTORING, "again")
+    m.to(State.RUNNING, "done")
+    m.to(State.PENDING_SHUTDOWN, "stop")
+    m.to(State.NOT_RUNNING, "stopped")
+    with pytest.raises(IllegalTransition):
+        m.to(State.RESTORING, "after death")
+
+
+def test_offsets_are_written_with_data_and_checkpoint_imported_on_first_open(tmp_path: Path) -> None:
+    checkpoint_file.write(_mkdirs(checkpoint_path(tmp_path, "tbl")), {("topic", 0): 42, ("other", 0): 7})
+    opened = TableStore.open(tmp_path, "tbl", "topic", StoreOptions())
+    assert opened.imported == {0: 42} and opened.wiped_reason is None and not opened.crashed
+    store = opened.store
+    batch = store.new_batch()
+    batch.put(b"k", encode_value(-1, b"v"))
+    store.put_offsets(batch, {0: 43})
+    store.write(batch)
+    with StoreReader(store.path) as r:  # a read-only open beside the live owner
+        assert r.offsets() == {0: 43} and r.get(b"k") == (b"v", -1)
+    store.close(clean=False)  # as after a crash
+    reopened = TableStore.open(tmp_path, "tbl", "topic", StoreOptions())
+    assert reopened.crashed and reopened.imported == {}
+    assert reopened.store.offsets() == {0: 43}
+    reopened.store.close()
+    again = TableStore.open(tmp_path, "tbl", "topic", StoreOptions())
+    assert not again.crashed
+    again.store.wipe()
+    assert again.store.offsets() == {}
+    again.store.close()
+
+
+def test_store_of_another_topic_is_wiped(tmp_path: Path) -> None:
+    TableStore.open(tmp_path, "tbl", "a", StoreOptions()).store.close()
+    opened = TableStore.open(tmp_path, "tbl", "b", StoreOptions())
+    assert opened.wiped_reason and "topic" in opened.wiped_reason
+    opened.store.close()
+
+
+def _mkdirs(path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
