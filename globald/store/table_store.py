@@ -129,6 +129,13 @@ class TableStore:
                 return False
         return True
 
+    def _holds_values(self) -> bool:
+        it = self.db.get_column_family(VALUES_CF).iter()
+        it.seek_to_first()
+        found = it.valid()
+        del it  # iterators pin the database open
+        return bool(found)
+
     def _put_meta(self, entries: dict[bytes, bytes], sync: bool = False) -> None:
         assert self._db is not None
         batch = WriteBatch(raw_mode=True)
@@ -140,7 +147,11 @@ class TableStore:
         self._db.write(batch, opts)
 
     def _import_checkpoint_file(self) -> dict[int, int]:
-        """KIP-1035 interop: a store with no offsets adopts those of an existing Kafka-format .checkpoint."""
+        """KIP-1035 interop: a store with data but no offsets adopts those of an existing Kafka-format .checkpoint.
+
+        A store without data never does: the file would then describe records that are not here (its database
+        was deleted, or a wipe died after removing it), and the table would claim to hold them.
+        """
         if self.offsets():
             return {}
         try:
@@ -149,6 +160,10 @@ class TableStore:
             log.warning("table %s: ignoring unreadable checkpoint file: %s", self.table, e)
             return {}
         imported = {p: o for (t, p), o in found.items() if t == self.topic}
+        if imported and not self._holds_values():
+            log.warning("table %s: ignoring checkpoint file offsets %s: the store holds no data they could "
+                        "describe; restoring from the log start", self.table, imported)
+            return {}
         if imported:
             batch = self.new_batch()
             self.put_offsets(batch, imported)

@@ -48,6 +48,12 @@ def test_transition_table_is_enforced() -> None:
 
 
 def test_offsets_are_written_with_data_and_checkpoint_imported_on_first_open(tmp_path: Path) -> None:
+    # A store with data but no offsets (written by another tool) adopts its .checkpoint file's offsets.
+    seeded = TableStore.open(tmp_path, "tbl", "topic", StoreOptions()).store
+    batch = seeded.new_batch()
+    batch.put(b"k0", encode_value(-1, b"v0"))
+    seeded.write(batch)
+    seeded.close()
     checkpoint_file.write(_mkdirs(checkpoint_path(tmp_path, "tbl")), {("topic", 0): 42, ("other", 0): 7})
     opened = TableStore.open(tmp_path, "tbl", "topic", StoreOptions())
     assert opened.imported == {0: 42} and opened.wiped_reason is None and not opened.crashed
@@ -68,6 +74,14 @@ def test_offsets_are_written_with_data_and_checkpoint_imported_on_first_open(tmp
     again.store.wipe()
     assert again.store.offsets() == {}
     again.store.close()
+
+
+def test_checkpoint_file_beside_a_store_without_data_is_not_imported(tmp_path: Path) -> None:
+    # The database was deleted (or a wipe died after removing it) but the .checkpoint file survived.
+    checkpoint_file.write(_mkdirs(checkpoint_path(tmp_path, "tbl")), {("topic", 0): 42})
+    opened = TableStore.open(tmp_path, "tbl", "topic", StoreOptions())
+    assert opened.imported == {} and opened.store.offsets() == {}
+    opened.store.close()
 
 
 def test_store_of_another_topic_is_wiped(tmp_path: Path) -> None:
