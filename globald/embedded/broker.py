@@ -150,6 +150,25 @@ class EmbeddedKafka:
         path.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
         self._kafka = self._java("kafka.Kafka", path, "512m", "kafka.out")
         _wait_port(self.port, self._kafka, timeout, "Kafka", self.run_dir / "kafka.out")
+        self._wait_registered(timeout)
+
+    def _wait_registered(self, timeout: float) -> None:
+        """The port opens before the broker has registered itself: topic creation would fail until then."""
+        from confluent_kafka import Consumer, KafkaException
+
+        c = Consumer({**self.client_settings, "group.id": "globald-embedded", "log_level": 0})
+        try:
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                try:
+                    if c.list_topics(timeout=2).brokers:
+                        return
+                except KafkaException:
+                    pass
+                time.sleep(0.1)
+        finally:
+            c.close()
+        raise BrokerStartError(f"Kafka listens on {self.port} but did not register within {timeout}s")
 
     @property
     def broker_pid(self) -> int | None:
