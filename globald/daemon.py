@@ -64,6 +64,7 @@ class Daemon:
         self.listeners = listeners or Listeners()
         self.thread = GlobalThread(config, self.listeners)
         self._last_status = 0.0
+        self._last_degraded: str | None = None
         self.listeners.state.append(lambda new, old, reason: self.publish_status())
         self.listeners.table_state.append(lambda table, new, old, reason: self.publish_status())
         self.thread.after_commit.append(self.publish_status)
@@ -71,10 +72,13 @@ class Daemon:
 
     def publish_status(self) -> None:
         self._last_status = time.monotonic()
-        statusfile.write(self.config.state_dir, self.thread.status())
+        doc = self.thread.status()
+        self._last_degraded = doc.get("degraded")
+        statusfile.write(self.config.state_dir, doc)
 
     def _maybe_publish_status(self) -> None:
-        if time.monotonic() - self._last_status >= 1.0:
+        # A fault starting or ending is news at once; the rest (offsets, lag) at most once a second.
+        if time.monotonic() - self._last_status >= 1.0 or self.thread.degraded != self._last_degraded:
             self.publish_status()
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
