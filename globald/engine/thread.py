@@ -203,9 +203,8 @@ class GlobalThread:
     def _probe_kafka(self) -> None:
         assert self._consumer is not None
         self._probe_now = False
-        topic = next((rt.topic for rt in self.tables.values()), None)  # a small answer; it lists the brokers too
-        try:
-            up = bool(self._consumer.list_topics(topic, timeout=_PROBE_TIMEOUT_S).brokers)
+        try:  # a question about the cluster, not a topic: one of ours may be missing while the brokers are fine
+            up = bool(self._consumer.list_topics(timeout=_PROBE_TIMEOUT_S).brokers)
         except KafkaException:
             up = False
         if up:

@@ -38,7 +38,12 @@ def partitions(consumer: Consumer, topic: str, timeout: float = 5.0) -> list[int
     try:
         md = consumer.list_topics(topic, timeout=timeout)
     except KafkaException as e:
-        raise TransientKafkaError(f"metadata for {topic}: {e}") from None
+        # Asked about a topic that is gone, some brokers answer in a way librdkafka reports as a local error
+        # (0.9: "Bad message format"); whether the cluster itself answers tells a missing topic from an outage.
+        try:
+            md = consumer.list_topics(timeout=timeout)
+        except KafkaException:
+            raise TransientKafkaError(f"metadata for {topic}: {e}") from None
     tm = md.topics.get(topic)
     if tm is None or tm.error is not None or not tm.partitions:
         err = tm.error if tm is not None else None
