@@ -139,6 +139,7 @@ class ModernAdmin(TopicAdmin):
 
         self._admin().create_partitions([NewPartitions(topic, total)])[topic].result(30)
         self.wait_for_topic(topic, total)
+        self.close()  # the producer would not learn of the new partitions before its next metadata refresh
 
     def advance_log_start(self, topic: str, timeout: float = 90.0) -> dict[int, int]:
         ends = self.end_offsets(topic)
@@ -183,6 +184,7 @@ class JavaToolsAdmin(TopicAdmin):
     def add_partitions(self, topic: str, total: int) -> None:
         self._topic_command("--alter", "--topic", topic, "--partitions", str(total))
         self.wait_for_topic(topic, total)
+        self.close()  # the producer would not learn of the new partitions before its next metadata refresh
 
     def advance_log_start(self, topic: str, timeout: float = 90.0) -> dict[int, int]:
         """Switch the topic to time retention briefly so the broker deletes every closed segment."""
