@@ -65,6 +65,7 @@ class Daemon:
         self.thread = GlobalThread(config, self.listeners)
         self._last_status = 0.0
         self._last_degraded: str | None = None
+        self._status_failing = False
         self.listeners.state.append(lambda new, old, reason: self.publish_status())
         self.listeners.table_state.append(lambda table, new, old, reason: self.publish_status())
         self.thread.after_commit.append(self.publish_status)
@@ -74,7 +75,16 @@ class Daemon:
         self._last_status = time.monotonic()
         doc = self.thread.status()
         self._last_degraded = doc.get("degraded")
-        statusfile.write(self.config.state_dir, doc)
+        try:
+            statusfile.write(self.config.state_dir, doc)
+        except OSError as e:  # a full or failing disk: the loop handles its own writes; say it once, keep trying
+            if not self._status_failing:
+                log.warning("cannot publish status.json: %s; retrying with every update", e)
+            self._status_failing = True
+            return
+        if self._status_failing:
+            log.info("status.json published again")
+        self._status_failing = False
 
     def _maybe_publish_status(self) -> None:
         # A fault starting or ending is news at once; the rest (offsets, lag) at most once a second.

@@ -62,6 +62,7 @@ class GlobalThread:
         # success of the thing that failed, so "degraded" always describes the present.
         self._problems: dict[str, str] = {}
         self._probe_now = False
+        self._stores_suspect = False  # a write or commit failed: check (and reopen) the stores before re-planning
         self.recoveries: list[float] = []  # seconds from an invalid-offset error to RUNNING again
 
     # -- public -----------------------------------------------------------------------------------------------
@@ -155,7 +156,7 @@ class GlobalThread:
         self.last_loop = time.monotonic()
         if self._probe_now or (KAFKA in self._problems and self._backoff.due(KAFKA)):
             self._probe_kafka()
-        if KAFKA not in self._problems:  # while no broker answers, only the probe waits on Kafka
+        if KAFKA not in self._problems and self._stores_ready():  # no point planning what cannot be fetched/written
             self._plan_pending()
         messages = self._consumer.consume(self.config.consume_batch_size, self.config.poll_timeout_ms / 1000)
         try:
@@ -165,7 +166,7 @@ class GlobalThread:
             return
         if result.records:  # records arrived and were written: both the cluster and the disk work
             self._resolved(KAFKA)
-            self._resolved(STORE)
+            self._store_healed()
         if result.errors:
             self.consumer_errors += len(result.errors)
             log.warning("consumer: %s", "; ".join(sorted(set(result.errors))[:5]))
@@ -195,7 +196,7 @@ class GlobalThread:
     def _commit(self) -> None:
         try:
             if self.manager.commit():
-                self._resolved(STORE)
+                self._store_healed()
                 self._after(self.after_commit)
         except Exception as e:
             self._rewind_all(f"commit failed: {e}")
@@ -275,14 +276,36 @@ class GlobalThread:
             rt.assigned = False
 
     def _rewind_all(self, reason: str) -> None:
-        """Forget the consumer's positions and re-plan every table from what its store holds."""
+        """Forget the consumer's positions and re-plan every table from what its store holds, once the stores
+        take writes again (nothing of a failed write was acknowledged, so nothing is lost)."""
         self._problems[STORE] = reason
-        log.error("degraded: %s; re-reading from the stored offsets after a backoff", reason)
+        self._stores_suspect = True
+        delay = self._backoff.failed(STORE)
+        log.error("degraded: %s; re-reading from the stored offsets in %.1fs", reason, delay)
         for rt in self.tables.values():
             self._unassign(rt)
             rt.last_error = reason
             self._pending.add(rt.name)
-            self._backoff.failed(rt.name)
+
+    def _stores_ready(self) -> bool:
+        if not self._stores_suspect:
+            return True
+        if not self._backoff.due(STORE):
+            return False
+        try:
+            self.manager.recover_stores()
+        except Exception as e:  # still full, still failing: try again later
+            delay = self._backoff.failed(STORE)
+            self._problems[STORE] = f"store unavailable: {e}"
+            log.warning("stores still refuse writes (%s); next attempt in %.1fs", e, delay)
+            return False
+        self._stores_suspect = False
+        return True
+
+    def _store_healed(self) -> None:
+        if STORE in self._problems:
+            self._backoff.succeeded(STORE)
+            self._resolved(STORE)
 
     def _refresh_metadata(self) -> None:
         """Pick up partitions added to a topic, and refresh end offsets for lag."""
