@@ -39,7 +39,8 @@ log = logging.getLogger(__name__)
 
 # RocksDB status prefixes that mean "these files are not a usable database"; anything else (a lock, ENOSPC, EIO)
 # is not fixed by deleting data and must not trigger a wipe.
-_CORRUPTION_MARKERS = ("Corruption", "Invalid argument", "Not implemented", "Unknown", "does not exist")
+_CORRUPTION_MARKERS = ("Corruption", "Invalid argument", "Not implemented", "Unknown", "does not exist",
+                       "No such file or directory")  # a file the database refers to (CURRENT exists) is missing
 
 
 @dataclass
