@@ -26,6 +26,8 @@ log = logging.getLogger(__name__)
 
 
 def prepare_state_dir(state_dir: Path) -> None:
+    if state_dir.exists() and not state_dir.is_dir():  # mkdir would only say "File exists"
+        raise StateDirError(f"state_dir {state_dir} exists and is not a directory")
     try:
         state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         if state_dir.stat().st_mode & 0o077:
