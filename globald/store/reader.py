@@ -80,6 +80,12 @@ class StoreReader:
             value, ts = decode_value(it.value())
             yield key, value, ts
             it.next()
+        # An iterator stops the same way at the end and at a damaged block: only its status tells them apart,
+        # and a scan cut short must never pass for the whole table.
+        try:
+            it.status()
+        except Exception as e:
+            raise StoreUnavailableError(f"{self.path}: read failed: {e}") from None
 
     def prefix(self, prefix: bytes) -> Iterator[tuple[bytes, bytes, int]]:
         for item in self.items(start=prefix):
