@@ -82,6 +82,13 @@ class TableStore:
             store._delete_files()
             crashed = store._open_checked()
         imported = {} if reason else store._import_checkpoint_file()
+        if reason is None and not store.offsets() and store._holds_values():
+            # Restoring from the log start on top of it would keep every key the topic has since deleted.
+            reason = "the store holds data but no offsets to resume from (none stored, no usable .checkpoint)"
+            log.warning("table %s: %s; wiping and rebuilding from the topic", table, reason)
+            store._close_quietly()
+            store._delete_files()
+            crashed = store._open_checked()
         return OpenResult(store=store, wiped_reason=reason, crashed=crashed, imported=imported)
 
     def _open_checked(self) -> bool:
