@@ -187,7 +187,7 @@ class GlobalThread:
         if now >= self._next_metadata:
             self._next_metadata = now + self.config.metadata_refresh_ms / 1000
             self._refresh_metadata()
-        if now >= self._next_commit:
+        if now >= self._next_commit and not self._stores_suspect:  # a failed commit would only push recovery back
             self._next_commit = now + self.config.commit_interval_ms / 1000
             self._commit()
         self._after(self.after_poll)
