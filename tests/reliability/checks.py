@@ -88,8 +88,10 @@ def check_snapshots(broker: Broker, state_dir: Path, table: str, topic: str) -> 
     """Every snapshot directory of ``table``: invisible (no manifest), or complete and equal to the oracle.
 
     A visible snapshot that cannot be opened or disagrees with the oracle at its manifest offsets counts as one
-    divergence per differing key (at least one when it cannot be read at all).
+    divergence per differing key (at least one when it cannot be read at all). One marked stale, or at offsets
+    the log no longer holds, shows an older topic (recreated, or cut by retention): it is listed unverified.
     """
+    marks = broker.admin.watermarks(topic)
     root = state_dir / "snapshots" / table
     out: list[SnapshotCheck] = []
     if not root.is_dir():
@@ -103,9 +105,13 @@ def check_snapshots(broker: Broker, state_dir: Path, table: str, topic: str) -> 
             out.append(SnapshotCheck(snap, visible=False))
             continue
         try:
-            offsets = _manifest_offsets(json.loads(manifest.read_text()))
+            doc = json.loads(manifest.read_text())
+            offsets = _manifest_offsets(doc)
         except (OSError, ValueError) as e:
             out.append(SnapshotCheck(snap, visible=False, error=f"manifest does not parse: {e}"))
+            continue
+        if doc.get("stale") or any(p not in marks or not marks[p][0] <= o <= marks[p][1] for p, o in offsets.items()):
+            out.append(SnapshotCheck(snap, visible=True, error="unverifiable: stale, or offsets outside the log"))
             continue
         try:
             _, data = read_store(_db_of(snap))

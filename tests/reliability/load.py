@@ -54,7 +54,8 @@ class Load:
     def pause(self) -> None:
         """Stop sending; returns once the batch in flight has been delivered."""
         self._running.clear()
-        self._idle.wait(90)
+        if self._thread.is_alive():
+            self._idle.wait(90)
 
     def resume(self) -> None:
         self._running.set()

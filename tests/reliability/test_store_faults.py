@@ -110,35 +110,47 @@ def fill(disk: Path, leave: int) -> Path:
 
 def test_disk_full_then_space_returns(broker: Broker, topic: Topic, daemon: Daemon, tmp_path: Path,
                                       fault: Callable[[str, str], FaultRow]) -> None:
-    row = fault("state_dir disk full (20 MB tmpfs)", "degraded, same PID; resumed when space returned, no wipe")
+    row = fault("state_dir disk full (20 MB tmpfs, 2 tables)",
+                "degraded, same PID; resumed when space returned, no wipe")
     with tmpfs(tmp_path / "disk", 20) as disk:
-        t = topic()
-        broker.admin.produce(t, random_records(5_000, keys=2_000, seed=62))
+        tables = {"a": topic(), "b": topic()}
+        for i, t in enumerate(tables.values()):
+            broker.admin.produce(t, random_records(5_000, keys=2_000, seed=62 + i))
         snaps = {"snapshots": {"interval_ms": 200}} if snapshots_available() else {}
-        d = daemon({"tbl": t}, state_dir=disk / "state", **snaps)
+        d = daemon(tables, state_dir=disk / "state", **snaps)
         pid = d.pid
-        d.wait_running({"tbl": broker.admin.end_offsets(t)})
-        # Leave room for status.json, not for the next poll's write-ahead log.
-        filler = fill(disk, leave=64 * 1024)
-        broker.admin.produce(t, random_records(20_000, keys=2_000, seed=63, value_size=200))
+        d.wait_running({n: broker.admin.end_offsets(t) for n, t in tables.items()})
+        # Room for status.json, not for a write-ahead log, nor for reopening a store (its OPTIONS file is ~20 kB).
+        filler = fill(disk, leave=16 * 1024)
+        for i, t in enumerate(tables.values()):
+            broker.admin.produce(t, random_records(10_000, keys=2_000, seed=64 + i, value_size=200))
         row.injected += 1
         docs = watch(d, 8)
-        assert any("No space left" in (doc.get("degraded") or "") for doc in docs), docs[-1]
+        said = d.log.read_text()
+        assert "degraded: store write failed" in said and "No space left" in said
+        # status.json shares the full disk: it shows the fault when it could be written, and the daemon says
+        # when it could not. TODO(/readyz): assert not-ready there too once globald/ops serves it.
+        assert any("No space left" in (doc.get("degraded") or "") for doc in docs) or \
+            "cannot publish status.json" in said, docs[-1]
         # What was committed before the disk filled up stays readable and right meanwhile.
-        check = check_store(broker, d.state_dir, "tbl", t)
-        assert row.diverged(check.divergences) == 0 and check.readable, check
-        for snap in check_snapshots(broker, d.state_dir, "tbl", t):
-            assert row.diverged(snap.divergences) == 0, snap
+        for n, t in tables.items():
+            check = check_store(broker, d.state_dir, n, t)
+            assert row.diverged(check.divergences) == 0 and check.readable, check
+            for snap in check_snapshots(broker, d.state_dir, n, t):
+                assert row.diverged(snap.divergences) == 0, snap
         filler.unlink()
-        broker.admin.produce(t, random_records(100, keys=2_000, seed=64))
-        ends = broker.admin.end_offsets(t)
+        for i, t in enumerate(tables.values()):
+            broker.admin.produce(t, random_records(100, keys=2_000, seed=66 + i))
+        ends = {n: broker.admin.end_offsets(t) for n, t in tables.items()}
         doc = d.wait_for(lambda s: s.get("pid") == pid and s["state"] == "RUNNING" and not s.get("degraded")
-                         and all(s["tables"]["tbl"]["offsets"].get(str(p)) == o for p, o in ends.items()),
+                         and all(s["tables"][n]["offsets"].get(str(p)) == o for n, e in ends.items()
+                                 for p, o in e.items()),
                          timeout=120, what="resumed after space returned")
         row.pid_changes += same_process(d, pid)
-        assert doc["tables"]["tbl"]["wipes"] == 0
-        check = check_store(broker, d.state_dir, "tbl", t)
-        assert row.diverged(check.divergences) == 0 and check.readable, check
+        for n, t in tables.items():
+            assert doc["tables"][n]["wipes"] == 0
+            check = check_store(broker, d.state_dir, n, t)
+            assert row.diverged(check.divergences) == 0 and check.readable, check
         assert d.stop() == 0
 
 
