@@ -11,11 +11,15 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from globald.embedded.broker import kafka_home
 
 Record = tuple[bytes | None, bytes | None]  # (key, value); a None value is a tombstone
+
+# What a broker answers while it is (re)starting or moving leadership; worth asking again.
+_SETTLING = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.UNKNOWN_TOPIC_OR_PART,
+             KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._ALL_BROKERS_DOWN}
 
 
 class TopicAdmin:
@@ -68,12 +72,21 @@ class TopicAdmin:
             raise RuntimeError(f"produce to {topic}: {remaining} undelivered, failures: {failures[:3]}")
         return n
 
-    def watermarks(self, topic: str) -> dict[int, tuple[int, int]]:
+    def watermarks(self, topic: str, timeout: float = 60.0) -> dict[int, tuple[int, int]]:
+        """(log start, end) per partition. Retries while a restarted broker takes its partitions' leadership."""
+        deadline = time.monotonic() + timeout
         c = Consumer({**self.settings, "group.id": "globald-admin", "log_level": 3})
         try:
-            md = c.list_topics(topic, timeout=10)
-            parts = sorted(md.topics[topic].partitions) if topic in md.topics else []
-            return {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False) for p in parts}
+            while True:
+                try:
+                    md = c.list_topics(topic, timeout=10)
+                    parts = sorted(md.topics[topic].partitions) if topic in md.topics else []
+                    return {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)
+                            for p in parts}
+                except KafkaException as e:
+                    if time.monotonic() >= deadline or e.args[0].code() not in _SETTLING:
+                        raise
+                    time.sleep(0.5)
         finally:
             c.close()
 
