@@ -26,6 +26,15 @@ def diff(actual: Table, expected: Table) -> int:
     return sum(1 for k in actual.keys() | expected.keys() if actual.get(k) != expected.get(k))
 
 
+def explain(actual: Table, expected: Table, show: int = 3) -> str:
+    """What a divergence consists of, for the failure message."""
+    missing = [k for k in expected if k not in actual]
+    extra = [k for k in actual if k not in expected]
+    changed = [k for k in actual if k in expected and actual[k] != expected[k]]
+    return (f"{len(missing)} missing (e.g. {missing[:show]}), {len(extra)} extra (e.g. {extra[:show]}), "
+            f"{len(changed)} different (e.g. {[(k, actual[k][:20], expected[k][:20]) for k in changed[:show]]})")
+
+
 @dataclass
 class StoreCheck:
     readable: bool
@@ -57,7 +66,9 @@ def check_store(broker: Broker, state_dir: Path, table: str, topic: str) -> Stor
         return StoreCheck(readable=True, offsets=offsets, keys=len(data), invalid_offsets=True,
                           error=f"offsets {offsets} outside the log {marks}")
     expected = fold(broker.settings, topic, offsets)
-    return StoreCheck(readable=True, offsets=offsets, keys=len(data), divergences=diff(data, expected))
+    n = diff(data, expected)
+    return StoreCheck(readable=True, offsets=offsets, keys=len(data), divergences=n,
+                      error=explain(data, expected) if n else None)
 
 
 # -- snapshots (the layout of the snapshots issue: <state_dir>/snapshots/<table>/<id>/ with a JSON manifest) -----

@@ -9,7 +9,6 @@ an unwritable state directory is refused at start with one clear line.
 from __future__ import annotations
 
 import os
-import subprocess
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -20,6 +19,7 @@ import pytest
 from globald.store.names import db_dir
 from tests.harness import Broker, DaemonProcess, globald, random_records, write_config
 from tests.reliability.checks import check_snapshots, check_store, same_process, snapshots_available, watch
+from tests.reliability.disk import bind_read_only, fill, mount_tmpfs, unmount
 from tests.reliability.ledger import FaultRow
 
 pytestmark = pytest.mark.kafka
@@ -88,24 +88,13 @@ def test_damaged_store_is_wiped_and_rebuilt(broker: Broker, topic: Topic, daemon
 
 @contextmanager
 def tmpfs(path: Path, size_mb: int) -> Iterator[Path]:
-    path.mkdir(parents=True, exist_ok=True)
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_mb}m,mode=0700", "tmpfs", str(path)],
-                       capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a {size_mb} MB tmpfs to fill up (needs root or CAP_SYS_ADMIN): {r.stderr.strip()}")
+    why = mount_tmpfs(path, size_mb)
+    if why is not None:
+        pytest.skip(f"cannot mount a {size_mb} MB tmpfs to fill up (needs root or CAP_SYS_ADMIN): {why}")
     try:
         yield path
     finally:
-        subprocess.run(["umount", "-l", str(path)], check=False)
-
-
-def fill(disk: Path, leave: int) -> Path:
-    """A file taking all but ``leave`` bytes of the file system."""
-    st = os.statvfs(disk)
-    filler = disk / "filler"
-    with open(filler, "wb") as f:
-        f.write(b"\0" * max(0, st.f_bavail * st.f_frsize - leave))
-    return filler
+        unmount(path)
 
 
 def test_disk_full_then_space_returns(broker: Broker, topic: Topic, daemon: Daemon, tmp_path: Path,
@@ -156,14 +145,13 @@ def test_disk_full_then_space_returns(broker: Broker, topic: Topic, daemon: Daem
 
 @contextmanager
 def read_only(path: Path) -> Iterator[Path]:
-    path.mkdir(parents=True, exist_ok=True)
-    r = subprocess.run(["mount", "--bind", "-o", "ro", str(path), str(path)], capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot bind-mount a read-only directory (needs root or CAP_SYS_ADMIN): {r.stderr.strip()}")
+    why = bind_read_only(path)
+    if why is not None:
+        pytest.skip(f"cannot bind-mount a read-only directory (needs root or CAP_SYS_ADMIN): {why}")
     try:
         yield path
     finally:
-        subprocess.run(["umount", "-l", str(path)], check=False)
+        unmount(path)
 
 
 @pytest.mark.parametrize("how", ["read-only mount", "a file in its place", "under a file"])
