@@ -39,6 +39,7 @@ KAFKA, STORE = "kafka", "store"
 # it only makes the loop probe: a metadata request, bounded by this timeout, decides.
 _CLUSTER_DOWN = KafkaError._ALL_BROKERS_DOWN
 _PROBE_TIMEOUT_S = 1.0
+_REFRESH_TIMEOUT_S = 2.0
 
 
 class GlobalThread:
@@ -315,10 +316,10 @@ class GlobalThread:
         for rt in self.tables.values():
             if not rt.assigned:
                 continue
-            try:
-                parts = partitions(self._consumer, rt.topic)
+            try:  # short timeouts: a connected broker answers in milliseconds, and the loop waits meanwhile
+                parts = partitions(self._consumer, rt.topic, timeout=_REFRESH_TIMEOUT_S)
                 added = [p for p in parts if p not in rt.partitions]
-                marks = {p: watermarks(self._consumer, rt.topic, p) for p in added}
+                marks = {p: watermarks(self._consumer, rt.topic, p, timeout=_REFRESH_TIMEOUT_S) for p in added}
             except TopicUnavailableError as e:  # deleted, or not yet recreated: keep serving, keep waiting
                 rt.last_error = str(e)
                 self._problem(rt.name, f"table {rt.name}: {e}; waiting for it")

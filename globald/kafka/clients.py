@@ -18,6 +18,10 @@ log = logging.getLogger(__name__)
 kafka_log = logging.getLogger("globald.librdkafka")
 
 
+# Errors that mean no broker answered at all: asking again at once would only wait as long a second time.
+_UNREACHABLE = {KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._ALL_BROKERS_DOWN, KafkaError._RESOLVE}
+
+
 class TransientKafkaError(Exception):
     """Kafka could not answer now (broker unreachable, topic missing, leader moving). Retried with backoff."""
 
@@ -38,6 +42,8 @@ def partitions(consumer: Consumer, topic: str, timeout: float = 5.0) -> list[int
     try:
         md = consumer.list_topics(topic, timeout=timeout)
     except KafkaException as e:
+        if e.args[0].code() in _UNREACHABLE:
+            raise TransientKafkaError(f"metadata for {topic}: {e}") from None
         # Asked about a topic that is gone, some brokers answer in a way librdkafka reports as a local error
         # (0.9: "Bad message format"); whether the cluster itself answers tells a missing topic from an outage.
         try:
