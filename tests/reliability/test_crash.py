@@ -101,6 +101,7 @@ class Rig:
     rnd: random.Random
     rows: dict[str, FaultRow]
     kills_by_state: dict[str, int] = field(default_factory=dict)
+    snapshots_verified: int = 0  # visible snapshots compared with the oracle, over all checks
 
     def run(self, cycle: Cycle) -> None:
         d = self.daemon
@@ -142,6 +143,7 @@ class Rig:
         assert row.diverged(check.divergences) == 0, f"{when}: store diverges from the oracle in {check}"
         for snap in check_snapshots(self.broker, state_dir, TABLE, self.topic):
             assert row.diverged(snap.divergences) == 0, f"{when}: snapshot {snap}"
+            self.snapshots_verified += snap.visible and snap.error is None
 
     @staticmethod
     def _state_at_death(state_dir: Path, pid: int) -> str:
@@ -186,5 +188,6 @@ def test_sigkill_at_random_points(broker: Broker, tmp_path: Path, fault: Callabl
         load.stop()
     kills = sum(r.injected for r in rows.values())
     assert kills >= 20 and kills == len(cycles)
+    assert rig.snapshots_verified > 0 or not snaps, "snapshots are published, yet none was ever compared"
     for r in rows.values():
-        r.notes.append(f"daemon state at death: {rig.kills_by_state}")
+        r.notes.append(f"daemon state at death: {rig.kills_by_state}; snapshots verified: {rig.snapshots_verified}")
