@@ -26,6 +26,10 @@ from globald.states import Listeners, State, StateMachine
 
 log = logging.getLogger(__name__)
 
+# A restore of at least this many records runs as a bulk load (WAL off, append-only memtable); smaller ones are
+# not worth the two reopens of the store.
+BULK_LOAD_MIN_RECORDS = 100_000
+
 
 class GlobalThread:
     def __init__(self, config: Config, listeners: Listeners | None = None,
@@ -171,6 +175,8 @@ class GlobalThread:
             rt = self.tables[name]
             try:
                 tps = self.manager.plan(self._consumer, rt)
+                if sum(end - rt.positions.get(p, 0) for p, end in rt.ends.items()) >= BULK_LOAD_MIN_RECORDS:
+                    rt.store.begin_bulk_load()
                 self._consumer.incremental_assign(tps)
             except Exception as e:  # Kafka unreachable, topic missing, or the disk refusing a wipe
                 delay = self._backoff.failed(name)
@@ -196,6 +202,9 @@ class GlobalThread:
             log.info("table %s: partition %d restored (%d records)", rt.name, p, rt.restored.get(p, 0))
             self.listeners.restore_event("on_restore_end", rt.name, p, rt.restored.get(p, 0))
         if not rt.ends and rt.assigned and rt.machine.state == State.RESTORING:
+            if rt.store.bulk:
+                rt.store.end_bulk_load()
+                rt.dirty = True
             self.manager.commit()
             if rt.restore_started is not None:
                 took = time.monotonic() - rt.restore_started

@@ -3,7 +3,8 @@
 Consistency contract: record data and the partition next-offsets that cover it are written in one WriteBatch,
 so every state a reader can observe (a read-only open, a checkpoint, the state after a crash) holds exactly the
 fold of the topic below its stored offsets. A store that is corrupt or of an unknown format is never served: it
-is wiped and rebuilt from the topic.
+is wiped and rebuilt from the topic. A bulk load (a long restore) writes without the WAL; an atomic flush of every
+column family (on close) ends it, so a crash loses restore progress, never the pairing of data and offsets.
 """
 
 from __future__ import annotations
@@ -61,9 +62,11 @@ class TableStore:
         self.path = db_dir(state_dir, table)
         self._db: Rdict | None = None
         self._values = None  # column-family handles, dropped before close so the LOCK is released
+        self._values_rd: Rdict | None = None
         self._offsets = None
         self._meta = None
         self._write_opts = WriteOptions()
+        self._bulk = False
 
     # -- lifecycle ------------------------------------------------------------------------------------------
 
@@ -86,17 +89,8 @@ class TableStore:
     def _open_checked(self) -> bool:
         table_dir(self.state_dir, self.table).mkdir(parents=True, exist_ok=True, mode=0o700)
         fresh = not (self.path / "CURRENT").exists()
-        try:
-            self._db = Rdict(str(self.path), self.options.rocksdb(),
-                             column_families={cf: self.options.rocksdb() for cf in COLUMN_FAMILIES})
-        except Exception as e:  # rocksdict raises plain Exception with RocksDB's status text
-            text = str(e)
-            if any(m in text for m in _CORRUPTION_MARKERS):
-                raise StoreCorruptError(f"cannot open: {text}") from None
-            raise StoreUnavailableError(f"table {self.table}: cannot open {self.path}: {text}") from None
-        self._values = self._db.get_column_family_handle(VALUES_CF)
-        self._offsets = self._db.get_column_family(OFFSETS_CF)
-        self._meta = self._db.get_column_family(META_CF)
+        self._connect(bulk=False)
+        assert self._meta is not None
         version, stored_topic, status = (self._meta.get(k) for k in (META_FORMAT, META_TOPIC, META_STATUS))
         if fresh or (version is None and self._is_empty()):
             self._put_meta({META_FORMAT: str(FORMAT_VERSION).encode(), META_TOPIC: self.topic.encode()})
@@ -116,6 +110,63 @@ class TableStore:
                         self.table)
         self._put_meta({META_STATUS: STATUS_OPEN}, sync=True)
         return crashed
+
+    def _connect(self, bulk: bool) -> None:
+        db_options, families = self.options.column_families(bulk)
+        try:
+            self._db = Rdict(str(self.path), db_options, column_families=families)
+        except Exception as e:  # rocksdict raises plain Exception with RocksDB's status text
+            text = str(e)
+            if any(m in text for m in _CORRUPTION_MARKERS):
+                raise StoreCorruptError(f"cannot open: {text}") from None
+            raise StoreUnavailableError(f"table {self.table}: cannot open {self.path}: {text}") from None
+        self._values = self._db.get_column_family_handle(VALUES_CF)
+        self._values_rd = self._db.get_column_family(VALUES_CF)
+        self._offsets = self._db.get_column_family(OFFSETS_CF)
+        self._meta = self._db.get_column_family(META_CF)
+        self._bulk = bulk
+        self._write_opts = WriteOptions()
+        self._write_opts.disable_wal = bulk
+
+    def _disconnect(self) -> None:
+        db = self._db
+        assert db is not None
+        if self._bulk:
+            # Writes made since the last flush live only in memtables. rocksdict flushes a family on its own
+            # whenever a family's Rdict is dropped, which would make data durable without its offsets or the
+            # reverse; RocksDB's shutdown first flushes every family in one atomic flush, after which those
+            # single-family flushes find nothing to do.
+            db.cancel_all_background(True)
+        self._values = self._values_rd = self._offsets = self._meta = None
+        try:
+            db.close()
+        except Exception as e:
+            if not self._bulk:
+                raise
+            log.debug("table %s: close after shutdown: %s", self.table, e)
+        self._db = None
+
+    @property
+    def bulk(self) -> bool:
+        return self._bulk
+
+    def begin_bulk_load(self) -> None:
+        """Restore mode: writes skip the WAL and append to a memtable sorted at flush (reopens the database).
+
+        Nothing written from now on is durable until ``end_bulk_load`` or ``close``; automatic flushes are
+        atomic across families, so a crash rolls data and offsets back together to the last flush.
+        """
+        if not self._bulk:
+            self._disconnect()
+            self._connect(bulk=True)
+            log.info("table %s: bulk load started (WAL off until the restore ends)", self.table)
+
+    def end_bulk_load(self) -> None:
+        """Make everything written durable (atomic flush on close) and reopen for serving, WAL on again."""
+        if self._bulk:
+            self._disconnect()
+            self._connect(bulk=False)
+            log.info("table %s: bulk load ended: flushed, WAL on", self.table)
 
     def _is_empty(self) -> bool:
         assert self._db is not None
@@ -162,9 +213,8 @@ class TableStore:
         if clean:
             self._put_meta({META_STATUS: STATUS_CLEAN})
             self._db.flush()
-        self._values = self._offsets = self._meta = None
-        self._db.close()
-        self._db = None
+        self._disconnect()
+        self._bulk = False
 
     def _delete_files(self) -> None:
         shutil.rmtree(table_dir(self.state_dir, self.table), ignore_errors=True)
@@ -205,10 +255,13 @@ class TableStore:
         return {int(k): decode_offset(v) for k, v in self._offsets.items()}
 
     def sync(self) -> None:
-        """Make every write so far durable (fsync the WAL)."""
-        self.db.flush_wal(True)
+        """Make every write so far durable (fsync the WAL). During a bulk load only ``end_bulk_load`` can."""
+        if not self._bulk:
+            self.db.flush_wal(True)
 
     def write_checkpoint_file(self, offsets: dict[int, int]) -> None:
+        if self._bulk:
+            return  # the file may only claim durable offsets; it is rewritten when the bulk load ends
         checkpoint_file.write(checkpoint_path(self.state_dir, self.table),
                               {(self.topic, p): o for p, o in offsets.items()})
 
@@ -217,4 +270,6 @@ class TableStore:
         Checkpoint(self.db).create_checkpoint(str(dest))
 
     def estimate_keys(self) -> int:
-        return int(self.db.get_column_family(VALUES_CF).property_int_value("rocksdb.estimate-num-keys") or 0)
+        # Through the family's long-lived handle: a temporary one would flush the family alone when dropped.
+        assert self._values_rd is not None
+        return int(self._values_rd.property_int_value("rocksdb.estimate-num-keys") or 0)
