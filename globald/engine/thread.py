@@ -8,6 +8,7 @@ ends the loop, in state ERROR.
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import threading
@@ -19,7 +20,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from globald.config import Config
 from globald.engine.state_manager import StateManager, TableRuntime
-from globald.engine.update_task import UpdateTask
+from globald.engine.update_task import PollResult, UpdateTask
 from globald.kafka.clients import TransientKafkaError, make_consumer, partitions, watermarks
 from globald.kafka.retry import Backoff
 from globald.states import Listeners, State, StateMachine
@@ -121,11 +122,8 @@ class GlobalThread:
         assert self._consumer is not None
         self.last_loop = time.monotonic()
         self._plan_pending()
-        messages = self._consumer.consume(self.config.consume_batch_size, self.config.poll_timeout_ms / 1000)
-        try:
-            result = self._task.apply(messages)
-        except Exception as e:  # a store write failed (disk full, I/O error): nothing of this poll was lost
-            self._rewind_all(f"store write failed: {e}")
+        result = self._poll()
+        if result is None:
             return
         if self.degraded and result.records:
             log.info("recovered: %s", self.degraded)
@@ -155,6 +153,25 @@ class GlobalThread:
             self._commit()
         self._after(self.after_poll)
         self._update_daemon_state()
+
+    def _poll(self) -> PollResult | None:
+        """One consume and its store writes; None when the writes failed (nothing of the poll is lost)."""
+        assert self._consumer is not None
+        # A poll allocates thousands of Message objects, which the cyclic GC would otherwise traverse over and
+        # over while they are alive (a tenth of a restore's time). They form no cycles: pausing the GC for the
+        # poll defers nothing, since they are freed before it resumes.
+        paused = gc.isenabled()
+        gc.disable()
+        try:
+            messages = self._consumer.consume(self.config.consume_batch_size, self.config.poll_timeout_ms / 1000)
+            try:
+                return self._task.apply(messages)
+            except Exception as e:  # a store write failed (disk full, I/O error)
+                self._rewind_all(f"store write failed: {e}")
+                return None
+        finally:
+            if paused:
+                gc.enable()
 
     def _commit(self) -> None:
         try:

@@ -49,6 +49,8 @@ class UpdateTask:
 
     def __init__(self, tables: dict[str, TableRuntime]) -> None:
         self._tables = tables
+        # The consumer is assigned only the tables' topics: with one table, every record is of its topic.
+        self._only_topic = next(iter(tables)) if len(tables) == 1 else None
 
     def apply(self, messages: Sequence[Message]) -> PollResult:
         # The restore's hot loop. A fetch delivers long runs of one partition, so the table lookup, the record
@@ -69,7 +71,7 @@ class UpdateTask:
                 topic = None  # the error may have invalidated the table: look it up again
                 self._on_error(m, err, self._tables.get(m.topic() or ""), result)
                 continue
-            t = m.topic()
+            t = self._only_topic or m.topic()
             p = m.partition()
             if p != partition or t != topic:
                 if run:

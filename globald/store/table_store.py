@@ -135,8 +135,8 @@ class TableStore:
             # Writes made since the last flush live only in memtables. rocksdict flushes a family on its own
             # whenever a family's Rdict is dropped, which would make data durable without its offsets or the
             # reverse; RocksDB's shutdown first flushes every family in one atomic flush, after which those
-            # single-family flushes find nothing to do.
-            db.cancel_all_background(True)
+            # single-family flushes find nothing to do. Running compactions are abandoned, not awaited.
+            db.cancel_all_background(False)
         self._values = self._values_rd = self._offsets = self._meta = None
         try:
             db.close()
