@@ -17,10 +17,12 @@ MASK = "***"
 
 
 class Redactor:
-    """Replaces every configured secret value (3 characters or longer) with ``MASK``."""
+    """Replaces every configured secret value (3 characters or longer) with ``MASK``, also as it appears
+    inside a Python repr or a JSON string (escaped quotes and backslashes)."""
 
     def __init__(self, secrets: Iterable[str] = ()) -> None:
-        self._secrets = sorted({s for s in secrets if s and len(s) >= 3}, key=len, reverse=True)
+        forms = {form for s in secrets if s and len(s) >= 3 for form in (s, repr(s)[1:-1], json.dumps(s)[1:-1])}
+        self._secrets = sorted(forms, key=len, reverse=True)
 
     def __call__(self, text: str) -> str:
         for s in self._secrets:
