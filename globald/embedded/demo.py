@@ -118,9 +118,11 @@ def spark_enrichment(config_path: Path, table: str, customers: dict[bytes, bytes
         return None
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # local mode: nothing listens beyond loopback
     say("Spark: starting a local session (local[2])")
     spark = (SparkSession.builder.master("local[2]").appName("globald-demo")
-             .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "4").getOrCreate())
+             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+             .config("spark.sql.shuffle.partitions", "4").getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     try:
         rnd = random.Random(7)
@@ -299,7 +301,11 @@ def main() -> int:
         try:
             demo.close()
         finally:
-            logging.shutdown()
+            root = logging.getLogger()
+            for handler in root.handlers[:]:  # late loggers (py4j at exit) must not recreate the file
+                root.removeHandler(handler)
+                handler.close()
+            root.addHandler(logging.NullHandler())
             shutil.rmtree(work, ignore_errors=True)
             signal.signal(signal.SIGTERM, old_term)
     if code == 0:
