@@ -26,6 +26,7 @@ from globald.states import Listeners, State
 log = logging.getLogger(__name__)
 
 RESET_KIND = "operator_reset"
+PROGRESS_STATUS_SECONDS = 5.0
 
 
 class Operations:
@@ -46,6 +47,7 @@ class Operations:
                                            lambda table, detail: thread.rebuild(table, RESET_KIND, detail))
         self._sample: Sample | None = None
         self._commits_seen = 0
+        self._next_progress_status = 0.0
         listeners.restore += [self.tracker, self.progress]
         listeners.state += [self._on_state, self.hooks.on_state]
         listeners.table_state += [self._on_table_state, self.hooks.on_table_state]
@@ -115,8 +117,14 @@ class Operations:
                          self.snapshots)
 
     def _status_line(self) -> str:
-        tables = ", ".join(f"{n} {rt.machine.state.value}" for n, rt in self.thread.tables.items())
-        return f"{self.thread.state.value} ({self.thread.machine.reason}); {tables or 'no tables open'}"
+        restores = self.tracker.stats()
+        tables = []
+        for name, rt in self.thread.tables.items():
+            s = restores.get(name)
+            restoring = s is not None and s.active and rt.machine.state == State.RESTORING
+            progress = f" {s.percent:.0f}%" if restoring and s is not None else ""
+            tables.append(f"{name} {rt.machine.state.value}{progress}")
+        return f"{self.thread.state.value} ({self.thread.machine.reason}); {', '.join(tables) or 'no tables open'}"
 
     def _notify(self) -> None:
         text = self._status_line()
@@ -135,6 +143,11 @@ class Operations:
 
     def _after_poll(self) -> None:
         self.notifier.watchdog()
+        now = time.monotonic()
+        if self.notifier.enabled and now >= self._next_progress_status:
+            self._next_progress_status = now + PROGRESS_STATUS_SECONDS
+            if any(s.active for s in self.tracker.stats().values()):
+                self.notifier.status(self._status_line())  # `systemctl status` shows the restore moving
         self._observe_commits()
         self.inbox.poll()
         if self.snapshots is not None and not self.notifier.ready_sent and self._live_readiness().ready:
