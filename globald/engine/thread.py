@@ -205,10 +205,16 @@ class GlobalThread:
 
     def _recover(self, rt: TableRuntime, detail: str) -> None:
         """KIP-406: the broker no longer has our offset. Wipe the table and rebuild it from the log start."""
+        self.rebuild(rt.name, "invalid_offset", detail)
+
+    def rebuild(self, table: str, kind: str, detail: str) -> None:
+        """Wipe ``table`` (counted under ``kind``) and restore it from the log start. Loop thread only, e.g. from
+        an after_poll hook: the store and the consumer belong to the loop."""
+        rt = self.tables[table]
         assert self._consumer is not None
         self._unassign(rt)
-        self.manager.wipe(rt, "invalid_offset", detail)
-        rt.machine.to(State.RESTORING, f"invalid offset, rebuilding: {detail}")
+        self.manager.wipe(rt, kind, detail)
+        rt.machine.to(State.RESTORING, f"{kind.replace('_', ' ')}, rebuilding: {detail}")
         self._pending.add(rt.name)
         self._backoff.succeeded(rt.name)
 

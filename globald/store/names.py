@@ -28,6 +28,7 @@ DB_DIR = "db"
 CHECKPOINT_FILE = ".checkpoint"
 LOCK_FILE = "globald.lock"
 STATUS_FILE = "status.json"
+REQUESTS_DIR = "requests"  # operator requests to the running daemon (globald reset)
 
 
 def table_dir(state_dir: Path, table: str) -> Path:
