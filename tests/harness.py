@@ -98,10 +98,11 @@ class DaemonProcess:
     log: Path
     proc: subprocess.Popen[bytes] | None = None
     pids: list[int] = field(default_factory=list)
+    module: str = "globald"  # what ``python -m`` runs: another build's entry point in upgrade/downgrade tests
 
     def start(self) -> DaemonProcess:
         out = open(self.log, "ab")  # noqa: SIM115 - handed to the child
-        self.proc = subprocess.Popen([sys.executable, "-m", "globald", "run", "--config", str(self.config)],
+        self.proc = subprocess.Popen([sys.executable, "-m", self.module, "run", "--config", str(self.config)],
                                      stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
         out.close()
         self.pids.append(self.proc.pid)

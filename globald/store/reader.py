@@ -15,14 +15,13 @@ from rocksdict import AccessType, Options, Rdict
 
 from globald.errors import StoreFormatError, StoreUnavailableError
 from globald.store import plain
-from globald.store.codec import decode_offset
+from globald.store.codec import decode_format, decode_offset, unreadable_format
 from globald.store.names import (
     FORMAT_MIXED,
     FORMAT_PLAIN,
     META_CF,
     META_FORMAT,
     OFFSETS_CF,
-    READABLE_FORMATS,
     VALUES_CF,
 )
 
@@ -52,11 +51,11 @@ class StoreReader:
             raise StoreUnavailableError(f"cannot open {path} read-only: {last}")
         self._meta = self._family(META_CF)
         raw = None if self._meta is None else self._meta.get(META_FORMAT)
-        self.format = FORMAT_PLAIN if raw is None else int(raw) if raw.isdigit() else -1
-        if self.format not in (FORMAT_PLAIN, *READABLE_FORMATS):
+        problem = None if raw is None else unreadable_format(raw)
+        if problem:
             self.close()
-            raise StoreFormatError(f"{path}: store format {raw.decode(errors='replace') if raw else '?'} is not one "
-                                   f"this globald reads (formats {', '.join(map(str, READABLE_FORMATS))})")
+            raise StoreFormatError(f"{path}: {problem}")
+        self.format = FORMAT_PLAIN if raw is None else decode_format(raw)
         self._values = self._family(VALUES_CF)
         # Plain values are consulted only while the store says some may be left: format 1 pays nothing.
         self._plain: Rdict | None = self._db if self.format in (FORMAT_PLAIN, FORMAT_MIXED) else None

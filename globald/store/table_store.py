@@ -18,19 +18,17 @@ from rocksdict import Checkpoint, Rdict, WriteBatch, WriteOptions
 
 from globald.errors import StoreCorruptError, StoreFormatError, StoreUnavailableError
 from globald.store import checkpoint_file, plain
-from globald.store.codec import decode_offset, encode_offset, partition_key
+from globald.store.codec import decode_format, decode_offset, encode_offset, partition_key, unreadable_format
 from globald.store.names import (
     COLUMN_FAMILIES,
     FORMAT_MIXED,
     FORMAT_TIMESTAMPED,
-    FORMAT_VERSION,
     META_CF,
     META_FORMAT,
     META_STATUS,
     META_TOPIC,
     META_UPGRADED,
     OFFSETS_CF,
-    READABLE_FORMATS,
     STATUS_CLEAN,
     STATUS_OPEN,
     VALUES_CF,
@@ -133,13 +131,10 @@ class TableStore:
     def _adopt(self, fresh: bool, version: bytes | None) -> int:
         """The store's format, after stamping a fresh or plain store. Raises StoreCorruptError when unreadable."""
         if version is not None:
-            shown = version.decode(errors="replace")
-            fmt = int(version) if version.isdigit() else -1
-            if fmt not in READABLE_FORMATS:
-                what = "newer than this globald reads" if fmt > FORMAT_VERSION else "unknown"
-                readable = ", ".join(map(str, READABLE_FORMATS))
-                raise StoreFormatError(f"store format {shown} is {what} (it reads formats {readable})")
-            return fmt
+            problem = unreadable_format(version)
+            if problem:
+                raise StoreFormatError(problem)
+            return decode_format(version)
         is_plain = not fresh and self._has_data(None)
         if not fresh and self._has_data(VALUES_CF):
             raise StoreCorruptError("store holds timestamped values but no format marker")
