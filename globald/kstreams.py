@@ -34,6 +34,7 @@ from globald.store.names import (
     META_TOPIC,
     REPLACED_PREFIX,
     VALUES_CF,
+    checkpoint_path,
     db_dir,
     kafka_streams_checkpoint,
     kafka_streams_store_dir,
@@ -78,9 +79,9 @@ def import_store(config: Config, ks_state_dir: Path, application_id: str, store:
         replaced = _switch(config.state_dir, tc.name, staging)
     finally:
         lock.close()
-    log.info("table %s: imported Kafka Streams store %s at offsets %s", tc.name, source, offsets)
-    return {"table": tc.name, "topic": tc.topic, "source": str(source), "offsets": offsets,
-            "log_bounds": bounds, "replaced_existing_store": replaced, **counts}
+    log.info("table %s: imported Kafka Streams store %s at offsets %s", tc.name, source, counts["offsets"])
+    return {"table": tc.name, "topic": tc.topic, "source": str(source), "log_bounds": bounds,
+            "replaced_existing_store": replaced, **counts}
 
 
 def _checkpointed_offsets(path: Path, topic: str) -> dict[int, int]:
@@ -160,21 +161,22 @@ def _build(config: Config, staging: str, source: Path, topic: str, offsets: dict
         db.flush()
     finally:
         db.close()
-    # Open it exactly as the daemon will, so a store the daemon would reject is never switched in.
+    # The offsets go in through the daemon's own first-open path (KIP-1035: a Kafka-format .checkpoint beside a
+    # store with data and no offsets), and the store is opened exactly as the daemon will open it, so a store the
+    # daemon would reject is never switched in.
+    checkpoint_file.write(checkpoint_path(config.state_dir, staging), {(topic, p): o for p, o in offsets.items()})
     try:
         opened = TableStore.open(config.state_dir, staging, topic, options, wipe_unusable=False)
     except StoreCorruptError as e:
         raise ImportRefusedError(f"the imported store does not open as a globald store: {e}") from None
-    store = opened.store
     try:
-        batch = store.new_batch()
-        store.put_offsets(batch, offsets)
-        store.write(batch)
-        store.sync()
-        store.write_checkpoint_file(offsets)
+        opened.store.sync()
+        held = opened.store.offsets()
     finally:
-        store.close()
-    return {"timestamped_values": timestamped, "plain_values": plain, "format": fmt}
+        opened.store.close()
+    if held != (offsets if timestamped or plain else {}):
+        raise ImportRefusedError(f"the imported store holds offsets {held}, not {offsets}: {opened.import_note}")
+    return {"timestamped_values": timestamped, "plain_values": plain, "format": fmt, "offsets": held}
 
 
 def _copy_files(source: Path, dest: Path) -> None:

@@ -56,8 +56,7 @@ class OpenResult:
 
 
 class TableStore:
-    """Read-write handle of one table's database. Not thread-safe: the daemon thread owns it (``get`` and
-    ``multi_get`` excepted)."""
+    """Read-write handle of one table's database. Not thread-safe: the daemon thread owns it (``get`` excepted)."""
 
     def __init__(self, state_dir: Path, table: str, topic: str, options: StoreOptions) -> None:
         self.state_dir = state_dir
@@ -84,15 +83,20 @@ class TableStore:
         reason: str | None = None
         try:
             crashed = store._open_checked()
+            imported, note = store._import_checkpoint_file()
+            if not store.offsets() and store._holds_data():
+                # Replaying the topic over it could not remove keys whose tombstones compaction already dropped.
+                raise StoreCorruptError("store holds data but no offsets, in it or in a .checkpoint file: "
+                                        "where it stands in the topic is unknown")
         except StoreCorruptError as e:
+            store.close(clean=False)
             if not wipe_unusable:
                 raise
             reason = str(e)
             log.warning("table %s: store unusable (%s); wiping and rebuilding from the topic", table, reason)
-            store.close(clean=False)
             store._delete_files()
             crashed = store._open_checked()
-        imported, note = ({}, "store wiped") if reason else store._import_checkpoint_file()
+            imported, note = {}, "store wiped"
         return OpenResult(store=store, wiped_reason=reason, crashed=crashed, imported=imported, import_note=note)
 
     def _open_checked(self) -> bool:
@@ -154,6 +158,9 @@ class TableStore:
         del it, handle  # iterators and family objects pin the database open
         return found
 
+    def _holds_data(self) -> bool:
+        return self._has_data(None) or self._has_data(VALUES_CF)
+
     def _put_meta(self, entries: dict[bytes, bytes], sync: bool = False) -> None:
         assert self._db is not None
         batch = WriteBatch(raw_mode=True)
@@ -179,7 +186,7 @@ class TableStore:
         imported = {p: o for (t, p), o in found.items() if t == self.topic}
         if not imported:
             return {}, f"no offsets of topic {self.topic} in {path}" if found else f"no checkpoint file at {path}"
-        if not (self._has_data(None) or self._has_data(VALUES_CF)):
+        if not self._holds_data():
             log.warning("table %s: ignoring offsets %s in %s: the store is empty, so it restores from the log start",
                         self.table, imported, path)
             return {}, "checkpoint offsets ignored: the store holds no data, so it restores from the log start"

@@ -13,7 +13,7 @@ import pytest
 from rocksdict import Options, Rdict, WriteBatch
 
 from globald.daemon import lock_state_dir
-from globald.errors import StoreFormatError
+from globald.errors import StoreCorruptError, StoreFormatError
 from globald.store import checkpoint_file
 from globald.store.codec import encode_value
 from globald.store.names import (
@@ -167,6 +167,18 @@ def test_an_empty_store_never_takes_checkpoint_offsets(tmp_path: Path) -> None:
     opened = TableStore.open(tmp_path, "tbl", "topic", StoreOptions())
     assert opened.imported == {} and "holds no data" in opened.import_note
     assert opened.store.offsets() == {}
+    opened.store.close()
+
+
+def test_plain_store_without_offsets_is_rebuilt(tmp_path: Path) -> None:
+    # Replaying the topic over it would keep keys whose tombstones compaction has since dropped.
+    write_plain_store(db_dir(tmp_path, "tbl"), {b"k": b"v"})
+    with pytest.raises(StoreCorruptError, match="no offsets"):
+        TableStore.open(tmp_path, "tbl", "topic", StoreOptions(), wipe_unusable=False)
+    assert _read_all(db_dir(tmp_path, "tbl"))[1] == [(b"k", b"v", -1)]  # its data left as it was
+    opened = TableStore.open(tmp_path, "tbl", "topic", StoreOptions())
+    assert opened.wiped_reason and "no offsets" in opened.wiped_reason
+    assert opened.store.get(b"k") is None and not opened.store.upgrading
     opened.store.close()
 
 
