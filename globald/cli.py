@@ -181,6 +181,44 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _offsets_text(offsets: dict[int, int]) -> str:
+    return ", ".join(f"p{p}={o}" for p, o in sorted(offsets.items())) or "none"
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    from globald.migrate import migrate
+
+    report = migrate(configmod.load(args.config), args.table)
+    if args.json:
+        print(json.dumps(report, sort_keys=True))
+    for name, r in report.items():
+        if args.json:
+            break
+        if "error" in r:
+            print(f"{name}: unusable store: {r['error']}")
+        elif r["imported"]:
+            print(f"{name}: imported offsets {_offsets_text(r['imported'])} ({r['note']}); store format {r['format']}")
+        else:
+            held = f"; offsets {_offsets_text(r['offsets'])}" if r.get("offsets") else ""
+            print(f"{name}: nothing imported: {r['note']}{held}")
+    return EXIT_FAILURE if any("error" in r for r in report.values()) else EXIT_OK
+
+
+def cmd_import_kafka_streams(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from globald.kstreams import import_store
+
+    r = import_store(configmod.load(args.config), Path(args.state_dir), args.application_id, args.store,
+                     args.table, replace=args.replace)
+    if args.json:
+        print(json.dumps(r, sort_keys=True))
+    else:
+        print(f"{r['table']}: imported {r['source']} at offsets {_offsets_text(r['offsets'])}: "
+              f"{r['timestamped_values']} timestamped and {r['plain_values']} plain values, store format {r['format']}")
+    return EXIT_OK
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from globald.embedded.demo import main as demo_main
 
@@ -216,6 +254,15 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     r.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for a running daemon (default 30)")
     add("check-config", cmd_check_config, "validate a config file and exit", json_flag=True)
+    m = add("migrate", cmd_migrate, "take .checkpoint offsets into stores that lack them, and report", json_flag=True)
+    m.add_argument("--table", help="only this table")
+    k = add("import-kafka-streams", cmd_import_kafka_streams, "adopt a Kafka Streams global store as a table's store",
+            json_flag=True)
+    k.add_argument("--state-dir", required=True, metavar="DIR", help="the Kafka Streams state.dir")
+    k.add_argument("--application-id", required=True, metavar="ID")
+    k.add_argument("--store", required=True, metavar="NAME", help="the global store's name")
+    k.add_argument("--table", required=True, metavar="TABLE", help="the globald table that mirrors its topic")
+    k.add_argument("--replace", action="store_true", help="replace the table's existing store")
     add("demo", cmd_demo, "run the self-contained demo on an embedded Kafka", config=False)
     return p
 

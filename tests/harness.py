@@ -101,11 +101,12 @@ class DaemonProcess:
     proc: subprocess.Popen[bytes] | None = None
     pids: list[int] = field(default_factory=list)
     env: dict[str, str] | None = None  # added to the daemon's environment
+    module: str = "globald"  # what ``python -m`` runs: another build's entry point in upgrade/downgrade tests
 
     def start(self) -> DaemonProcess:
         out = open(self.log, "ab")  # noqa: SIM115 - handed to the child
         env = {**os.environ, **self.env} if self.env else None
-        self.proc = subprocess.Popen([sys.executable, "-m", "globald", "run", "--config", str(self.config)],
+        self.proc = subprocess.Popen([sys.executable, "-m", self.module, "run", "--config", str(self.config)],
                                      stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env=env)
         out.close()
         self.pids.append(self.proc.pid)

@@ -18,6 +18,7 @@ from typing import Any
 from confluent_kafka import Consumer, TopicPartition
 
 from globald.config import Config
+from globald.engine.background_upgrade import BackgroundUpgrade
 from globald.engine.state_manager import StateManager, TableRuntime
 from globald.engine.update_task import UpdateTask
 from globald.kafka.clients import TransientKafkaError, make_consumer, partitions, watermarks
@@ -40,7 +41,7 @@ class GlobalThread:
         self._pending: set[str] = set()
         self._backoff = Backoff()
         self.after_commit: list[Callable[[], None]] = []
-        self.after_poll: list[Callable[[], None]] = []
+        self.after_poll: list[Callable[[], None]] = [BackgroundUpgrade(self.manager.tables)]
         self.last_loop = time.monotonic()
         self.last_progress = time.monotonic()
         self.consumer_errors = 0
