@@ -27,9 +27,19 @@ class StoreCorruptError(GlobaldError):
     """A table's store cannot be opened as a globald store. The daemon wipes and rebuilds it from the topic."""
 
 
+class StoreFormatError(StoreCorruptError):
+    """The store was written by a newer globald in a format this one cannot read. The daemon rebuilds it from the
+    topic; to keep it instead, run the newer globald again."""
+
+
 class StoreUnavailableError(GlobaldError):
     """A store could not be opened for a reason a wipe would not fix (locked, I/O error). Check the disk."""
 
 
 class UnknownTableError(GlobaldError):
     """The table named is not in the config. Check the spelling against the [[tables]] entries."""
+
+
+class ImportRefusedError(GlobaldError):
+    """A store cannot be imported as it is; the message says why and nothing was changed. Fix the cause, or let
+    globald restore the table from its topic."""

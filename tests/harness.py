@@ -67,6 +67,8 @@ def toml_value(v: Any) -> str:
         return "true" if v else "false"
     if isinstance(v, int | float):
         return str(v)
+    if isinstance(v, list | tuple):
+        return "[" + ", ".join(toml_value(x) for x in v) + "]"
     return json.dumps(str(v))
 
 
@@ -98,11 +100,14 @@ class DaemonProcess:
     log: Path
     proc: subprocess.Popen[bytes] | None = None
     pids: list[int] = field(default_factory=list)
+    env: dict[str, str] | None = None  # added to the daemon's environment
+    module: str = "globald"  # what ``python -m`` runs: another build's entry point in upgrade/downgrade tests
 
     def start(self) -> DaemonProcess:
         out = open(self.log, "ab")  # noqa: SIM115 - handed to the child
-        self.proc = subprocess.Popen([sys.executable, "-m", "globald", "run", "--config", str(self.config)],
-                                     stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
+        env = {**os.environ, **self.env} if self.env else None
+        self.proc = subprocess.Popen([sys.executable, "-m", self.module, "run", "--config", str(self.config)],
+                                     stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env=env)
         out.close()
         self.pids.append(self.proc.pid)
         return self

@@ -19,6 +19,7 @@ from typing import Any
 from confluent_kafka import Consumer, TopicPartition
 
 from globald.config import Config
+from globald.engine.background_upgrade import BackgroundUpgrade
 from globald.engine.state_manager import StateManager, TableRuntime
 from globald.engine.update_task import PollResult, UpdateTask
 from globald.kafka.clients import TransientKafkaError, make_consumer, partitions, watermarks
@@ -45,7 +46,7 @@ class GlobalThread:
         self._pending: set[str] = set()
         self._backoff = Backoff()
         self.after_commit: list[Callable[[], None]] = []
-        self.after_poll: list[Callable[[], None]] = []
+        self.after_poll: list[Callable[[], None]] = [BackgroundUpgrade(self.manager.tables)]
         self.last_loop = time.monotonic()
         self.last_progress = time.monotonic()
         self.consumer_errors = 0
@@ -231,10 +232,16 @@ class GlobalThread:
 
     def _recover(self, rt: TableRuntime, detail: str) -> None:
         """KIP-406: the broker no longer has our offset. Wipe the table and rebuild it from the log start."""
+        self.rebuild(rt.name, "invalid_offset", detail)
+
+    def rebuild(self, table: str, kind: str, detail: str) -> None:
+        """Wipe ``table`` (counted under ``kind``) and restore it from the log start. Loop thread only, e.g. from
+        an after_poll hook: the store and the consumer belong to the loop."""
+        rt = self.tables[table]
         assert self._consumer is not None
         self._unassign(rt)
-        self.manager.wipe(rt, "invalid_offset", detail)
-        rt.machine.to(State.RESTORING, f"invalid offset, rebuilding: {detail}")
+        self.manager.wipe(rt, kind, detail)
+        rt.machine.to(State.RESTORING, f"{kind.replace('_', ' ')}, rebuilding: {detail}")
         self._pending.add(rt.name)
         self._backoff.succeeded(rt.name)
 
