@@ -164,7 +164,12 @@ class GlobalThread:
         paused = gc.isenabled()
         gc.disable()
         try:
-            messages = self._consumer.consume(self.config.consume_batch_size, self.config.poll_timeout_ms / 1000)
+            # Wait for the first message only, then take what is already queued, up to a batch: consume(n, t)
+            # alone would hold every partial batch (the last of a restore, each one when tailing) for all of t.
+            first = self._consumer.poll(self.config.poll_timeout_ms / 1000)
+            messages = [] if first is None else [first]
+            if first is not None and self.config.consume_batch_size > 1:
+                messages += self._consumer.consume(self.config.consume_batch_size - 1, 0)
             try:
                 return self._task.apply(messages)
             except Exception as e:  # a store write failed (disk full, I/O error)
