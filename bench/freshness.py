@@ -97,6 +97,7 @@ def snapshot_visibility(g: RunningGlobald) -> SnapshotVisibility | None:
         names = importlib.import_module("globald.store.names")
     except ImportError:
         return None
+    g.config.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)  # as `globald run` does before publishing
     return SnapshotVisibility(g, publisher.SnapshotPublisher(g.config, g.thread), reader.current_id, manifest.read,
                               names.snapshots_dir)
 

@@ -8,7 +8,9 @@ reading the snapshots that daemon publishes; each lookup mode is compared with a
 from __future__ import annotations
 
 import importlib
+import os
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -23,7 +25,8 @@ from globald import statusfile
 from tests.harness import DaemonProcess, write_config
 
 
-def _unavailable(e: Exception) -> dict[str, Any]:
+def _unavailable(e: Exception, progress: Callable[[str], None]) -> dict[str, Any]:
+    progress(f"not available: {type(e).__name__}: {e}")
     return {"available": False, "reason": f"{type(e).__name__}: {e}"}
 
 
@@ -33,9 +36,9 @@ def snapshot_publish(env: BenchEnv, ds: Dataset, seconds: float, progress: Calla
     try:
         vis = snapshot_visibility(g)
     except Exception as e:
-        return _unavailable(e)
+        return _unavailable(e, progress)
     if vis is None:
-        return _unavailable(ImportError("globald.snapshot is not installed"))
+        return _unavailable(ImportError("globald.snapshot is not installed"), progress)
     g.start()
     restore = g.wait()
     deadline = time.monotonic() + seconds
@@ -79,7 +82,7 @@ def spark_lookups(env: BenchEnv, ds: Dataset, lookups: int, progress: Callable[[
         open_snapshot = importlib.import_module("globald.snapshot").open_snapshot
         GlobalTableView = importlib.import_module("globald.spark").GlobalTableView
     except (ImportError, AttributeError) as e:
-        return _unavailable(e)
+        return _unavailable(e, progress)
     topic = "bench-spark"
     n = min(ds.produced, lookups)
     env.admin.create(topic, partitions=3, compact=True)
@@ -98,10 +101,11 @@ def spark_lookups(env: BenchEnv, ds: Dataset, lookups: int, progress: Callable[[
             if time.monotonic() > deadline or not daemon.alive():
                 raise RuntimeError(f"daemon has no snapshot; log:\n{daemon.tail()}")
             time.sleep(0.1)
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # workers need this venv's packages
         spark = (sql.SparkSession.builder.master("local[2]").appName("globald-bench")
                  .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2").getOrCreate())
         spark.sparkContext.setLogLevel("ERROR")
-        keys = [b"key-%012d" % i for i in range(0, 2 * n, 2)][:n]  # about half are keys that were produced
+        keys = [b"key-%012d" % i for i in range(n)]  # the data set has about n/2 keys: half the lookups hit
         df = spark.createDataFrame([(k,) for k in keys], "key binary").repartition(2).cache()
         df.count()
         view = GlobalTableView(spark, str(config), TABLE)
