@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
             "data": f"{data.KEY_SIZE}-byte keys, {data.VALUE_SIZE}-byte values, "
                     f"{1 - data.NEW_KEY_SHARE:.0%} overwrites of which {data.TOMBSTONE_SHARE:.0%} of all records "
                     "are tombstones, 3-partition compacted topic",
-            "command": "python -m bench " + shlex.join(argv if argv is not None else sys.argv[1:]),
+            "command": " ".join(["python -m bench", shlex.join(argv if argv is not None else sys.argv[1:])]).strip(),
             "host": f"{platform.node()} ({os.cpu_count()} CPUs, Python {platform.python_version()})",
             "broker": "Apache Kafka 0.9.0.1 (embedded)",
             "librdkafka": confluent_kafka.libversion()[0],

@@ -30,8 +30,11 @@ MANAGED_KAFKA_PROPERTIES: dict[str, object] = {
 # Client defaults valid on every broker, which a user's [kafka] setting overrides. librdkafka 2.x stops fetching a
 # partition for fetch.queue.backoff.ms (1 s by default) whenever its prefetch queue is full: a restore whose writer
 # is a little slower than the fetcher then stalls a second at a time, cutting its throughput by 3x or more.
+# queued.min.messages bounds the prefetch (100k messages per partition by default, ~45 MB for three partitions of
+# small records): 20k per partition still keeps several polls queued, for 40 MB less peak memory in a restore.
 CONSUMER_DEFAULTS: dict[str, object] = {
     "fetch.queue.backoff.ms": 20,
+    "queued.min.messages": 20_000,
 }
 
 SECRET_MARKERS = ("password", "secret")
