@@ -58,6 +58,8 @@ def cmd_dump(args: argparse.Namespace) -> int:
 
     cfg = configmod.load(args.config)
     table = cfg.table(args.table)
+    if args.snapshot is not None:
+        return _dump_snapshot(cfg, table.name, args.snapshot)
     path = db_dir(cfg.state_dir, table.name)
     if not (path / "CURRENT").exists():
         raise GlobaldError(f"table {table.name} has no store yet under {cfg.state_dir}")
@@ -65,6 +67,32 @@ def cmd_dump(args: argparse.Namespace) -> int:
         out = sys.stdout
         for line in dump_lines(reader.items()):
             out.write(line + "\n")
+    return EXIT_OK
+
+
+def _dump_snapshot(cfg: configmod.Config, table: str, snapshot: str) -> int:
+    from globald.snapshot.reader import open_snapshot
+
+    with open_snapshot(cfg.state_dir, table, snapshot) as snap:
+        out = sys.stdout
+        for line in dump_lines(iter(snap)):
+            out.write(line + "\n")
+    return EXIT_OK
+
+
+def cmd_snapshots(args: argparse.Namespace) -> int:
+    from globald.snapshot.reader import listing
+
+    cfg = configmod.load(args.config)
+    table = cfg.table(args.table)
+    snaps = listing(cfg.state_dir, table.name)
+    if args.json:
+        print(json.dumps(snaps, sort_keys=True))
+        return EXIT_OK
+    for s in snaps:
+        offsets = ", ".join(f"p{p}={o}" for p, o in s["offsets"].items()) or "no offsets"  # type: ignore[attr-defined]
+        marks = ("  CURRENT" if s["current"] else "") + ("  STALE" if s["stale"] else "")
+        print(f"{s['id']}  {offsets}{marks}")
     return EXIT_OK
 
 
@@ -108,6 +136,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("status", cmd_status, "show the daemon's and each table's state and offsets", json_flag=True)
     d = add("dump", cmd_dump, "print a table's committed content as JSON lines")
     d.add_argument("--table", required=True)
+    d.add_argument("--snapshot", metavar="ID", help="dump this published snapshot instead of the live store")
+    sn = add("snapshots", cmd_snapshots, "list a table's published snapshots, newest first", json_flag=True)
+    sn.add_argument("--table", required=True)
     add("check-config", cmd_check_config, "validate a config file and exit", json_flag=True)
     add("demo", cmd_demo, "run the self-contained demo on an embedded Kafka", config=False)
     return p

@@ -19,6 +19,7 @@ from globald import statusfile
 from globald.config import Config
 from globald.engine.thread import GlobalThread
 from globald.errors import StateDirError, StateDirLockedError
+from globald.snapshot.publisher import SnapshotPublisher
 from globald.states import Listeners, State
 from globald.store.names import LOCK_FILE
 
@@ -63,6 +64,8 @@ class Daemon:
         self.config = config
         self.listeners = listeners or Listeners()
         self.thread = GlobalThread(config, self.listeners)
+        # Registered before the status listeners below, so a status written on a wipe already shows the stale mark.
+        self.snapshots = SnapshotPublisher(config, self.thread)
         self._last_status = 0.0
         self.listeners.state.append(lambda new, old, reason: self.publish_status())
         self.listeners.table_state.append(lambda table, new, old, reason: self.publish_status())
@@ -71,7 +74,7 @@ class Daemon:
 
     def publish_status(self) -> None:
         self._last_status = time.monotonic()
-        statusfile.write(self.config.state_dir, self.thread.status())
+        statusfile.write(self.config.state_dir, self.snapshots.annotate(self.thread.status()))
 
     def _maybe_publish_status(self) -> None:
         if time.monotonic() - self._last_status >= 1.0:
@@ -86,11 +89,13 @@ class Daemon:
         lock = lock_state_dir(self.config.state_dir)
         old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         try:
+            self.snapshots.start()
             log.info("globald %d starting: %d table(s), state_dir %s", os.getpid(), len(self.config.tables),
                      self.config.state_dir)
             self.thread.run()
             return 0
         finally:
+            self.snapshots.close()
             for s, h in old.items():
                 signal.signal(s, h)
             if self.thread.state in (State.NOT_RUNNING, State.ERROR):
