@@ -18,6 +18,7 @@ from typing import Any
 
 from globald.errors import ManifestError
 from globald.states import State
+from globald.store.checkpoint_file import fsync_dir
 from globald.store.names import SNAPSHOT_MANIFEST
 
 MANIFEST_FORMAT = 1
@@ -85,14 +86,6 @@ def write_json(path: Path, doc: dict[str, Any], durable: bool = False) -> None:
     os.replace(tmp, path)
     if durable:
         fsync_dir(path.parent)
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 @dataclass(frozen=True)

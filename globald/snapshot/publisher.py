@@ -30,6 +30,7 @@ from globald.snapshot.manifest import Manifest, Offsets, valid_id
 from globald.snapshot.reader import current_id, find_exact, manifests_of
 from globald.snapshot.requests import Code, Request, Response
 from globald.states import State
+from globald.store.checkpoint_file import fsync_dir
 from globald.store.names import (
     SNAPSHOT_BUILD_PREFIX,
     SNAPSHOT_CURRENT,
@@ -192,7 +193,7 @@ class SnapshotPublisher:
             tmp_pointer = ts.dir / f"{SNAPSHOT_TMP_PREFIX}{SNAPSHOT_CURRENT}"
             tmp_pointer.write_text(sid + "\n", encoding="ascii")
             os.replace(tmp_pointer, pointer)
-            manifests.fsync_dir(ts.dir)
+            fsync_dir(ts.dir)
             if ts.stale_reason is not None:
                 log.info("table %s: fresh snapshot %s replaces stale %s", rt.name, sid,
                          ts.current.id if ts.current else None)

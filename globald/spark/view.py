@@ -15,12 +15,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Consumer
+from confluent_kafka import Consumer, KafkaException
 
 from globald import statusfile
 from globald.config import load
 from globald.errors import GlobaldError
-from globald.kafka.clients import make_consumer, partitions, watermarks
+from globald.kafka.clients import TransientKafkaError, make_consumer, partitions, watermarks
 from globald.snapshot.manifest import Offsets, offsets_to_json
 from globald.snapshot.reader import open_snapshot
 from globald.snapshot.resolve import Policy, resolve
@@ -201,7 +201,7 @@ class GlobalTableView:
     def _refresh_or_keep(self) -> None:
         try:
             self.refresh()
-        except (GlobaldError, OSError) as e:
+        except (GlobaldError, TransientKafkaError, KafkaException, OSError) as e:
             if self._desc_bc is None:
                 raise
             log.warning("refresh of %s failed, keeping snapshot %s: %s", self.table.name,

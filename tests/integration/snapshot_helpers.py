@@ -82,3 +82,14 @@ def wait_status(d: DaemonProcess, pred: Callable[[dict[str, Any]], bool], timeou
 
 def stale(table: str) -> Callable[[dict[str, Any]], bool]:
     return lambda s: bool(s["tables"][table].get("snapshot", {}).get("stale"))
+
+
+def table_on_topic(broker: Broker, topic: Callable[..., str], daemon: Callable[..., DaemonProcess], records: int,
+                   seed: int, keys: int | None = None, **daemon_args: Any) -> tuple[str, DaemonProcess]:
+    """A fresh topic with ``records`` random records and a daemon mirroring it as table "tbl", with a fresh
+    snapshot at the topic's end."""
+    t = topic()
+    broker.admin.produce(t, random_records(records, keys=keys or records, seed=seed))
+    d = daemon({"tbl": t}, **{"snapshots": {"interval_ms": 200, "retain": 3}, **daemon_args})
+    wait_snapshot_at(d, "tbl", broker.admin.end_offsets(t), timeout=90)
+    return t, d

@@ -21,6 +21,7 @@ from tests.integration.snapshot_helpers import (
     snapshot_values,
     snapshots_json,
     stale,
+    table_on_topic,
     wait_snapshot_at,
     wait_status,
 )
@@ -166,10 +167,8 @@ def test_request_needing_compacted_records_is_refused(broker: Broker, topic: Cal
 
 
 def test_stale_while_rebuilding(broker: Broker, topic: Callable[..., str], daemon: Daemon) -> None:
-    t = topic()
-    broker.admin.produce(t, random_records(45_000, keys=45_000, seed=51))
-    d = daemon({"tbl": t}, snapshots=FAST, consume_batch_size=500)
-    before = wait_snapshot_at(d, "tbl", broker.admin.end_offsets(t), timeout=90)
+    t, d = table_on_topic(broker, topic, daemon, 45_000, seed=51, consume_batch_size=500)
+    before = wait_snapshot_at(d, "tbl", broker.admin.end_offsets(t))
     old = oracle_at(broker, t, before["offsets"])
 
     recreate_smaller_while_paused(broker, d, t, 30_000, seed=52)

@@ -17,12 +17,17 @@ from globald.errors import SnapshotUnavailableError
 from globald.spark import GlobalTableView
 from globald.spark import executor as spark_executor
 from tests.harness import Broker, DaemonProcess, oracle_at, random_records
-from tests.integration.snapshot_helpers import recreate_smaller_while_paused, stale, wait_snapshot_at, wait_status
+from tests.integration.snapshot_helpers import (
+    recreate_smaller_while_paused,
+    stale,
+    table_on_topic,
+    wait_snapshot_at,
+    wait_status,
+)
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 
 Daemon = Callable[..., DaemonProcess]
-FAST = {"interval_ms": 200, "retain": 3}
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +75,7 @@ def test_enrichment_job_sees_new_values_after_refresh(spark: Any, broker: Broker
                                                       daemon: Daemon) -> None:
     t = topic()
     broker.admin.produce(t, random_records(3_000, keys=400, seed=61, tombstones=0.1))
-    d = daemon({"tbl": t}, snapshots=FAST)
+    d = daemon({"tbl": t}, snapshots={"interval_ms": 200, "retain": 3})
     wait_snapshot_at(d, "tbl", broker.admin.end_offsets(t))
     view = GlobalTableView(spark, d.config, "tbl")
     desc = view.refresh()
@@ -113,10 +118,7 @@ def test_streaming_batches_never_mix_snapshots(spark: Any, broker: Broker, topic
                                                daemon: Daemon) -> None:
     from pyspark.sql import functions as F
 
-    t = topic()
-    broker.admin.produce(t, random_records(2_000, keys=200, seed=71))
-    d = daemon({"tbl": t}, snapshots=FAST)
-    wait_snapshot_at(d, "tbl", broker.admin.end_offsets(t))
+    t, d = table_on_topic(broker, topic, daemon, 2_000, seed=71, keys=200)
     view = GlobalTableView(spark, d.config, "tbl")
     seen: list[tuple[dict[str, Any], list[Any]]] = []
 
@@ -156,10 +158,7 @@ def test_streaming_batches_never_mix_snapshots(spark: Any, broker: Broker, topic
 
 def test_rebuild_keeps_job_on_stale_snapshot_with_no_failed_lookup(spark: Any, broker: Broker,
                                                                    topic: Callable[..., str], daemon: Daemon) -> None:
-    t = topic()
-    broker.admin.produce(t, random_records(45_000, keys=45_000, seed=81))
-    d = daemon({"tbl": t}, snapshots=FAST, consume_batch_size=500)
-    wait_snapshot_at(d, "tbl", broker.admin.end_offsets(t), timeout=90)
+    t, d = table_on_topic(broker, topic, daemon, 45_000, seed=81, consume_batch_size=500)
     view = GlobalTableView(spark, d.config, "tbl", wait_timeout_s=1.0, on_timeout="newest")
     first = view.refresh()
     old = oracle_at(broker, t, first["offsets"])
@@ -215,10 +214,7 @@ def test_rebuild_keeps_job_on_stale_snapshot_with_no_failed_lookup(spark: Any, b
 
 def test_small_table_mode_timer_and_policies(spark: Any, broker: Broker, topic: Callable[..., str],
                                              daemon: Daemon) -> None:
-    t = topic()
-    broker.admin.produce(t, random_records(1_000, keys=150, seed=91))
-    d = daemon({"tbl": t}, snapshots=FAST)
-    wait_snapshot_at(d, "tbl", broker.admin.end_offsets(t))
+    t, d = table_on_topic(broker, topic, daemon, 1_000, seed=91, keys=150)
     small = GlobalTableView(spark, d.config, "tbl", mode="broadcast")
     desc = small.refresh()
     keys: list[bytes | None] = [b"key-%06d" % i for i in range(160)]
