@@ -148,6 +148,7 @@ class Builder:
         assignment = [TopicPartition(topic, p, s) for p, s in todo.items()]
         c.assign(assignment)
         assignment = [TopicPartition(topic, p) for p in todo]
+        c.resume(assignment)  # librdkafka keeps a partition paused by an earlier build across re-assignment
         values = db.get_column_family_handle(VALUES_CF)
         consumed = 0
         try:
@@ -179,15 +180,14 @@ class Builder:
             if err.code() == KafkaError._AUTO_OFFSET_RESET:
                 raise BuildRefused(Code.BELOW_LOG_START, f"partition {p}: offset {offset} is no longer in the log")
             if err.code() == KafkaError._PARTITION_EOF and offset is not None and offset >= goal:
-                if expected < goal:  # the end is past the target but records below it never came
-                    raise BuildRefused(Code.COMPACTED, f"partition {p}: records in [{expected}, {goal}) are gone")
-                del todo[p]
+                # The end is past the target, yet records below it never came (p is still to do).
+                raise BuildRefused(Code.COMPACTED, f"partition {p}: records in [{expected}, {goal}) are gone")
             return 0
-        if offset >= goal or offset != expected:
-            if expected < goal:
-                raise BuildRefused(Code.COMPACTED,
-                                   f"partition {p}: expected offset {expected}, got {offset}; records were compacted")
+        if offset < expected:  # delivered twice (a fetch retried): already applied
             return 0
+        if offset > expected:  # expected < goal here, so records the fold needs are missing
+            raise BuildRefused(Code.COMPACTED,
+                               f"partition {p}: expected offset {expected}, got {offset}; records were compacted")
         key = m.key()
         if key is not None:
             value = m.value()

@@ -21,7 +21,7 @@ from globald.snapshot.manifest import Offsets, offsets_from_json, offsets_to_jso
 from globald.store.names import SNAPSHOT_REQUESTS_DIR, SNAPSHOT_RESPONSES_DIR, snapshots_dir
 
 REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
-DEFAULT_LEASE_S = 300.0
+DEFAULT_LEASE_S = 60.0  # the daemon pins what it answers this long: until the reader holds its own lease
 RESPONSE_TTL_S = 600.0  # unclaimed responses are swept after this
 
 

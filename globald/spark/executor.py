@@ -132,7 +132,7 @@ def _open(settings: Settings, desc: dict[str, Any], data: Any) -> Handle:
     for _ in range(3):  # the snapshot found may be collected before it is opened: resolve again
         res = resolve(cfg.state_dir, settings.table, target, hint=desc.get("snapshot"),
                       timeout=settings.wait_timeout_s, policy=Policy(settings.policy),
-                      serve_stale=cfg.snapshots.serve_stale, lease_s=settings.lease_s)
+                      serve_stale=cfg.snapshots.serve_stale)
         try:
             snap = Snapshot(cfg.state_dir, settings.table, res.snapshot, OpenOptions(lease_s=settings.lease_s))
         except SnapshotNotFoundError as e:
@@ -163,6 +163,8 @@ def encode_key(key: object) -> bytes | None:
 
 def lookup(h: Handle, keys: list[bytes | None]) -> list[Value | None]:
     """One batched multi-get; null keys get None without touching the store."""
+    if None not in keys:
+        return h.multi_get(keys)  # type: ignore[arg-type]
     present = [k for k in keys if k is not None]
     found = iter(h.multi_get(present))
     return [None if k is None else next(found) for k in keys]
@@ -198,8 +200,10 @@ def arrow_fn(settings: Settings, desc_bc: Any, data_bc: Any, fallbacks: Any, on:
     def run(batches: Batches) -> Batches:
         h = handle(settings, desc_bc.value, data_bc, fallbacks)
         for batch in batches:
-            keys = [encode_key(k) for k in batch.column(on).to_pylist()]
-            found = lookup(h, keys)
+            column = batch.column(on)
+            if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+                column = column.cast(pa.binary())  # UTF-8 bytes, without a Python encode per key
+            found = lookup(h, column.to_pylist())
             arrays = [*batch.columns,
                       pa.array([None if v is None else v[0] for v in found], type=pa.binary()),
                       pa.array([None if v is None else v[1] for v in found], type=pa.int64())]

@@ -112,7 +112,7 @@ class GlobalTableView:
             return {**desc, "offsets": offsets_to_json(target), "snapshot": None, "exact": None, "stale": False,
                     "note": "no sidecar on the driver host; executors resolve the offsets"}
         res = resolve(state_dir, self.table.name, target, timeout=timeout, policy=Policy(self.settings.policy),
-                      serve_stale=self.config.snapshots.serve_stale, lease_s=self.settings.lease_s)
+                      serve_stale=self.config.snapshots.serve_stale)
         if res.note:
             log.warning("refresh: %s", res.note)
         return {**desc, "offsets": offsets_to_json(res.offsets), "snapshot": res.snapshot, "exact": res.exact,

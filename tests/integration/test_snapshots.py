@@ -14,7 +14,7 @@ from globald.errors import SnapshotStaleError
 from globald.snapshot import leases, open_snapshot, requests
 from globald.snapshot.requests import Code
 from globald.store.names import snapshots_dir
-from tests.harness import Broker, DaemonProcess, oracle_at, random_records, write_config
+from tests.harness import Broker, DaemonProcess, globald, oracle_at, random_records, write_config
 from tests.integration.snapshot_helpers import (
     manifest_of,
     recreate_smaller_while_paused,
@@ -44,6 +44,8 @@ def test_periodic_snapshots_equal_oracle_and_are_listed(broker: Broker, topic: C
     assert [s["current"] for s in listed].count(True) == 1 and listed[0]["current"]
     expected = oracle_at(broker, t, cur["offsets"])
     assert snapshot_values(d, "tbl", cur["id"]) == expected
+    r = globald("dump", "--config", str(d.config), "--table", "tbl", "--snapshot", "1234")
+    assert r.returncode == 1 and "not a snapshot id" in r.stderr
     m = manifest_of(d, "tbl", cur["id"])
     assert (m.kind, m.table_state, m.topic) == ("periodic", "RUNNING", t) and m.records > 0
 
@@ -106,6 +108,11 @@ def test_exact_offset_requests_are_identical_across_sidecars(broker: Broker, top
             assert again.snapshot == resp.snapshot  # served from the one already built
         assert dumps[0] == dumps[1]
         assert {k: v for k, (v, _) in dumps[0].items()} == oracle_at(broker, t, {str(p): o for p, o in target.items()})
+        # A second build on the same sidecar (its consumer reused) is just as exact.
+        earlier = {p: (ends_a[p] + o) // 2 for p, o in target.items()}
+        resp = requests.request(d.state_dir, "tbl", earlier, timeout=60)
+        assert resp.code == Code.READY and resp.snapshot is not None
+        assert snapshot_values(d, "tbl", resp.snapshot) == oracle_at(broker, t, {str(p): o for p, o in earlier.items()})
     finally:
         other.stop()
 

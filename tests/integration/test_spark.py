@@ -244,5 +244,14 @@ def test_small_table_mode_timer_and_policies(spark: Any, broker: Broker, topic: 
     h = spark_executor.handle(settings, far)
     assert not h.exact and h.note and "beyond_end" in h.note
     spark_executor.close_all()
+    # ... and through Spark: the executors count the fallback in the view's accumulator.
+    lenient = GlobalTableView(spark, d.config, "tbl", wait_timeout_s=5.0, on_timeout="newest")
+    fn = spark_executor.partitions_fn(lenient.settings, spark.sparkContext.broadcast(far), None,
+                                      lenient.fallbacks, None)
+    got = spark.sparkContext.parallelize([b"key-000001", b"key-000002"], 1).mapPartitions(fn).collect()
+    newest = oracle_at(broker, t, good["offsets"])
+    assert [v for _, v, _ in got] == [newest.get(b"key-000001"), newest.get(b"key-000002")]
+    assert lenient.fallbacks.value == 1
+    lenient.close()
     small.close()
     strict.close()
