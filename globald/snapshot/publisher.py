@@ -60,6 +60,7 @@ class _Table:
     exact_built: int = 0
     refused: Counter[str] = field(default_factory=Counter)
     last_publish_s: float = 0.0
+    last_error: str | None = None  # why the last periodic publish failed, until one succeeds
 
 
 @dataclass(frozen=True)
@@ -127,11 +128,22 @@ class SnapshotPublisher:
                     offsets = self._live_offsets(rt)
                     ts = self._tables[rt.name]
                     if ts.stale_reason is not None or offsets != ts.published_offsets:
-                        self._publish_live(rt, offsets)
+                        self._try_publish(rt, ts, offsets)
         if now >= self._next_sweep:
             self._next_sweep = now + max(self.interval, 1.0)
             for ts in self._tables.values():
                 self._gc(ts)
+
+    def _try_publish(self, rt: TableRuntime, ts: _Table, offsets: Offsets) -> None:
+        """A failed publish (disk full, I/O error) leaves CURRENT as it was; the next interval tries again."""
+        try:
+            self._publish_live(rt, offsets)
+            ts.last_error = None
+        except Exception as e:
+            if ts.last_error is None:
+                log.exception("table %s: snapshot publish failed; CURRENT stays at %s", rt.name,
+                              ts.current.id if ts.current else None)
+            ts.last_error = f"{type(e).__name__}: {e}"
 
     def _on_table_state(self, table: str, new: State, old: State, reason: str) -> None:
         if new == State.RESTORING:
@@ -369,5 +381,6 @@ class SnapshotPublisher:
                     "exact_built": ts.exact_built,
                     "refused": dict(ts.refused),
                     "last_publish_ms": round(ts.last_publish_s * 1000, 3),
+                    "last_error": ts.last_error,
                 }
         return doc
