@@ -49,6 +49,10 @@ def cmd_status(args: argparse.Namespace) -> int:
         offsets = ", ".join(f"p{p}={o}" for p, o in t.get("offsets", {}).items()) or "no offsets"
         lag = f", lag {t['lag']}" if "lag" in t else ""
         print(f"  {name:<20} {t['state']:<12} {offsets}{lag}")
+        snap = t.get("snapshot")
+        if snap and snap.get("current"):
+            stale = f"  STALE: {snap.get('stale_reason')}" if snap.get("stale") else ""
+            print(f"  {'':<20} snapshot {snap['current']}{stale}")
     return EXIT_OK
 
 

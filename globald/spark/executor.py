@@ -134,7 +134,8 @@ def _open(settings: Settings, desc: dict[str, Any], data: Any) -> Handle:
                       timeout=settings.wait_timeout_s, policy=Policy(settings.policy),
                       serve_stale=cfg.snapshots.serve_stale)
         try:
-            snap = Snapshot(cfg.state_dir, settings.table, res.snapshot, OpenOptions(lease_s=settings.lease_s))
+            snap = Snapshot(cfg.state_dir, settings.table, res.snapshot,
+                            OpenOptions(serve_stale=cfg.snapshots.serve_stale, lease_s=settings.lease_s))
         except SnapshotNotFoundError as e:
             last = e
             continue

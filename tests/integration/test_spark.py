@@ -241,8 +241,11 @@ def test_small_table_mode_timer_and_policies(spark: Any, broker: Broker, topic: 
     # Policy "newest" on an executor: it reads the newest snapshot and says so.
     settings = spark_executor.Settings(str(d.config), "tbl", wait_timeout_s=5.0, policy="newest", lease_s=30)
     far = {**good, "offsets": {p: o + 100 for p, o in want.items()}, "snapshot": None}
+    plain = spark_executor.Settings(str(d.config), "tbl", wait_timeout_s=5.0)
+    kept = spark_executor.handle(plain, good)
+    assert spark_executor.handle(plain, {**good, "seq": good["seq"] + 1, "created": 0.0}) is kept  # same content
     h = spark_executor.handle(settings, far)
-    assert not h.exact and h.note and "beyond_end" in h.note
+    assert h is not kept and not h.exact and h.note and "beyond_end" in h.note
     spark_executor.close_all()
     # ... and through Spark: the executors count the fallback in the view's accumulator.
     lenient = GlobalTableView(spark, d.config, "tbl", wait_timeout_s=5.0, on_timeout="newest")
