@@ -60,6 +60,10 @@ def status_lines(doc: dict[str, Any]) -> list[str]:
             eta = "?" if r.get("eta_seconds") is None else f"{r['eta_seconds']:.0f}s"
             lines.append(f"  {'':<20} restoring {r['percent']:.0f}%, {r['records']:,} records, "
                          f"{r['records_per_second']:,.0f} rec/s, ETA {eta}")
+        snap = t.get("snapshot")
+        if snap and snap.get("current"):
+            stale = f"  STALE: {snap.get('stale_reason')}" if snap.get("stale") else ""
+            lines.append(f"  {'':<20} snapshot {snap['current']}{stale}")
     return lines
 
 
@@ -80,6 +84,8 @@ def cmd_dump(args: argparse.Namespace) -> int:
 
     cfg = configmod.load(args.config)
     table = cfg.table(args.table)
+    if args.snapshot is not None:
+        return _dump_snapshot(cfg, table.name, args.snapshot)
     path = db_dir(cfg.state_dir, table.name)
     if not (path / "CURRENT").exists():
         raise GlobaldError(f"table {table.name} has no store yet under {cfg.state_dir}")
@@ -165,6 +171,32 @@ def cmd_reset(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _dump_snapshot(cfg: configmod.Config, table: str, snapshot: str) -> int:
+    from globald.snapshot.reader import open_snapshot
+
+    with open_snapshot(cfg.state_dir, table, snapshot) as snap:
+        out = sys.stdout
+        for line in dump_lines(iter(snap)):
+            out.write(line + "\n")
+    return EXIT_OK
+
+
+def cmd_snapshots(args: argparse.Namespace) -> int:
+    from globald.snapshot.reader import listing
+
+    cfg = configmod.load(args.config)
+    table = cfg.table(args.table)
+    snaps = listing(cfg.state_dir, table.name)
+    if args.json:
+        print(json.dumps(snaps, sort_keys=True))
+        return EXIT_OK
+    for s in snaps:
+        offsets = ", ".join(f"p{p}={o}" for p, o in s["offsets"].items()) or "no offsets"  # type: ignore[attr-defined]
+        marks = ("  CURRENT" if s["current"] else "") + ("  STALE" if s["stale"] else "")
+        print(f"{s['id']}  {offsets}{marks}")
+    return EXIT_OK
+
+
 def cmd_check_config(args: argparse.Namespace) -> int:
     cfg = configmod.load(args.config)
     configmod.check_kafka_properties(cfg)
@@ -243,6 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("status", cmd_status, "show the daemon's and each table's state and offsets", json_flag=True)
     d = add("dump", cmd_dump, "print a table's committed content as JSON lines")
     d.add_argument("--table", required=True)
+    d.add_argument("--snapshot", metavar="ID", help="dump this published snapshot instead of the live store")
     g = add("get", cmd_get, "print the value and timestamp of one key (exit 1 when absent)", json_flag=True)
     g.add_argument("--table", required=True)
     g.add_argument("--key-format", choices=("text", "base64", "hex"), default="text",
@@ -253,6 +286,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--table", required=True)
     r.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     r.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for a running daemon (default 30)")
+    sn = add("snapshots", cmd_snapshots, "list a table's published snapshots, newest first", json_flag=True)
+    sn.add_argument("--table", required=True)
     add("check-config", cmd_check_config, "validate a config file and exit", json_flag=True)
     m = add("migrate", cmd_migrate, "take .checkpoint offsets into stores that lack them, and report", json_flag=True)
     m.add_argument("--table", help="only this table")

@@ -61,6 +61,7 @@ class SnapshotConfig:
     interval_ms: int = 1000
     retain: int = 3
     serve_stale: bool = True
+    build_timeout_ms: int = 120_000  # an exact-offset snapshot build taking longer is abandoned and answered
 
 
 @dataclass(frozen=True)
@@ -209,7 +210,7 @@ def parse(raw: dict[str, Any], source: Path | None = None) -> Config:
     store = _table(raw.get("store"), "store")
     _only(store, {"block_cache_mb", "write_buffer_mb", "max_write_buffers"}, "store.")
     snaps = _table(raw.get("snapshots"), "snapshots")
-    _only(snaps, {"interval_ms", "retain", "serve_stale"}, "snapshots.")
+    _only(snaps, {"interval_ms", "retain", "serve_stale", "build_timeout_ms"}, "snapshots.")
     http = _table(raw.get("http"), "http")
     _only(http, {"enabled", "host", "port"}, "http.")
     hooks = _table(raw.get("hooks"), "hooks")
@@ -240,6 +241,7 @@ def parse(raw: dict[str, Any], source: Path | None = None) -> Config:
             interval_ms=_int(snaps, "interval_ms", "snapshots.interval_ms", 1000, 10, 86_400_000),
             retain=_int(snaps, "retain", "snapshots.retain", 3, 1, 1000),
             serve_stale=_bool(snaps, "serve_stale", "snapshots.serve_stale", True),
+            build_timeout_ms=_int(snaps, "build_timeout_ms", "snapshots.build_timeout_ms", 120_000, 100, 86_400_000),
         ),
         http=HttpConfig(
             enabled=_bool(http, "enabled", "http.enabled", True),

@@ -21,6 +21,7 @@ from globald.engine.thread import GlobalThread
 from globald.errors import StateDirError, StateDirLockedError
 from globald.ops.progress import ProgressOptions
 from globald.ops.runtime import Operations
+from globald.snapshot.publisher import SnapshotPublisher
 from globald.states import Listeners, State
 from globald.store.names import LOCK_FILE
 
@@ -66,16 +67,19 @@ class Daemon:
         self.config = config
         self.listeners = listeners or Listeners()
         self.thread = GlobalThread(config, self.listeners)
+        # Registered before the status listeners below, so a status written on a wipe already shows the stale mark.
+        self.snapshots = SnapshotPublisher(config, self.thread)
         self._last_status = 0.0
         self.listeners.state.append(lambda new, old, reason: self.publish_status())
         self.listeners.table_state.append(lambda table, new, old, reason: self.publish_status())
         self.thread.after_commit.append(self.publish_status)
         self.thread.after_poll.append(self._maybe_publish_status)
         self.ops = Operations(config, self.thread, self.listeners, progress)
+        self.ops.snapshots = self.snapshots
 
     def publish_status(self) -> None:
         self._last_status = time.monotonic()
-        statusfile.write(self.config.state_dir, self.ops.observe(self.thread.status()))
+        statusfile.write(self.config.state_dir, self.ops.observe(self.snapshots.annotate(self.thread.status())))
 
     def _maybe_publish_status(self) -> None:
         if time.monotonic() - self._last_status >= 1.0:
@@ -94,12 +98,14 @@ class Daemon:
         lock = lock_state_dir(self.config.state_dir)
         old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)} if handle_signals else {}
         try:
+            self.snapshots.start()
             self.ops.start()
             log.info("globald %d starting: %d table(s), state_dir %s", os.getpid(), len(self.config.tables),
                      self.config.state_dir)
             self.thread.run()
             return 0
         finally:
+            self.snapshots.close()
             for s, h in old.items():
                 signal.signal(s, h)
             if self.thread.state in (State.NOT_RUNNING, State.ERROR):

@@ -1,8 +1,8 @@
 """Liveness and readiness, decided in one place for /healthz, /readyz, sd_notify READY=1 and the status document.
 
-Ready means a consistent view of every table can be served: the table is RUNNING, or a snapshot source says
-it has a servable snapshot (a stale one while rebuilding, if the config allows). Healthy means the loop is
-iterating: a loop stuck longer than ``STALL_SECONDS`` is unhealthy whatever its state.
+Ready means a consistent view of every table can be served: the snapshot source says it has a servable
+snapshot (a stale one while rebuilding, if the config allows), or, without snapshots, the table is RUNNING.
+Healthy means the loop is iterating: a loop stuck longer than ``STALL_SECONDS`` is unhealthy whatever its state.
 """
 
 from __future__ import annotations
@@ -46,7 +46,8 @@ class Readiness:
 def readiness(daemon_state: str, table_states: Mapping[str, str], snapshots: SnapshotSource | None = None
               ) -> Readiness:
     """Whether every table can be served consistently; ``detail`` says why not, for people."""
-    tables = {name: state == State.RUNNING.value or (snapshots is not None and snapshots.servable(name))
+    # With a snapshot source, only a published snapshot counts: executors read snapshots, never the live store.
+    tables = {name: snapshots.servable(name) if snapshots is not None else state == State.RUNNING.value
               for name, state in table_states.items()}
     if daemon_state in _FINISHED or daemon_state == State.CREATED.value:
         return Readiness(False, f"daemon is {daemon_state}", tables)

@@ -75,3 +75,20 @@ def kafka_streams_store_dir(ks_state_dir: Path, application_id: str, store: str)
 
 def kafka_streams_checkpoint(ks_state_dir: Path, application_id: str) -> Path:
     return ks_state_dir / application_id / KS_GLOBAL_DIR / CHECKPOINT_FILE
+
+# Snapshots: <state_dir>/snapshots/<table>/{<id>/{db/,manifest.json}, CURRENT, leases/, requests/, responses/}.
+SNAPSHOTS_DIR = "snapshots"
+SNAPSHOT_DB_DIR = "db"
+SNAPSHOT_MANIFEST = "manifest.json"
+SNAPSHOT_CURRENT = "CURRENT"
+SNAPSHOT_LEASES_DIR = "leases"
+SNAPSHOT_REQUESTS_DIR = "requests"
+SNAPSHOT_RESPONSES_DIR = "responses"
+# Work in progress is hidden behind these prefixes; readers never look at dot-names, the daemon sweeps them.
+SNAPSHOT_TMP_PREFIX = ".tmp-"
+SNAPSHOT_BUILD_PREFIX = ".build-"
+SNAPSHOT_TRASH_PREFIX = ".trash-"
+
+
+def snapshots_dir(state_dir: Path, table: str) -> Path:
+    return state_dir / SNAPSHOTS_DIR / table

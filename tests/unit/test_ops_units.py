@@ -40,12 +40,15 @@ class Servable:
         return None
 
 
-def test_readiness_needs_every_table_running_or_servable() -> None:
+def test_readiness_needs_every_table_running_or_with_a_servable_snapshot() -> None:
     assert readiness("RUNNING", {"a": "RUNNING", "b": "RUNNING"}).ready
     r = readiness("RESTORING", {"a": "RUNNING", "b": "RESTORING"})
     assert not r.ready and "b" in r.detail and r.tables == {"a": True, "b": False}
     # A rebuilding table whose (stale) snapshot can be served keeps the daemon ready.
-    assert readiness("RESTORING", {"a": "RUNNING", "b": "RESTORING"}, Servable({"b"})).ready
+    assert readiness("RESTORING", {"a": "RUNNING", "b": "RESTORING"}, Servable({"a", "b"})).ready
+    # With snapshots, RUNNING alone is not enough: executors read snapshots, so one must be published.
+    r = readiness("RUNNING", {"a": "RUNNING", "b": "RUNNING"}, Servable({"b"}))
+    assert not r.ready and r.tables == {"a": False, "b": True}
     assert not readiness("PENDING_SHUTDOWN", {"a": "RUNNING"}).ready
     assert not readiness("CREATED", {"a": "RUNNING"}).ready
     assert not readiness("RUNNING", {}).ready
