@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
             elif bench == "rss":
                 r["rss"] = memory.peak_rss(env, ds, progress)
             elif bench == "snapshots":
-                r["snapshots"] = optional.snapshot_publish(env, ds, 5.0, progress)
+                r["snapshots"] = optional.snapshot_publish(env, ds, progress)
             elif bench == "freshness":
                 rates = [int(x) for x in a.rates.split(",") if x]
                 r["freshness"] = freshness.freshness(env, rates, a.freshness_seconds, progress)

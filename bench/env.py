@@ -17,6 +17,7 @@ from globald import config as configmod
 from globald.config import Config
 from globald.embedded.admin import TopicAdmin
 from globald.embedded.broker import EmbeddedKafka
+from tests.harness import DaemonProcess, write_config
 
 
 @dataclass
@@ -54,6 +55,13 @@ class BenchEnv:
             **top,
         }
         return configmod.parse(raw)
+
+    def daemon(self, tables: dict[str, str], what: str) -> DaemonProcess:
+        """The real daemon (``python -m globald run``) on ``tables``, not started; its state_dir is fresh."""
+        workdir = self.fresh_dir(what)
+        config = write_config(workdir / "globald.toml", workdir / "state", {**self.settings, "log_level": 3}, tables,
+                              http={"enabled": False})
+        return DaemonProcess(config, workdir / "daemon.log")
 
     def consumer_settings(self) -> dict[str, Any]:
         """What globald's consumer would be given, without a logger: shared by every baseline."""

@@ -17,18 +17,14 @@ from bench.data import Dataset
 from bench.env import BenchEnv
 from bench.restore import TABLE
 from globald import statusfile
-from tests.harness import DaemonProcess, write_config
 
 MB = 1 << 20
 
 
 def peak_rss(env: BenchEnv, ds: Dataset, progress: Callable[[str], None], interval: float = 0.05,
              timeout: float = 3600.0) -> dict[str, Any]:
-    workdir = env.fresh_dir("rss")
-    state = workdir / "state"
-    config = write_config(workdir / "globald.toml", state, {**env.settings, "log_level": 3}, {TABLE: ds.topic},
-                          http={"enabled": False})
-    daemon = DaemonProcess(config, workdir / "daemon.log")
+    daemon = env.daemon({TABLE: ds.topic}, "rss")
+    state = daemon.state_dir
     started = time.monotonic()
     daemon.start()
     proc = psutil.Process(daemon.pid)

@@ -130,18 +130,27 @@ def _other_sections(r: dict[str, Any]) -> list[str]:
                   f"every {x['sample_interval_s']} s; RUNNING {x['seconds_spawn_to_running']} s after spawn."]
     if "snapshots" in r:
         x = r["snapshots"]
-        parts += ["## Snapshot publishing", _unavailable(x) or
-                  f"{x['publishes']} publishes of the restored table under light load (interval "
-                  f"{x['interval_ms']} ms): p50 {x['publish_ms_p50']} ms, max {x['publish_ms_max']} ms."]
+        text = _unavailable(x)
+        if text is None:
+            steady = x["steady_publish_after_10k_updates"]
+            text = (f"Measured by `globald.spark.bench.measure_daemon` on the benchmark's table: first publish after "
+                    f"the restore {x['first_publish_ms']} ms (it flushes the restore's memtables), publish after "
+                    f"10k updates median {steady['median_ms']} ms (max {steady['max_ms']}), reader open median "
+                    f"{x['reader_open']['median_ms']} ms; exact request at the live offsets "
+                    f"{x['exact_request_at_live_ms']} ms, behind them {x['exact_request_behind_live_ms']} ms, from "
+                    f"the log start {x['exact_request_from_log_start_ms']} ms.")
+        parts += ["## Snapshot publishing", text]
     if "spark" in r:
         x = r["spark"]
         text = _unavailable(x)
         if text is None:
-            rows = [[mode, f"{m['lookups_per_second']:,}", f"{m['vs_broadcast_dict']}x", f"{m['found']:,}"]
-                    for mode, m in x["modes"].items()]
-            text = (f"Spark local[2], {x['lookups']:,} lookups of binary keys against a {x['table_keys']:,}-key "
-                    "table, best of two runs.\n\n"
-                    + _md_table(["lookup mode", "lookups/s", "vs broadcast dict", "found"], rows))
+            ratios = x.get("vs_broadcast_dict", {})
+            rows = [[mode, f"{rate:,}", f"{ratios[mode]}x" if mode in ratios else ""]
+                    for mode, rate in x["lookups_per_s_per_core"].items()]
+            text = (f"Measured by `globald.spark.bench.measure_spark`: Spark local[1] (per core), "
+                    f"{x['lookups']:,} lookups against a {x['table_keys']:,}-key table; refresh to executors "
+                    f"reading the new snapshot median {x['refresh_to_executors_reading']['median_ms']} ms.\n\n"
+                    + _md_table(["lookup mode", "lookups/s per core", "vs broadcast dict"], rows))
         parts += ["## Spark lookups", text]
     return parts
 

@@ -23,7 +23,7 @@ def test_bench_runs_end_to_end_on_a_small_topic(tmp_path: Path) -> None:
     out = tmp_path / "results"
     proc = subprocess.run(
         [sys.executable, "-m", "bench", "--records", "20000", "--repeats", "1", "--freshness-seconds", "2",
-         "--rates", "1000", "--spark-lookups", "2000", "--benches", "restore,rss,snapshots,freshness,resume,oor",
+         "--rates", "1000", "--benches", "restore,rss,freshness,resume,oor",
          "--out", str(out), "--scratch", str(tmp_path)],
         cwd=REPO, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
