@@ -145,10 +145,11 @@ class DaemonProcess:
         raise AssertionError(f"timed out waiting for {what}; last status {doc}; log:\n{self.tail()}")
 
     def wait_running(self, ends: dict[str, dict[int, int]] | None = None, timeout: float = 60.0) -> dict[str, Any]:
-        """RUNNING, and (when given) each table's offsets at least at ``ends``."""
+        """RUNNING and ready, and (when given) each table's offsets at least at ``ends``."""
 
         def ok(doc: dict[str, Any]) -> bool:
-            if doc.get("state") != "RUNNING" or doc.get("pid") != self.pid:
+            # Ready (a snapshot of every table is published) follows RUNNING within one loop turn.
+            if doc.get("state") != "RUNNING" or doc.get("pid") != self.pid or doc.get("ready") is False:
                 return False
             for table, want in (ends or {}).items():
                 got = doc["tables"][table]["offsets"]

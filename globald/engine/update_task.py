@@ -131,17 +131,24 @@ class UpdateTask:
                 result.errors.append(err.str())
             return
         tb = result.tables.setdefault(rt.name, TableBatch())
+        partition, offset = m.partition(), m.offset()
+        position = tb.positions.get(partition, rt.positions.get(partition))
         if code == _EOF:
-            # The broker's end (past compaction gaps and transaction markers) is a valid next-offset.
-            partition, offset = m.partition(), m.offset()
-            known = max(tb.positions.get(partition, -1), rt.positions.get(partition, -1))
-            if offset is not None and offset > known:
+            # The broker's end (past compaction gaps and transaction markers) is a valid next-offset. An end past
+            # every end seen for the partition is a leftover of an assignment given up since (a rebuilt table).
+            if offset is not None and position is not None and position < offset \
+                    <= max(rt.end_offsets.get(partition, -1), position):
                 tb.positions[partition] = offset
-        elif code == _INVALID_OFFSET:
-            tb.invalid_offset = f"invalid offset {m.offset()} for {m.topic()}[{m.partition()}]: {err.str()}"
-        else:
-            result.errors.append(f"{m.topic()}[{m.partition()}]: {err.str()}")
-
+            return
+        if code == _INVALID_OFFSET:
+            # Only an error about the offset we fetch from now counts; one about an earlier assignment is stale.
+            if offset == position:
+                tb.invalid_offset = f"invalid offset {offset} for {m.topic()}[{partition}]: {err.str()}"
+            else:
+                log.info("ignoring a stale invalid-offset error for %s[%s] at %s (now at %s)", m.topic(), partition,
+                         offset, position)
+            return
+        result.errors.append(f"{m.topic()}[{m.partition()}]: {err.str()}")
 
 
 class _Target:
