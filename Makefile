@@ -24,4 +24,4 @@ bench: $(BIN)/.installed
 	$(BIN)/python -m bench
 
 soak: $(BIN)/.installed
-	$(BIN)/python -m tests.soak
+	$(BIN)/python -m tests.soak $(SOAK_ARGS)

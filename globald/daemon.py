@@ -29,6 +29,8 @@ log = logging.getLogger(__name__)
 
 
 def prepare_state_dir(state_dir: Path) -> None:
+    if state_dir.exists() and not state_dir.is_dir():  # mkdir would only say "File exists"
+        raise StateDirError(f"state_dir {state_dir} exists and is not a directory")
     try:
         state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         if state_dir.stat().st_mode & 0o077:
@@ -70,6 +72,8 @@ class Daemon:
         # Registered before the status listeners below, so a status written on a wipe already shows the stale mark.
         self.snapshots = SnapshotPublisher(config, self.thread)
         self._last_status = 0.0
+        self._last_degraded: str | None = None
+        self._status_failing = False
         self.listeners.state.append(lambda new, old, reason: self.publish_status())
         self.listeners.table_state.append(lambda table, new, old, reason: self.publish_status())
         self.thread.after_commit.append(self.publish_status)
@@ -79,10 +83,22 @@ class Daemon:
 
     def publish_status(self) -> None:
         self._last_status = time.monotonic()
-        statusfile.write(self.config.state_dir, self.ops.observe(self.snapshots.annotate(self.thread.status())))
+        doc = self.ops.observe(self.snapshots.annotate(self.thread.status()))
+        self._last_degraded = doc.get("degraded")
+        try:
+            statusfile.write(self.config.state_dir, doc)
+        except OSError as e:  # a full or failing disk: the loop handles its own writes; say it once, keep trying
+            if not self._status_failing:
+                log.warning("cannot publish status.json: %s; retrying with every update", e)
+            self._status_failing = True
+            return
+        if self._status_failing:
+            log.info("status.json published again")
+        self._status_failing = False
 
     def _maybe_publish_status(self) -> None:
-        if time.monotonic() - self._last_status >= 1.0:
+        # A fault starting or ending is news at once; the rest (offsets, lag) at most once a second.
+        if time.monotonic() - self._last_status >= 1.0 or self.thread.degraded != self._last_degraded:
             self.publish_status()
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:

@@ -41,11 +41,28 @@ def _alive(pid: int) -> bool:
         return True
 
 
+def _well_formed(doc: Any) -> bool:
+    """The shape ``write`` publishes: anything else (truncated, foreign, tampered) is not trusted."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("state"), str):
+        return False
+    if not isinstance(doc.get("degraded"), str | None) or not isinstance(doc.get("tables", {}), dict):
+        return False
+    for t in doc.get("tables", {}).values():
+        if not isinstance(t, dict) or not isinstance(t.get("state"), str):
+            return False
+        offsets = t.get("offsets", {})
+        if not isinstance(offsets, dict) or not all(isinstance(o, int) for o in offsets.values()):
+            return False
+    return True
+
+
 def read_live(state_dir: Path) -> dict[str, Any] | None:
-    """The running daemon's status, or None when no daemon owns ``state_dir``."""
+    """The running daemon's status, or None when no daemon owns ``state_dir`` (or its file cannot be trusted)."""
     try:
-        doc = json.loads((state_dir / STATUS_FILE).read_text())
-    except (OSError, ValueError):
+        doc = json.loads((state_dir / STATUS_FILE).read_bytes())
+    except (OSError, ValueError):  # UnicodeDecodeError is a ValueError
+        return None
+    if not _well_formed(doc):
         return None
     pid = doc.get("pid")
     if not isinstance(pid, int) or not _alive(pid) or doc.get("state") == State.NOT_RUNNING.value:

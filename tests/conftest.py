@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import Broker, DaemonProcess, start_broker, write_config
+from tests.harness import Broker, DaemonProcess, daemon_factory, start_broker
 
 _counter = itertools.count()
 
@@ -40,17 +40,5 @@ def topic(broker: Broker) -> Callable[..., str]:
 @pytest.fixture
 def daemon(broker: Broker, tmp_path: Path) -> Iterator[Callable[..., DaemonProcess]]:
     """Builds a DaemonProcess for {table: topic}; every one still running at the end is stopped."""
-    made: list[DaemonProcess] = []
-
-    def make(tables: dict[str, str], start: bool = True, **top: object) -> DaemonProcess:
-        top.setdefault("commit_interval_ms", 200)
-        top.setdefault("http", {"enabled": False})
-        cfg = write_config(tmp_path / f"globald-{len(made)}.toml", tmp_path / "state", broker.settings, tables, **top)
-        d = DaemonProcess(cfg, tmp_path / f"daemon-{len(made)}.log")
-        made.append(d)
-        return d.start() if start else d
-
-    yield make
-    for d in made:
-        if d.alive():
-            d.stop()
+    with daemon_factory(broker, tmp_path) as make:
+        yield make

@@ -15,7 +15,8 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -187,6 +188,32 @@ class DaemonProcess:
             return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
         except OSError:
             return "(no log)"
+
+
+@contextmanager
+def daemon_factory(broker: Broker, tmp_path: Path) -> Iterator[Callable[..., DaemonProcess]]:
+    """Builds DaemonProcesses for {table: topic} on ``broker``; every one still running at the end is stopped.
+
+    ``kafka`` adds client properties to the broker's; ``state_dir`` overrides ``tmp_path/state``.
+    """
+    made: list[DaemonProcess] = []
+
+    def make(tables: dict[str, str], start: bool = True, kafka: dict[str, Any] | None = None,
+             state_dir: Path | None = None, **top: object) -> DaemonProcess:
+        top.setdefault("commit_interval_ms", 200)
+        top.setdefault("http", {"enabled": False})
+        cfg = write_config(tmp_path / f"globald-{len(made)}.toml", state_dir or tmp_path / "state",
+                           {**broker.settings, **(kafka or {})}, tables, **top)
+        d = DaemonProcess(cfg, tmp_path / f"daemon-{len(made)}.log")
+        made.append(d)
+        return d.start() if start else d
+
+    try:
+        yield make
+    finally:
+        for d in made:
+            if d.alive():
+                d.stop()
 
 
 def values_only(dump: dict[bytes, tuple[bytes, int]]) -> Table:

@@ -11,11 +11,15 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from globald.embedded.broker import kafka_home
 
 Record = tuple[bytes | None, bytes | None]  # (key, value); a None value is a tombstone
+
+# What a broker answers while it is (re)starting or moving leadership; worth asking again.
+_SETTLING = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.UNKNOWN_TOPIC_OR_PART,
+             KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._ALL_BROKERS_DOWN}
 
 
 class TopicAdmin:
@@ -68,12 +72,21 @@ class TopicAdmin:
             raise RuntimeError(f"produce to {topic}: {remaining} undelivered, failures: {failures[:3]}")
         return n
 
-    def watermarks(self, topic: str) -> dict[int, tuple[int, int]]:
+    def watermarks(self, topic: str, timeout: float = 60.0) -> dict[int, tuple[int, int]]:
+        """(log start, end) per partition. Retries while a restarted broker takes its partitions' leadership."""
+        deadline = time.monotonic() + timeout
         c = Consumer({**self.settings, "group.id": "globald-admin", "log_level": 3})
         try:
-            md = c.list_topics(topic, timeout=10)
-            parts = sorted(md.topics[topic].partitions) if topic in md.topics else []
-            return {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False) for p in parts}
+            while True:
+                try:
+                    md = c.list_topics(topic, timeout=10)
+                    parts = sorted(md.topics[topic].partitions) if topic in md.topics else []
+                    return {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)
+                            for p in parts}
+                except KafkaException as e:
+                    if time.monotonic() >= deadline or e.args[0].code() not in _SETTLING:
+                        raise
+                    time.sleep(0.5)
         finally:
             c.close()
 
@@ -139,6 +152,7 @@ class ModernAdmin(TopicAdmin):
 
         self._admin().create_partitions([NewPartitions(topic, total)])[topic].result(30)
         self.wait_for_topic(topic, total)
+        self.close()  # the producer would not learn of the new partitions before its next metadata refresh
 
     def advance_log_start(self, topic: str, timeout: float = 90.0) -> dict[int, int]:
         ends = self.end_offsets(topic)
@@ -183,6 +197,7 @@ class JavaToolsAdmin(TopicAdmin):
     def add_partitions(self, topic: str, total: int) -> None:
         self._topic_command("--alter", "--topic", topic, "--partitions", str(total))
         self.wait_for_topic(topic, total)
+        self.close()  # the producer would not learn of the new partitions before its next metadata refresh
 
     def advance_log_start(self, topic: str, timeout: float = 90.0) -> dict[int, int]:
         """Switch the topic to time retention briefly so the broker deletes every closed segment."""

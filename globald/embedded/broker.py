@@ -148,8 +148,44 @@ class EmbeddedKafka:
         }
         path = self.run_dir / "server.properties"
         path.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
-        self._kafka = self._java("kafka.Kafka", path, "512m", "kafka.out")
-        _wait_port(self.port, self._kafka, timeout, "Kafka", self.run_dir / "kafka.out")
+        deadline = time.monotonic() + timeout
+        out = self.run_dir / "kafka.out"
+        while True:
+            log_from = out.stat().st_size if out.exists() else 0
+            self._kafka = self._java("kafka.Kafka", path, "512m", "kafka.out")
+            try:
+                _wait_port(self.port, self._kafka, max(1.0, deadline - time.monotonic()), "Kafka", out)
+                self._wait_registered(max(1.0, deadline - time.monotonic()), out, log_from)
+                return
+            except BrokerStartError:
+                # Restarted within ZooKeeper's session timeout after an unclean stop, the broker finds its old
+                # registration still there and gives up (without exiting); once the session expires, it starts.
+                _stop(self._kafka, signal.SIGKILL)
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(1)
+
+    def _wait_registered(self, timeout: float, log: Path, log_from: int) -> None:
+        """The port opens before the broker has registered itself: topic creation would fail until then."""
+        from confluent_kafka import Consumer, KafkaException
+
+        c = Consumer({**self.client_settings, "group.id": "globald-embedded", "log_level": 0})
+        try:
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                try:
+                    if c.list_topics(timeout=2).brokers:
+                        return
+                except KafkaException:
+                    pass
+                with open(log, "rb") as f:
+                    f.seek(log_from)
+                    if b"Fatal error during KafkaServer startup" in f.read():
+                        raise BrokerStartError(f"Kafka failed to start; see {log}")
+                time.sleep(0.1)
+        finally:
+            c.close()
+        raise BrokerStartError(f"Kafka listens on {self.port} but did not register within {timeout}s")
 
     @property
     def broker_pid(self) -> int | None:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from confluent_kafka import Consumer, TopicPartition
 
 from globald.config import Config, TableConfig
+from globald.errors import StoreCorruptError
 from globald.kafka.clients import partitions, watermarks
 from globald.states import Listeners, State, StateMachine
 from globald.store.options import StoreOptions
@@ -106,6 +107,25 @@ class StateManager:
         rt.positions, rt.ends, rt.restored = {}, {}, {}
         rt.dirty = False
         rt.restore_started = time.monotonic()
+
+    def recover_stores(self) -> None:
+        """After a failed write or commit: reopen every store that refuses writes, wipe one found corrupt.
+
+        Raises while the disk still refuses (the caller retries later); healthy stores are left untouched.
+        """
+        for rt in self.tables.values():
+            error = rt.store.write_error()
+            if error is None:
+                continue
+            if "Corruption" in error:
+                self.wipe(rt, "corrupt_store", error)
+                continue
+            log.warning("table %s: store refuses writes (%s); reopening it", rt.name, error)
+            try:
+                rt.store.reopen()
+            except StoreCorruptError as e:
+                self.wipe(rt, "corrupt_store", str(e))
+            rt.positions = rt.store.offsets()
 
     def _count_wipe(self, rt: TableRuntime, kind: str, detail: str) -> None:
         self.wipes[(rt.name, kind)] += 1

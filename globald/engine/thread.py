@@ -16,13 +16,19 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from globald.config import Config
 from globald.engine.background_upgrade import BackgroundUpgrade
 from globald.engine.state_manager import StateManager, TableRuntime
 from globald.engine.update_task import PollResult, UpdateTask
-from globald.kafka.clients import TransientKafkaError, make_consumer, partitions, watermarks
+from globald.kafka.clients import (
+    TopicUnavailableError,
+    TransientKafkaError,
+    make_consumer,
+    partitions,
+    watermarks,
+)
 from globald.kafka.retry import Backoff
 from globald.states import Listeners, State, StateMachine
 
@@ -31,11 +37,19 @@ log = logging.getLogger(__name__)
 # A restore of at least this many records runs as a bulk load (WAL off, append-only memtable); smaller ones are
 # not worth the two reopens of the store.
 BULK_LOAD_MIN_RECORDS = 100_000
+# Keys of GlobalThread._problems that are not a table's: the cluster, and the local disk.
+KAFKA, STORE = "kafka", "store"
+# librdkafka's client-wide error saying no broker can be reached. It also fires when the bootstrap connection
+# is dropped for the brokers it announced ("0/2 brokers are down"), and nothing says when a broker is back, so
+# it only makes the loop probe: a metadata request, bounded by this timeout, decides.
+_CLUSTER_DOWN = KafkaError._ALL_BROKERS_DOWN
+_PROBE_TIMEOUT_S = 1.0
+_REFRESH_TIMEOUT_S = 2.0
 
 
 class GlobalThread:
     def __init__(self, config: Config, listeners: Listeners | None = None,
-                 consumer_factory: Callable[[Config], Consumer] = make_consumer) -> None:
+                 consumer_factory: Callable[..., Consumer] = make_consumer) -> None:
         self.config = config
         self.listeners = listeners or Listeners()
         self.machine = StateMachine(self.listeners)
@@ -50,7 +64,11 @@ class GlobalThread:
         self.last_loop = time.monotonic()
         self.last_progress = time.monotonic()
         self.consumer_errors = 0
-        self.degraded: str | None = None
+        # What is wrong right now, by source (KAFKA, STORE or a table name); each entry is cleared by the first
+        # success of the thing that failed, so "degraded" always describes the present.
+        self._problems: dict[str, str] = {}
+        self._probe_now = False
+        self._stores_suspect = False  # a write or commit failed: check (and reopen) the stores before re-planning
         self.recoveries: list[float] = []  # seconds from an invalid-offset error to RUNNING again
 
     # -- public -----------------------------------------------------------------------------------------------
@@ -65,6 +83,26 @@ class GlobalThread:
 
     def stop(self) -> None:
         self._stop.set()
+
+    @property
+    def degraded(self) -> str | None:
+        """What keeps the daemon from mirroring its topics right now, or None."""
+        return "; ".join(self._problems[k] for k in sorted(self._problems)) or None
+
+    def _problem(self, source: str, text: str) -> None:
+        if source not in self._problems:
+            log.warning("degraded: %s", text)
+        self._problems[source] = text
+
+    def _resolved(self, source: str) -> None:
+        text = self._problems.pop(source, None)
+        if text is not None:
+            log.info("recovered: %s", text)
+
+    def _on_kafka_error(self, err: KafkaError) -> None:
+        """librdkafka's error callback, called from within consume() on the loop thread."""
+        if err.code() == _CLUSTER_DOWN:
+            self._probe_now = True
 
     def run(self) -> None:
         """Run until ``stop()``; commit and close on the way out. Raises only on a bug, after entering ERROR."""
@@ -87,7 +125,7 @@ class GlobalThread:
     def _start(self) -> None:
         self.machine.to(State.RESTORING, "starting")
         self.manager.open_all()
-        self._consumer = self._consumer_factory(self.config)
+        self._consumer = self._consumer_factory(self.config, on_error=self._on_kafka_error)
         for rt in self.tables.values():
             rt.machine.to(State.RESTORING, "starting")
             self._pending.add(rt.name)
@@ -122,13 +160,16 @@ class GlobalThread:
     def _tick(self) -> None:
         assert self._consumer is not None
         self.last_loop = time.monotonic()
-        self._plan_pending()
+        if self._probe_now or (KAFKA in self._problems and self._backoff.due(KAFKA)):
+            self._probe_kafka()
+        if KAFKA not in self._problems and self._stores_ready():  # no point planning what cannot be fetched/written
+            self._plan_pending()
         result = self._poll()
         if result is None:
             return
-        if self.degraded and result.records:
-            log.info("recovered: %s", self.degraded)
-            self.degraded = None
+        if result.records:  # records arrived and were written: both the cluster and the disk work
+            self._resolved(KAFKA)
+            self._store_healed()
         if result.errors:
             self.consumer_errors += len(result.errors)
             log.warning("consumer: %s", "; ".join(sorted(set(result.errors))[:5]))
@@ -149,7 +190,7 @@ class GlobalThread:
         if now >= self._next_metadata:
             self._next_metadata = now + self.config.metadata_refresh_ms / 1000
             self._refresh_metadata()
-        if now >= self._next_commit:
+        if now >= self._next_commit and not self._stores_suspect:  # a failed commit would only push recovery back
             self._next_commit = now + self.config.commit_interval_ms / 1000
             self._commit()
         self._after(self.after_poll)
@@ -182,9 +223,24 @@ class GlobalThread:
     def _commit(self) -> None:
         try:
             if self.manager.commit():
+                self._store_healed()
                 self._after(self.after_commit)
         except Exception as e:
             self._rewind_all(f"commit failed: {e}")
+
+    def _probe_kafka(self) -> None:
+        assert self._consumer is not None
+        self._probe_now = False
+        try:  # a question about the cluster, not a topic: one of ours may be missing while the brokers are fine
+            up = bool(self._consumer.list_topics(timeout=_PROBE_TIMEOUT_S).brokers)
+        except KafkaException:
+            up = False
+        if up:
+            self._backoff.succeeded(KAFKA)
+            self._resolved(KAFKA)
+        else:
+            self._backoff.failed(KAFKA)
+            self._problem(KAFKA, f"kafka unreachable: no broker answered within {_PROBE_TIMEOUT_S:.0f}s")
 
     def _after(self, hooks: list[Callable[[], None]]) -> None:
         for fn in hooks:
@@ -206,11 +262,12 @@ class GlobalThread:
                 if not isinstance(e, TransientKafkaError) and self._backoff.failures(name) == 1:
                     log.exception("table %s: restore plan failed", name)
                 rt.last_error = str(e)
-                self.degraded = f"table {name}: {e}"
+                self._problem(name, f"table {name}: {e}")
                 log.warning("table %s: cannot plan restore (%s); retrying in %.1fs", name, e, delay)
                 continue
             rt.assigned = True
             rt.last_error = None
+            self._resolved(name)
             self._pending.discard(name)
             self._backoff.succeeded(name)
             self._restore_progress(rt, {})
@@ -257,28 +314,60 @@ class GlobalThread:
             rt.assigned = False
 
     def _rewind_all(self, reason: str) -> None:
-        """Forget the consumer's positions and re-plan every table from what its store holds."""
-        self.degraded = reason
-        log.error("degraded: %s; re-reading from the stored offsets after a backoff", reason)
+        """Forget the consumer's positions and re-plan every table from what its store holds, once the stores
+        take writes again (nothing of a failed write was acknowledged, so nothing is lost)."""
+        self._problems[STORE] = reason
+        self._stores_suspect = True
+        delay = self._backoff.failed(STORE)
+        log.error("degraded: %s; re-reading from the stored offsets in %.1fs", reason, delay)
         for rt in self.tables.values():
             self._unassign(rt)
             rt.last_error = reason
             self._pending.add(rt.name)
-            self._backoff.failed(rt.name)
+
+    def _stores_ready(self) -> bool:
+        if not self._stores_suspect:
+            return True
+        if not self._backoff.due(STORE):
+            return False
+        try:
+            self.manager.recover_stores()
+        except Exception as e:  # still full, still failing: try again later
+            delay = self._backoff.failed(STORE)
+            self._problems[STORE] = f"store unavailable: {e}"
+            log.warning("stores still refuse writes (%s); next attempt in %.1fs", e, delay)
+            return False
+        self._stores_suspect = False
+        return True
+
+    def _store_healed(self) -> None:
+        if STORE in self._problems:
+            self._backoff.succeeded(STORE)
+            self._resolved(STORE)
 
     def _refresh_metadata(self) -> None:
         """Pick up partitions added to a topic, and refresh end offsets for lag."""
         assert self._consumer is not None
+        if KAFKA in self._problems:
+            return
         for rt in self.tables.values():
             if not rt.assigned:
                 continue
-            try:
-                parts = partitions(self._consumer, rt.topic)
+            try:  # short timeouts: a connected broker answers in milliseconds, and the loop waits meanwhile
+                parts = partitions(self._consumer, rt.topic, timeout=_REFRESH_TIMEOUT_S)
                 added = [p for p in parts if p not in rt.partitions]
-                marks = {p: watermarks(self._consumer, rt.topic, p) for p in added}
-            except TransientKafkaError as e:
-                log.warning("table %s: metadata refresh failed: %s", rt.name, e)
+                marks = {p: watermarks(self._consumer, rt.topic, p, timeout=_REFRESH_TIMEOUT_S) for p in added}
+            except TopicUnavailableError as e:  # deleted, or not yet recreated: keep serving, keep waiting
+                rt.last_error = str(e)
+                self._problem(rt.name, f"table {rt.name}: {e}; waiting for it")
                 continue
+            except TransientKafkaError as e:  # the cluster did not answer: the other tables would not get one
+                self._problem(KAFKA, f"kafka: metadata refresh failed: {e}")
+                return
+            self._resolved(KAFKA)
+            if rt.name in self._problems:
+                rt.last_error = None
+                self._resolved(rt.name)
             if not added:
                 continue
             log.info("table %s: partitions %s added to %s", rt.name, added, rt.topic)

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 from rocksdict import Rdict, WriteBatch, WriteOptions
 
+from globald.errors import StoreUnavailableError
 from globald.store.codec import NO_TIMESTAMP, decode_value, encode_value
 from globald.store.names import DEFAULT_CF, VALUES_CF
 
@@ -61,6 +62,12 @@ def _scan(cf: Rdict, start: bytes | None, end: bytes | None,
         value, ts = decode(it.value())
         yield key, value, ts
         it.next()
+    # An iterator stops the same way at the end and at a damaged block: only its status tells them apart,
+    # and a scan cut short must never pass for the whole table.
+    try:
+        it.status()
+    except Exception as e:
+        raise StoreUnavailableError(f"read failed: {e}") from None
 
 
 def _plain(value: bytes) -> tuple[bytes, int]:

@@ -44,7 +44,8 @@ log = logging.getLogger(__name__)
 
 # RocksDB status prefixes that mean "these files are not a usable database"; anything else (a lock, ENOSPC, EIO)
 # is not fixed by deleting data and must not trigger a wipe.
-_CORRUPTION_MARKERS = ("Corruption", "Invalid argument", "Not implemented", "Unknown", "does not exist")
+_CORRUPTION_MARKERS = ("Corruption", "Invalid argument", "Not implemented", "Unknown", "does not exist",
+                       "No such file or directory")  # a file the database refers to (CURRENT exists) is missing
 
 
 @dataclass
@@ -157,7 +158,8 @@ class TableStore:
             if not self._bulk:
                 raise
             log.debug("table %s: close after shutdown: %s", self.table, e)
-        self._db = None
+        finally:
+            self._db = None  # released even when RocksDB reports an error (a write that failed earlier)
 
     @property
     def bulk(self) -> bool:
@@ -246,23 +248,47 @@ class TableStore:
         return imported, f"imported from {path}"
 
     def close(self, clean: bool = True) -> None:
+        """Close the database. It is released even when RocksDB reports an error (a write that failed earlier)."""
         if self._db is None:
             return
-        if clean:
-            self._put_meta({META_STATUS: STATUS_CLEAN})
-            self._db.flush()
-        self._migration = None
-        self._disconnect()
-        self._bulk = False
+        try:
+            if clean:
+                self._put_meta({META_STATUS: STATUS_CLEAN})
+                self._db.flush()
+        finally:
+            self._migration = None
+            self._disconnect()
+            self._bulk = False
 
     def _delete_files(self) -> None:
         shutil.rmtree(table_dir(self.state_dir, self.table), ignore_errors=True)
 
     def wipe(self) -> None:
         """Delete everything the table holds (data, offsets, checkpoint file) and reopen it empty."""
-        self.close(clean=False)
+        self._close_quietly()
         self._delete_files()
         self._open_checked()
+
+    def reopen(self) -> None:
+        """Close and open again. RocksDB refuses every write after one failed (disk full) until it is reopened."""
+        self._close_quietly()
+        self._open_checked()
+
+    def _close_quietly(self) -> None:
+        try:
+            self.close(clean=False)
+        except Exception as e:  # the error that made us close; the database is released regardless
+            log.warning("table %s: close reported: %s", self.table, e)
+
+    def write_error(self) -> str | None:
+        """None when the store takes writes; else RocksDB's error. Rewrites a metadata key with its own value."""
+        if self._db is None:
+            return "store is closed"
+        try:
+            self._put_meta({META_STATUS: STATUS_OPEN})
+        except Exception as e:
+            return str(e)
+        return None
 
     # -- data -----------------------------------------------------------------------------------------------
 

@@ -73,6 +73,14 @@ def test_offsets_are_written_with_data_and_checkpoint_imported_on_first_open(tmp
     again.store.close()
 
 
+def test_checkpoint_file_beside_a_store_without_data_is_not_imported(tmp_path: Path) -> None:
+    # The database was deleted (or a wipe died after removing it) but the .checkpoint file survived.
+    checkpoint_file.write(_mkdirs(checkpoint_path(tmp_path, "tbl")), {("topic", 0): 42})
+    opened = TableStore.open(tmp_path, "tbl", "topic", StoreOptions())
+    assert opened.imported == {} and opened.store.offsets() == {}
+    opened.store.close()
+
+
 def test_store_of_another_topic_is_wiped(tmp_path: Path) -> None:
     TableStore.open(tmp_path, "tbl", "a", StoreOptions()).store.close()
     opened = TableStore.open(tmp_path, "tbl", "b", StoreOptions())

@@ -1,0 +1,49 @@
+"""Disks that misbehave on demand: a small tmpfs to fill up, a read-only bind mount. Both need CAP_SYS_ADMIN;
+callers decide what to do without it (the suite skips with the reason, the soak leaves the fault out).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+from pathlib import Path
+
+
+def mount_tmpfs(path: Path, size_mb: int) -> str | None:
+    """Mount a tmpfs of ``size_mb`` at ``path``; None on success, else why not."""
+    path.mkdir(parents=True, exist_ok=True)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_mb}m,mode=0700", "tmpfs", str(path)],
+                       capture_output=True, text=True)
+    return None if r.returncode == 0 else (r.stderr.strip() or f"mount exited {r.returncode}")
+
+
+def bind_read_only(path: Path) -> str | None:
+    """Make ``path`` a read-only bind mount of itself; None on success, else why not."""
+    path.mkdir(parents=True, exist_ok=True)
+    r = subprocess.run(["mount", "--bind", "-o", "ro", str(path), str(path)], capture_output=True, text=True)
+    return None if r.returncode == 0 else (r.stderr.strip() or f"mount exited {r.returncode}")
+
+
+def unmount(path: Path) -> None:
+    subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def fill(disk: Path, leave: int) -> Path:
+    """A file taking all but about ``leave`` bytes; stops quietly if others fill the rest first."""
+    filler = disk / "filler"
+    chunk = b"\0" * (1 << 20)
+    with open(filler, "wb") as f:
+        while True:
+            st = os.statvfs(disk)
+            room = st.f_bavail * st.f_frsize - leave
+            if room <= 0:
+                break
+            try:
+                f.write(chunk[:room])
+                f.flush()
+            except OSError as e:
+                if e.errno != errno.ENOSPC:
+                    raise
+                break
+    return filler
