@@ -51,6 +51,11 @@ def read_store(path: Path) -> tuple[dict[int, int], Table]:
         return r.offsets(), {k: v for k, v, _ in r.items()}
 
 
+def live(d: DaemonProcess, table: str) -> Table:
+    """The values in a table's live store now (``globald dump`` may serve a snapshot, which lags behind)."""
+    return read_store(db_dir(d.state_dir, table))[1]
+
+
 def check_store(broker: Broker, state_dir: Path, table: str, topic: str) -> StoreCheck:
     path = db_dir(state_dir, table)
     if not (path / "CURRENT").exists():

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from globald.embedded.admin import TopicAdmin
+from globald.embedded.admin import Record, TopicAdmin
 from globald.embedded.broker import EmbeddedKafka
 from tests.harness import Broker, DaemonProcess, daemon_factory
 from tests.reliability.ledger import FaultRow, Ledger, report_dir
@@ -99,3 +99,12 @@ def new_topic(broker: Broker, partitions: int = 3, compact: bool = True) -> str:
     name = f"r{os.getpid()}-{next(_names)}"
     broker.admin.create(name, partitions=partitions, compact=compact)
     return name
+
+
+def running(broker: Broker, make: Callable[..., DaemonProcess], topic: str, records: list[Record],
+            **config: object) -> DaemonProcess:
+    """Produce ``records``, start a daemon mirroring ``topic`` as table ``tbl``, return it once RUNNING at the end."""
+    broker.admin.produce(topic, records)
+    d = make({"tbl": topic}, **config)
+    d.wait_running({"tbl": broker.admin.end_offsets(topic)})
+    return d

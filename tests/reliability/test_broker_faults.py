@@ -20,7 +20,7 @@ import pytest
 
 from tests.harness import Broker, DaemonProcess, random_records
 from tests.reliability.checks import check_store, same_process, watch
-from tests.reliability.conftest import FULL, new_topic
+from tests.reliability.conftest import FULL, new_topic, running
 from tests.reliability.ledger import FaultRow
 
 pytestmark = pytest.mark.kafka
@@ -89,10 +89,8 @@ def test_broker_stopped_in_steady_state(own: Own, fault: Callable[[str, str], Fa
     broker, make = own
     row = fault(f"broker stopped {seconds} s in steady state", "degraded meanwhile; resumed by itself, no wipe")
     t = new_topic(broker)
-    broker.admin.produce(t, random_records(5_000, keys=2_000, seed=2))
-    d = make({"tbl": t}, **CONFIG)
+    d = running(broker, make, t, random_records(5_000, keys=2_000, seed=2), **CONFIG)
     pid = d.pid
-    d.wait_running({"tbl": broker.admin.end_offsets(t)})
     docs = outage(broker, d, seconds)
     row.injected += 1
     assert all(doc["state"] == "RUNNING" for doc in docs), "a broker outage must not take a table out of RUNNING"
@@ -104,10 +102,8 @@ def test_broker_killed_and_restarted_with_same_data(own: Own, fault: Callable[[s
     broker, make = own
     row = fault("broker SIGKILLed, restarted with the same data", "degraded meanwhile; resumed, no wipe")
     t = new_topic(broker)
-    broker.admin.produce(t, random_records(5_000, keys=2_000, seed=3))
-    d = make({"tbl": t}, **CONFIG)
+    d = running(broker, make, t, random_records(5_000, keys=2_000, seed=3), **CONFIG)
     pid = d.pid
-    d.wait_running({"tbl": broker.admin.end_offsets(t)})
     for _ in range(2):
         docs = outage(broker, d, 5, how=signal.SIGKILL)
         row.injected += 1
@@ -119,10 +115,8 @@ def test_slow_broker_paused_with_sigstop(own: Own, fault: Callable[[str, str], F
     broker, make = own
     row = fault("broker paused (SIGSTOP) 12 s", "degraded meanwhile; resumed after SIGCONT, no wipe")
     t = new_topic(broker)
-    broker.admin.produce(t, random_records(5_000, keys=2_000, seed=4))
-    d = make({"tbl": t}, **CONFIG)
+    d = running(broker, make, t, random_records(5_000, keys=2_000, seed=4), **CONFIG)
     pid = d.pid
-    d.wait_running({"tbl": broker.admin.end_offsets(t)})
     kafka = broker.embedded
     assert kafka is not None and kafka.broker_pid is not None
     os.kill(kafka.broker_pid, signal.SIGSTOP)

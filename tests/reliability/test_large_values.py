@@ -12,7 +12,7 @@ import pytest
 
 from globald.embedded.admin import TopicAdmin
 from tests.harness import Broker, DaemonProcess, random_records
-from tests.reliability.checks import check_store, same_process
+from tests.reliability.checks import check_store, live, same_process
 from tests.reliability.conftest import new_topic
 from tests.reliability.ledger import FaultRow
 
@@ -44,6 +44,6 @@ def test_values_of_one_megabyte_and_more(own: Own, fault: Callable[[str, str], F
     row.pid_changes += same_process(d, d.pid)
     check = check_store(broker, d.state_dir, "tbl", t)
     assert row.diverged(check.divergences) == 0 and check.readable, check
-    dump = d.dump("tbl")
-    assert [len(dump[b"big-%d" % n][0]) for n in sizes] == [sizes[0] - 7, *sizes[1:]]
+    values = live(d, "tbl")
+    assert [len(values[b"big-%d" % n]) for n in sizes] == [sizes[0] - 7, *sizes[1:]]
     assert doc["tables"]["tbl"]["records"] == 1005 and row.pid_changes == 0

@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 
 from tests.harness import Broker, DaemonProcess, random_records
-from tests.reliability.checks import check_store, same_process, watch
+from tests.reliability.checks import check_store, live, same_process, watch
+from tests.reliability.conftest import running
 from tests.reliability.ledger import FaultRow
 
 pytestmark = pytest.mark.kafka
@@ -45,10 +46,8 @@ def test_log_start_advanced_while_the_daemon_lags(broker: Broker, topic: Topic, 
                                                   fault: Callable[[str, str], FaultRow]) -> None:
     row = fault("log start advanced past a lagging daemon", "wiped once, rebuilt in-process")
     t = topic()
-    broker.admin.produce(t, random_records(3_000, keys=300, seed=40))
-    d = daemon({"tbl": t})
+    d = running(broker, daemon, t, random_records(3_000, keys=300, seed=40))
     pid = d.pid
-    d.wait_running({"tbl": broker.admin.end_offsets(t)})
     # Frozen, the daemon cannot fetch ahead: everything produced now is behind its position.
     os.kill(pid, signal.SIGSTOP)
     try:
@@ -66,26 +65,22 @@ def test_topic_recreated_empty_while_running(broker: Broker, topic: Topic, daemo
                                             fault: Callable[[str, str], FaultRow]) -> None:
     row = fault("topic deleted and recreated empty while running", "wiped, empty like the new topic")
     t = topic()
-    broker.admin.produce(t, random_records(2_000, keys=200, seed=43))
-    d = daemon({"tbl": t}, metadata_refresh_ms=500)
+    d = running(broker, daemon, t, random_records(2_000, keys=200, seed=43), metadata_refresh_ms=500)
     pid = d.pid
-    d.wait_running({"tbl": broker.admin.end_offsets(t)})
     broker.admin.delete(t)
     broker.admin.create(t, partitions=3)
     row.injected += 1
     d.wait_for(lambda s: s["tables"]["tbl"]["wipes"] >= 1, timeout=90, what="a wipe")
     settle(broker, d, t, row, pid, wipes=lambda n: n >= 1)
-    assert d.dump("tbl") == {}
+    assert live(d, "tbl") == {}
 
 
 def test_topic_missing_for_a_while_then_recreated(broker: Broker, topic: Topic, daemon: Daemon,
                                                  fault: Callable[[str, str], FaultRow]) -> None:
     row = fault("topic deleted, missing 10 s, then recreated", "waits (degraded, says so), then rebuilds")
     t = topic()
-    broker.admin.produce(t, random_records(2_000, keys=200, seed=44))
-    d = daemon({"tbl": t}, metadata_refresh_ms=500)
+    d = running(broker, daemon, t, random_records(2_000, keys=200, seed=44), metadata_refresh_ms=500)
     pid = d.pid
-    d.wait_running({"tbl": broker.admin.end_offsets(t)})
     broker.admin.delete(t)
     row.injected += 1
     docs = watch(d, 10)
