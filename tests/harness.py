@@ -222,3 +222,16 @@ def values_only(dump: dict[bytes, tuple[bytes, int]]) -> Table:
 
 def oracle_at(broker: Broker, topic: str, offsets: dict[str, int]) -> Table:
     return fold(broker.settings, topic, {int(p): o for p, o in offsets.items()})
+
+
+def open_store_db(path: Path) -> Any:
+    """A table database opened read-write the way the daemon opens it, for tests that damage it on purpose.
+
+    Not with RocksDB's saved OPTIONS: a kill during a bulk load leaves a memtable kind those refuse to reopen."""
+    from rocksdict import Rdict
+
+    from globald.store.names import COLUMN_FAMILIES
+    from globald.store.options import StoreOptions
+
+    return Rdict(str(path), StoreOptions().rocksdb(),
+                 column_families={cf: StoreOptions().rocksdb() for cf in COLUMN_FAMILIES})

@@ -290,6 +290,8 @@ def main() -> int:
     try:
         demo.run()
     except KeyboardInterrupt:
+        # A second Ctrl-C must not cut the clean-up short and leave the broker's JVMs behind.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         clock.say("interrupted; cleaning up")
         code = 130
     except Exception as e:
@@ -308,6 +310,7 @@ def main() -> int:
             root.addHandler(logging.NullHandler())
             shutil.rmtree(work, ignore_errors=True)
             signal.signal(signal.SIGTERM, old_term)
+            signal.signal(signal.SIGINT, signal.default_int_handler)
     if code == 0:
         print("\nsummary:")
         for line in demo.summary:

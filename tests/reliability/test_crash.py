@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from rocksdict import Options, Rdict, WriteBatch
+from rocksdict import WriteBatch
 
 from globald.store.codec import encode_offset, partition_key
 from globald.store.names import META_CF, META_FORMAT, OFFSETS_CF, STATUS_FILE, db_dir
-from tests.harness import Broker, DaemonProcess, daemon_factory, random_records
+from tests.harness import Broker, DaemonProcess, daemon_factory, open_store_db, random_records
 from tests.reliability import killpoints
 from tests.reliability.checks import check_snapshots, check_store, snapshots_available
 from tests.reliability.conftest import FULL, new_topic
@@ -63,7 +63,7 @@ def bump_format(state_dir: Path, broker: Broker, topic: str) -> None:
 def _write_meta(path: Path, cf: str, key: bytes, value: bytes) -> None:
     if not (path / "CURRENT").exists():
         return  # nothing to damage: the last kill left no store, the next start restores anyway
-    db = Rdict(str(path), Options(raw_mode=True))
+    db = open_store_db(path)
     wb = WriteBatch(raw_mode=True)
     wb.put(key, value, db.get_column_family_handle(cf))
     db.write(wb)
