@@ -6,6 +6,7 @@ import argparse
 import base64
 import json
 import sys
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -31,8 +32,39 @@ def cmd_run(args: argparse.Namespace) -> int:
     cfg = configmod.load(args.config)
     configmod.check_kafka_properties(cfg)
     secrets = [str(v) for k, v in cfg.kafka.items() if configmod.is_secret(k)]
+    if cfg.hooks.webhook_url:
+        from urllib.parse import urlsplit
+
+        secrets.append(urlsplit(cfg.hooks.webhook_url).password or "")
     logs.setup(cfg.log_level, cfg.log_format, secrets)
     return Daemon(cfg).run()
+
+
+def status_lines(doc: dict[str, Any]) -> list[str]:
+    """``globald status`` for people."""
+    head = f"globald: {doc['state']}" + (f" (pid {doc['pid']})" if doc.get("pid") else "")
+    if "ready" in doc and doc.get("pid"):
+        head += ", ready" if doc["ready"] else f", not ready: {doc.get('ready_detail', '')}"
+    lines = [head]
+    if doc.get("degraded"):
+        lines.append(f"  degraded: {doc['degraded']}")
+    if doc.get("http"):
+        lines.append(f"  http: http://{doc['http']['host']}:{doc['http']['port']}/metrics")
+    for name, t in doc.get("tables", {}).items():
+        offsets = ", ".join(f"p{p}={o}" for p, o in t.get("offsets", {}).items()) or "no offsets"
+        lag = f", lag {t['lag']}" if "lag" in t else ""
+        wipes = f", {t['wipes']} wipe(s)" if t.get("wipes") else ""
+        lines.append(f"  {name:<20} {t['state']:<12} {offsets}{lag}{wipes}")
+        r = t.get("restore")
+        if r:
+            eta = "?" if r.get("eta_seconds") is None else f"{r['eta_seconds']:.0f}s"
+            lines.append(f"  {'':<20} restoring {r['percent']:.0f}%, {r['records']:,} records, "
+                         f"{r['records_per_second']:,.0f} rec/s, ETA {eta}")
+        snap = t.get("snapshot")
+        if snap and snap.get("current"):
+            stale = f"  STALE: {snap.get('stale_reason')}" if snap.get("stale") else ""
+            lines.append(f"  {'':<20} snapshot {snap['current']}{stale}")
+    return lines
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -42,13 +74,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(doc, indent=None, sort_keys=True))
         return EXIT_OK
-    print(f"globald: {doc['state']}" + (f" (pid {doc['pid']})" if doc.get("pid") else ""))
-    if doc.get("degraded"):
-        print(f"  degraded: {doc['degraded']}")
-    for name, t in doc.get("tables", {}).items():
-        offsets = ", ".join(f"p{p}={o}" for p, o in t.get("offsets", {}).items()) or "no offsets"
-        lag = f", lag {t['lag']}" if "lag" in t else ""
-        print(f"  {name:<20} {t['state']:<12} {offsets}{lag}")
+    print("\n".join(status_lines(doc)))
     return EXIT_OK
 
 
@@ -58,6 +84,8 @@ def cmd_dump(args: argparse.Namespace) -> int:
 
     cfg = configmod.load(args.config)
     table = cfg.table(args.table)
+    if args.snapshot is not None:
+        return _dump_snapshot(cfg, table.name, args.snapshot)
     path = db_dir(cfg.state_dir, table.name)
     if not (path / "CURRENT").exists():
         raise GlobaldError(f"table {table.name} has no store yet under {cfg.state_dir}")
@@ -65,6 +93,107 @@ def cmd_dump(args: argparse.Namespace) -> int:
         out = sys.stdout
         for line in dump_lines(reader.items()):
             out.write(line + "\n")
+    return EXIT_OK
+
+
+def _parse_key(text: str, fmt: str) -> bytes:
+    try:
+        if fmt == "base64":
+            return base64.b64decode(text, validate=True)
+        if fmt == "hex":
+            return bytes.fromhex(text)
+    except ValueError as e:
+        raise ConfigError("KEY", f"not valid {fmt}: {e}") from None
+    return text.encode("utf-8")
+
+
+def _timestamp_text(ts: int) -> str:
+    if ts < 0:
+        return "none (the record carried no timestamp)"
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ts / 1000)) + f".{ts % 1000:03d}Z ({ts})"
+
+
+def cmd_get(args: argparse.Namespace) -> int:
+    from globald.store.names import db_dir
+    from globald.store.reader import StoreReader
+
+    cfg = configmod.load(args.config)
+    table = cfg.table(args.table)
+    key = _parse_key(args.key, args.key_format)
+    path = db_dir(cfg.state_dir, table.name)
+    if not (path / "CURRENT").exists():
+        raise GlobaldError(f"table {table.name} has no store yet under {cfg.state_dir}")
+    with StoreReader(path) as reader:
+        found = reader.get(key)
+    if args.json:
+        doc: dict[str, Any] = {"table": table.name, "key_base64": _b64(key), "found": found is not None}
+        if found is not None:
+            value, ts = found
+            doc.update(value_base64=_b64(value), timestamp=ts)
+            try:
+                doc["value"] = value.decode("utf-8")
+            except UnicodeDecodeError:
+                doc["value"] = None
+        print(json.dumps(doc, sort_keys=True))
+    elif found is None:
+        print(f"{table.name}: key {args.key!r} not found", file=sys.stderr)
+    else:
+        value, ts = found
+        try:
+            shown = value.decode("utf-8")
+        except UnicodeDecodeError:
+            shown = f"(binary, {len(value)} bytes) base64:{_b64(value)}"
+        print(f"value:     {shown}")
+        print(f"timestamp: {_timestamp_text(ts)}")
+    return EXIT_OK if found is not None else EXIT_FAILURE
+
+
+def cmd_reset(args: argparse.Namespace) -> int:
+    from globald.ops.reset import reset_table
+
+    cfg = configmod.load(args.config)
+    table = cfg.table(args.table)
+    if not args.yes:
+        if not sys.stdin.isatty():
+            print(f"globald: refusing to wipe table {table.name} without confirmation; pass --yes", file=sys.stderr)
+            return EXIT_USAGE
+        print(f"This wipes table {table.name} (topic {table.topic}) under {cfg.state_dir}; it is then restored "
+              "from the log start.", file=sys.stderr)
+        if input(f"Type the table name ({table.name}) to confirm: ").strip() != table.name:
+            print("globald: not confirmed; nothing was wiped", file=sys.stderr)
+            return EXIT_FAILURE
+    result = reset_table(cfg, table.name, timeout=args.timeout)
+    if args.json:
+        print(json.dumps({"table": result.table, "by": result.by, "pid": result.pid, "had_store": result.had_store},
+                         sort_keys=True))
+    else:
+        print(result.describe())
+    return EXIT_OK
+
+
+def _dump_snapshot(cfg: configmod.Config, table: str, snapshot: str) -> int:
+    from globald.snapshot.reader import open_snapshot
+
+    with open_snapshot(cfg.state_dir, table, snapshot) as snap:
+        out = sys.stdout
+        for line in dump_lines(iter(snap)):
+            out.write(line + "\n")
+    return EXIT_OK
+
+
+def cmd_snapshots(args: argparse.Namespace) -> int:
+    from globald.snapshot.reader import listing
+
+    cfg = configmod.load(args.config)
+    table = cfg.table(args.table)
+    snaps = listing(cfg.state_dir, table.name)
+    if args.json:
+        print(json.dumps(snaps, sort_keys=True))
+        return EXIT_OK
+    for s in snaps:
+        offsets = ", ".join(f"p{p}={o}" for p, o in s["offsets"].items()) or "no offsets"  # type: ignore[attr-defined]
+        marks = ("  CURRENT" if s["current"] else "") + ("  STALE" if s["stale"] else "")
+        print(f"{s['id']}  {offsets}{marks}")
     return EXIT_OK
 
 
@@ -81,6 +210,44 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         print(json.dumps(summary, sort_keys=True))
     else:
         print(f"{args.config}: OK ({len(cfg.tables)} table(s), state_dir {cfg.state_dir})")
+    return EXIT_OK
+
+
+def _offsets_text(offsets: dict[int, int]) -> str:
+    return ", ".join(f"p{p}={o}" for p, o in sorted(offsets.items())) or "none"
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    from globald.migrate import migrate
+
+    report = migrate(configmod.load(args.config), args.table)
+    if args.json:
+        print(json.dumps(report, sort_keys=True))
+    for name, r in report.items():
+        if args.json:
+            break
+        if "error" in r:
+            print(f"{name}: unusable store: {r['error']}")
+        elif r["imported"]:
+            print(f"{name}: imported offsets {_offsets_text(r['imported'])} ({r['note']}); store format {r['format']}")
+        else:
+            held = f"; offsets {_offsets_text(r['offsets'])}" if r.get("offsets") else ""
+            print(f"{name}: nothing imported: {r['note']}{held}")
+    return EXIT_FAILURE if any("error" in r for r in report.values()) else EXIT_OK
+
+
+def cmd_import_kafka_streams(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from globald.kstreams import import_store
+
+    r = import_store(configmod.load(args.config), Path(args.state_dir), args.application_id, args.store,
+                     args.table, replace=args.replace)
+    if args.json:
+        print(json.dumps(r, sort_keys=True))
+    else:
+        print(f"{r['table']}: imported {r['source']} at offsets {_offsets_text(r['offsets'])}: "
+              f"{r['timestamped_values']} timestamped and {r['plain_values']} plain values, store format {r['format']}")
     return EXIT_OK
 
 
@@ -108,7 +275,29 @@ def build_parser() -> argparse.ArgumentParser:
     add("status", cmd_status, "show the daemon's and each table's state and offsets", json_flag=True)
     d = add("dump", cmd_dump, "print a table's committed content as JSON lines")
     d.add_argument("--table", required=True)
+    d.add_argument("--snapshot", metavar="ID", help="dump this published snapshot instead of the live store")
+    g = add("get", cmd_get, "print the value and timestamp of one key (exit 1 when absent)", json_flag=True)
+    g.add_argument("--table", required=True)
+    g.add_argument("--key-format", choices=("text", "base64", "hex"), default="text",
+                   help="how KEY is written (default: UTF-8 text)")
+    g.add_argument("key", metavar="KEY")
+    r = add("reset", cmd_reset, "wipe a table so it is restored from the log start (through the daemon if one runs)",
+            json_flag=True)
+    r.add_argument("--table", required=True)
+    r.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    r.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for a running daemon (default 30)")
+    sn = add("snapshots", cmd_snapshots, "list a table's published snapshots, newest first", json_flag=True)
+    sn.add_argument("--table", required=True)
     add("check-config", cmd_check_config, "validate a config file and exit", json_flag=True)
+    m = add("migrate", cmd_migrate, "take .checkpoint offsets into stores that lack them, and report", json_flag=True)
+    m.add_argument("--table", help="only this table")
+    k = add("import-kafka-streams", cmd_import_kafka_streams, "adopt a Kafka Streams global store as a table's store",
+            json_flag=True)
+    k.add_argument("--state-dir", required=True, metavar="DIR", help="the Kafka Streams state.dir")
+    k.add_argument("--application-id", required=True, metavar="ID")
+    k.add_argument("--store", required=True, metavar="NAME", help="the global store's name")
+    k.add_argument("--table", required=True, metavar="TABLE", help="the globald table that mirrors its topic")
+    k.add_argument("--replace", action="store_true", help="replace the table's existing store")
     add("demo", cmd_demo, "run the self-contained demo on an embedded Kafka", config=False)
     return p
 

@@ -19,6 +19,9 @@ from globald import statusfile
 from globald.config import Config
 from globald.engine.thread import GlobalThread
 from globald.errors import StateDirError, StateDirLockedError
+from globald.ops.progress import ProgressOptions
+from globald.ops.runtime import Operations
+from globald.snapshot.publisher import SnapshotPublisher
 from globald.states import Listeners, State
 from globald.store.names import LOCK_FILE
 
@@ -61,10 +64,13 @@ def lock_state_dir(state_dir: Path) -> IO[str]:
 
 
 class Daemon:
-    def __init__(self, config: Config, listeners: Listeners | None = None) -> None:
+    def __init__(self, config: Config, listeners: Listeners | None = None,
+                 progress: ProgressOptions | None = None) -> None:
         self.config = config
         self.listeners = listeners or Listeners()
         self.thread = GlobalThread(config, self.listeners)
+        # Registered before the status listeners below, so a status written on a wipe already shows the stale mark.
+        self.snapshots = SnapshotPublisher(config, self.thread)
         self._last_status = 0.0
         self._last_degraded: str | None = None
         self._status_failing = False
@@ -72,10 +78,12 @@ class Daemon:
         self.listeners.table_state.append(lambda table, new, old, reason: self.publish_status())
         self.thread.after_commit.append(self.publish_status)
         self.thread.after_poll.append(self._maybe_publish_status)
+        self.ops = Operations(config, self.thread, self.listeners, progress)
+        self.ops.snapshots = self.snapshots
 
     def publish_status(self) -> None:
         self._last_status = time.monotonic()
-        doc = self.thread.status()
+        doc = self.ops.observe(self.snapshots.annotate(self.thread.status()))
         self._last_degraded = doc.get("degraded")
         try:
             statusfile.write(self.config.state_dir, doc)
@@ -97,18 +105,26 @@ class Daemon:
         log.info("%s received; committing and stopping", signal.Signals(signum).name)
         self.thread.stop()
 
-    def run(self) -> int:
+    def stop(self) -> None:
+        self.thread.stop()
+
+    def run(self, handle_signals: bool = True) -> int:
+        """Run in the foreground. ``handle_signals=False`` when not on the main thread (the demo): stop() then."""
         prepare_state_dir(self.config.state_dir)
         lock = lock_state_dir(self.config.state_dir)
-        old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)} if handle_signals else {}
         try:
+            self.snapshots.start()
+            self.ops.start()
             log.info("globald %d starting: %d table(s), state_dir %s", os.getpid(), len(self.config.tables),
                      self.config.state_dir)
             self.thread.run()
             return 0
         finally:
+            self.snapshots.close()
             for s, h in old.items():
                 signal.signal(s, h)
             if self.thread.state in (State.NOT_RUNNING, State.ERROR):
                 self.publish_status()
+            self.ops.stop()
             lock.close()

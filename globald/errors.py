@@ -27,9 +27,47 @@ class StoreCorruptError(GlobaldError):
     """A table's store cannot be opened as a globald store. The daemon wipes and rebuilds it from the topic."""
 
 
+class StoreFormatError(StoreCorruptError):
+    """The store was written by a newer globald in a format this one cannot read. The daemon rebuilds it from the
+    topic; to keep it instead, run the newer globald again."""
+
+
 class StoreUnavailableError(GlobaldError):
     """A store could not be opened for a reason a wipe would not fix (locked, I/O error). Check the disk."""
 
 
 class UnknownTableError(GlobaldError):
     """The table named is not in the config. Check the spelling against the [[tables]] entries."""
+
+
+class ImportRefusedError(GlobaldError):
+    """A store cannot be imported as it is; the message says why and nothing was changed. Fix the cause, or let
+    globald restore the table from its topic."""
+
+class SnapshotError(GlobaldError):
+    """A snapshot cannot be served. The message says why."""
+
+
+class SnapshotNotFoundError(SnapshotError):
+    """No snapshot with that id, or none published yet. List them with ``globald snapshots``; the daemon publishes
+    one once the table is RUNNING."""
+
+
+class ManifestError(SnapshotError):
+    """A snapshot's manifest is missing, truncated or invalid. Readers skip that snapshot and the daemon
+    garbage-collects it; check the disk if it keeps happening."""
+
+
+class SnapshotStaleError(SnapshotError):
+    """The current snapshot predates a rebuild of its table and ``[snapshots] serve_stale`` is false. Wait until the
+    table is RUNNING again, or set serve_stale = true to read the stale snapshot."""
+
+
+class SnapshotUnavailableError(SnapshotError):
+    """The local daemon could not provide a snapshot at the offsets asked for; ``code`` says why (beyond_end,
+    below_log_start, compacted, rebuilding, timeout, no_daemon, ...). Ask for other offsets, wait and retry, or
+    read the newest snapshot instead."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code

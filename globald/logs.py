@@ -1,4 +1,9 @@
-"""Logging setup: plain or JSON lines on stderr, with secrets masked in every message."""
+"""Logging setup: plain or JSON lines on stderr, with secrets masked in every line.
+
+Masking happens when a line is formatted, after the message and any traceback are rendered and before JSON
+escaping, so a configured secret cannot reach the output through arguments, exception text or a library's
+own log message.
+"""
 
 from __future__ import annotations
 
@@ -8,45 +13,53 @@ import sys
 import time
 from collections.abc import Iterable
 
+MASK = "***"
+
+
+class Redactor:
+    """Replaces every configured secret value (3 characters or longer) with ``MASK``, also as it appears
+    inside a Python repr or a JSON string (escaped quotes and backslashes)."""
+
+    def __init__(self, secrets: Iterable[str] = ()) -> None:
+        forms = {form for s in secrets if s and len(s) >= 3 for form in (s, repr(s)[1:-1], json.dumps(s)[1:-1])}
+        self._secrets = sorted(forms, key=len, reverse=True)
+
+    def __call__(self, text: str) -> str:
+        for s in self._secrets:
+            text = text.replace(s, MASK)
+        return text
+
+
+class PlainFormatter(logging.Formatter):
+    def __init__(self, redact: Redactor) -> None:
+        super().__init__("%(asctime)s %(levelname)-7s %(name)s: %(message)s")
+        self.redact = redact
+
+    def format(self, record: logging.LogRecord) -> str:
+        return self.redact(super().format(record))
+
 
 class JsonFormatter(logging.Formatter):
+    def __init__(self, redact: Redactor | None = None) -> None:
+        super().__init__()
+        self.redact = redact or Redactor()
+
     def format(self, record: logging.LogRecord) -> str:
         doc = {
             "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
             "level": record.levelname,
             "logger": record.name,
-            "msg": record.getMessage(),
+            "msg": self.redact(record.getMessage()),
         }
         if record.exc_info:
-            doc["exc"] = self.formatException(record.exc_info)
+            doc["exc"] = self.redact(self.formatException(record.exc_info))
         return json.dumps(doc, ensure_ascii=False)
 
 
-class SecretFilter(logging.Filter):
-    """Masks the configured secret values wherever they would appear in a log line."""
-
-    def __init__(self, secrets: Iterable[str]) -> None:
-        super().__init__()
-        self._secrets = sorted({s for s in secrets if s and len(s) >= 3}, key=len, reverse=True)
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if self._secrets:
-            msg = record.getMessage()
-            masked = msg
-            for s in self._secrets:
-                masked = masked.replace(s, "***")
-            if masked != msg:
-                record.msg, record.args = masked, None
-        return True
-
-
 def setup(level: str = "INFO", fmt: str = "plain", secrets: Iterable[str] = ()) -> None:
+    redact = Redactor(secrets)
     handler = logging.StreamHandler(sys.stderr)
-    if fmt == "json":
-        handler.setFormatter(JsonFormatter())
-    else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
-    handler.addFilter(SecretFilter(secrets))
+    handler.setFormatter(JsonFormatter(redact) if fmt == "json" else PlainFormatter(redact))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)

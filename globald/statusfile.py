@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from globald.config import Config
-from globald.errors import StoreUnavailableError
+from globald.errors import StoreCorruptError, StoreUnavailableError
 from globald.states import State
 from globald.store import checkpoint_file
 from globald.store.names import STATUS_FILE, checkpoint_path, db_dir
@@ -80,7 +80,7 @@ def offline(config: Config) -> dict[str, Any]:
             try:
                 with StoreReader(db_dir(config.state_dir, t.name)) as r:
                     offsets, source = r.offsets(), "store"
-            except StoreUnavailableError as e:
+            except (StoreUnavailableError, StoreCorruptError) as e:  # the daemon will rebuild a corrupt one
                 source = f"unreadable store: {e}"
         if not offsets:
             try:

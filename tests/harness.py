@@ -68,6 +68,8 @@ def toml_value(v: Any) -> str:
         return "true" if v else "false"
     if isinstance(v, int | float):
         return str(v)
+    if isinstance(v, list | tuple):
+        return "[" + ", ".join(toml_value(x) for x in v) + "]"
     return json.dumps(str(v))
 
 
@@ -99,16 +101,14 @@ class DaemonProcess:
     log: Path
     proc: subprocess.Popen[bytes] | None = None
     pids: list[int] = field(default_factory=list)
-    # The module run as ``python -m MODULE run --config FILE`` and extra environment; fault-injection tests use
-    # a wrapper module that arms kill points before handing over to globald's own CLI.
-    module: str = "globald"
-    env: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str] | None = None  # added to the daemon's environment
+    module: str = "globald"  # what ``python -m`` runs: another build's entry point in upgrade/downgrade tests
 
     def start(self) -> DaemonProcess:
         out = open(self.log, "ab")  # noqa: SIM115 - handed to the child
+        env = {**os.environ, **self.env} if self.env else None
         self.proc = subprocess.Popen([sys.executable, "-m", self.module, "run", "--config", str(self.config)],
-                                     stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
-                                     env={**os.environ, **self.env} if self.env else None)
+                                     stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env=env)
         out.close()
         self.pids.append(self.proc.pid)
         return self
@@ -146,10 +146,11 @@ class DaemonProcess:
         raise AssertionError(f"timed out waiting for {what}; last status {doc}; log:\n{self.tail()}")
 
     def wait_running(self, ends: dict[str, dict[int, int]] | None = None, timeout: float = 60.0) -> dict[str, Any]:
-        """RUNNING, and (when given) each table's offsets at least at ``ends``."""
+        """RUNNING and ready, and (when given) each table's offsets at least at ``ends``."""
 
         def ok(doc: dict[str, Any]) -> bool:
-            if doc.get("state") != "RUNNING" or doc.get("pid") != self.pid:
+            # Ready (a snapshot of every table is published) follows RUNNING within one loop turn.
+            if doc.get("state") != "RUNNING" or doc.get("pid") != self.pid or doc.get("ready") is False:
                 return False
             for table, want in (ends or {}).items():
                 got = doc["tables"][table]["offsets"]
@@ -221,3 +222,16 @@ def values_only(dump: dict[bytes, tuple[bytes, int]]) -> Table:
 
 def oracle_at(broker: Broker, topic: str, offsets: dict[str, int]) -> Table:
     return fold(broker.settings, topic, {int(p): o for p, o in offsets.items()})
+
+
+def open_store_db(path: Path) -> Any:
+    """A table database opened read-write the way the daemon opens it, for tests that damage it on purpose.
+
+    Not with RocksDB's saved OPTIONS: a kill during a bulk load leaves a memtable kind those refuse to reopen."""
+    from rocksdict import Rdict
+
+    from globald.store.names import COLUMN_FAMILIES
+    from globald.store.options import StoreOptions
+
+    return Rdict(str(path), StoreOptions().rocksdb(),
+                 column_families={cf: StoreOptions().rocksdb() for cf in COLUMN_FAMILIES})

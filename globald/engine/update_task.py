@@ -20,6 +20,7 @@ from globald.store.codec import NO_TIMESTAMP, pack_i64
 log = logging.getLogger(__name__)
 
 _EOF = KafkaError._PARTITION_EOF
+_NO_TIMESTAMP = pack_i64(NO_TIMESTAMP)
 _INVALID_OFFSET = KafkaError._AUTO_OFFSET_RESET
 
 
@@ -48,39 +49,54 @@ class UpdateTask:
 
     def __init__(self, tables: dict[str, TableRuntime]) -> None:
         self._tables = tables
+        # The consumer is assigned only the tables' topics: with one table, every record is of its topic.
+        self._only_topic = next(iter(tables)) if len(tables) == 1 else None
 
     def apply(self, messages: Sequence[Message]) -> PollResult:
+        # The restore's hot loop. A fetch delivers long runs of one partition, so the table lookup, the record
+        # count and the next-offset are settled once per run; per record only key, value and timestamp are read.
         result = PollResult()
         batches: dict[str, WriteBatch] = {}
+        topic: str | None = None
+        partition = -1
+        target: _Target | None = None
+        last: Message | None = None
+        run = 0
         for m in messages:
             err = m.error()
-            rt = self._tables.get(m.topic() or "")
             if err is not None:
-                self._on_error(m, err, rt, result)
+                if run:
+                    target.close_run(partition, last, run)  # type: ignore[union-attr]
+                    run = 0
+                topic = None  # the error may have invalidated the table: look it up again
+                self._on_error(m, err, self._tables.get(m.topic() or ""), result)
                 continue
-            if rt is None:
+            t = self._only_topic or m.topic()
+            p = m.partition()
+            if p != partition or t != topic:
+                if run:
+                    target.close_run(partition, last, run)  # type: ignore[union-attr]
+                    run = 0
+                partition = p
+                if t != topic:
+                    topic = t
+                    target = self._target(t, result, batches)
+            if target is None:
                 continue
-            tb = result.tables.get(rt.name)
-            if tb is None:
-                tb = result.tables[rt.name] = TableBatch()
-            if tb.invalid_offset is not None:
-                continue
-            batch = batches.get(rt.name)
-            if batch is None:
-                batch = batches[rt.name] = rt.store.new_batch()
-            partition = m.partition()
-            tb.positions[partition] = m.offset() + 1
-            tb.counts[partition] = tb.counts.get(partition, 0) + 1
+            last = m
+            run += 1
             key = m.key()
             if key is None:
-                tb.null_keys += 1
+                target.tb.null_keys += 1
                 continue
             value = m.value()
             if value is None:
-                batch.delete(key)
+                target.delete(key)
             else:
                 ts_type, ts = m.timestamp()
-                batch.put(key, pack_i64(ts if ts_type != TIMESTAMP_NOT_AVAILABLE else NO_TIMESTAMP) + value)
+                target.put(key, (_NO_TIMESTAMP if ts_type == TIMESTAMP_NOT_AVAILABLE else pack_i64(ts)) + value)
+        if run:
+            target.close_run(partition, last, run)  # type: ignore[union-attr]
         for rt in self._tables.values():
             tb = result.tables.get(rt.name)
             if tb is None or tb.invalid_offset is not None or not tb.positions:
@@ -92,6 +108,21 @@ class UpdateTask:
             rt.store.write(batch)
         return result
 
+    def _target(self, topic: str | None, result: PollResult, batches: dict[str, WriteBatch]) -> _Target | None:
+        """Where records of ``topic`` go in this poll; None when they are to be skipped."""
+        rt = self._tables.get(topic or "")
+        if rt is None:
+            return None
+        tb = result.tables.get(rt.name)
+        if tb is None:
+            tb = result.tables[rt.name] = TableBatch()
+        if tb.invalid_offset is not None:
+            return None
+        batch = batches.get(rt.name)
+        if batch is None:
+            batch = batches[rt.name] = rt.store.new_batch()
+        return _Target(tb, batch)
+
     @staticmethod
     def _on_error(m: Message, err: KafkaError, rt: TableRuntime | None, result: PollResult) -> None:
         code = err.code()
@@ -100,13 +131,37 @@ class UpdateTask:
                 result.errors.append(err.str())
             return
         tb = result.tables.setdefault(rt.name, TableBatch())
+        partition, offset = m.partition(), m.offset()
+        position = tb.positions.get(partition, rt.positions.get(partition))
         if code == _EOF:
-            # The broker's end (past compaction gaps and transaction markers) is a valid next-offset.
-            partition, offset = m.partition(), m.offset()
-            known = max(tb.positions.get(partition, -1), rt.positions.get(partition, -1))
-            if offset is not None and offset > known:
+            # The broker's end (past compaction gaps and transaction markers) is a valid next-offset. An end past
+            # every end seen for the partition is a leftover of an assignment given up since (a rebuilt table).
+            if offset is not None and position is not None and position < offset \
+                    <= max(rt.end_offsets.get(partition, -1), position):
                 tb.positions[partition] = offset
-        elif code == _INVALID_OFFSET:
-            tb.invalid_offset = f"invalid offset {m.offset()} for {m.topic()}[{m.partition()}]: {err.str()}"
-        else:
-            result.errors.append(f"{m.topic()}[{m.partition()}]: {err.str()}")
+            return
+        if code == _INVALID_OFFSET:
+            # Only an error about the offset we fetch from now counts; one about an earlier assignment is stale.
+            if offset == position:
+                tb.invalid_offset = f"invalid offset {offset} for {m.topic()}[{partition}]: {err.str()}"
+            else:
+                log.info("ignoring a stale invalid-offset error for %s[%s] at %s (now at %s)", m.topic(), partition,
+                         offset, position)
+            return
+        result.errors.append(f"{m.topic()}[{m.partition()}]: {err.str()}")
+
+
+class _Target:
+    """One table's share of a poll: its counters and its write batch's bound methods."""
+
+    __slots__ = ("delete", "put", "tb")
+
+    def __init__(self, tb: TableBatch, batch: WriteBatch) -> None:
+        self.tb = tb
+        self.put = batch.put
+        self.delete = batch.delete
+
+    def close_run(self, partition: int, last: Message, run: int) -> None:
+        """Account for ``run`` consecutive records of ``partition`` ending with ``last``."""
+        self.tb.positions[partition] = last.offset() + 1
+        self.tb.counts[partition] = self.tb.counts.get(partition, 0) + run

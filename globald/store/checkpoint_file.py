@@ -25,7 +25,7 @@ def write(path: Path, offsets: dict[tuple[str, int], int]) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
 def read(path: Path) -> dict[tuple[str, int], int]:
@@ -57,7 +57,7 @@ def read(path: Path) -> dict[tuple[str, int], int]:
         raise CheckpointFormatError(f"{path}: malformed: {e}") from None
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import struct
 
+from globald.store import names
+
 NO_TIMESTAMP = -1
 _I64 = struct.Struct(">q")
 pack_i64 = _I64.pack
@@ -35,3 +37,18 @@ def decode_offset(raw: bytes) -> int:
 
 def partition_key(partition: int) -> bytes:
     return str(partition).encode()
+
+
+def decode_format(raw: bytes) -> int:
+    """The format number stored under META_FORMAT; -1 when it is not a number."""
+    return int(raw) if raw.isdigit() else -1
+
+
+def unreadable_format(raw: bytes) -> str | None:
+    """Why this build cannot read a store whose META_FORMAT is ``raw``; None when it can."""
+    fmt = decode_format(raw)
+    if fmt in names.READABLE_FORMATS:
+        return None
+    what = "newer than this globald reads" if fmt > names.FORMAT_VERSION else "unknown"
+    readable = ", ".join(map(str, names.READABLE_FORMATS))
+    return f"store format {raw.decode(errors='replace')} is {what} (it reads formats {readable})"

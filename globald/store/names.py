@@ -2,16 +2,27 @@
 
 ``<state_dir>/tables/<table>/db`` is the table's RocksDB; ``.checkpoint`` beside it is the Kafka-format offsets
 file. Inside the database, values live in the ``VALUES_CF`` family, next-offsets in ``OFFSETS_CF`` and store
-metadata in ``META_CF``. The default family is left empty in this format.
+metadata in ``META_CF``. The default family holds only plain values still waiting for their upgrade (``FORMAT_MIXED``);
+a store records in ``META_FORMAT`` the oldest format that describes it, so an older globald reads what it can.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-# Version of the layout described above. Bump it when a change would make an older globald misread a store.
-FORMAT_VERSION = 1
+# Formats, in the order they appeared. Bump FORMAT_VERSION when a change would make an older globald misread a store.
+# Plain: values without a timestamp in the default family and no META_FORMAT; written by globald before format 1
+# and by Kafka Streams' plain key-value stores. Never written any more: opened, it becomes FORMAT_MIXED.
+FORMAT_PLAIN = 0
+# Timestamped: every value in VALUES_CF with its timestamp; the default family is empty.
+FORMAT_TIMESTAMPED = 1
+# Mid-upgrade: VALUES_CF as in format 1, plus plain values in the default family for keys VALUES_CF lacks. A reader
+# of format 1 would miss those keys, so such a globald must rebuild the store instead (see table_store).
+FORMAT_MIXED = 2
+FORMAT_VERSION = FORMAT_MIXED  # the newest format this globald reads
+READABLE_FORMATS = (FORMAT_TIMESTAMPED, FORMAT_MIXED)  # as stored in META_FORMAT
 
+DEFAULT_CF = "default"  # RocksDB's own family: it always exists and cannot be dropped
 VALUES_CF = "values_ts"
 OFFSETS_CF = "offsets"
 META_CF = "meta"
@@ -22,16 +33,28 @@ META_TOPIC = b"topic"
 META_STATUS = b"status"
 STATUS_OPEN = b"open"
 STATUS_CLEAN = b"clean"
+META_UPGRADED = b"upgraded_at"  # when the last plain value left the default family (Unix seconds, ASCII)
 
 TABLES_DIR = "tables"
 DB_DIR = "db"
 CHECKPOINT_FILE = ".checkpoint"
 LOCK_FILE = "globald.lock"
 STATUS_FILE = "status.json"
+REQUESTS_DIR = "requests"  # operator requests to the running daemon (globald reset)
+# Hidden siblings of table directories (table names start with a letter or digit, so these never collide).
+IMPORT_PREFIX = ".import-"  # a store being built by ``import-kafka-streams``; deleted if left over
+REPLACED_PREFIX = ".replaced-"  # the store an import replaced, deleted once the new one is in place
+
+# Kafka Streams' layout of a global store: <state.dir>/<application.id>/global/rocksdb/<store>/ with timestamped
+# values (8-byte big-endian timestamp + value) in KS_TIMESTAMPED_CF or plain values in the default family, and the
+# offsets of every global store of the application in <state.dir>/<application.id>/global/.checkpoint.
+KS_GLOBAL_DIR = "global"
+KS_ROCKSDB_DIR = "rocksdb"
+KS_TIMESTAMPED_CF = "keyValueWithTimestamp"
 
 
 def table_dir(state_dir: Path, table: str) -> Path:
-    return state_dir / TABLES_DIR / table
+    return tables_dir(state_dir) / table
 
 
 def db_dir(state_dir: Path, table: str) -> Path:
@@ -40,3 +63,32 @@ def db_dir(state_dir: Path, table: str) -> Path:
 
 def checkpoint_path(state_dir: Path, table: str) -> Path:
     return table_dir(state_dir, table) / CHECKPOINT_FILE
+
+
+def tables_dir(state_dir: Path) -> Path:
+    return state_dir / TABLES_DIR
+
+
+def kafka_streams_store_dir(ks_state_dir: Path, application_id: str, store: str) -> Path:
+    return ks_state_dir / application_id / KS_GLOBAL_DIR / KS_ROCKSDB_DIR / store
+
+
+def kafka_streams_checkpoint(ks_state_dir: Path, application_id: str) -> Path:
+    return ks_state_dir / application_id / KS_GLOBAL_DIR / CHECKPOINT_FILE
+
+# Snapshots: <state_dir>/snapshots/<table>/{<id>/{db/,manifest.json}, CURRENT, leases/, requests/, responses/}.
+SNAPSHOTS_DIR = "snapshots"
+SNAPSHOT_DB_DIR = "db"
+SNAPSHOT_MANIFEST = "manifest.json"
+SNAPSHOT_CURRENT = "CURRENT"
+SNAPSHOT_LEASES_DIR = "leases"
+SNAPSHOT_REQUESTS_DIR = "requests"
+SNAPSHOT_RESPONSES_DIR = "responses"
+# Work in progress is hidden behind these prefixes; readers never look at dot-names, the daemon sweeps them.
+SNAPSHOT_TMP_PREFIX = ".tmp-"
+SNAPSHOT_BUILD_PREFIX = ".build-"
+SNAPSHOT_TRASH_PREFIX = ".trash-"
+
+
+def snapshots_dir(state_dir: Path, table: str) -> Path:
+    return state_dir / SNAPSHOTS_DIR / table

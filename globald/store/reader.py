@@ -1,27 +1,44 @@
 """Read-only access to a table database: the live store (opened read-only, never locked) or a snapshot copy.
 
 A reader sees the database as of the moment it was opened: data and offsets from the same committed write
-batches, never a half-applied poll. Values come back as (value, timestamp).
+batches, never a half-applied poll. Values come back as (value, timestamp); in a store still upgrading from the
+plain layout both layouts are merged (see ``plain``). A format this globald cannot read is refused, never guessed.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 from rocksdict import AccessType, Options, Rdict
 
-from globald.errors import StoreUnavailableError
-from globald.store.codec import decode_offset, decode_value
-from globald.store.names import META_CF, META_FORMAT, OFFSETS_CF, VALUES_CF
+from globald.errors import StoreFormatError, StoreUnavailableError
+from globald.store import plain
+from globald.store.codec import decode_format, decode_offset, unreadable_format
+from globald.store.names import (
+    FORMAT_MIXED,
+    FORMAT_PLAIN,
+    META_CF,
+    META_FORMAT,
+    OFFSETS_CF,
+    VALUES_CF,
+)
 
 
-def _read_only_options() -> Options:
+def _read_only_options(path: Path) -> Options:
     o = Options(raw_mode=True)
     o.create_if_missing(False)
     # Open every table file up front: the live owner may delete compacted files while we read.
     o.set_max_open_files(-1)
+    # RocksDB starts this many threads to open those files; starting 16 costs more than opening a few dozen
+    # files, so use one per 64 files (keeps a snapshot open at ~1-2 ms instead of ~4-10 ms).
+    try:
+        files = sum(1 for e in os.scandir(path) if e.name.endswith(".sst"))
+    except OSError:
+        files = 0
+    o.set_max_file_opening_threads(max(1, min(16, files // 64)))
     return o
 
 
@@ -33,17 +50,33 @@ class StoreReader:
         last: Exception | None = None
         for i in range(attempts):
             try:
-                self._db = Rdict(str(path), _read_only_options(), access_type=AccessType.read_only())
+                self._db = Rdict(str(path), _read_only_options(path), access_type=AccessType.read_only())
                 break
             except Exception as e:  # the owner may be rotating files under us; retry briefly
                 last = e
                 time.sleep(0.05 * (i + 1))
         else:
             raise StoreUnavailableError(f"cannot open {path} read-only: {last}")
-        self._values = self._db.get_column_family(VALUES_CF)
+        self._meta = self._family(META_CF)
+        raw = None if self._meta is None else self._meta.get(META_FORMAT)
+        problem = None if raw is None else unreadable_format(raw)
+        if problem:
+            self.close()
+            raise StoreFormatError(f"{path}: {problem}")
+        self.format = FORMAT_PLAIN if raw is None else decode_format(raw)
+        self._values = self._family(VALUES_CF)
+        # Plain values are consulted only while the store says some may be left: format 1 pays nothing.
+        self._plain: Rdict | None = self._db if self.format in (FORMAT_PLAIN, FORMAT_MIXED) else None
+
+    def _family(self, name: str) -> Rdict | None:
+        """A column family of the database, or None for a plain-layout store that never had it."""
+        try:
+            return self._db.get_column_family(name)
+        except Exception:  # rocksdict raises a bare Exception naming the missing family
+            return None
 
     def close(self) -> None:
-        self._values = None
+        self._values = self._plain = self._meta = None
         self._db.close()
 
     def __enter__(self) -> StoreReader:
@@ -53,39 +86,22 @@ class StoreReader:
         self.close()
 
     def format_version(self) -> int | None:
-        raw = self._db.get_column_family(META_CF).get(META_FORMAT)
-        return int(raw) if raw else None
+        """META_FORMAT as stored; None for a plain-layout store that no globald has opened yet."""
+        return None if self.format == FORMAT_PLAIN else self.format
 
     def offsets(self) -> dict[int, int]:
-        return {int(k): decode_offset(v) for k, v in self._db.get_column_family(OFFSETS_CF).items()}
+        offsets = self._family(OFFSETS_CF)
+        return {} if offsets is None else {int(k): decode_offset(v) for k, v in offsets.items()}
 
     def get(self, key: bytes) -> tuple[bytes, int] | None:
-        raw = self._values.get(key)
-        return None if raw is None else decode_value(raw)
+        return plain.get(self._values, self._plain, key)
 
     def multi_get(self, keys: list[bytes]) -> list[tuple[bytes, int] | None]:
-        return [None if raw is None else decode_value(raw) for raw in self._values.get(keys)]
+        return plain.multi_get(self._values, self._plain, keys)
 
     def items(self, start: bytes | None = None, end: bytes | None = None) -> Iterator[tuple[bytes, bytes, int]]:
         """(key, value, timestamp) for keys in [start, end), in key order."""
-        it = self._values.iter()
-        if start is None:
-            it.seek_to_first()
-        else:
-            it.seek(start)
-        while it.valid():
-            key = it.key()
-            if end is not None and key >= end:
-                return
-            value, ts = decode_value(it.value())
-            yield key, value, ts
-            it.next()
-        # An iterator stops the same way at the end and at a damaged block: only its status tells them apart,
-        # and a scan cut short must never pass for the whole table.
-        try:
-            it.status()
-        except Exception as e:
-            raise StoreUnavailableError(f"{self.path}: read failed: {e}") from None
+        return plain.items(self._values, self._plain, start, end)
 
     def prefix(self, prefix: bytes) -> Iterator[tuple[bytes, bytes, int]]:
         for item in self.items(start=prefix):
@@ -94,4 +110,7 @@ class StoreReader:
             yield item
 
     def estimate_keys(self) -> int:
-        return int(self._values.property_int_value("rocksdb.estimate-num-keys") or 0)
+        n = 0 if self._values is None else int(self._values.property_int_value("rocksdb.estimate-num-keys") or 0)
+        if self._plain is not None:
+            n += int(self._plain.property_int_value("rocksdb.estimate-num-keys") or 0)
+        return n

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-from rocksdict import Options, Rdict, WriteBatch
+from rocksdict import WriteBatch
 
 from globald.store.names import META_CF, META_FORMAT, db_dir
-from tests.harness import Broker, DaemonProcess, oracle_at, random_records, values_only
+from tests.harness import Broker, DaemonProcess, open_store_db, oracle_at, random_records, values_only
 
 pytestmark = pytest.mark.kafka
 
@@ -32,7 +32,7 @@ def test_unusable_store_is_wiped_and_rebuilt(broker: Broker, topic: Callable[...
         for m in path.glob("MANIFEST-*"):
             m.write_bytes(b"\x00garbage" * 64)
     else:
-        db = Rdict(str(path), Options(raw_mode=True))  # opens every existing column family
+        db = open_store_db(path)
         wb = WriteBatch(raw_mode=True)
         wb.put(META_FORMAT, b"999", db.get_column_family_handle(META_CF))
         db.write(wb)

@@ -18,12 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from rocksdict import WriteBatch
 
 from globald.store.codec import encode_offset, partition_key
 from globald.store.names import META_CF, META_FORMAT, OFFSETS_CF, STATUS_FILE, db_dir
-from globald.store.options import StoreOptions
-from globald.store.table_store import TableStore
-from tests.harness import Broker, DaemonProcess, daemon_factory, random_records
+from tests.harness import Broker, DaemonProcess, daemon_factory, open_store_db, random_records
 from tests.reliability import killpoints
 from tests.reliability.checks import check_snapshots, check_store, snapshots_available
 from tests.reliability.conftest import FULL, new_topic
@@ -53,24 +52,23 @@ class Cycle:
 def corrupt_offset(state_dir: Path, broker: Broker, topic: str) -> None:
     """Store an offset past the log end, as a recreated topic would leave: the next plan must wipe the table."""
     ends = broker.admin.end_offsets(topic)
-    _damage(state_dir, topic, OFFSETS_CF, partition_key(0), encode_offset(ends[0] + 1_000_000))
+    _write_meta(db_dir(state_dir, TABLE), OFFSETS_CF, partition_key(0), encode_offset(ends[0] + 1_000_000))
 
 
 def bump_format(state_dir: Path, broker: Broker, topic: str) -> None:
     """A store of an unknown format: the next open must wipe it."""
-    _damage(state_dir, topic, META_CF, META_FORMAT, b"999")
+    _write_meta(db_dir(state_dir, TABLE), META_CF, META_FORMAT, b"999")
 
 
-def _damage(state_dir: Path, topic: str, cf: str, key: bytes, value: bytes) -> None:
-    if not (db_dir(state_dir, TABLE) / "CURRENT").exists():
+def _write_meta(path: Path, cf: str, key: bytes, value: bytes) -> None:
+    if not (path / "CURRENT").exists():
         return  # nothing to damage: the last kill left no store, the next start restores anyway
-    # Through the store's own open: a database left by a kill may hold column-family options (a bulk load's
-    # memtable) that a plain Rdict open with default options refuses.
-    store = TableStore.open(state_dir, TABLE, topic, StoreOptions()).store
-    batch = store.new_batch()
-    batch.put(key, value, store.db.get_column_family_handle(cf))
-    store.write(batch)
-    store.close(clean=False)
+    db = open_store_db(path)
+    wb = WriteBatch(raw_mode=True)
+    wb.put(key, value, db.get_column_family_handle(cf))
+    db.write(wb)
+    del wb
+    db.close()
 
 
 def schedule(rnd: random.Random, snapshots: bool) -> list[Cycle]:
@@ -165,8 +163,8 @@ def test_sigkill_at_random_points(broker: Broker, tmp_path: Path, fault: Callabl
     for r in rows.values():
         r.notes.append(f"GLOBALD_RELIABILITY_SEED={SEED}")
     topic = new_topic(broker)
-    # More than a bulk-load restore's threshold (100k records where the engine has one), so that the kills during
-    # restore also hit restores that write without the WAL.
+    # More than a bulk-load restore's threshold (100k records), so that kills during restore also hit restores
+    # that write without the WAL.
     broker.admin.produce(topic, random_records(110_000, keys=8_000, seed=SEED, tombstones=0.1))
     load = Load(broker.admin, topic, rate=800, keys=8_000, seed=SEED).start()
     extra = {"snapshots": {"interval_ms": 100}} if snaps else {}

@@ -9,10 +9,11 @@ import pytest
 from globald.states import IllegalTransition, Listeners, State, StateMachine
 from globald.store import checkpoint_file
 from globald.store.codec import decode_value, encode_value
-from globald.store.names import checkpoint_path
+from globald.store.names import checkpoint_path, db_dir
 from globald.store.options import StoreOptions
 from globald.store.reader import StoreReader
 from globald.store.table_store import TableStore
+from tests.layouts import write_plain_store
 
 
 def test_value_encoding_round_trip() -> None:
@@ -48,12 +49,8 @@ def test_transition_table_is_enforced() -> None:
 
 
 def test_offsets_are_written_with_data_and_checkpoint_imported_on_first_open(tmp_path: Path) -> None:
-    # A store with data but no offsets (written by another tool) adopts its .checkpoint file's offsets.
-    seeded = TableStore.open(tmp_path, "tbl", "topic", StoreOptions()).store
-    batch = seeded.new_batch()
-    batch.put(b"k0", encode_value(-1, b"v0"))
-    seeded.write(batch)
-    seeded.close()
+    # A store of an older globald: data, no offsets inside, a .checkpoint beside it.
+    write_plain_store(db_dir(tmp_path, "tbl"), {b"old": b"1"})
     checkpoint_file.write(_mkdirs(checkpoint_path(tmp_path, "tbl")), {("topic", 0): 42, ("other", 0): 7})
     opened = TableStore.open(tmp_path, "tbl", "topic", StoreOptions())
     assert opened.imported == {0: 42} and opened.wiped_reason is None and not opened.crashed

@@ -1,0 +1,60 @@
+"""Peak RSS of the real daemon (``python -m globald run``) during a cold restore, sampled with psutil.
+
+Memory is measured in its own process so that nothing of the benchmark (data, oracle, other pipelines) counts.
+Sampling stops when the daemon's status file says RUNNING, which also gives the daemon's own time to RUNNING,
+interpreter start included.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import psutil
+
+from bench.data import Dataset
+from bench.env import BenchEnv
+from bench.restore import TABLE
+from globald import statusfile
+
+MB = 1 << 20
+
+
+def peak_rss(env: BenchEnv, ds: Dataset, progress: Callable[[str], None], interval: float = 0.05,
+             timeout: float = 3600.0) -> dict[str, Any]:
+    daemon = env.daemon({TABLE: ds.topic}, "rss")
+    state = daemon.state_dir
+    started = time.monotonic()
+    daemon.start()
+    proc = psutil.Process(daemon.pid)
+    peak = samples = 0
+    doc: dict[str, Any] | None = None
+    try:
+        while time.monotonic() - started < timeout:
+            if not daemon.alive():
+                raise RuntimeError(f"daemon exited during the restore; log:\n{daemon.tail()}")
+            peak = max(peak, proc.memory_info().rss)
+            samples += 1
+            doc = statusfile.read_live(state)
+            if doc is not None and doc.get("pid") == daemon.pid and doc.get("state") == "RUNNING":
+                break
+            time.sleep(interval)
+        else:
+            raise TimeoutError(f"daemon not RUNNING after {timeout}s; log:\n{daemon.tail()}")
+        running = time.monotonic() - started
+        after = proc.memory_info().rss
+    finally:
+        if daemon.alive():
+            daemon.stop()
+    records = doc["tables"][TABLE]["records"] if doc else 0
+    progress(f"rss: daemon peak {peak / MB:.0f} MB while restoring {records:,} records "
+             f"(RUNNING {running:.2f}s after spawn, {samples} samples)")
+    return {
+        "peak_rss_mb": round(peak / MB, 1),
+        "rss_at_running_mb": round(after / MB, 1),
+        "records": records,
+        "seconds_spawn_to_running": round(running, 3),
+        "samples": samples,
+        "sample_interval_s": interval,
+    }

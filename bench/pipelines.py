@@ -1,0 +1,261 @@
+"""The restore pipelines under comparison: globald itself and the reference designs.
+
+Each pipeline starts cold (empty directory, new consumer), reads every partition from its log start to the end
+captured when it started, and reports the seconds from its first action to "restored", the records it applied
+and the CPU seconds the process spent meanwhile. The baselines have no daemon logic; they use globald's consumer
+settings and RocksDB options, so a ratio against them measures globald's design, not a tuning difference.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaError, TopicPartition
+from rocksdict import Rdict, WriteBatch
+
+from globald.config import CONSUMER_DEFAULTS, Config
+from globald.engine.thread import GlobalThread
+from globald.states import Listeners, State
+from globald.store.codec import NO_TIMESTAMP, encode_offset, pack_i64, partition_key
+from globald.store.names import OFFSETS_CF, VALUES_CF
+from globald.store.options import StoreOptions
+
+_EOF = KafkaError._PARTITION_EOF
+
+
+@dataclass(frozen=True)
+class Job:
+    """What every pipeline gets: the same topic, consumer settings, batch size and store options."""
+
+    topic: str
+    settings: dict[str, Any]
+    workdir: Path
+    config: Callable[[Path], Config]  # globald's config for a state_dir
+    batch: int = 10_000
+    options: StoreOptions = field(default_factory=StoreOptions)
+
+
+@dataclass(frozen=True)
+class Run:
+    seconds: float
+    records: int
+    cpu_seconds: float = 0.0
+
+    @property
+    def rate(self) -> float:
+        return self.records / self.seconds if self.seconds > 0 else 0.0
+
+
+class _Ends:
+    """Which partitions still have records below the end captured at the start."""
+
+    def __init__(self, consumer: Consumer, topic: str) -> None:
+        md = consumer.list_topics(topic, timeout=10)
+        self.todo: dict[int, int] = {}
+        self.starts: dict[int, int] = {}
+        for p in sorted(md.topics[topic].partitions):
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)
+            self.starts[p] = low
+            if low < high:
+                self.todo[p] = high
+
+    def reached(self, partition: int, next_offset: int) -> None:
+        end = self.todo.get(partition)
+        if end is not None and next_offset >= end:
+            del self.todo[partition]
+
+
+@contextmanager
+def _reading(job: Job, with_store: bool) -> Iterator[tuple[Consumer, _Ends, Rdict | None]]:
+    """A consumer assigned to every partition from its log start, and (optionally) a store like globald's."""
+    db = None
+    if with_store:
+        db_options, families = job.options.column_families()
+        db = Rdict(str(job.workdir / "db"), db_options, column_families=families)
+    c = Consumer(job.settings)
+    try:
+        ends = _Ends(c, job.topic)
+        c.assign([TopicPartition(job.topic, p, o) for p, o in ends.starts.items()])
+        yield c, ends, db
+    finally:
+        c.close()
+        if db is not None:
+            db.close()
+
+
+def _batch(c: Consumer, n: int) -> list[Any]:
+    """Up to ``n`` messages, as globald takes them: wait for the first, then only what is already queued
+    (``consume(n, timeout)`` alone would hold the last, partial batch of a restore for the whole timeout)."""
+    first = c.poll(0.2)
+    return [] if first is None else [first, *c.consume(n - 1, 0)]
+
+
+def _stored(m: Any) -> bytes:
+    ts_type, ts = m.timestamp()
+    return pack_i64(ts if ts_type != TIMESTAMP_NOT_AVAILABLE else NO_TIMESTAMP) + m.value()
+
+
+def consume_only(job: Job) -> Run:
+    """The single-consumer limit: ``consume(n)``, records discarded unread."""
+    started, cpu = time.monotonic(), time.process_time()
+    n = 0
+    with _reading(job, with_store=False) as (c, ends, _):
+        while ends.todo:
+            messages = _batch(c, job.batch)
+            n += len(messages)
+            for m in messages:
+                if m.error() is not None:
+                    n -= 1
+            # Records are not even looked at: the end is found from the last message of each partition.
+            unseen = set(ends.todo)
+            for m in reversed(messages):
+                p = m.partition()
+                if p not in unseen:
+                    continue
+                unseen.discard(p)
+                err = m.error()
+                if err is None:
+                    ends.reached(p, m.offset() + 1)
+                elif err.code() == _EOF:
+                    ends.reached(p, m.offset())
+                if not unseen:
+                    break
+        return Run(time.monotonic() - started, n, time.process_time() - cpu)
+
+
+def raw_batch(job: Job) -> Run:
+    """``consume(n)`` plus one WriteBatch per poll holding the records and the offsets; no daemon logic."""
+    started, cpu = time.monotonic(), time.process_time()
+    n = 0
+    with _reading(job, with_store=True) as (c, ends, db):
+        assert db is not None
+        values = db.get_column_family_handle(VALUES_CF)
+        offsets = db.get_column_family_handle(OFFSETS_CF)
+        while ends.todo:
+            wb = WriteBatch(raw_mode=True)
+            wb.set_default_column_family(values)
+            last: dict[int, int] = {}
+            for m in _batch(c, job.batch):
+                err = m.error()
+                if err is not None:
+                    if err.code() == _EOF:
+                        ends.reached(m.partition(), m.offset())
+                    continue
+                n += 1
+                last[m.partition()] = m.offset() + 1
+                if m.value() is None:
+                    wb.delete(m.key())
+                else:
+                    wb.put(m.key(), _stored(m))
+            for p, o in last.items():
+                wb.put(partition_key(p), encode_offset(o), offsets)
+                ends.reached(p, o)
+            if last:
+                db.write(wb)
+        return Run(time.monotonic() - started, n, time.process_time() - cpu)
+
+
+def raw_batch_librdkafka_fetch(job: Job) -> Run:
+    """The raw pipeline with librdkafka's own fetch defaults: what globald's fetch defaults are worth."""
+    return raw_batch(replace(job, settings={k: v for k, v in job.settings.items() if k not in CONSUMER_DEFAULTS}))
+
+
+def per_record(job: Job) -> Run:
+    """The recovery loop of quix-streams and faust: ``poll()`` one message, one put and one offset put each."""
+    started, cpu = time.monotonic(), time.process_time()
+    n = 0
+    with _reading(job, with_store=True) as (c, ends, db):
+        assert db is not None
+        values = db.get_column_family(VALUES_CF)
+        offsets = db.get_column_family(OFFSETS_CF)
+        while ends.todo:
+            m = c.poll(0.2)
+            if m is None:
+                continue
+            err = m.error()
+            if err is not None:
+                if err.code() == _EOF:
+                    ends.reached(m.partition(), m.offset())
+                continue
+            n += 1
+            if m.value() is None:
+                del values[m.key()]
+            else:
+                values[m.key()] = _stored(m)
+            offsets[partition_key(m.partition())] = encode_offset(m.offset() + 1)
+            ends.reached(m.partition(), m.offset() + 1)
+        return Run(time.monotonic() - started, n, time.process_time() - cpu)
+
+
+class RunningGlobald:
+    """globald's real GlobalThread in this process; ``wait`` returns the seconds from ``start`` to RUNNING."""
+
+    def __init__(self, config: Config, listeners: Listeners | None = None) -> None:
+        self.config = config
+        self.listeners = listeners or Listeners()
+        self.running_at: float | None = None
+        self._running = threading.Event()
+        self.listeners.state.append(self._on_state)
+        self.thread = GlobalThread(config, self.listeners)
+        self._runner = threading.Thread(target=self._run, name="globald", daemon=True)
+        self.error: BaseException | None = None
+        self.started = 0.0
+        self.cpu_started = 0.0
+
+    def _on_state(self, new: State, old: State, reason: str) -> None:
+        if new == State.RUNNING and self.running_at is None:
+            self.running_at = time.monotonic()
+            self._running.set()
+        elif new == State.ERROR:
+            self._running.set()
+
+    def _run(self) -> None:
+        try:
+            self.thread.run()
+        except BaseException as e:
+            self.error = e
+            self._running.set()
+
+    def start(self) -> RunningGlobald:
+        self.started, self.cpu_started = time.monotonic(), time.process_time()
+        self._runner.start()
+        return self
+
+    def wait(self, timeout: float = 3600.0) -> float:
+        if not self._running.wait(timeout) or self.running_at is None:
+            raise RuntimeError(f"globald did not reach RUNNING: {self.error or self.thread.machine.reason}")
+        return self.running_at - self.started
+
+    def records(self) -> int:
+        return sum(rt.records for rt in self.thread.tables.values())
+
+    def stop(self) -> None:
+        self.thread.stop()
+        self._runner.join(300)
+        if self.error is not None:
+            raise RuntimeError(f"globald failed: {self.error}") from self.error
+
+
+def globald_restore(job: Job) -> Run:
+    """A cold restore by globald's GlobalThread, from start to RUNNING."""
+    g = RunningGlobald(job.config(job.workdir / "state")).start()
+    try:
+        seconds = g.wait()
+        return Run(seconds, g.records(), time.process_time() - g.cpu_started)
+    finally:
+        g.stop()
+
+
+PIPELINES: dict[str, Callable[[Job], Run]] = {
+    "globald": globald_restore,
+    "raw_batch": raw_batch,
+    "consume_only": consume_only,
+    "per_record": per_record,
+    "raw_batch_librdkafka_fetch": raw_batch_librdkafka_fetch,
+}

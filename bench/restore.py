@@ -1,0 +1,101 @@
+"""Restore throughput: every pipeline on the same topic, interleaved, repeated, compared as ratios of medians.
+
+Each repetition runs every pipeline once, in an order rotated by one per repetition, so that a noisy neighbour
+or the page cache favours no pipeline. The first globald restore is checked against the oracle fold: a fast
+restore that restores the wrong thing would be worth nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import statistics
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bench.data import Dataset
+from bench.env import BenchEnv
+from bench.pipelines import PIPELINES, Job, Run
+from globald.embedded.oracle import fold
+from globald.store.names import db_dir
+from globald.store.reader import StoreReader
+
+log = logging.getLogger(__name__)
+
+TABLE = "bench"
+
+
+def summary(runs: list[Run]) -> dict[str, Any]:
+    seconds = [r.seconds for r in runs]
+    med = statistics.median(seconds)
+    records = runs[0].records
+    return {
+        "median_seconds": round(med, 4),
+        "min_seconds": round(min(seconds), 4),
+        "max_seconds": round(max(seconds), 4),
+        "records": records,
+        "records_per_second": round(records / med) if med else 0,
+        "cpu_seconds_median": round(statistics.median(r.cpu_seconds for r in runs), 3),
+        "runs": [{"seconds": round(r.seconds, 4), "records": r.records, "cpu_seconds": round(r.cpu_seconds, 3)}
+                 for r in runs],
+    }
+
+
+def ratio(a: dict[str, Any], b: dict[str, Any]) -> float:
+    """Throughput of ``a`` over throughput of ``b`` (same records, so the inverse ratio of median times)."""
+    return round(b["median_seconds"] / a["median_seconds"], 3) if a["median_seconds"] else 0.0
+
+
+def verify_store(env: BenchEnv, state_dir: Path, topic: str) -> dict[str, Any]:
+    """The restored store against the oracle fold at the store's own offsets."""
+    with StoreReader(db_dir(state_dir, TABLE)) as r:
+        offsets = r.offsets()
+        expected = fold(env.settings, topic, offsets)
+        keys = len(expected)
+        mismatches = 0
+        for key, value, _ in r.items():
+            if expected.pop(key, None) != value:
+                mismatches += 1
+    mismatches += len(expected)
+    return {"keys": keys, "mismatches": mismatches, "equal": mismatches == 0}
+
+
+def compare(env: BenchEnv, ds: Dataset, names: list[str], repeats: int, batch: int,
+            progress: Callable[[str], None]) -> dict[str, Any]:
+    config = lambda state: env.config(state, {TABLE: ds.topic}, consume_batch_size=batch)  # noqa: E731
+    settings = env.consumer_settings()
+    runs: dict[str, list[Run]] = {n: [] for n in names}
+    verified: dict[str, Any] | None = None
+    # A warm-up read, not counted: the first pass over the log pays for the page cache and JIT of the broker.
+    warm = PIPELINES["consume_only"](Job(ds.topic, settings, env.fresh_dir("warmup"), config, batch))
+    for rep in range(repeats):
+        order = names[rep % len(names):] + names[:rep % len(names)]
+        for name in order:
+            workdir = env.fresh_dir(name)
+            run = PIPELINES[name](Job(ds.topic, settings, workdir, config, batch))
+            runs[name].append(run)
+            progress(f"restore {rep + 1}/{repeats} {name:<28} {run.records:>10,} records {run.seconds:7.2f}s "
+                     f"{run.rate:>12,.0f}/s  cpu {run.cpu_seconds:6.2f}s")
+            if name == "globald" and verified is None:
+                verified = verify_store(env, workdir / "state", ds.topic)
+                progress(f"restore: globald's store against the oracle: {verified}")
+            shutil.rmtree(workdir, ignore_errors=True)
+    stats = {n: summary(r) for n, r in runs.items()}
+    ratios: dict[str, float] = {}
+    paired: dict[str, list[float]] = {}  # the same ratio within each repetition: how much noise moves it
+    if "globald" in stats:
+        for other in names:
+            if other != "globald":
+                ratios[f"globald/{other}"] = ratio(stats["globald"], stats[other])
+                paired[f"globald/{other}"] = [round(o.seconds / g.seconds, 3)
+                                              for g, o in zip(runs["globald"], runs[other], strict=True)]
+    return {
+        "repeats": repeats,
+        "consume_batch_size": batch,
+        "records_read_by_warmup": warm.records,
+        "pipelines": stats,
+        "ratios": ratios,
+        "paired_ratios": paired,
+        "verified": verified,
+    }

@@ -1,0 +1,319 @@
+"""``globald demo``: the main job on an embedded default, start to finish, in a temporary directory.
+
+It starts the bundled Kafka, seeds a compacted ``customers`` topic, runs the real daemon in-process, recreates
+the topic with fewer records so the stored offsets become invalid and the daemon heals itself, enriches a
+batch of orders with PySpark through a snapshot, and removes everything it made, also on Ctrl-C or SIGTERM.
+Every claim it prints about the store is checked against the oracle fold of the topic.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from globald import config as configmod
+from globald.embedded.admin import Record, TopicAdmin
+from globald.embedded.broker import EmbeddedKafka
+from globald.embedded.oracle import fold
+from globald.ops.progress import ProgressOptions
+from globald.states import Listeners, State
+
+TOPIC = TABLE = "customers"
+PARTITIONS = 3
+CUSTOMERS = 50_000
+UPDATES = 4  # records per customer on average: compaction has something to do
+RECREATED = 2_000  # records in the topic after the recreate: fewer than the daemon stored
+ORDERS = 2_000
+CITIES = ("Lisbon", "Oslo", "Nairobi", "Lima", "Osaka", "Tunis", "Quebec", "Perth")
+
+Say = Callable[[str], None]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t0 = time.monotonic()
+        self.lock = threading.Lock()
+
+    def say(self, text: str) -> None:
+        with self.lock:
+            print(f"[{time.monotonic() - self.t0:5.1f}s] {text}", flush=True)
+
+
+def customer_records(n_customers: int, per_customer: int, seed: int) -> list[Record]:
+    rnd = random.Random(seed)
+    out: list[Record] = []
+    for i in range(n_customers * per_customer):
+        c = rnd.randrange(n_customers)
+        key = f"customer-{c:05d}".encode()
+        if rnd.random() < 0.01:
+            out.append((key, None))  # a customer deleted: a tombstone
+            continue
+        value = {"name": f"Customer {c}", "city": rnd.choice(CITIES), "tier": rnd.choice(("gold", "silver", "std")),
+                 "version": i}
+        out.append((key, json.dumps(value, separators=(",", ":")).encode()))
+    return out
+
+
+def write_config(work: Path, settings: dict[str, Any]) -> Path:
+    path = work / "globald.toml"
+    kafka = "\n".join(f"{json.dumps(k)} = {json.dumps(v)}" for k, v in settings.items())
+    path.write_text(
+        f"state_dir = {json.dumps(str(work / 'state'))}\n"
+        "commit_interval_ms = 200\nconsume_batch_size = 5000\nmetadata_refresh_ms = 1000\n"
+        "[http]\nport = 0\n"
+        f"[kafka]\n{kafka}\n"
+        f"[[tables]]\nname = {json.dumps(TABLE)}\ntopic = {json.dumps(TOPIC)}\n")
+    return path
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float, what: str, daemon_thread: threading.Thread) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if not daemon_thread.is_alive():
+            raise RuntimeError(f"the daemon stopped while waiting for {what}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(0.05)
+
+
+def check_store(state_dir: Path, settings: dict[str, Any], say: Say) -> dict[bytes, bytes]:
+    """The live store, read-only, compared with the topic's fold at the offsets stored with the data."""
+    from globald.store.names import db_dir
+    from globald.store.reader import StoreReader
+
+    with StoreReader(db_dir(state_dir, TABLE)) as r:
+        offsets = r.offsets()
+        content = {k: v for k, v, _ in r.items()}
+    expected = fold(settings, TOPIC, offsets)
+    if content != expected:
+        missing, extra = len(expected.keys() - content.keys()), len(content.keys() - expected.keys())
+        raise AssertionError(f"store differs from the topic fold: {missing} missing, {extra} extra keys")
+    say(f"check: store == fold of the topic at its stored offsets {dict(sorted(offsets.items()))}: "
+        f"{len(content):,} keys ✓")
+    return content
+
+
+def spark_enrichment(config_path: Path, table: str, customers: dict[bytes, bytes], say: Say) -> dict[str, Any] | None:
+    """Enrich a batch of orders with PySpark through ``globald.spark.GlobalTableView``; None when skipped."""
+    try:
+        from pyspark.sql import SparkSession
+        from pyspark.sql import functions as F
+
+        from globald.spark import GlobalTableView
+    except ImportError as e:
+        say(f"Spark step skipped: {e} (install the [spark] extra; globald.spark ships with the snapshots feature)")
+        return None
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # local mode: nothing listens beyond loopback
+    say("Spark: starting a local session (local[2])")
+    spark = (SparkSession.builder.master("local[2]").appName("globald-demo")
+             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+             .config("spark.sql.shuffle.partitions", "4").getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    try:
+        rnd = random.Random(7)
+        keys = sorted(customers)
+        orders = [(f"order-{i:05d}", (rnd.choice(keys) if rnd.random() < 0.95 else b"customer-unknown").decode(),
+                   round(rnd.uniform(5, 500), 2)) for i in range(ORDERS)]
+        df = spark.createDataFrame(orders, ["order_id", "customer_id", "amount"])
+        view = GlobalTableView(spark, str(config_path), table)
+        descriptor = view.refresh()
+        say(f"Spark: view refreshed to snapshot {descriptor.get('snapshot')} at offsets {descriptor.get('offsets')}")
+        enriched = view.join(df, "customer_id", value_col="customer", timestamp_col="customer_ts")
+        enriched = enriched.withColumn("city", F.get_json_object(F.col("customer").cast("string"), "$.city"))
+        rows = enriched.select("order_id", "customer_id", "city").collect()
+        by_city = {r["city"] or "(unknown customer)": r["n"] for r in
+                   enriched.groupBy("city").agg(F.count("*").alias("n")).collect()}
+    finally:
+        spark.stop()
+    wrong = sum(1 for r in rows if r["city"] != _city(customers.get(r["customer_id"].encode())))
+    if wrong:
+        raise AssertionError(f"Spark: {wrong} orders were enriched with a value the store does not hold")
+    matched = sum(1 for r in rows if r["city"] is not None)
+    say(f"Spark: enriched {len(rows):,} orders, {matched:,} matched a customer, every city checked against the "
+        "store ✓")
+    say("Spark: orders per city: " + ", ".join(f"{c} {n}" for c, n in sorted(by_city.items())))
+    return {"orders": len(rows), "matched": matched, "snapshot": descriptor.get("snapshot")}
+
+
+def _city(value: bytes | None) -> str | None:
+    return None if value is None else json.loads(value).get("city")
+
+
+class Demo:
+    def __init__(self, work: Path, clock: Clock) -> None:
+        self.work = work
+        self.clock = clock
+        self.kafka = EmbeddedKafka(work / "kafka")
+        self.admin: TopicAdmin | None = None
+        self.daemon: Any = None
+        self.daemon_thread: threading.Thread | None = None
+        self.summary: list[str] = []
+
+    def say(self, text: str) -> None:
+        if self.daemon is not None:
+            self.daemon.ops.progress.clear()  # a restore bar on the terminal must not swallow the line
+        self.clock.say(text)
+
+    def run(self) -> None:
+        say = self.say
+        say("starting the embedded Kafka 0.9 broker and ZooKeeper (127.0.0.1, free ports)")
+        self.kafka.start()
+        # The demo's own clients log to the log file, not over its output.
+        settings = {**self.kafka.client_settings, "logger": logging.getLogger("globald.demo.kafka")}
+        self.admin = admin = TopicAdmin.for_broker(settings, self.kafka.zookeeper)
+        say(f"Kafka up on {self.kafka.bootstrap}")
+        admin.create(TOPIC, partitions=PARTITIONS, compact=True)
+        records = customer_records(CUSTOMERS, UPDATES, seed=1)
+        admin.produce(TOPIC, records)
+        say(f"topic {TOPIC}: compacted, {PARTITIONS} partitions, seeded with {len(records):,} records "
+            f"({CUSTOMERS:,} customers, updates and tombstones)")
+
+        config_path = write_config(self.work, self.kafka.client_settings)
+        cfg = configmod.load(config_path)
+        self.start_daemon(cfg)
+        thread = self.daemon.thread
+        started = time.monotonic()
+        wait_until(lambda: thread.state == State.RUNNING, 90, "the first restore", self.daemon_thread)
+        first_restore = time.monotonic() - started
+        content = check_store(cfg.state_dir, settings, say)
+        doc = self.daemon.ops.status_doc() or {}
+        port = doc.get("http", {}).get("port")
+        sample_key = sorted(content)[42]
+        say(f"globald get --table {TABLE} {sample_key.decode()}  ->  {content[sample_key].decode()}")
+
+        say(f"provoking an invalid offset: deleting topic {TOPIC} and recreating it with {RECREATED:,} records "
+            "(fewer than the daemon stored)")
+        pid_before = os.getpid()
+        admin.delete(TOPIC)
+        admin.create(TOPIC, partitions=PARTITIONS, compact=True)
+        admin.produce(TOPIC, customer_records(CUSTOMERS, 1, seed=2)[:RECREATED])
+        recreated = time.monotonic()
+        ends = admin.end_offsets(TOPIC)
+        wipes, rt = thread.manager.wipes, thread.tables[TABLE]
+        wait_until(lambda: wipes[(TABLE, "invalid_offset")] >= 1 and rt.machine.state == State.RUNNING
+                   and all(rt.positions.get(p, -1) >= o for p, o in ends.items()), 90,
+                   "the daemon to heal", self.daemon_thread)
+        healed = time.monotonic() - recreated
+        content = check_store(cfg.state_dir, settings, say)
+        rebuilt = thread.recoveries[-1] if thread.recoveries else healed
+        say(f"healed in-process: rebuilt in {rebuilt:.1f}s from the invalid-offset error, same process "
+            f"(pid {pid_before}), no operator; wipes {dict((f'{t}/{k}', n) for (t, k), n in wipes.items())}")
+
+        spark = spark_enrichment(config_path, TABLE, content, say)
+
+        metrics = self.scrape(port) if port else []
+        status = self.status_lines()
+        self.summary = [
+            f"first restore: {len(records):,} records in {first_restore:.1f}s",
+            f"invalid offset healed in-process: wipe (reason invalid_offset) + rebuild in {rebuilt:.1f}s, "
+            "store re-checked against the topic",
+            "Spark: " + (f"{spark['orders']:,} orders enriched, {spark['matched']:,} matched" if spark else "skipped"),
+            "globald status:", *("  " + line for line in status),
+            f"metrics (http://127.0.0.1:{port}/metrics, excerpt):", *("  " + line for line in metrics),
+        ]
+
+    def start_daemon(self, cfg: configmod.Config) -> None:
+        from globald.daemon import Daemon
+
+        listeners = Listeners()
+        listeners.state.append(lambda new, old, reason: self.say(f"daemon {old} -> {new} ({reason})"))
+        listeners.table_state.append(
+            lambda table, new, old, reason: self.say(f"table {table} {old} -> {new} ({_short(reason)})"))
+        progress = ProgressOptions(stream=sys.stdout, interval=0.5, emit=lambda line: self.say(line))
+        self.daemon = Daemon(cfg, listeners, progress=progress)
+        self.daemon_thread = threading.Thread(target=self._run_daemon, name="globald-daemon", daemon=True)
+        self.say(f"starting globald in-process: state_dir {cfg.state_dir}")
+        self.daemon_thread.start()
+
+    def _run_daemon(self) -> None:
+        try:
+            self.daemon.run(handle_signals=False)
+        except Exception as e:  # shown, and the main thread's wait fails on the dead thread
+            self.say(f"daemon failed: {type(e).__name__}: {e}")
+
+    def scrape(self, port: int) -> list[str]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+            text = resp.read().decode()
+        wanted = ("globald_state{", "globald_ready ", "globald_partition_lag{", "globald_restore_records_total",
+                  "globald_wipes_total", "globald_commits_total")
+        return [line for line in text.splitlines() if line.startswith(wanted)
+                and not (line.startswith("globald_state{") and line.endswith(" 0.0"))]
+
+    def status_lines(self) -> list[str]:
+        from globald.cli import status_lines
+
+        return status_lines(self.daemon.ops.status_doc() or {"state": "CREATED"})
+
+    def close(self) -> None:
+        if self.daemon is not None and self.daemon_thread is not None:
+            self.daemon.stop()
+            self.daemon_thread.join(60)
+        if self.admin is not None:
+            self.admin.close()
+        self.kafka.stop()
+
+
+def _short(reason: str, limit: int = 110) -> str:
+    return reason if len(reason) <= limit else reason[:limit - 1] + "…"
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+def main() -> int:
+    clock = Clock()
+    work = Path(tempfile.mkdtemp(prefix="globald-demo-"))
+    logging.basicConfig(filename=work / "demo.log", level=logging.INFO,
+                        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s", force=True)
+    print("globald demo: a local Kafka, a compacted topic, the daemon, an invalid offset healed in-process, "
+          "and a Spark job.")
+    print(f"  everything lives in {work} and is removed at the end (Ctrl-C cleans up too)\n", flush=True)
+    old_term = signal.signal(signal.SIGTERM, _interrupt)
+    demo = Demo(work, clock)
+    code = 0
+    try:
+        demo.run()
+    except KeyboardInterrupt:
+        # A second Ctrl-C must not cut the clean-up short and leave the broker's JVMs behind.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        clock.say("interrupted; cleaning up")
+        code = 130
+    except Exception as e:
+        clock.say(f"demo failed: {type(e).__name__}: {e}")
+        log_tail = (work / "demo.log").read_text(errors="replace").splitlines()[-25:]
+        print("last lines of the daemon log:\n  " + "\n  ".join(log_tail), file=sys.stderr)
+        code = 1
+    finally:
+        try:
+            demo.close()
+        finally:
+            root = logging.getLogger()
+            for handler in root.handlers[:]:  # late loggers (py4j at exit) must not recreate the file
+                root.removeHandler(handler)
+                handler.close()
+            root.addHandler(logging.NullHandler())
+            shutil.rmtree(work, ignore_errors=True)
+            signal.signal(signal.SIGTERM, old_term)
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+    if code == 0:
+        print("\nsummary:")
+        for line in demo.summary:
+            print(f"  {line}")
+        clock.say(f"cleaned up: broker stopped, daemon stopped, {work} removed")
+    return code

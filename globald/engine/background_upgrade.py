@@ -1,0 +1,41 @@
+"""The background pass of the plain-value upgrade, run on the loop thread after each poll (an after_poll hook).
+
+Contract: it writes only from the loop thread, between polls, for a bounded slice of time, so it never races the
+update task and never holds up readers (they read RocksDB directly). Tables still restoring are left alone until they
+are RUNNING: catching up with the topic comes first.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from globald.engine.state_manager import TableRuntime
+from globald.states import State
+
+log = logging.getLogger(__name__)
+
+UPGRADE_SLICE_SECONDS = 0.02  # per poll: at a 200 ms poll timeout an idle daemon spends ~10% of its time on it
+RETRY_AFTER_SECONDS = 10.0  # after a failed slice (disk error): the next poll would most likely fail the same way
+
+
+class BackgroundUpgrade:
+    """Moves plain values of one upgrading table per call, for about ``slice_s`` seconds."""
+
+    def __init__(self, tables: dict[str, TableRuntime], slice_s: float = UPGRADE_SLICE_SECONDS) -> None:
+        self._tables = tables  # the state manager's dict: tables opened later are seen too
+        self.slice_s = slice_s
+        self._not_before = 0.0
+
+    def __call__(self) -> None:
+        if time.monotonic() < self._not_before:
+            return
+        for rt in self._tables.values():
+            if not rt.store.upgrading or rt.machine.state != State.RUNNING:
+                continue
+            try:
+                rt.store.upgrade_step(self.slice_s)
+            except Exception as e:  # nothing was lost: each move is one batch, and readers merge both layouts
+                self._not_before = time.monotonic() + RETRY_AFTER_SECONDS
+                log.warning("table %s: upgrade of plain values paused for %.0fs: %s", rt.name, RETRY_AFTER_SECONDS, e)
+            return

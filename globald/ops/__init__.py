@@ -1,0 +1,1 @@
+"""Operations: what an operator sees of a running daemon (HTTP, metrics, sd_notify, hooks, progress, requests)."""

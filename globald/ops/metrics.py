@@ -1,0 +1,164 @@
+"""Prometheus metrics of one daemon, in a registry of their own (never the process-global default one).
+
+Every value comes from a ``Sample`` the loop thread takes when it publishes status, so a scrape sees the same
+numbers as ``status.json`` at that moment and never touches the consumer or a store from the HTTP thread. Only
+the loop's age and the commit-latency histogram are read live.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from globald import __version__
+from globald.ops.progress import RestoreStats
+from globald.states import State
+
+PREFIX = "globald"
+
+
+@dataclass(frozen=True)
+class SnapshotStats:
+    age_seconds: float | None
+    publish_seconds: float | None
+
+
+@dataclass(frozen=True)
+class Sample:
+    """Everything /metrics, /status and /readyz report, taken on the loop thread at one moment."""
+
+    doc: dict[str, Any]  # the status document, as in status.json
+    wipes: dict[tuple[str, str], int] = field(default_factory=dict)  # (table, reason) -> count
+    commits: int = 0
+    callback_failures: int = 0
+    hook_failures: dict[str, int] = field(default_factory=dict)  # kind -> count
+    consumer_errors: int = 0
+    restores: dict[str, RestoreStats] = field(default_factory=dict)
+    snapshots: dict[str, SnapshotStats] = field(default_factory=dict)
+
+
+class DaemonCollector(Collector):
+    def __init__(self, sample: Callable[[], Sample | None], loop_age: Callable[[], tuple[float, float]]) -> None:
+        self._sample = sample
+        self._loop_age = loop_age
+
+    def collect(self) -> Iterator[Metric]:
+        s = self._sample()
+        info = InfoMetricFamily(f"{PREFIX}_build", "globald version")
+        info.add_metric([], {"version": __version__})
+        yield info
+        if s is None:
+            return
+        yield from _states(s)
+        yield from _partitions(s)
+        yield from _restores(s)
+        yield from _counters(s)
+        yield from _snapshots(s)
+        loop_age, progress_age = self._loop_age()
+        yield GaugeMetricFamily(f"{PREFIX}_loop_age_seconds", "Seconds since the loop last iterated", value=loop_age)
+        yield GaugeMetricFamily(f"{PREFIX}_progress_age_seconds", "Seconds since a poll last moved an offset",
+                                value=progress_age)
+
+
+def _states(s: Sample) -> Iterator[Metric]:
+    daemon = GaugeMetricFamily(f"{PREFIX}_state", "1 for the daemon's current state", labels=["state"])
+    for st in State:
+        daemon.add_metric([st.value], 1.0 if s.doc.get("state") == st.value else 0.0)
+    yield daemon
+    tables = GaugeMetricFamily(f"{PREFIX}_table_state", "1 for each table's current state", labels=["table", "state"])
+    for name, t in s.doc.get("tables", {}).items():
+        for st in State:
+            tables.add_metric([name, st.value], 1.0 if t.get("state") == st.value else 0.0)
+    yield tables
+    yield GaugeMetricFamily(f"{PREFIX}_ready", "1 when every table can be served consistently (/readyz)",
+                            value=1.0 if s.doc.get("ready") else 0.0)
+    yield GaugeMetricFamily(f"{PREFIX}_degraded", "1 while a fault is being retried (see status 'degraded')",
+                            value=1.0 if s.doc.get("degraded") else 0.0)
+
+
+def _partitions(s: Sample) -> Iterator[Metric]:
+    labels = ["table", "topic", "partition"]
+    offset = GaugeMetricFamily(f"{PREFIX}_partition_offset", "Next offset stored for the partition", labels=labels)
+    end = GaugeMetricFamily(f"{PREFIX}_partition_end_offset", "Latest known log end of the partition", labels=labels)
+    lag = GaugeMetricFamily(f"{PREFIX}_partition_lag", "Log end minus stored next offset", labels=labels)
+    records = CounterMetricFamily(f"{PREFIX}_records", "Records applied to the table since start", labels=["table"])
+    null_keys = CounterMetricFamily(f"{PREFIX}_null_keys", "Records skipped for a null key", labels=["table"])
+    for name, t in s.doc.get("tables", {}).items():
+        offsets, ends = t.get("offsets", {}), t.get("end_offsets", {})
+        for p in sorted(set(offsets) | set(ends), key=int):
+            key = [name, t.get("topic", ""), p]
+            if p in offsets:
+                offset.add_metric(key, offsets[p])
+            if p in ends:
+                end.add_metric(key, ends[p])
+                lag.add_metric(key, max(0, ends[p] - offsets.get(p, 0)))
+        records.add_metric([name], t.get("records", 0))
+        null_keys.add_metric([name], t.get("null_keys", 0))
+    yield from (offset, end, lag, records, null_keys)
+
+
+def _restores(s: Sample) -> Iterator[Metric]:
+    total = CounterMetricFamily(f"{PREFIX}_restore_records", "Records restored since start, over every restore",
+                                labels=["table"])
+    rate = GaugeMetricFamily(f"{PREFIX}_restore_records_per_second",
+                             "Restore rate over the last seconds (0 when not restoring)", labels=["table"])
+    remaining = GaugeMetricFamily(f"{PREFIX}_restore_remaining_offsets", "Offsets left before the restore target",
+                                  labels=["table"])
+    restoring = GaugeMetricFamily(f"{PREFIX}_restore_active", "1 while the table is restoring", labels=["table"])
+    for name in s.doc.get("tables", {}):
+        r = s.restores.get(name)
+        total.add_metric([name], r.records_total if r else 0)
+        rate.add_metric([name], r.records_per_second if r and r.active else 0.0)
+        remaining.add_metric([name], r.total_offsets - r.done_offsets if r and r.active else 0)
+        restoring.add_metric([name], 1.0 if r and r.active else 0.0)
+    yield from (total, rate, remaining, restoring)
+
+
+def _counters(s: Sample) -> Iterator[Metric]:
+    wipes = CounterMetricFamily(f"{PREFIX}_wipes", "Tables wiped and rebuilt, by reason", labels=["table", "reason"])
+    for (table, reason), n in sorted(s.wipes.items()):
+        wipes.add_metric([table, reason], n)
+    yield wipes
+    yield CounterMetricFamily(f"{PREFIX}_commits", "Commits (fsync + .checkpoint file)", value=s.commits)
+    yield CounterMetricFamily(f"{PREFIX}_callback_failures", "State/restore callbacks and loop hooks that raised",
+                              value=s.callback_failures)
+    hooks = CounterMetricFamily(f"{PREFIX}_hook_failures", "State-change hooks that failed, by kind", labels=["kind"])
+    for kind, n in sorted(s.hook_failures.items()):
+        hooks.add_metric([kind], n)
+    yield hooks
+    yield CounterMetricFamily(f"{PREFIX}_consumer_errors", "Transient consumer errors", value=s.consumer_errors)
+
+
+def _snapshots(s: Sample) -> Iterator[Metric]:
+    age = GaugeMetricFamily(f"{PREFIX}_snapshot_age_seconds", "Age of the table's current snapshot",
+                            labels=["table"])
+    publish = GaugeMetricFamily(f"{PREFIX}_snapshot_publish_seconds", "Duration of the table's last snapshot publish",
+                                labels=["table"])
+    for name, snap in sorted(s.snapshots.items()):
+        if snap.age_seconds is not None:
+            age.add_metric([name], snap.age_seconds)
+        if snap.publish_seconds is not None:
+            publish.add_metric([name], snap.publish_seconds)
+    yield from (age, publish)
+
+
+class Metrics:
+    """The daemon's registry. ``observe_commit`` is called on the loop thread after each commit."""
+
+    def __init__(self, sample: Callable[[], Sample | None], loop_age: Callable[[], tuple[float, float]]) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(DaemonCollector(sample, loop_age))
+        self.commit_seconds = Histogram(
+            f"{PREFIX}_commit_duration_seconds", "Duration of a commit (fsync every written table + .checkpoint)",
+            registry=self.registry, buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5))
+
+    def observe_commit(self, seconds: float) -> None:
+        self.commit_seconds.observe(seconds)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

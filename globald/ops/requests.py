@@ -1,0 +1,142 @@
+"""Operator requests to a running daemon, as JSON files in ``<state_dir>/requests/`` (mode 0700).
+
+Only a user who may write the state_dir can ask, which is exactly who may wipe it offline. A request is
+``reset-<token>.json``; the daemon claims it by renaming it (so a request is either cancelled or taken, never
+both), acts on the loop thread, and answers in ``<token>.done``. Files are JSON and size-capped; nothing read
+here is ever executed or unpickled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import secrets
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from globald.errors import GlobaldError
+from globald.store.names import REQUESTS_DIR
+
+log = logging.getLogger(__name__)
+
+MAX_REQUEST_BYTES = 4096
+CHECK_INTERVAL = 0.25
+RESET = "reset"
+
+
+def requests_dir(state_dir: Path) -> Path:
+    return state_dir / REQUESTS_DIR
+
+
+def _write_atomic(path: Path, doc: dict[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(doc, f, sort_keys=True)
+    os.replace(tmp, path)
+
+
+class RequestInbox:
+    """The daemon's side. ``poll`` runs on the loop thread (an after_poll hook) and is cheap when idle."""
+
+    def __init__(self, state_dir: Path, tables: set[str], reset: Callable[[str, str], None]) -> None:
+        self.dir = requests_dir(state_dir)
+        self.tables = tables
+        self.reset = reset
+        self._next = 0.0
+
+    def open(self) -> None:
+        self.dir.mkdir(mode=0o700, exist_ok=True)
+
+    def poll(self) -> None:
+        now = time.monotonic()
+        if now < self._next:
+            return
+        self._next = now + CHECK_INTERVAL
+        try:
+            names = sorted(e.name for e in os.scandir(self.dir) if e.name.startswith(f"{RESET}-")
+                           and e.name.endswith(".json"))
+        except FileNotFoundError:
+            return
+        for name in names:
+            self._handle(name)
+
+    def _handle(self, name: str) -> None:
+        token = name[len(RESET) + 1:-len(".json")]
+        taken = self.dir / f".{name}.taken"
+        try:
+            os.rename(self.dir / name, taken)  # the claim: from here the client can no longer cancel
+        except FileNotFoundError:
+            return
+        try:
+            answer = self._act(taken)
+        except Exception as e:  # a failed wipe is reported to the asker; the loop carries on
+            log.exception("reset request %s failed", token)
+            answer = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+        finally:
+            taken.unlink(missing_ok=True)
+        if token.isalnum():
+            _write_atomic(self.dir / f"{token}.done", answer)
+
+    def _act(self, path: Path) -> dict[str, Any]:
+        raw = path.read_bytes()[:MAX_REQUEST_BYTES + 1]
+        if len(raw) > MAX_REQUEST_BYTES:
+            return {"ok": False, "error": "request too large"}
+        try:
+            doc = json.loads(raw)
+        except ValueError:
+            return {"ok": False, "error": "request is not JSON"}
+        table = doc.get("table") if isinstance(doc, dict) else None
+        if table not in self.tables:
+            return {"ok": False, "error": f"no table named {table!r} in the daemon's config"}
+        who = doc.get("requested_by")
+        detail = f"requested by globald reset (uid {who.get('uid')}, pid {who.get('pid')})" \
+            if isinstance(who, dict) else "requested by globald reset"
+        log.warning("table %s: reset %s", table, detail)
+        self.reset(table, detail)
+        return {"ok": True, "table": table, "pid": os.getpid()}
+
+
+def ask_daemon_to_reset(state_dir: Path, table: str, timeout: float = 30.0) -> dict[str, Any]:
+    """The client's side: queue a reset for the daemon owning ``state_dir`` and wait for its answer."""
+    d = requests_dir(state_dir)
+    if not d.is_dir():
+        raise GlobaldError(f"the daemon owning {state_dir} does not accept requests (no {REQUESTS_DIR}/ directory); "
+                           "is it an older globald?")
+    token = secrets.token_hex(8)
+    request = d / f"{RESET}-{token}.json"
+    done = d / f"{token}.done"
+    _write_atomic(request, {"action": RESET, "table": table, "requested": time.time(),
+                            "requested_by": {"uid": os.getuid(), "pid": os.getpid()}})
+    deadline = time.monotonic() + timeout
+    taken = False
+    while True:
+        if done.exists():
+            answer = json.loads(done.read_text())
+            done.unlink(missing_ok=True)
+            return answer if isinstance(answer, dict) else {"ok": False, "error": "malformed answer"}
+        if time.monotonic() > deadline:
+            if taken:
+                raise GlobaldError("the daemon took the reset request but did not answer; check its log")
+            try:
+                request.unlink()
+            except FileNotFoundError:  # taken meanwhile: the answer is on its way
+                taken, deadline = True, time.monotonic() + timeout
+                continue
+            raise GlobaldError(f"the daemon did not take the reset request within {timeout:.0f}s; request cancelled, "
+                               "nothing was wiped")
+        time.sleep(0.05)
+
+
+def sweep(state_dir: Path, older_than: float = 3600.0) -> None:
+    """At daemon start: drop claims of a daemon that died while acting, and answers nobody collected."""
+    with contextlib.suppress(FileNotFoundError):
+        for e in os.scandir(requests_dir(state_dir)):
+            stale = e.name.endswith((".taken", ".tmp")) or (
+                e.name.endswith(".done") and time.time() - e.stat().st_mtime > older_than)
+            if stale:
+                Path(e.path).unlink(missing_ok=True)

@@ -1,0 +1,61 @@
+"""``globald reset``: wipe one table on purpose, so the daemon restores it from the log start.
+
+The state_dir lock decides who wipes: when no daemon holds it, the CLI takes it and wipes the store itself (a
+daemon cannot start meanwhile); when a daemon holds it, the wipe is asked of that daemon through the requests
+directory and done on its loop, counted as an ``operator_reset`` wipe. A store is never wiped behind a daemon.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from globald.config import Config
+from globald.daemon import lock_state_dir
+from globald.errors import GlobaldError, StateDirLockedError
+from globald.ops.requests import ask_daemon_to_reset
+from globald.store.names import db_dir, table_dir
+from globald.store.options import StoreOptions
+from globald.store.table_store import TableStore
+
+
+@dataclass(frozen=True)
+class ResetResult:
+    table: str
+    by: str  # "daemon" or "offline"
+    pid: int | None  # the daemon that did it
+    had_store: bool
+
+    def describe(self) -> str:
+        if self.by == "daemon":
+            return (f"table {self.table} wiped by the running daemon (pid {self.pid}); "
+                    "it is restoring from the log start")
+        if not self.had_store:
+            return f"table {self.table} had no store; nothing to wipe"
+        return f"table {self.table} wiped; the next `globald run` restores it from the log start"
+
+
+def reset_table(config: Config, table: str, timeout: float = 30.0) -> ResetResult:
+    name = config.table(table).name
+    topic = config.table(table).topic
+    if not config.state_dir.is_dir():
+        return ResetResult(name, "offline", None, had_store=False)
+    try:
+        lock = lock_state_dir(config.state_dir)
+    except StateDirLockedError:
+        answer = ask_daemon_to_reset(config.state_dir, name, timeout)
+        if not answer.get("ok"):
+            raise GlobaldError(f"the running daemon refused the reset: {answer.get('error')}") from None
+        pid = answer.get("pid")
+        return ResetResult(name, "daemon", pid if isinstance(pid, int) else None, had_store=True)
+    try:
+        if not table_dir(config.state_dir, name).exists():
+            return ResetResult(name, "offline", None, had_store=False)
+        had_store = (db_dir(config.state_dir, name) / "CURRENT").exists()
+        opened = TableStore.open(config.state_dir, name, topic, StoreOptions.from_config(config.store))
+        try:
+            opened.store.wipe()
+        finally:
+            opened.store.close(clean=True)
+        return ResetResult(name, "offline", None, had_store=had_store)
+    finally:
+        lock.close()

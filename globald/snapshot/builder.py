@@ -1,0 +1,202 @@
+"""Builds a snapshot at exact offsets, off the loop thread: a base snapshot plus the records in between.
+
+The base is a published snapshot at or below the target in every partition (or nothing, meaning each log start).
+Its files are hard-linked into a private work directory, the records in [base, target) are read with a dedicated
+consumer and written with the target offsets, and the result is flushed. A gap in the offsets read means records
+the fold needs were compacted away: the build is refused rather than published wrong.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaError, Message, TopicPartition
+from rocksdict import Rdict, WriteBatch
+
+from globald.config import Config, TableConfig
+from globald.kafka.clients import TransientKafkaError, make_consumer, partitions, watermarks
+from globald.snapshot.manifest import Offsets
+from globald.snapshot.requests import Code
+from globald.store.codec import NO_TIMESTAMP, encode_offset, encode_value, partition_key
+from globald.store.names import (
+    COLUMN_FAMILIES,
+    FORMAT_VERSION,
+    META_CF,
+    META_FORMAT,
+    META_TOPIC,
+    OFFSETS_CF,
+    SNAPSHOT_DB_DIR,
+    VALUES_CF,
+)
+from globald.store.options import StoreOptions
+
+
+class BuildRefused(Exception):
+    """The target cannot be built exactly; ``code`` says why (a requests.Code)."""
+
+    def __init__(self, code: Code, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(frozen=True)
+class Built:
+    offsets: Offsets
+    records: int  # estimated keys
+    consumed: int  # records read from Kafka for this build
+
+
+def check_target(target: Offsets, marks: dict[int, tuple[int, int]], base: Offsets | None) -> Offsets:
+    """Where each partition's read starts; raises BuildRefused when ``target`` cannot be reached exactly."""
+    if set(target) != set(marks):
+        raise BuildRefused(Code.INVALID, f"target names partitions {sorted(target)}, topic has {sorted(marks)}")
+    beyond = [f"{p}: {o} > end {marks[p][1]}" for p, o in sorted(target.items()) if o > marks[p][1]]
+    if beyond:
+        raise BuildRefused(Code.BEYOND_END, "offsets beyond the end: " + ", ".join(beyond))
+    start: Offsets = {}
+    for p, o in sorted(target.items()):
+        low = marks[p][0]
+        s = base[p] if base is not None else min(low, o)
+        if s > o:
+            raise BuildRefused(Code.INVALID, f"base {s} is past target {o} in partition {p}")
+        if s < o and s < low:
+            raise BuildRefused(Code.BELOW_LOG_START,
+                               f"partition {p}: records from {s} are needed but the log starts at {low}")
+        if base is None and 0 < o < low:
+            raise BuildRefused(Code.BELOW_LOG_START, f"partition {p}: target {o} is below the log start {low}")
+        start[p] = s
+    return start
+
+
+def link_base(base_db: Path, work_db: Path) -> None:
+    """A writable copy of ``base_db``: immutable SST files hard-linked, everything RocksDB rewrites copied."""
+    work_db.mkdir(mode=0o700, parents=True)
+    for e in os.scandir(base_db):
+        if e.name == "LOCK" or not e.is_file():
+            continue
+        src, dst = Path(e.path), work_db / e.name
+        if e.name.endswith(".sst"):
+            os.link(src, dst)
+        else:
+            shutil.copy2(src, dst)
+
+
+class Builder:
+    """Exact builds for one daemon; used by one worker thread, which owns its consumer."""
+
+    def __init__(self, config: Config, stop: threading.Event) -> None:
+        self.config = config
+        self.options = StoreOptions.from_config(config.store)
+        self._stop = stop
+        self._consumer: Consumer | None = None
+
+    def close(self) -> None:
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None
+
+    def _client(self) -> Consumer:
+        if self._consumer is None:
+            self._consumer = make_consumer(self.config)
+        return self._consumer
+
+    def build(self, table: TableConfig, target: Offsets, base: Offsets | None, base_dir: Path | None,
+              work: Path, deadline: float) -> Built:
+        """Write the snapshot database into ``work/db``; raises BuildRefused."""
+        c = self._client()
+        try:
+            parts = partitions(c, table.topic)
+            marks = {p: watermarks(c, table.topic, p) for p in parts}
+        except TransientKafkaError as e:
+            raise BuildRefused(Code.FAILED, f"cannot ask the broker: {e}") from None
+        start = check_target(target, marks, base)
+        db_path = work / SNAPSHOT_DB_DIR
+        if base_dir is not None:
+            link_base(base_dir / SNAPSHOT_DB_DIR, db_path)
+        opts = self.options.rocksdb()
+        db = Rdict(str(db_path), opts, column_families={cf: self.options.rocksdb() for cf in COLUMN_FAMILIES})
+        try:
+            if base_dir is None:
+                meta = db.get_column_family(META_CF)
+                meta[META_FORMAT] = str(FORMAT_VERSION).encode()
+                meta[META_TOPIC] = table.topic.encode()
+                del meta
+            consumed = self._apply(db, table.topic, start, target, deadline)
+            batch = WriteBatch(raw_mode=True)
+            offsets_cf = db.get_column_family_handle(OFFSETS_CF)
+            for p, o in target.items():
+                batch.put(partition_key(p), encode_offset(o), offsets_cf)
+            db.write(batch)
+            db.flush()
+            values = db.get_column_family(VALUES_CF)
+            records = int(values.property_int_value("rocksdb.estimate-num-keys") or 0)
+            del values, offsets_cf
+        finally:
+            db.close()
+        return Built(dict(target), records, consumed)
+
+    def _apply(self, db: Rdict, topic: str, start: Offsets, target: Offsets, deadline: float) -> int:
+        todo = {p: s for p, s in start.items() if s < target[p]}  # partition -> next offset expected
+        if not todo:
+            return 0
+        c = self._client()
+        assignment = [TopicPartition(topic, p, s) for p, s in todo.items()]
+        c.assign(assignment)
+        assignment = [TopicPartition(topic, p) for p in todo]
+        c.resume(assignment)  # librdkafka keeps a partition paused by an earlier build across re-assignment
+        values = db.get_column_family_handle(VALUES_CF)
+        consumed = 0
+        try:
+            while todo:
+                if self._stop.is_set():
+                    raise BuildRefused(Code.STOPPING, "the daemon is stopping")
+                if time.monotonic() > deadline:
+                    raise BuildRefused(Code.TIMEOUT, f"build did not reach the target in time; left {todo}")
+                batch = WriteBatch(raw_mode=True)
+                batch.set_default_column_family(values)
+                for m in c.consume(self.config.consume_batch_size, 0.2):
+                    if m.partition() in todo:
+                        consumed += self._one(m, batch, todo, target)
+                db.write(batch)
+                done = [tp for tp in assignment if tp.partition not in todo]
+                if done:  # stop fetching what is no longer needed
+                    c.pause(done)
+                    assignment = [tp for tp in assignment if tp.partition in todo]
+        finally:
+            c.unassign()
+        return consumed
+
+    @staticmethod
+    def _one(m: Message, batch: WriteBatch, todo: dict[int, int], target: Offsets) -> int:
+        p, offset = m.partition(), m.offset()
+        expected, goal = todo[p], target[p]
+        err = m.error()
+        if err is not None:
+            if err.code() == KafkaError._AUTO_OFFSET_RESET:
+                raise BuildRefused(Code.BELOW_LOG_START, f"partition {p}: offset {offset} is no longer in the log")
+            if err.code() == KafkaError._PARTITION_EOF and offset is not None and offset >= goal:
+                # The end is past the target, yet records below it never came (p is still to do).
+                raise BuildRefused(Code.COMPACTED, f"partition {p}: records in [{expected}, {goal}) are gone")
+            return 0
+        if offset < expected:  # delivered twice (a fetch retried): already applied
+            return 0
+        if offset > expected:  # expected < goal here, so records the fold needs are missing
+            raise BuildRefused(Code.COMPACTED,
+                               f"partition {p}: expected offset {expected}, got {offset}; records were compacted")
+        key = m.key()
+        if key is not None:
+            value = m.value()
+            if value is None:
+                batch.delete(key)
+            else:
+                ts_type, ts = m.timestamp()
+                batch.put(key, encode_value(ts if ts_type != TIMESTAMP_NOT_AVAILABLE else NO_TIMESTAMP, value))
+        todo[p] = offset + 1
+        if offset + 1 >= goal:
+            del todo[p]
+        return 1

@@ -1,0 +1,175 @@
+"""Snapshot manifests: what one snapshot holds, as JSON beside its database, validated on every read.
+
+A manifest is written (and fsynced) before its snapshot directory is renamed into place, so a visible snapshot
+always has one; afterwards only its stale mark is ever rewritten, atomically. Anything read from disk is checked
+field by field: a truncated, foreign or garbage manifest raises ManifestError and is never trusted.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from globald.errors import ManifestError
+from globald.states import State
+from globald.store.checkpoint_file import fsync_dir
+from globald.store.names import SNAPSHOT_MANIFEST
+
+MANIFEST_FORMAT = 1
+# Snapshot ids are creation times in microseconds, 16 digits, strictly increasing per daemon: sortable as text.
+SNAPSHOT_ID_RE = re.compile(r"^[0-9]{16}$")
+KINDS = ("periodic", "exact")
+MAX_JSON_BYTES = 1 << 20  # manifests, leases and requests are tiny; anything bigger is garbage
+
+Offsets = dict[int, int]
+
+
+def valid_id(value: object) -> bool:
+    return isinstance(value, str) and bool(SNAPSHOT_ID_RE.match(value))
+
+
+def new_id(after: str | None) -> str:
+    """A fresh id: now in microseconds, and always greater than ``after``."""
+    now = time.time_ns() // 1000
+    if after is not None:
+        now = max(now, int(after) + 1)
+    return f"{now:016d}"
+
+
+def offsets_to_json(offsets: Offsets) -> dict[str, int]:
+    return {str(p): o for p, o in sorted(offsets.items())}
+
+
+def offsets_from_json(raw: object, what: str = "offsets") -> Offsets:
+    """Partition -> next-offset from JSON ({"0": 12, ...}); raises ValueError naming what is wrong."""
+    if not isinstance(raw, dict):
+        raise ValueError(f"{what} must be an object")
+    out: Offsets = {}
+    for k, v in raw.items():
+        if not isinstance(k, str) or not k.isdigit() or len(k) > 9:
+            raise ValueError(f"{what}: partition {k!r} is not a partition number")
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < 1 << 63:
+            raise ValueError(f"{what}[{k}] = {v!r} is not an offset")
+        out[int(k)] = v
+    return out
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    """A small JSON object from ``path``; ValueError (or OSError) for anything else."""
+    with open(path, "rb") as f:
+        raw = f.read(MAX_JSON_BYTES + 1)
+    if len(raw) > MAX_JSON_BYTES:
+        raise ValueError(f"{path.name} is larger than {MAX_JSON_BYTES} bytes")
+    doc = json.loads(raw.decode("utf-8"))
+    if not isinstance(doc, dict):
+        raise ValueError(f"{path.name} is not a JSON object")
+    return doc
+
+
+def write_json(path: Path, doc: dict[str, Any], durable: bool = False) -> None:
+    """Replace ``path`` atomically; with ``durable``, fsync the file and its directory too."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    data = json.dumps(doc, sort_keys=True).encode()
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, data)
+        if durable:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    if durable:
+        fsync_dir(path.parent)
+
+
+@dataclass(frozen=True)
+class Manifest:
+    table: str
+    topic: str
+    id: str
+    offsets: Offsets  # next-offset of every partition: the snapshot equals the topic's fold below these
+    created: float  # epoch seconds
+    daemon_state: str
+    table_state: str
+    records: int  # RocksDB's estimate of the number of keys
+    kind: str = "periodic"  # "exact" when built on request at given offsets
+    request: str | None = None
+    stale: bool = False
+    stale_reason: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        doc = asdict(self)
+        doc["offsets"] = offsets_to_json(self.offsets)
+        doc["format"] = MANIFEST_FORMAT
+        return doc
+
+    def marked_stale(self, reason: str) -> Manifest:
+        return replace(self, stale=True, stale_reason=reason)
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any], table: str | None = None, snapshot_id: str | None = None) -> Manifest:
+        """Validate ``doc``; ``table``/``snapshot_id`` are what the manifest's location says it must name."""
+        try:
+            return cls._parse(doc, table, snapshot_id)
+        except (ValueError, TypeError, KeyError) as e:
+            where = f"{table}/{snapshot_id}" if table else "snapshot"
+            raise ManifestError(f"manifest of {where} is invalid: {e}") from None
+
+    @classmethod
+    def _parse(cls, doc: dict[str, Any], table: str | None, snapshot_id: str | None) -> Manifest:
+        if doc.get("format") != MANIFEST_FORMAT:
+            raise ValueError(f"format {doc.get('format')!r} is not {MANIFEST_FORMAT}")
+
+        def text(key: str, optional: bool = False) -> Any:
+            v = doc.get(key)
+            if v is None and optional:
+                return None
+            if not isinstance(v, str) or not v or len(v) > 4096:
+                raise ValueError(f"{key} must be a non-empty string")
+            return v
+
+        m = cls(
+            table=text("table"), topic=text("topic"), id=text("id"),
+            offsets=offsets_from_json(doc.get("offsets")),
+            created=doc["created"], daemon_state=text("daemon_state"), table_state=text("table_state"),
+            records=doc["records"], kind=text("kind"), request=text("request", optional=True),
+            stale=doc["stale"], stale_reason=text("stale_reason", optional=True),
+        )
+        if not valid_id(m.id) or (snapshot_id is not None and m.id != snapshot_id):
+            raise ValueError(f"id {m.id!r} does not match its directory {snapshot_id!r}")
+        if table is not None and m.table != table:
+            raise ValueError(f"names table {m.table!r}, lives under {table!r}")
+        if isinstance(m.created, bool) or not isinstance(m.created, int | float) or not math.isfinite(m.created):
+            raise ValueError("created must be a number")
+        if isinstance(m.records, bool) or not isinstance(m.records, int) or m.records < 0:
+            raise ValueError("records must be a non-negative integer")
+        if not isinstance(m.stale, bool):
+            raise ValueError("stale must be true or false")
+        if m.kind not in KINDS:
+            raise ValueError(f"kind {m.kind!r} is not one of {KINDS}")
+        states = {s.value for s in State}
+        if m.daemon_state not in states or m.table_state not in states:
+            raise ValueError("daemon_state/table_state is not a globald state")
+        return m
+
+
+def read(snapshot_dir: Path, table: str | None = None) -> Manifest:
+    """The validated manifest of ``snapshot_dir`` (whose name is the snapshot id)."""
+    path = snapshot_dir / SNAPSHOT_MANIFEST
+    try:
+        doc = read_json(path)
+    except FileNotFoundError:
+        raise ManifestError(f"{snapshot_dir} has no manifest") from None
+    except (OSError, ValueError) as e:
+        raise ManifestError(f"manifest {path} is unreadable: {e}") from None
+    return Manifest.from_json(doc, table, snapshot_dir.name)
+
+
+def write(snapshot_dir: Path, manifest: Manifest) -> None:
+    write_json(snapshot_dir / SNAPSHOT_MANIFEST, manifest.to_json(), durable=True)

@@ -1,0 +1,164 @@
+"""Read-only access to published snapshots: list them, open CURRENT or a given id, look keys up.
+
+A snapshot is an immutable checkpoint of a table store, so an open snapshot always shows the fold of its topic
+below its manifest's offsets, whatever the daemon does meanwhile. Only snapshots with a valid manifest are ever
+listed or opened; a stale CURRENT is refused when the caller asks not to be served stale data.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from globald.errors import ManifestError, SnapshotNotFoundError, SnapshotStaleError, StoreUnavailableError
+from globald.snapshot import leases
+from globald.snapshot import manifest as manifests
+from globald.snapshot.manifest import Manifest, Offsets, valid_id
+from globald.store.names import SNAPSHOT_CURRENT, SNAPSHOT_DB_DIR, snapshots_dir
+from globald.store.reader import StoreReader
+
+log = logging.getLogger(__name__)
+
+Value = tuple[bytes, int]  # (value, timestamp)
+
+
+def current_id(state_dir: Path, table: str) -> str | None:
+    """The id CURRENT points at, or None when there is none (or it is not a valid id)."""
+    try:
+        text = (snapshots_dir(state_dir, table) / SNAPSHOT_CURRENT).read_text(encoding="ascii").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return text if valid_id(text) else None
+
+
+def manifests_of(state_dir: Path, table: str) -> list[Manifest]:
+    """Valid manifests of every published snapshot of ``table``, newest first."""
+    base = snapshots_dir(state_dir, table)
+    try:
+        names = [e.name for e in os.scandir(base) if valid_id(e.name)]
+    except FileNotFoundError:
+        return []
+    out: list[Manifest] = []
+    for name in sorted(names, reverse=True):
+        try:
+            out.append(manifests.read(base / name, table))
+        except ManifestError as e:
+            log.debug("skipping snapshot: %s", e)
+    return out
+
+
+def listing(state_dir: Path, table: str) -> list[dict[str, object]]:
+    """The ``globald snapshots --json`` document: newest first."""
+    cur = current_id(state_dir, table)
+    return [{"id": m.id, "offsets": manifests.offsets_to_json(m.offsets), "created": m.created, "stale": m.stale,
+             "current": m.id == cur} for m in manifests_of(state_dir, table)]
+
+
+def find_exact(state_dir: Path, table: str, offsets: Offsets, hint: str | None = None) -> Manifest | None:
+    """A snapshot at exactly ``offsets``: ``hint`` if it matches (even stale), else the newest fresh one."""
+    found = manifests_of(state_dir, table)
+    for m in found:
+        if m.id == hint and m.offsets == offsets:
+            return m
+    return next((m for m in found if not m.stale and m.offsets == offsets), None)
+
+
+@dataclass(frozen=True)
+class OpenOptions:
+    serve_stale: bool = True
+    lease_s: float = 0.0  # > 0: pin the snapshot with a lease for this long (renewed by ``renew``)
+    holder: str | None = None  # lease holder; default: this host and process
+
+
+class Snapshot:
+    """An open, read-only snapshot. Values come back as (value, timestamp)."""
+
+    def __init__(self, state_dir: Path, table: str, snapshot_id: str | None = None,
+                 options: OpenOptions = OpenOptions()) -> None:
+        sid = snapshot_id or current_id(state_dir, table)
+        if sid is None:
+            raise SnapshotNotFoundError(f"table {table} has no current snapshot under {state_dir}")
+        if not valid_id(sid):
+            raise SnapshotNotFoundError(f"{sid!r} is not a snapshot id")
+        self.table_dir = snapshots_dir(state_dir, table)
+        path = self.table_dir / sid
+        if not path.is_dir():
+            raise SnapshotNotFoundError(f"table {table} has no snapshot {sid}")
+        self.manifest = manifests.read(path, table)
+        if self.manifest.stale and not options.serve_stale:
+            raise SnapshotStaleError(f"snapshot {sid} of {table} is stale ({self.manifest.stale_reason}) and "
+                                     "serve_stale is off")
+        self._options = options
+        self._holder = options.holder or leases.default_holder(table)
+        self._lease_until = 0.0
+        self.renew()
+        try:
+            self._reader = StoreReader(path / SNAPSHOT_DB_DIR, attempts=2)
+        except StoreUnavailableError as e:
+            self.release()
+            raise SnapshotNotFoundError(f"snapshot {sid} of {table} cannot be opened: {e}") from None
+
+    @property
+    def id(self) -> str:
+        return self.manifest.id
+
+    @property
+    def offsets(self) -> Offsets:
+        return dict(self.manifest.offsets)
+
+    def renew(self) -> None:
+        """Extend this reader's lease once half of it has run out (cheap to call often)."""
+        ttl = self._options.lease_s
+        if ttl <= 0:
+            return
+        now = time.time()
+        if self._lease_until - now < ttl / 2:
+            self._lease_until = leases.take(self.table_dir, self._holder, self.manifest.id, ttl).expires
+
+    def release(self) -> None:
+        if self._options.lease_s > 0:
+            leases.release(self.table_dir, self._holder)
+            self._lease_until = 0.0
+
+    def close(self, release: bool = False) -> None:
+        self._reader.close()
+        if release:
+            self.release()
+
+    def __enter__(self) -> Snapshot:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close(release=True)
+
+    # -- lookups -------------------------------------------------------------------------------------------------
+
+    def get(self, key: bytes) -> Value | None:
+        return self._reader.get(key)
+
+    def multi_get(self, keys: list[bytes]) -> list[Value | None]:
+        """One batched RocksDB multi-get (it releases the GIL)."""
+        return self._reader.multi_get(keys) if keys else []
+
+    def items(self, start: bytes | None = None, end: bytes | None = None) -> Iterator[tuple[bytes, bytes, int]]:
+        """(key, value, timestamp) for keys in [start, end), in key order."""
+        return self._reader.items(start, end)
+
+    def prefix(self, prefix: bytes) -> Iterator[tuple[bytes, bytes, int]]:
+        return self._reader.prefix(prefix)
+
+    def __iter__(self) -> Iterator[tuple[bytes, bytes, int]]:
+        return self._reader.items()
+
+    def to_dict(self) -> dict[bytes, Value]:
+        return {k: (v, ts) for k, v, ts in self._reader.items()}
+
+
+def open_snapshot(state_dir: Path, table: str, snapshot_id: str | None = None, *, serve_stale: bool = True,
+                  lease_s: float = 0.0) -> Snapshot:
+    """Open ``snapshot_id`` (default: CURRENT) of ``table`` read-only."""
+    return Snapshot(state_dir, table, snapshot_id, OpenOptions(serve_stale=serve_stale, lease_s=lease_s))

@@ -1,0 +1,241 @@
+"""Driver side of ``globald.spark``: a view of one global table whose version the driver picks and broadcasts.
+
+Every refresh picks target offsets (by default the topic's end offsets at that moment, so the view holds every
+record committed before the refresh), broadcasts a small descriptor naming them, and unpersists the previous one.
+A DataFrame or RDD built from the view captures the descriptor current at that moment, so one batch never mixes
+two versions; a refresh that cannot be served keeps the previous descriptor and says why.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaException
+
+from globald import statusfile
+from globald.config import load
+from globald.errors import GlobaldError
+from globald.kafka.clients import TransientKafkaError, make_consumer, partitions, watermarks
+from globald.snapshot.manifest import Offsets, offsets_to_json
+from globald.snapshot.reader import open_snapshot
+from globald.snapshot.resolve import Policy, resolve
+from globald.spark.executor import (
+    MODE_BROADCAST,
+    MODE_SNAPSHOT,
+    Settings,
+    arrow_fn,
+    pandas_fn,
+    partitions_fn,
+)
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SMALL_TABLE_MAX_KEYS = 2_000_000
+
+
+class GlobalTableView:
+    """A global table as Spark jobs see it: ``refresh()`` moves it forward, ``join``/``udf``/``lookup_partitions``
+    read it. ``mode="broadcast"`` ships the content itself (small tables) instead of reading executor sidecars."""
+
+    def __init__(self, spark: Any, config_path: str | Path, table: str, *, mode: str = MODE_SNAPSHOT,
+                 wait_timeout_s: float = 30.0, on_timeout: str = Policy.FAIL.value, lease_s: float = 600.0,
+                 batch_size: int = 1024, small_table_max_keys: int = DEFAULT_SMALL_TABLE_MAX_KEYS) -> None:
+        if mode not in (MODE_SNAPSHOT, MODE_BROADCAST):
+            raise ValueError(f"mode must be {MODE_SNAPSHOT!r} or {MODE_BROADCAST!r}, not {mode!r}")
+        self.spark = spark
+        self._sc = spark.sparkContext
+        self.config_path = str(Path(config_path).resolve())
+        self.config = load(self.config_path)
+        self.table = self.config.table(table)
+        self.mode = mode
+        self.settings = Settings(self.config_path, self.table.name, wait_timeout_s, Policy(on_timeout).value,
+                                 lease_s, batch_size)
+        self.small_table_max_keys = small_table_max_keys
+        self.fallbacks = self._sc.accumulator(0)  # executors that had to read another snapshot than asked
+        self.refreshes = 0
+        self.last_refresh_s = 0.0
+        self._refresh_lock = threading.Lock()
+        self._lock = threading.Lock()
+        self._desc: dict[str, Any] | None = None
+        self._desc_bc: Any = None
+        self._data_bc: Any = None
+        self._seq = 0
+        self._consumer: Consumer | None = None
+        self._timer: threading.Thread | None = None
+        self._timer_stop = threading.Event()
+
+    # -- refresh ----------------------------------------------------------------------------------------------
+
+    def end_offsets(self) -> Offsets:
+        """The topic's end offset per partition, asked of the broker now."""
+        if self._consumer is None:
+            self._consumer = make_consumer(self.config)
+        topic = self.table.topic
+        return {p: watermarks(self._consumer, topic, p)[1] for p in partitions(self._consumer, topic)}
+
+    def refresh(self, offsets: Offsets | None = None, timeout: float | None = None) -> dict[str, Any]:
+        """Move the view to ``offsets`` (default: the end offsets now) and broadcast its descriptor.
+
+        Raises (keeping the previous descriptor) when the policy is "fail" and the local sidecar cannot provide
+        the snapshot within ``timeout`` (default: the view's wait_timeout_s).
+        """
+        with self._refresh_lock:
+            started = time.perf_counter()
+            target = dict(offsets) if offsets is not None else self.end_offsets()
+            desc = self._describe(target, self.settings.wait_timeout_s if timeout is None else timeout)
+            data_bc = self._data_bc
+            if self.mode == MODE_BROADCAST and (self._desc is None or self._desc["snapshot"] != desc["snapshot"]):
+                data_bc = self._sc.broadcast(self._read_all(desc["snapshot"]))
+            desc_bc = self._sc.broadcast(desc)
+            with self._lock:
+                old = [self._desc_bc] + ([self._data_bc] if self._data_bc is not data_bc else [])
+                self._desc, self._desc_bc, self._data_bc = desc, desc_bc, data_bc
+            for bc in old:
+                if bc is not None:
+                    bc.unpersist(blocking=False)  # jobs still holding it re-fetch it from the driver
+            self.refreshes += 1
+            self.last_refresh_s = time.perf_counter() - started
+            return dict(desc)
+
+    def _describe(self, target: Offsets, timeout: float) -> dict[str, Any]:
+        self._seq += 1
+        desc: dict[str, Any] = {"table": self.table.name, "topic": self.table.topic, "mode": self.mode,
+                                "seq": self._seq, "created": time.time(), "requested": offsets_to_json(target)}
+        state_dir = self.config.state_dir
+        if self.mode == MODE_SNAPSHOT and statusfile.read_live(state_dir) is None:
+            # No sidecar on the driver's host: executors resolve the offsets against their own sidecars.
+            return {**desc, "offsets": offsets_to_json(target), "snapshot": None, "exact": None, "stale": False,
+                    "note": "no sidecar on the driver host; executors resolve the offsets"}
+        res = resolve(state_dir, self.table.name, target, timeout=timeout, policy=Policy(self.settings.policy),
+                      serve_stale=self.config.snapshots.serve_stale)
+        if res.note:
+            log.warning("refresh: %s", res.note)
+        return {**desc, "offsets": offsets_to_json(res.offsets), "snapshot": res.snapshot, "exact": res.exact,
+                "stale": res.stale, "note": res.note}
+
+    def _read_all(self, snapshot: str) -> dict[bytes, tuple[bytes, int]]:
+        with open_snapshot(self.config.state_dir, self.table.name, snapshot, lease_s=60.0) as snap:
+            if snap.manifest.records > self.small_table_max_keys:
+                raise GlobaldError(f"table {self.table.name} has ~{snap.manifest.records} keys, more than "
+                                   f"small_table_max_keys={self.small_table_max_keys}; use mode='snapshot'")
+            return snap.to_dict()
+
+    @property
+    def descriptor(self) -> dict[str, Any] | None:
+        with self._lock:
+            return None if self._desc is None else dict(self._desc)
+
+    def _broadcasts(self) -> tuple[Any, Any]:
+        with self._lock:
+            if self._desc_bc is not None:
+                return self._desc_bc, self._data_bc
+        self.refresh()
+        with self._lock:
+            return self._desc_bc, self._data_bc
+
+    # -- lookups ------------------------------------------------------------------------------------------------
+
+    def join(self, df: Any, on: str, value_col: str = "value", timestamp_col: str = "timestamp",
+             snapshot_col: str | None = None) -> Any:
+        """``df`` left-joined with the table as of the current descriptor: ``value_col`` (binary) and
+        ``timestamp_col`` (long) are null where the key is absent. ``on`` may be a binary or string column."""
+        from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType
+
+        if on not in df.columns:
+            raise ValueError(f"join: no column {on!r} in {df.columns}")
+        kind = df.schema[on].dataType
+        if not isinstance(kind, BinaryType | StringType):
+            raise TypeError(f"join: key column {on!r} must be binary or string, not {kind.simpleString()}")
+        added = [c for c in (value_col, timestamp_col, snapshot_col) if c is not None]
+        clash = [c for c in added if c in df.columns]
+        if clash or len(set(added)) != len(added):
+            raise ValueError(f"join: output columns {added} clash with each other or with {df.columns}")
+        fields = [*df.schema.fields, StructField(value_col, BinaryType(), True),
+                  StructField(timestamp_col, LongType(), True)]
+        if snapshot_col is not None:
+            fields.append(StructField(snapshot_col, StringType(), True))
+        desc_bc, data_bc = self._broadcasts()
+        fn = arrow_fn(self.settings, desc_bc, data_bc, self.fallbacks, on, value_col, timestamp_col, snapshot_col)
+        return df.mapInArrow(fn, StructType(fields))
+
+    def lookup_partitions(self, rdd: Any, key: Callable[[Any], object] | None = None) -> Any:
+        """``rdd`` mapped per partition to (element, value or None, timestamp or None), in batched multi-gets."""
+        desc_bc, data_bc = self._broadcasts()
+        return rdd.mapPartitions(partitions_fn(self.settings, desc_bc, data_bc, self.fallbacks, key))
+
+    def udf(self) -> Any:
+        """A pandas UDF: key column -> struct<value: binary, timestamp: bigint> (null fields when absent).
+
+        It reads the descriptor current when ``udf()`` is called: call it again after a refresh.
+        """
+        from pyspark.sql.functions import pandas_udf
+
+        desc_bc, data_bc = self._broadcasts()
+        return pandas_udf(pandas_fn(self.settings, desc_bc, data_bc, self.fallbacks),  # type: ignore[call-overload]
+                          "struct<value:binary,timestamp:bigint>")
+
+    # -- refresh helpers ----------------------------------------------------------------------------------------
+
+    def foreach_batch(self, fn: Callable[[Any, int], None], every: int = 1,
+                      min_interval_s: float = 0.0) -> Callable[[Any, int], None]:
+        """A Structured Streaming ``foreachBatch`` function: refresh (every ``every`` batches, at most once per
+        ``min_interval_s``), then run ``fn(batch_df, batch_id)`` against that one descriptor. A refresh that fails
+        keeps the previous descriptor, so the stream goes on with the last good version."""
+        state = {"n": 0, "last": 0.0}
+
+        def run(batch_df: Any, batch_id: int) -> None:
+            due = state["n"] % max(every, 1) == 0 and time.monotonic() - state["last"] >= min_interval_s
+            state["n"] += 1
+            if due or self._desc_bc is None:
+                self._refresh_or_keep()
+                state["last"] = time.monotonic()
+            fn(batch_df, batch_id)
+
+        return run
+
+    def _refresh_or_keep(self) -> None:
+        try:
+            self.refresh()
+        except (GlobaldError, TransientKafkaError, KafkaException, OSError) as e:
+            if self._desc_bc is None:
+                raise
+            log.warning("refresh of %s failed, keeping snapshot %s: %s", self.table.name,
+                        (self._desc or {}).get("snapshot"), e)
+
+    def start_refresh_timer(self, interval_s: float) -> None:
+        """Refresh every ``interval_s`` seconds on a background thread until ``stop_refresh_timer``."""
+        if self._timer is not None:
+            raise RuntimeError("the refresh timer is already running")
+        self._timer_stop.clear()
+
+        def loop() -> None:
+            while not self._timer_stop.wait(interval_s):
+                try:
+                    self._refresh_or_keep()
+                except Exception:
+                    log.exception("refresh of %s failed", self.table.name)
+
+        self._timer = threading.Thread(target=loop, name=f"globald-refresh-{self.table.name}", daemon=True)
+        self._timer.start()
+
+    def stop_refresh_timer(self) -> None:
+        self._timer_stop.set()
+        if self._timer is not None:
+            self._timer.join(timeout=60)
+            self._timer = None
+
+    def close(self) -> None:
+        self.stop_refresh_timer()
+        with self._lock:
+            bcs, self._desc_bc, self._data_bc, self._desc = [self._desc_bc, self._data_bc], None, None, None
+        for bc in bcs:
+            if bc is not None:
+                bc.unpersist(blocking=False)
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None

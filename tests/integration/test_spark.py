@@ -1,0 +1,260 @@
+"""globald.spark with real PySpark (local mode), the real daemon and a real broker: an enrichment job sees new
+values after a refresh, no batch mixes two snapshots, a rebuild never fails a lookup, content equals the oracle."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from globald.errors import SnapshotUnavailableError
+from globald.spark import GlobalTableView
+from globald.spark import executor as spark_executor
+from tests.harness import Broker, DaemonProcess, oracle_at, random_records
+from tests.integration.snapshot_helpers import (
+    recreate_smaller_while_paused,
+    stale,
+    table_on_topic,
+    wait_snapshot_at,
+    wait_status,
+)
+
+pytestmark = [pytest.mark.kafka, pytest.mark.spark]
+
+Daemon = Callable[..., DaemonProcess]
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[Any]:
+    pytest.importorskip("pyspark")
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    from pyspark.sql import SparkSession
+
+    session = (SparkSession.builder.master("local[2]").appName("globald-tests")
+               .config("spark.ui.enabled", "false")
+               .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
+               .config("spark.sql.shuffle.partitions", "2")
+               .config("spark.sql.execution.arrow.maxRecordsPerBatch", "200")
+               .getOrCreate())
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
+
+def keys_df(spark: Any, keys: list[bytes | None], binary: bool = False) -> Any:
+    from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType
+
+    rows = [(i, k if binary or k is None else k.decode()) for i, k in enumerate(keys)]
+    schema = StructType([StructField("id", LongType()), StructField("k", BinaryType() if binary else StringType())])
+    return spark.createDataFrame(rows, schema).repartition(4)
+
+
+def as_bytes(k: Any) -> bytes | None:
+    return k.encode() if isinstance(k, str) else (bytes(k) if k is not None else None)
+
+
+def check_rows(rows: list[Any], expected: dict[bytes, bytes]) -> int:
+    """Every row's value is the oracle's (None where absent); returns how many keys were found."""
+    found = 0
+    for r in rows:
+        want = expected.get(as_bytes(r["k"])) if r["k"] is not None else None
+        assert (bytes(r["value"]) if r["value"] is not None else None) == want, r
+        assert (r["timestamp"] is None) == (want is None), r
+        found += want is not None
+    return found
+
+
+def test_enrichment_job_sees_new_values_after_refresh(spark: Any, broker: Broker, topic: Callable[..., str],
+                                                      daemon: Daemon) -> None:
+    t = topic()
+    broker.admin.produce(t, random_records(3_000, keys=400, seed=61, tombstones=0.1))
+    d = daemon({"tbl": t}, snapshots={"interval_ms": 200, "retain": 3})
+    wait_snapshot_at(d, "tbl", broker.admin.end_offsets(t))
+    view = GlobalTableView(spark, d.config, "tbl")
+    desc = view.refresh()
+    assert {"table", "snapshot", "offsets"} <= set(desc) and desc["table"] == "tbl"
+    ends = broker.admin.end_offsets(t)
+    assert desc["offsets"] == {str(p): o for p, o in ends.items()} and desc["exact"] is True
+    expected = oracle_at(broker, t, desc["offsets"])
+
+    keys: list[bytes | None] = [b"key-%06d" % i for i in range(450)] + [None, "ключ".encode()]
+    rows = view.join(keys_df(spark, keys), "k", snapshot_col="snap").collect()
+    assert len(rows) == len(keys) and {r["snap"] for r in rows} == {desc["snapshot"]}
+    assert check_rows(rows, expected) == sum(1 for k in keys if k in expected)
+    binary_rows = view.join(keys_df(spark, keys, binary=True), "k").collect()
+    check_rows(binary_rows, expected)
+
+    # The pandas UDF and mapPartitions paths give the same answers.
+    udf_rows = keys_df(spark, keys).select("k", view.udf()("k").alias("r")).collect()
+    for r in udf_rows:
+        assert (bytes(r["r"]["value"]) if r["r"]["value"] is not None else None) == expected.get(as_bytes(r["k"]))
+    triples = view.lookup_partitions(spark.sparkContext.parallelize(keys, 3)).collect()
+    assert {k: (bytes(v) if v is not None else None) for k, v, _ in triples if k is not None} == \
+        {k: expected.get(k) for k in keys if k is not None}
+
+    # The topic changes; after a refresh the job sees the new values, and only those.
+    changed = [(b"key-%06d" % i, b"changed-%d" % i) for i in range(0, 400, 3)] + [(b"key-000001", None)]
+    broker.admin.produce(t, changed)
+    new_desc = view.refresh()
+    assert new_desc["offsets"] == {str(p): o for p, o in broker.admin.end_offsets(t).items()}
+    assert new_desc["snapshot"] != desc["snapshot"] and new_desc["exact"] is True
+    new_expected = oracle_at(broker, t, new_desc["offsets"])
+    rows = view.join(keys_df(spark, keys), "k", snapshot_col="snap").collect()
+    assert {r["snap"] for r in rows} == {new_desc["snapshot"]}
+    check_rows(rows, new_expected)
+    assert new_expected[b"key-000003"] == b"changed-3" and b"key-000001" not in new_expected
+    assert view.fallbacks.value == 0
+    view.close()
+
+
+def test_streaming_batches_never_mix_snapshots(spark: Any, broker: Broker, topic: Callable[..., str],
+                                               daemon: Daemon) -> None:
+    from pyspark.sql import functions as F
+
+    t, d = table_on_topic(broker, topic, daemon, 2_000, seed=71, keys=200)
+    view = GlobalTableView(spark, d.config, "tbl")
+    seen: list[tuple[dict[str, Any], list[Any]]] = []
+
+    def process(batch_df: Any, batch_id: int) -> None:
+        desc = view.descriptor
+        assert desc is not None
+        seen.append((desc, view.join(batch_df, "k", snapshot_col="snap").collect()))
+
+    stream = (spark.readStream.format("rate").option("rowsPerSecond", 400).load()
+              .select(F.format_string("key-%06d", F.col("value") % 220).alias("k")))
+    query = (stream.writeStream.foreachBatch(view.foreach_batch(process))
+             .trigger(processingTime="300 milliseconds").start())
+    try:
+        for seed in (72, 73, 74):
+            deadline = time.monotonic() + 60
+            n = len(seen)
+            while len(seen) < n + 2:
+                assert time.monotonic() < deadline and query.exception() is None, query.exception()
+                time.sleep(0.1)
+            broker.admin.produce(t, random_records(300, keys=200, seed=seed, tombstones=0.1))
+        deadline = time.monotonic() + 60
+        final = {str(p): o for p, o in broker.admin.end_offsets(t).items()}
+        while not seen or seen[-1][0]["offsets"] != final:
+            assert time.monotonic() < deadline and query.exception() is None, query.exception()
+            time.sleep(0.1)
+    finally:
+        query.stop()
+    versions = {}
+    for desc, rows in seen:
+        assert {r["snap"] for r in rows} <= {desc["snapshot"]}, "a batch read two snapshots"
+        versions.setdefault(desc["snapshot"], (desc["offsets"], []))[1].extend(rows)
+    assert len(versions) >= 3
+    for offsets, rows in versions.values():
+        check_rows(rows, oracle_at(broker, t, offsets))
+    view.close()
+
+
+def test_rebuild_keeps_job_on_stale_snapshot_with_no_failed_lookup(spark: Any, broker: Broker,
+                                                                   topic: Callable[..., str], daemon: Daemon) -> None:
+    t, d = table_on_topic(broker, topic, daemon, 45_000, seed=81, consume_batch_size=500)
+    view = GlobalTableView(spark, d.config, "tbl", wait_timeout_s=1.0, on_timeout="newest")
+    first = view.refresh()
+    old = oracle_at(broker, t, first["offsets"])
+    probe = sorted(old)[::90][:500]
+    df = keys_df(spark, list(probe)).cache()
+    batches: list[tuple[dict[str, Any], list[Any]]] = []
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def job() -> None:
+        step = view.foreach_batch(lambda batch_df, _: batches.append(
+            (view.descriptor or {}, view.join(batch_df, "k", snapshot_col="snap").collect())))
+        i = 0
+        while not stop.is_set():
+            try:
+                step(df, i)
+            except BaseException as e:
+                errors.append(e)
+                return
+            i += 1
+
+    runner = threading.Thread(target=job)
+    runner.start()
+    try:
+        recreate_smaller_while_paused(broker, d, t, 30_000, seed=82)
+        wait_status(d, stale("tbl"))
+        assert d.proc is not None
+        d.proc.send_signal(signal.SIGSTOP)  # hold the rebuild while the job runs on
+        n = len(batches)
+        time.sleep(4)
+        d.proc.send_signal(signal.SIGCONT)
+        assert len(batches) > n, "the job stalled during the rebuild"
+        ends = broker.admin.end_offsets(t)
+        wait_snapshot_at(d, "tbl", ends, timeout=90)
+        want = {str(p): o for p, o in ends.items()}
+        deadline = time.monotonic() + 60
+        while not batches or batches[-1][0].get("offsets") != want:
+            assert time.monotonic() < deadline and not errors, errors
+            time.sleep(0.1)
+    finally:
+        stop.set()
+        runner.join(60)
+    assert not errors, errors
+    stale_batches = [rows for desc, rows in batches if desc.get("stale")]
+    assert stale_batches, "no batch ran on the stale snapshot"
+    for desc, rows in batches:
+        assert {r["snap"] for r in rows} == {desc["snapshot"]}
+        if desc["offsets"] == first["offsets"]:
+            assert check_rows(rows, old) == len(probe)  # zero failed lookups on the old/stale table
+    check_rows(batches[-1][1], oracle_at(broker, t, batches[-1][0]["offsets"]))
+    view.close()
+
+
+def test_small_table_mode_timer_and_policies(spark: Any, broker: Broker, topic: Callable[..., str],
+                                             daemon: Daemon) -> None:
+    t, d = table_on_topic(broker, topic, daemon, 1_000, seed=91, keys=150)
+    small = GlobalTableView(spark, d.config, "tbl", mode="broadcast")
+    desc = small.refresh()
+    keys: list[bytes | None] = [b"key-%06d" % i for i in range(160)]
+    check_rows(small.join(keys_df(spark, keys), "k").collect(), oracle_at(broker, t, desc["offsets"]))
+
+    # The timer moves the view forward by itself.
+    small.start_refresh_timer(0.3)
+    broker.admin.produce(t, random_records(200, keys=150, seed=92))
+    want = {str(p): o for p, o in broker.admin.end_offsets(t).items()}
+    deadline = time.monotonic() + 30
+    while (small.descriptor or {}).get("offsets") != want:
+        assert time.monotonic() < deadline, small.descriptor
+        time.sleep(0.1)
+    small.stop_refresh_timer()
+    check_rows(small.join(keys_df(spark, keys), "k").collect(), oracle_at(broker, t, want))
+
+    # Policy "fail": a target the sidecar cannot reach is refused and the previous descriptor stays.
+    strict = GlobalTableView(spark, d.config, "tbl", wait_timeout_s=5.0)
+    good = strict.refresh()
+    with pytest.raises(SnapshotUnavailableError) as info:
+        strict.refresh(offsets={int(p): o + 100 for p, o in want.items()})
+    assert info.value.code == "beyond_end" and strict.descriptor == good
+
+    # Policy "newest" on an executor: it reads the newest snapshot and says so.
+    settings = spark_executor.Settings(str(d.config), "tbl", wait_timeout_s=5.0, policy="newest", lease_s=30)
+    far = {**good, "offsets": {p: o + 100 for p, o in want.items()}, "snapshot": None}
+    plain = spark_executor.Settings(str(d.config), "tbl", wait_timeout_s=5.0)
+    kept = spark_executor.handle(plain, good)
+    assert spark_executor.handle(plain, {**good, "seq": good["seq"] + 1, "created": 0.0}) is kept  # same content
+    h = spark_executor.handle(settings, far)
+    assert h is not kept and not h.exact and h.note and "beyond_end" in h.note
+    spark_executor.close_all()
+    # ... and through Spark: the executors count the fallback in the view's accumulator.
+    lenient = GlobalTableView(spark, d.config, "tbl", wait_timeout_s=5.0, on_timeout="newest")
+    fn = spark_executor.partitions_fn(lenient.settings, spark.sparkContext.broadcast(far), None,
+                                      lenient.fallbacks, None)
+    got = spark.sparkContext.parallelize([b"key-000001", b"key-000002"], 1).mapPartitions(fn).collect()
+    newest = oracle_at(broker, t, good["offsets"])
+    assert [v for _, v, _ in got] == [newest.get(b"key-000001"), newest.get(b"key-000002")]
+    assert lenient.fallbacks.value == 1
+    lenient.close()
+    small.close()
+    strict.close()

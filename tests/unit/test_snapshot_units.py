@@ -1,0 +1,244 @@
+"""Pure snapshot logic: manifest validation, leases and retention, request files, build targets, lookups."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from globald.errors import ManifestError, SnapshotNotFoundError, SnapshotStaleError
+from globald.snapshot import leases, listing, open_snapshot, requests
+from globald.snapshot import manifest as manifests
+from globald.snapshot.builder import BuildRefused, check_target
+from globald.snapshot.manifest import Manifest
+from globald.snapshot.reader import find_exact
+from globald.snapshot.requests import Code, Request, Response
+from globald.snapshot.resolve import Policy, resolve
+from globald.store.names import SNAPSHOT_CURRENT, SNAPSHOT_MANIFEST, snapshots_dir
+
+ID1, ID2, ID3 = "1700000000000001", "1700000000000002", "1700000000000003"
+
+
+def make(sid: str = ID1, **kw: Any) -> Manifest:
+    fields: dict[str, Any] = {"table": "tbl", "topic": "topic", "id": sid, "offsets": {0: 10, 1: 0},
+                              "created": 1.5, "daemon_state": "RUNNING", "table_state": "RUNNING", "records": 7}
+    fields.update(kw)
+    return Manifest(**fields)
+
+
+def publish(state: Path, m: Manifest, current: bool = False) -> Path:
+    d = snapshots_dir(state, m.table) / m.id
+    d.mkdir(parents=True)
+    manifests.write(d, m)
+    if current:
+        (d.parent / SNAPSHOT_CURRENT).write_text(m.id + "\n")
+    return d
+
+
+# -- manifests ----------------------------------------------------------------------------------------------------
+
+
+def test_manifest_round_trip(tmp_path: Path) -> None:
+    m = make(kind="exact", request="r1", stale=True, stale_reason="wiped")
+    d = publish(tmp_path, m)
+    assert manifests.read(d, "tbl") == m
+    assert manifests.read(d).marked_stale("x").stale_reason == "x"
+
+
+BAD_FIELDS: list[tuple[str, Any]] = [
+    ("format", 2), ("table", ""), ("table", 5), ("id", "123"), ("offsets", [1]), ("offsets", {"a": 1}),
+    ("offsets", {"0": -1}), ("offsets", {"0": True}), ("offsets", {"0": 1.5}), ("created", "now"),
+    ("created", float("inf")), ("records", True), ("records", -1), ("kind", "weekly"), ("stale", "no"),
+    ("daemon_state", "DANCING"), ("stale_reason", 3),
+]
+
+
+@pytest.mark.parametrize(("key", "value"), BAD_FIELDS)
+def test_manifest_rejects_bad_fields(tmp_path: Path, key: str, value: Any) -> None:
+    doc = make().to_json()
+    doc[key] = value
+    with pytest.raises(ManifestError):
+        Manifest.from_json(json.loads(json.dumps(doc, allow_nan=True)), "tbl", ID1)
+
+
+def test_manifest_must_match_its_location(tmp_path: Path) -> None:
+    doc = make().to_json()
+    with pytest.raises(ManifestError, match="directory"):
+        Manifest.from_json(doc, "tbl", ID2)
+    with pytest.raises(ManifestError, match="lives under"):
+        Manifest.from_json(doc, "other", ID1)
+    for key in ("offsets", "records", "created", "stale"):
+        partial = dict(doc)
+        del partial[key]
+        with pytest.raises(ManifestError):
+            Manifest.from_json(partial, "tbl", ID1)
+
+
+@pytest.mark.parametrize("content", [b"", b"{", b"\x00\xff garbage", b"[1, 2]", b'"text"', b"null",
+                                     json.dumps(make().to_json()).encode()[:40], b" " * (2 << 20)])
+def test_truncated_or_garbage_manifest_files_raise_manifest_error(tmp_path: Path, content: bytes) -> None:
+    d = tmp_path / ID1
+    d.mkdir()
+    (d / SNAPSHOT_MANIFEST).write_bytes(content)
+    with pytest.raises(ManifestError):
+        manifests.read(d, "tbl")
+
+
+def test_unreadable_snapshots_are_not_listed(tmp_path: Path) -> None:
+    publish(tmp_path, make(ID1))
+    publish(tmp_path, make(ID3), current=True)
+    broken = snapshots_dir(tmp_path, "tbl") / ID2
+    broken.mkdir()
+    (broken / SNAPSHOT_MANIFEST).write_text('{"format": 1, "table": "tb')
+    (snapshots_dir(tmp_path, "tbl") / "not-an-id").mkdir()
+    assert [(s["id"], s["current"]) for s in listing(tmp_path, "tbl")] == [(ID3, True), (ID1, False)]
+
+
+def test_new_ids_increase_even_when_the_clock_does_not() -> None:
+    future = "1999999999999999"  # a clock set back by years must not reuse or reorder ids
+    assert manifests.new_id(future) == "2000000000000000"
+    a = manifests.new_id(None)
+    assert manifests.valid_id(a) and manifests.new_id(a) > a
+
+
+# -- leases and retention -----------------------------------------------------------------------------------------
+
+
+def test_leases_pin_until_they_expire(tmp_path: Path) -> None:
+    leases.take(tmp_path, "reader-1", ID1, 60)
+    leases.take(tmp_path, "reader-2", ID2, 0)
+    found, garbage = leases.read_all(tmp_path)
+    assert garbage == [] and {x.holder for x in found} == {"reader-1", "reader-2"}
+    assert leases.pinned(found, time.time()) == {ID1}
+    leases.take(tmp_path, "reader-1", ID3, 60)  # a holder pins one snapshot: the new one replaces the old
+    assert leases.pinned(leases.read_all(tmp_path)[0], time.time()) == {ID3}
+    leases.release(tmp_path, "reader-1")
+    assert leases.pinned(leases.read_all(tmp_path)[0], time.time()) == set()
+
+
+def test_lease_sweep_removes_expired_and_old_garbage_only(tmp_path: Path) -> None:
+    leases.take(tmp_path, "live", ID1, 60)
+    leases.take(tmp_path, "dead", ID2, 0)
+    folder = tmp_path / "leases"
+    (folder / "fresh-garbage.json").write_text("{not json")
+    old = folder / "old-garbage.json"
+    old.write_text('{"holder": "someone-else", "snapshot": "x"}')
+    os.utime(old, (time.time() - 3600, time.time() - 3600))
+    assert leases.sweep(tmp_path, time.time() + 1) == 2
+    assert sorted(p.name for p in folder.iterdir()) == ["fresh-garbage.json", "live.json"]
+
+
+@pytest.mark.parametrize("holder", ["", ".hidden", "a/b", "../x", "x" * 200])
+def test_lease_holders_are_safe_file_names(tmp_path: Path, holder: str) -> None:
+    with pytest.raises(ValueError):
+        leases.take(tmp_path, holder, ID1, 10)
+    with pytest.raises(ValueError):
+        leases.take(tmp_path, "ok", "../../etc", 10)
+
+
+def test_retention_keeps_newest_and_pinned() -> None:
+    ids = [f"17000000000000{i:02d}" for i in range(10)]
+    assert leases.doomed(ids, 3, set()) == ids[:7][::-1]
+    keep = {ids[0], ids[5]}
+    assert set(leases.doomed(ids, 3, keep)) == set(ids[:7]) - keep
+    assert leases.doomed([*ids, "junk"], 20, set()) == []
+
+
+# -- requests -----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("doc", [
+    {"id": "other", "table": "tbl", "offsets": {"0": 1}},
+    {"id": "r1", "table": "x", "offsets": {"0": 1}},
+    {"id": "r1", "table": "tbl", "offsets": {}},
+    {"id": "r1", "table": "tbl", "offsets": {"0": -4}},
+    {"id": "r1", "table": "tbl", "offsets": {"0": 1}, "lease_s": -1},
+    {"id": "r1", "table": "tbl", "offsets": {"0": 1}, "lease_s": True},
+])
+def test_bad_requests_are_rejected(doc: dict[str, Any]) -> None:
+    with pytest.raises(ValueError):
+        Request.from_json(doc, "r1", "tbl")
+
+
+def test_pending_requests_parse_or_become_invalid_answers(tmp_path: Path) -> None:
+    good = requests.submit(tmp_path, "tbl", {0: 5, 1: 6}, lease_s=30)
+    folder = snapshots_dir(tmp_path, "tbl") / "requests"
+    (folder / "broken.json").write_bytes(b"\x00\x01")
+    (folder / "bad name!.json").write_text("{}")
+    (folder / ".in-progress.json").write_text("{}")
+    taken = requests.take_pending(tmp_path, "tbl")
+    assert taken[0] == Response("broken", Code.INVALID, taken[0].message)  # type: ignore[union-attr]
+    assert taken[1] == Request(good.id, "tbl", {0: 5, 1: 6}, 30.0)
+    assert [p.name for p in folder.iterdir()] == [".in-progress.json"]
+
+
+def test_responses_must_answer_the_request() -> None:
+    assert Response.from_json({"request": "r1", "code": "ready", "snapshot": ID1}, "r1").snapshot == ID1
+    for doc in ({"request": "r2", "code": "ready", "snapshot": ID1}, {"request": "r1", "code": "ready"},
+                {"request": "r1", "code": "maybe"}):
+        with pytest.raises(ValueError):
+            Response.from_json(doc, "r1")
+
+
+def test_no_daemon_is_answered_at_once(tmp_path: Path) -> None:
+    started = time.monotonic()
+    resp = requests.request(tmp_path, "tbl", {0: 1}, timeout=30)
+    assert resp.code == Code.NO_DAEMON and time.monotonic() - started < 5
+
+
+def test_resolve_policies_without_a_daemon(tmp_path: Path) -> None:
+    publish(tmp_path, make(ID1, offsets={0: 3}))
+    publish(tmp_path, make(ID2, offsets={0: 9}, stale=True, stale_reason="wiped"), current=True)
+    exact = resolve(tmp_path, "tbl", {0: 3}, timeout=1)
+    assert (exact.snapshot, exact.exact) == (ID1, True)
+    with pytest.raises(Exception, match="no_daemon"):
+        resolve(tmp_path, "tbl", {0: 4}, timeout=1)
+    newest = resolve(tmp_path, "tbl", {0: 4}, timeout=1, policy=Policy.NEWEST)
+    assert (newest.snapshot, newest.exact, newest.stale) == (ID2, False, True)
+    assert newest.note is not None and "no_daemon" in newest.note and "stale" in newest.note
+    with pytest.raises(SnapshotStaleError):
+        resolve(tmp_path, "tbl", {0: 4}, timeout=1, policy=Policy.NEWEST, serve_stale=False)
+
+
+# -- exact builds and reading -------------------------------------------------------------------------------------
+
+
+def test_build_targets() -> None:
+    marks = {0: (0, 100), 1: (50, 60)}
+    assert check_target({0: 40, 1: 55}, marks, None) == {0: 0, 1: 50}
+    assert check_target({0: 40, 1: 55}, marks, {0: 30, 1: 55}) == {0: 30, 1: 55}
+    cases: list[tuple[dict[int, int], dict[int, int] | None, Code]] = [
+        ({0: 101, 1: 55}, None, Code.BEYOND_END),
+        ({0: 10, 1: 20}, None, Code.BELOW_LOG_START),  # records below 50 are gone
+        ({0: 40, 1: 55}, {0: 10, 1: 40}, Code.BELOW_LOG_START),  # the base needs 40..50
+        ({0: 40}, None, Code.INVALID),
+        ({0: 40, 1: 55}, {0: 41, 1: 55}, Code.INVALID),
+    ]
+    for target, base, code in cases:
+        with pytest.raises(BuildRefused) as e:
+            check_target(target, marks, base)
+        assert e.value.code == code, (target, base)
+
+
+def test_find_exact_prefers_hint_then_newest_fresh(tmp_path: Path) -> None:
+    publish(tmp_path, make(ID1, offsets={0: 5}))
+    publish(tmp_path, make(ID2, offsets={0: 5}, stale=True, stale_reason="wiped"))
+    assert find_exact(tmp_path, "tbl", {0: 5}).id == ID1  # type: ignore[union-attr]
+    assert find_exact(tmp_path, "tbl", {0: 5}, hint=ID2).id == ID2  # type: ignore[union-attr]
+    assert find_exact(tmp_path, "tbl", {0: 6}) is None
+
+
+def test_open_refuses_missing_bad_and_stale(tmp_path: Path) -> None:
+    with pytest.raises(SnapshotNotFoundError):
+        open_snapshot(tmp_path, "tbl")
+    with pytest.raises(SnapshotNotFoundError):
+        open_snapshot(tmp_path, "tbl", "../../etc")
+    publish(tmp_path, make(ID1, stale=True, stale_reason="wiped"), current=True)
+    with pytest.raises(SnapshotStaleError, match="wiped"):
+        open_snapshot(tmp_path, "tbl", serve_stale=False)
+    with pytest.raises(SnapshotNotFoundError):  # a manifest without a database
+        open_snapshot(tmp_path, "tbl")

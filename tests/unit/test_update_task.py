@@ -1,0 +1,78 @@
+"""UpdateTask on a real store with hand-made consumer events: stale errors of a given-up assignment are ignored."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from confluent_kafka import KafkaError
+
+from globald.config import TableConfig
+from globald.engine.state_manager import TableRuntime
+from globald.engine.update_task import UpdateTask
+from globald.states import Listeners, StateMachine
+from globald.store.options import StoreOptions
+from globald.store.table_store import TableStore
+
+
+@dataclass
+class Event:
+    """Stands in for confluent_kafka.Message, which cannot be constructed with an error from Python."""
+
+    _partition: int
+    _offset: int
+    _code: int | None = None
+    _key: bytes | None = b"k"
+    _value: bytes | None = b"v"
+
+    def error(self) -> KafkaError | None:
+        return None if self._code is None else KafkaError(self._code)
+
+    def topic(self) -> str:
+        return "t"
+
+    def partition(self) -> int:
+        return self._partition
+
+    def offset(self) -> int:
+        return self._offset
+
+    def key(self) -> bytes | None:
+        return self._key
+
+    def value(self) -> bytes | None:
+        return self._value
+
+    def timestamp(self) -> tuple[int, int]:
+        return (0, 0)
+
+
+def _runtime(tmp_path: Path) -> TableRuntime:
+    store = TableStore.open(tmp_path, "tbl", "t", StoreOptions()).store
+    rt = TableRuntime(config=TableConfig("tbl", "t"), store=store, machine=StateMachine(Listeners(), "tbl"))
+    rt.positions, rt.end_offsets = {0: 10}, {0: 20}
+    return rt
+
+
+def test_invalid_offset_counts_only_at_the_current_position(tmp_path: Path) -> None:
+    rt = _runtime(tmp_path)
+    task = UpdateTask({"t": rt})
+    stale = task.apply([Event(0, 5000, KafkaError._AUTO_OFFSET_RESET)])  # asked for by an earlier assignment
+    assert stale.tables["tbl"].invalid_offset is None
+    current = task.apply([Event(0, 10, KafkaError._AUTO_OFFSET_RESET)])
+    assert current.tables["tbl"].invalid_offset is not None
+    rt.store.close()
+
+
+def test_end_of_partition_advances_only_within_known_ends(tmp_path: Path) -> None:
+    rt = _runtime(tmp_path)
+    task = UpdateTask({"t": rt})
+    r = task.apply([Event(0, 12), Event(0, 20, KafkaError._PARTITION_EOF)])  # a compaction gap 13..19 at the tail
+    assert r.tables["tbl"].positions == {0: 20} and rt.store.offsets() == {0: 20}
+    rt.positions = {0: 20}
+    r = task.apply([Event(0, 67_000, KafkaError._PARTITION_EOF)])  # the end of a topic since deleted
+    assert r.tables["tbl"].positions == {} and rt.store.offsets() == {0: 20}
+    rt.positions = {}  # wiped, not yet planned: nothing may set its offsets
+    r = task.apply([Event(0, 20, KafkaError._PARTITION_EOF)])
+    assert r.tables["tbl"].positions == {}
+    rt.store.close()
