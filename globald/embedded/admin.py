@@ -182,7 +182,16 @@ class JavaToolsAdmin(TopicAdmin):
     def create(self, topic: str, partitions: int = 3, compact: bool = True) -> None:
         args = ["--create", "--topic", topic, "--partitions", str(partitions), "--replication-factor", "1"]
         args += ["--config", f"cleanup.policy={'compact' if compact else 'delete'}"]
-        self._topic_command(*args)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                self._topic_command(*args)
+                break
+            except RuntimeError as e:
+                # A broker that was just restarted takes a moment to register in ZooKeeper again.
+                if "available brokers: 0" not in str(e) or time.monotonic() > deadline:
+                    raise
+                time.sleep(1)
         self.wait_for_topic(topic, partitions)
 
     def delete(self, topic: str) -> None:
