@@ -34,6 +34,11 @@ META_STATUS = b"status"
 STATUS_OPEN = b"open"
 STATUS_CLEAN = b"clean"
 META_UPGRADED = b"upgraded_at"  # when the last plain value left the default family (Unix seconds, ASCII)
+# Set (to COMPLETE_YES) once the table has been restored to a log end and the offsets of that restore are durable;
+# absent from a fresh or wiped store until then. Live-store readers serve only a store that has it: without it the
+# store may hold a half-rebuilt table, and they answer from the current snapshot instead.
+META_COMPLETE = b"complete"
+COMPLETE_YES = b"1"
 
 TABLES_DIR = "tables"
 DB_DIR = "db"
