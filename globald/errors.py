@@ -36,6 +36,12 @@ class StoreUnavailableError(GlobaldError):
     """A store could not be opened for a reason a wipe would not fix (locked, I/O error). Check the disk."""
 
 
+class StoreIOError(StoreUnavailableError):
+    """The disk refused a store write, flush or file update (full, read-only, failing). Nothing that was not durable
+    is claimed: the daemon reports itself degraded, keeps serving what is durable, and resumes from the stored
+    offsets once the disk takes writes again. Free space or repair the disk; no restart is needed."""
+
+
 class UnknownTableError(GlobaldError):
     """The table named is not in the config. Check the spelling against the [[tables]] entries."""
 

@@ -1,9 +1,11 @@
 """The global thread: one consumer, every partition of every table, restore then tail (GlobalStreamThread).
 
 What callers can rely on: the daemon is RESTORING while any table is restoring and RUNNING once every table has
-reached the log end captured when its restore began. Faults that may heal (broker down, topic missing, disk
-errors) are retried with backoff in-process; invalid offsets wipe and rebuild the table in-process. Only a bug
-ends the loop, in state ERROR.
+reached the log end captured when its restore began and that restore is durable in its store. Faults that may heal
+(broker down, topic missing, a full or failing disk, in any phase) are retried with backoff in-process; invalid
+offsets wipe and rebuild the table in-process. Only a bug ends the loop, in state ERROR. The loop turns at least
+every ``poll_timeout_ms`` (and every 50 ms when idle) whatever the wall clock does, so a stop request is acted on
+within one turn.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from globald.config import Config
 from globald.engine.background_upgrade import BackgroundUpgrade
 from globald.engine.state_manager import StateManager, TableRuntime
 from globald.engine.update_task import PollResult, UpdateTask
+from globald.errors import StoreCorruptError, StoreUnavailableError
 from globald.kafka.clients import (
     TopicUnavailableError,
     TransientKafkaError,
@@ -45,6 +48,12 @@ KAFKA, STORE = "kafka", "store"
 _CLUSTER_DOWN = KafkaError._ALL_BROKERS_DOWN
 _PROBE_TIMEOUT_S = 1.0
 _REFRESH_TIMEOUT_S = 2.0
+# librdkafka times a blocking poll on the wall clock (librdkafka#2145): stepped back, an idle poll sleeps through
+# the step. The loop polls without blocking and waits between polls on the monotonic clock, at most this long.
+_IDLE_WAIT_MAX_S = 0.05
+_IDLE_WAIT_MIN_S = 0.001
+# Errors of the disk or of a store: the loop answers them by rewinding to the stored offsets, never by ending.
+STORE_FAULTS = (StoreUnavailableError, StoreCorruptError, OSError)
 
 
 class GlobalThread:
@@ -69,6 +78,7 @@ class GlobalThread:
         self._problems: dict[str, str] = {}
         self._probe_now = False
         self._stores_suspect = False  # a write or commit failed: check (and reopen) the stores before re-planning
+        self._idle_wait = _IDLE_WAIT_MIN_S
         self.recoveries: list[float] = []  # seconds from an invalid-offset error to RUNNING again
 
     # -- public -----------------------------------------------------------------------------------------------
@@ -83,6 +93,14 @@ class GlobalThread:
 
     def stop(self) -> None:
         self._stop.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    def wait_stop(self, seconds: float) -> None:
+        """Sleep ``seconds`` on the monotonic clock, or until ``stop()``."""
+        self._stop.wait(seconds)
 
     @property
     def degraded(self) -> str | None:
@@ -124,7 +142,9 @@ class GlobalThread:
 
     def _start(self) -> None:
         self.machine.to(State.RESTORING, "starting")
-        self.manager.open_all()
+        refused = self.manager.open_all()
+        if refused:
+            self._rewind_all("; ".join(f"table {name}: {why}" for name, why in sorted(refused.items())))
         self._consumer = self._consumer_factory(self.config, on_error=self._on_kafka_error)
         for rt in self.tables.values():
             rt.machine.to(State.RESTORING, "starting")
@@ -141,8 +161,8 @@ class GlobalThread:
             try:
                 self.manager.commit(force=True)
                 self._after(self.after_commit)
-            except Exception:
-                log.exception("final commit failed; the stores stay consistent at their last write")
+            except STORE_FAULTS as e:
+                log.warning("final commit failed (%s); the stores stay at their last durable commit", e)
                 clean = False
         self.manager.close(clean=clean)
         if self._consumer is not None:
@@ -158,8 +178,14 @@ class GlobalThread:
     # -- the loop -----------------------------------------------------------------------------------------------
 
     def _tick(self) -> None:
-        assert self._consumer is not None
         self.last_loop = time.monotonic()
+        try:
+            self._turn()
+        except STORE_FAULTS as e:  # in any phase: planning, a write, the end of a restore, a commit
+            self._rewind_all(str(e))
+
+    def _turn(self) -> None:
+        assert self._consumer is not None
         if self._probe_now or (KAFKA in self._problems and self._backoff.due(KAFKA)):
             self._probe_kafka()
         if KAFKA not in self._problems and self._stores_ready():  # no point planning what cannot be fetched/written
@@ -205,28 +231,46 @@ class GlobalThread:
         paused = gc.isenabled()
         gc.disable()
         try:
-            # Wait for the first message only, then take what is already queued, up to a batch: consume(n, t)
-            # alone would hold every partial batch (the last of a restore, each one when tailing) for all of t.
-            first = self._consumer.poll(self.config.poll_timeout_ms / 1000)
+            first = self._poll_one()
             messages = [] if first is None else [first]
             if first is not None and self.config.consume_batch_size > 1:
                 messages += self._consumer.consume(self.config.consume_batch_size - 1, 0)
             try:
                 return self._task.apply(messages)
-            except Exception as e:  # a store write failed (disk full, I/O error)
+            except STORE_FAULTS as e:  # a store write failed (disk full, I/O error)
                 self._rewind_all(f"store write failed: {e}")
                 return None
         finally:
             if paused:
                 gc.enable()
 
+    def _poll_one(self) -> Any:
+        """The first message within ``poll_timeout_ms``, or None; returns at once on ``stop()``.
+
+        Never a blocking librdkafka poll (see _IDLE_WAIT_MAX_S): non-blocking polls, with waits on the monotonic
+        clock between them that grow while the queue stays empty, so a restore's queue refilling costs little."""
+        assert self._consumer is not None
+        deadline = time.monotonic() + self.config.poll_timeout_ms / 1000
+        while True:
+            first = self._consumer.poll(0)
+            if first is not None:
+                self._idle_wait = _IDLE_WAIT_MIN_S
+                return first
+            left = deadline - time.monotonic()
+            if left <= 0 or self._stop.is_set():
+                return None
+            self._stop.wait(min(self._idle_wait, left))
+            self._idle_wait = min(self._idle_wait * 2, _IDLE_WAIT_MAX_S)
+
     def _commit(self) -> None:
         try:
-            if self.manager.commit():
-                self._store_healed()
-                self._after(self.after_commit)
-        except Exception as e:
+            committed = self.manager.commit()
+        except STORE_FAULTS as e:
             self._rewind_all(f"commit failed: {e}")
+            return
+        if committed:
+            self._store_healed()
+            self._after(self.after_commit)
 
     def _probe_kafka(self) -> None:
         assert self._consumer is not None
@@ -254,10 +298,14 @@ class GlobalThread:
             rt = self.tables[name]
             try:
                 tps = self.manager.plan(self._consumer, rt)
-                if sum(end - rt.positions.get(p, 0) for p, end in rt.ends.items()) >= BULK_LOAD_MIN_RECORDS:
+                # Only a restoring table: a RUNNING one catching up (after a disk fault) must stay durable by commits.
+                if rt.machine.state == State.RESTORING and \
+                        sum(end - rt.positions.get(p, 0) for p, end in rt.ends.items()) >= BULK_LOAD_MIN_RECORDS:
                     rt.store.begin_bulk_load()
                 self._consumer.incremental_assign(tps)
-            except Exception as e:  # Kafka unreachable, topic missing, or the disk refusing a wipe
+            except STORE_FAULTS:
+                raise  # the disk, not the table: the loop rewinds every table
+            except Exception as e:  # Kafka unreachable, topic missing
                 delay = self._backoff.failed(name)
                 if not isinstance(e, TransientKafkaError) and self._backoff.failures(name) == 1:
                     log.exception("table %s: restore plan failed", name)
@@ -282,10 +330,8 @@ class GlobalThread:
             log.info("table %s: partition %d restored (%d records)", rt.name, p, rt.restored.get(p, 0))
             self.listeners.restore_event("on_restore_end", rt.name, p, rt.restored.get(p, 0))
         if not rt.ends and rt.assigned and rt.machine.state == State.RESTORING:
-            if rt.store.bulk:
-                rt.store.end_bulk_load()
-                rt.dirty = True
-            self.manager.commit()
+            self.manager.finish_restore(rt)  # raises, and the table stays RESTORING, unless the restore is durable
+            self._after(self.after_commit)
             if rt.restore_started is not None:
                 took = time.monotonic() - rt.restore_started
                 self.recoveries.append(took)
@@ -302,16 +348,25 @@ class GlobalThread:
         rt = self.tables[table]
         assert self._consumer is not None
         self._unassign(rt)
-        self.manager.wipe(rt, kind, detail)
+        # RESTORING before the wipe: status readers learn of the rebuild before the data goes.
         rt.machine.to(State.RESTORING, f"{kind.replace('_', ' ')}, rebuilding: {detail}")
         self._pending.add(rt.name)
         self._backoff.succeeded(rt.name)
+        try:
+            self.manager.wipe(rt, kind, detail)
+        except STORE_FAULTS as e:  # the emptied store could not be reopened: recover_stores does, once it can
+            self._rewind_all(f"table {table}: wipe: {e}")
 
     def _unassign(self, rt: TableRuntime) -> None:
         assert self._consumer is not None
         if rt.assigned:
             self._consumer.incremental_unassign(rt.assignment())
             rt.assigned = False
+
+    @property
+    def store_fault(self) -> bool:
+        """A write, commit or open failed and the stores have not been checked since: publish nothing from them."""
+        return self._stores_suspect
 
     def _rewind_all(self, reason: str) -> None:
         """Forget the consumer's positions and re-plan every table from what its store holds, once the stores
@@ -321,7 +376,8 @@ class GlobalThread:
         delay = self._backoff.failed(STORE)
         log.error("degraded: %s; re-reading from the stored offsets in %.1fs", reason, delay)
         for rt in self.tables.values():
-            self._unassign(rt)
+            if self._consumer is not None:
+                self._unassign(rt)
             rt.last_error = reason
             self._pending.add(rt.name)
 
@@ -371,9 +427,8 @@ class GlobalThread:
             if not added:
                 continue
             log.info("table %s: partitions %s added to %s", rt.name, added, rt.topic)
-            rt.partitions = sorted(rt.partitions + added)
+            self.manager.add_partitions(rt, {p: low for p, (low, _) in marks.items()})
             for p, (low, high) in marks.items():
-                rt.positions[p] = low
                 rt.end_offsets[p] = high
                 if low < high:
                     rt.ends[p] = high

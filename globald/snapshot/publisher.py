@@ -1,7 +1,8 @@
 """Publishes snapshots of every table from the daemon's loop thread, and serves exact-offset requests.
 
 A snapshot is a RocksDB checkpoint of a RUNNING table taken between two polls, so it equals the fold of its topic
-below the offsets in its manifest; it appears by one rename and CURRENT moves by one rename. After a wipe, every
+below the offsets in its manifest, which are read back from the checkpoint itself (a manifest never claims an
+offset its snapshot does not hold); it appears by one rename and CURRENT moves by one rename. After a wipe, every
 earlier snapshot is marked stale with the reason and CURRENT stays where it was until the rebuilt table is RUNNING
 again; nothing is published from a table that is restoring, so readers never see a half-rebuilt table.
 """
@@ -40,6 +41,7 @@ from globald.store.names import (
     SNAPSHOTS_DIR,
     snapshots_dir,
 )
+from globald.store.reader import StoreReader
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +63,7 @@ class _Table:
     refused: Counter[str] = field(default_factory=Counter)
     last_publish_s: float = 0.0
     last_error: str | None = None  # why the last periodic publish failed, until one succeeds
+    unmarked: str | None = None  # a wipe's reason not yet written into every manifest (the disk refused)
 
 
 @dataclass(frozen=True)
@@ -92,9 +95,14 @@ class SnapshotPublisher:
 
     def start(self) -> None:
         """Sweep what a crash left behind, load each table's CURRENT, start the exact-build worker."""
-        (self.config.state_dir / SNAPSHOTS_DIR).mkdir(mode=0o700, exist_ok=True)
         for ts in self._tables.values():
-            ts.dir.mkdir(mode=0o700, exist_ok=True)
+            try:
+                (self.config.state_dir / SNAPSHOTS_DIR).mkdir(mode=0o700, exist_ok=True)
+                ts.dir.mkdir(mode=0o700, exist_ok=True)
+            except OSError as e:  # a full or failing disk: the first publish makes it once the disk heals
+                log.warning("table %s: cannot create %s (%s); snapshots follow once the disk takes writes",
+                            ts.config.name, ts.dir, e)
+                continue
             for e in os.scandir(ts.dir):
                 if e.name.startswith((SNAPSHOT_TMP_PREFIX, SNAPSHOT_BUILD_PREFIX, SNAPSHOT_TRASH_PREFIX)):
                     shutil.rmtree(e.path, ignore_errors=True)
@@ -119,25 +127,26 @@ class SnapshotPublisher:
     def tick(self) -> None:
         self._check_wipes()
         for ts in self._tables.values():
+            self._write_stale_marks(ts)
             self._take_requests(ts)
         now = time.monotonic()
-        if now >= self._next_publish:
+        if now >= self._next_publish and not self.thread.store_fault:  # the stores are being recovered
             self._next_publish = now + self.interval
             for rt in list(self.thread.tables.values()):
                 if rt.machine.state == State.RUNNING:
-                    offsets = self._live_offsets(rt)
                     ts = self._tables[rt.name]
-                    if ts.stale_reason is not None or offsets != ts.published_offsets:
-                        self._try_publish(rt, ts, offsets)
+                    self._try_publish(rt, ts)
         if now >= self._next_sweep:
             self._next_sweep = now + max(self.interval, 1.0)
             for ts in self._tables.values():
                 self._gc(ts)
 
-    def _try_publish(self, rt: TableRuntime, ts: _Table, offsets: Offsets) -> None:
+    def _try_publish(self, rt: TableRuntime, ts: _Table) -> None:
         """A failed publish (disk full, I/O error) leaves CURRENT as it was; the next interval tries again."""
         try:
-            self._publish_live(rt, offsets)
+            offsets = self._live_offsets(rt)
+            if offsets is not None and (ts.stale_reason is not None or offsets != ts.published_offsets):
+                self._publish_live(rt)
             ts.last_error = None
         except Exception as e:
             if ts.last_error is None:
@@ -150,10 +159,10 @@ class SnapshotPublisher:
             self._check_wipes()
 
     @staticmethod
-    def _live_offsets(rt: TableRuntime) -> Offsets:
-        # Partitions the store has no offset for yet hold nothing; their planned start (the log start) says so.
+    def _live_offsets(rt: TableRuntime) -> Offsets | None:
+        """The live store's offsets, or None while they do not cover every partition (nothing to publish)."""
         stored = rt.store.offsets()
-        return {p: stored.get(p, rt.positions.get(p, 0)) for p in rt.partitions}
+        return stored if set(stored) == set(rt.partitions) else None
 
     def _check_wipes(self) -> None:
         for (table, kind), n in list(self.thread.manager.wipes.items()):
@@ -169,30 +178,51 @@ class SnapshotPublisher:
         with self._lock:
             ts.generation += 1
             ts.published_offsets = None
-            for m in manifests_of(self.config.state_dir, ts.config.name):
-                if not m.stale:
-                    manifests.write(ts.dir / m.id, m.marked_stale(reason))
+            ts.unmarked = reason
             if ts.current is not None:
                 ts.current = ts.current.marked_stale(ts.current.stale_reason or reason)
                 ts.stale_reason = ts.current.stale_reason
         log.warning("table %s: snapshots marked stale (%s); CURRENT stays at %s until the table is RUNNING again",
                     ts.config.name, reason, ts.current.id if ts.current else "nothing")
+        self._write_stale_marks(ts)
+
+    def _write_stale_marks(self, ts: _Table) -> None:
+        """Write a wipe's stale mark into every manifest; on a refusing disk, again at every tick until done."""
+        reason = ts.unmarked
+        if reason is None:
+            return
+        with self._lock:
+            try:
+                for m in manifests_of(self.config.state_dir, ts.config.name):
+                    if not m.stale:
+                        manifests.write(ts.dir / m.id, m.marked_stale(reason))
+            except OSError as e:
+                if ts.last_error is None:
+                    log.warning("table %s: cannot mark snapshots stale on disk yet (%s); retrying", ts.config.name, e)
+                ts.last_error = f"marking stale: {e}"
+                return
+            ts.unmarked = None
 
     def _next_id(self) -> str:
         self._last_id = manifests.new_id(self._last_id)
         return self._last_id
 
-    def _publish_live(self, rt: TableRuntime, offsets: Offsets) -> Manifest:
+    def _publish_live(self, rt: TableRuntime) -> Manifest:
         """Checkpoint the live store (loop thread only: the store is not thread-safe) and make it CURRENT."""
         ts = self._tables[rt.name]
         with self._lock:
             started = time.perf_counter()
             sid = self._next_id()
             tmp = ts.dir / f"{SNAPSHOT_TMP_PREFIX}{sid}"
+            ts.dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # start() could not make it on a full disk
             tmp.mkdir(mode=0o700)
             try:
                 records = rt.store.estimate_keys()
                 rt.store.checkpoint(tmp / SNAPSHOT_DB_DIR)
+                with StoreReader(tmp / SNAPSHOT_DB_DIR) as copy:
+                    offsets = copy.offsets()
+                if set(offsets) != set(rt.partitions):
+                    raise ManifestError(f"checkpoint holds offsets {offsets}, not of every partition {rt.partitions}")
                 m = Manifest(table=rt.name, topic=rt.topic, id=sid, offsets=dict(offsets), created=time.time(),
                              daemon_state=self.thread.state.value, table_state=rt.machine.state.value,
                              records=records)
@@ -242,12 +272,14 @@ class SnapshotPublisher:
         found = find_exact(self.config.state_dir, ts.config.name, req.offsets)
         live = self._live_offsets(rt)
         if found is None and live == req.offsets:
-            found = self._publish_live(rt, live)
+            found = self._publish_live(rt)
+            if found.offsets != req.offsets:  # the loop thread publishes: nothing can move between, but be sure
+                found = None
         if found is not None:
             self._ready(ts, req, found)
             return
-        if live != ts.published_offsets and all(live[p] <= o for p, o in req.offsets.items()):
-            self._publish_live(rt, live)  # the closest possible base: the build reads only what is still ahead
+        if live is not None and live != ts.published_offsets and all(live[p] <= o for p, o in req.offsets.items()):
+            self._publish_live(rt)  # the closest possible base: the build reads only what is still ahead
         self._jobs.put(_Job(ts.config.name, req, ts.generation, time.monotonic() + self.build_timeout))
 
     def _ready(self, ts: _Table, req: Request, m: Manifest) -> None:

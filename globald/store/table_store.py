@@ -18,13 +18,16 @@ from pathlib import Path
 
 from rocksdict import Checkpoint, Rdict, WriteBatch, WriteOptions
 
-from globald.errors import StoreCorruptError, StoreFormatError, StoreUnavailableError
+from globald.errors import StoreCorruptError, StoreFormatError, StoreIOError, StoreUnavailableError
 from globald.store import checkpoint_file, plain
 from globald.store.codec import decode_format, decode_offset, encode_offset, partition_key, unreadable_format
+from globald.store.failures import store_io
 from globald.store.names import (
+    COMPLETE_YES,
     FORMAT_MIXED,
     FORMAT_TIMESTAMPED,
     META_CF,
+    META_COMPLETE,
     META_FORMAT,
     META_STATUS,
     META_TOPIC,
@@ -41,12 +44,6 @@ from globald.store.options import StoreOptions
 from globald.store.plain import SURROGATE_TIMESTAMP, PlainMigration, UpgradingBatch
 
 log = logging.getLogger(__name__)
-
-# RocksDB status prefixes that mean "these files are not a usable database"; anything else (a lock, ENOSPC, EIO)
-# is not fixed by deleting data and must not trigger a wipe.
-_CORRUPTION_MARKERS = ("Corruption", "Invalid argument", "Not implemented", "Unknown", "does not exist",
-                       "No such file or directory")  # a file the database refers to (CURRENT exists) is missing
-
 
 @dataclass
 class OpenResult:
@@ -82,39 +79,52 @@ class TableStore:
              wipe_unusable: bool = True) -> OpenResult:
         """Open (creating if needed) the store; wipe it first when it is corrupt, foreign, of another topic or of
         a format this globald cannot read. With ``wipe_unusable=False`` raise StoreCorruptError instead."""
-        store = cls(state_dir, table, topic, options)
+        return cls(state_dir, table, topic, options).open_or_wipe(wipe_unusable)
+
+    def open_or_wipe(self, wipe_unusable: bool = True) -> OpenResult:
+        """Open this (closed) store as ``open`` does. Raises StoreIOError while the disk refuses, leaving it closed."""
         reason: str | None = None
         try:
-            crashed = store._open_checked()
-            imported, note = store._import_checkpoint_file()
-            if not store.offsets() and store._holds_data():
+            crashed = self._open_checked()
+            imported, note = self._import_checkpoint_file()
+            if not self.offsets() and self._holds_data():
                 # Replaying the topic over it could not remove keys whose tombstones compaction already dropped.
                 raise StoreCorruptError("store holds data but no offsets, in it or in a .checkpoint file: "
                                         "where it stands in the topic is unknown")
         except StoreCorruptError as e:
-            store.close(clean=False)
+            self._close_quietly()
             if not wipe_unusable:
                 raise
             reason = str(e)
-            log.warning("table %s: store unusable (%s); wiping and rebuilding from the topic", table, reason)
-            store._delete_files()
-            crashed = store._open_checked()
+            log.warning("table %s: store unusable (%s); wiping and rebuilding from the topic", self.table, reason)
+            self._delete_files()
+            crashed = self._open_checked()
             imported, note = {}, "store wiped"
-        return OpenResult(store=store, wiped_reason=reason, crashed=crashed, imported=imported, import_note=note)
+        except BaseException:
+            self._close_quietly()
+            raise
+        return OpenResult(store=self, wiped_reason=reason, crashed=crashed, imported=imported, import_note=note)
+
+    @property
+    def is_open(self) -> bool:
+        return self._db is not None
 
     def _open_checked(self) -> bool:
-        table_dir(self.state_dir, self.table).mkdir(parents=True, exist_ok=True, mode=0o700)
+        with store_io(f"table {self.table}: cannot create {table_dir(self.state_dir, self.table)}"):
+            table_dir(self.state_dir, self.table).mkdir(parents=True, exist_ok=True, mode=0o700)
         fresh = not (self.path / "CURRENT").exists()
         self._connect(bulk=False)
+        try:
+            return self._check_opened(fresh)
+        except BaseException:
+            self._close_quietly()  # a half-checked store is never left open: callers see it closed
+            raise
+
+    def _check_opened(self, fresh: bool) -> bool:
         assert self._meta is not None
         version, stored_topic, status = (self._meta.get(k) for k in (META_FORMAT, META_TOPIC, META_STATUS))
-        try:
-            fmt = self._adopt(fresh, version)
-        except StoreCorruptError:
-            self.close(clean=False)
-            raise
+        fmt = self._adopt(fresh, version)
         if stored_topic is not None and stored_topic != self.topic.encode():
-            self.close(clean=False)
             raise StoreCorruptError(f"store holds topic {stored_topic.decode(errors='replace')!r}, not {self.topic!r}")
         if fmt == FORMAT_MIXED:
             self._migration = PlainMigration(self._db)
@@ -127,13 +137,8 @@ class TableStore:
 
     def _connect(self, bulk: bool) -> None:
         db_options, families = self.options.column_families(bulk)
-        try:
+        with store_io(f"table {self.table}: cannot open {self.path}"):
             self._db = Rdict(str(self.path), db_options, column_families=families)
-        except Exception as e:  # rocksdict raises plain Exception with RocksDB's status text
-            text = str(e)
-            if any(m in text for m in _CORRUPTION_MARKERS):
-                raise StoreCorruptError(f"cannot open: {text}") from None
-            raise StoreUnavailableError(f"table {self.table}: cannot open {self.path}: {text}") from None
         self._values = self._db.get_column_family_handle(VALUES_CF)
         self._values_cf = self._db.get_column_family(VALUES_CF)
         self._offsets = self._db.get_column_family(OFFSETS_CF)
@@ -156,7 +161,9 @@ class TableStore:
             db.close()
         except Exception as e:
             if not self._bulk:
-                raise
+                raise StoreIOError(f"table {self.table}: close: {e}") from e
+            # After cancel_all_background RocksDB always answers "Shutdown in progress", and the outcome of the
+            # flush it made is not reported at all: end_bulk_load checks what reached the disk instead.
             log.debug("table %s: close after shutdown: %s", self.table, e)
         finally:
             self._db = None  # released even when RocksDB reports an error (a write that failed earlier)
@@ -177,11 +184,21 @@ class TableStore:
             log.info("table %s: bulk load started (WAL off until the restore ends)", self.table)
 
     def end_bulk_load(self) -> None:
-        """Make everything written durable (atomic flush on close) and reopen for serving, WAL on again."""
-        if self._bulk:
-            self._disconnect()
-            self._connect(bulk=False)
-            log.info("table %s: bulk load ended: flushed, WAL on", self.table)
+        """Make everything written durable (atomic flush on close) and reopen for serving, WAL on again.
+
+        Raises StoreIOError when the flush did not reach the disk (full, failing): the reopened store then holds
+        what an earlier flush made durable, data and offsets together, and the caller resumes from its offsets.
+        """
+        if not self._bulk:
+            return
+        written = self.offsets()
+        self._disconnect()
+        self._connect(bulk=False)
+        durable = self.offsets()
+        if durable != written:
+            raise StoreIOError(f"table {self.table}: the bulk load's flush did not reach the disk: offsets {durable} "
+                               f"are durable, {written} were written (no space, or an I/O error)")
+        log.info("table %s: bulk load ended: flushed, WAL on", self.table)
 
     def _adopt(self, fresh: bool, version: bytes | None) -> int:
         """The store's format, after stamping a fresh or plain store. Raises StoreCorruptError when unreadable."""
@@ -220,7 +237,8 @@ class TableStore:
             batch.put(k, v, handle)
         opts = WriteOptions()
         opts.sync = sync
-        self._db.write(batch, opts)
+        with store_io(f"table {self.table}: metadata write"):
+            self._db.write(batch, opts)
 
     def _import_checkpoint_file(self) -> tuple[dict[int, int], str]:
         """KIP-1035 interop: a store holding data but no offsets adopts those of a Kafka-format .checkpoint.
@@ -254,7 +272,8 @@ class TableStore:
         try:
             if clean:
                 self._put_meta({META_STATUS: STATUS_CLEAN})
-                self._db.flush()
+                with store_io(f"table {self.table}: flush at close"):
+                    self._db.flush()
         finally:
             self._migration = None
             self._disconnect()
@@ -270,9 +289,10 @@ class TableStore:
         self._open_checked()
 
     def reopen(self) -> None:
-        """Close and open again. RocksDB refuses every write after one failed (disk full) until it is reopened."""
+        """Close and open again (RocksDB refuses every write after one failed until it is reopened). Raises
+        StoreCorruptError for a store found unusable, StoreIOError while the disk refuses (left closed)."""
         self._close_quietly()
-        self._open_checked()
+        self.open_or_wipe(wipe_unusable=False)
 
     def _close_quietly(self) -> None:
         try:
@@ -323,7 +343,8 @@ class TableStore:
             batch.put(partition_key(partition), encode_offset(offset), handle)
 
     def write(self, batch: WriteBatch | UpgradingBatch) -> None:
-        self.db.write(batch.inner if isinstance(batch, UpgradingBatch) else batch, self._write_opts)
+        with store_io(f"table {self.table}: write"):
+            self.db.write(batch.inner if isinstance(batch, UpgradingBatch) else batch, self._write_opts)
 
     def get(self, key: bytes) -> tuple[bytes, int] | None:
         """(value, timestamp) of ``key``. Safe from any thread; a plain value found is queued for its move."""
@@ -360,23 +381,45 @@ class TableStore:
         return True
 
     def offsets(self) -> dict[int, int]:
-        assert self._offsets is not None
-        return {int(k): decode_offset(v) for k, v in self._offsets.items()}
+        """The stored next-offsets (those written so far: durable once ``sync`` or ``end_bulk_load`` returned)."""
+        if self._offsets is None:
+            raise StoreUnavailableError(f"table {self.table}: store is closed")
+        with store_io(f"table {self.table}: read offsets"):
+            return {int(k): decode_offset(v) for k, v in self._offsets.items()}
 
-    def sync(self) -> None:
-        """Make every write so far durable (fsync the WAL). During a bulk load only ``end_bulk_load`` can."""
-        if not self._bulk:
+    def sync(self) -> dict[int, int]:
+        """Make every write so far durable (fsync the WAL) and return the offsets that are now durable.
+
+        During a bulk load nothing is durable before ``end_bulk_load``: raises StoreUnavailableError then.
+        """
+        if self._bulk:
+            raise StoreUnavailableError(f"table {self.table}: in a bulk load only its end makes writes durable")
+        with store_io(f"table {self.table}: sync"):
             self.db.flush_wal(True)
+        return self.offsets()
 
     def write_checkpoint_file(self, offsets: dict[int, int]) -> None:
-        if self._bulk:
-            return  # the file may only claim durable offsets; it is rewritten when the bulk load ends
-        checkpoint_file.write(checkpoint_path(self.state_dir, self.table),
-                              {(self.topic, p): o for p, o in offsets.items()})
+        """The Kafka-format file for tools that must not open the store; callers pass offsets ``sync`` returned."""
+        with store_io(f"table {self.table}: write {checkpoint_path(self.state_dir, self.table)}"):
+            checkpoint_file.write(checkpoint_path(self.state_dir, self.table),
+                                  {(self.topic, p): o for p, o in offsets.items()})
+
+    @property
+    def complete(self) -> bool:
+        """The store has been restored to a log end once (see META_COMPLETE); a wipe clears it."""
+        if self._meta is None:
+            raise StoreUnavailableError(f"table {self.table}: store is closed")
+        return self._meta.get(META_COMPLETE) == COMPLETE_YES
+
+    def mark_complete(self) -> None:
+        """Record, durably, that the store holds a whole table (call once its offsets are durable)."""
+        if not self.complete:
+            self._put_meta({META_COMPLETE: COMPLETE_YES}, sync=True)
 
     def checkpoint(self, dest: Path) -> None:
         """A consistent, hard-linked copy of the database at ``dest`` (which must not exist)."""
-        Checkpoint(self.db).create_checkpoint(str(dest))
+        with store_io(f"table {self.table}: checkpoint to {dest}"):
+            Checkpoint(self.db).create_checkpoint(str(dest))
 
     def estimate_keys(self) -> int:
         # Through the family's long-lived handle: a temporary one would flush the family alone when dropped.

@@ -1,0 +1,42 @@
+"""RocksDB and file-system errors mapped to globald's exception types, in one place.
+
+rocksdict raises a bare ``Exception`` carrying RocksDB's status text. Text naming damaged or unreadable files
+means the store cannot be trusted (it is wiped and rebuilt); everything else (no space, I/O error, a lock) is a
+disk that may heal, which a wipe would not fix and which must never cost data.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from globald.errors import GlobaldError, StoreCorruptError, StoreIOError
+
+# RocksDB status prefixes that mean "these files are not a usable database".
+CORRUPTION_MARKERS = ("Corruption", "Invalid argument", "Not implemented", "Unknown", "does not exist",
+                      "No such file or directory")  # a file the database refers to (CURRENT exists) is missing
+
+
+def classify(error: BaseException, context: str) -> GlobaldError:
+    """The globald exception that ``error``, raised while doing ``context``, stands for."""
+    if isinstance(error, GlobaldError):
+        return error
+    text = f"{context}: {error}"
+    if not isinstance(error, OSError) and is_corruption(str(error)):
+        return StoreCorruptError(text)
+    return StoreIOError(text)
+
+
+def is_corruption(text: str) -> bool:
+    return any(m in text for m in CORRUPTION_MARKERS)
+
+
+@contextmanager
+def store_io(context: str) -> Iterator[None]:
+    """Re-raise any store or file error inside the block as StoreCorruptError or StoreIOError."""
+    try:
+        yield
+    except GlobaldError:
+        raise
+    except Exception as e:
+        raise classify(e, context) from e
