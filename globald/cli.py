@@ -31,12 +31,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     cfg = configmod.load(args.config)
     configmod.check_kafka_properties(cfg)
-    secrets = [str(v) for k, v in cfg.kafka.items() if configmod.is_secret(k)]
-    if cfg.hooks.webhook_url:
-        from urllib.parse import urlsplit
-
-        secrets.append(urlsplit(cfg.hooks.webhook_url).password or "")
-    logs.setup(cfg.log_level, cfg.log_format, secrets)
+    logs.setup(cfg.log_level, cfg.log_format, configmod.secret_values(cfg))
     return Daemon(cfg).run()
 
 

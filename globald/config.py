@@ -6,6 +6,7 @@ line and exit 2. Loading a config never creates a file or a directory.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from globald.errors import ConfigError
+from globald.logs import MASK, Redactor
 
 # Table names become directory names: keep them to a safe, portable alphabet and never '.' or '..'.
 TABLE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
@@ -37,17 +39,67 @@ CONSUMER_DEFAULTS: dict[str, object] = {
     "queued.min.messages": 20_000,
 }
 
-SECRET_MARKERS = ("password", "secret")
+# The librdkafka properties whose value may be printed (config echo in the log, check-config --json). Every other
+# property is shown as "***" and its value masked in every log line. An allowlist rather than a list of secret
+# names, because a credential-bearing property nobody listed (ssl.key.pem, sasl.oauthbearer.config, one a future
+# librdkafka adds) must stay hidden by default: forgetting a harmless property here costs a "***", forgetting a
+# secret one would cost a leaked key.
+# Printed on purpose although they concern authentication: identities (sasl.username, sasl.kerberos.principal,
+# sasl.oauthbearer.client.id), which brokers log and ACLs name and without which an authentication failure cannot
+# be diagnosed; and file paths (*.location, sasl.kerberos.keytab), which say where a credential is, not what it
+# is. Still masked: passwords, passphrases, client secrets, inline PEM (keys and certificates alike),
+# sasl.oauthbearer.config/.extensions (free-form, may embed tokens), token endpoint URLs (may embed user:password)
+# and sasl.kerberos.kinit.cmd (a shell command that may embed anything).
+PRINTABLE_KAFKA_PROPERTIES = frozenset({
+    "bootstrap.servers", "metadata.broker.list", "client.id", "client.rack", "builtin.features",
+    "group.id", "group.instance.id", "group.protocol", "group.protocol.type", "group.remote.assignor",
+    "partition.assignment.strategy", "session.timeout.ms", "heartbeat.interval.ms", "max.poll.interval.ms",
+    "coordinator.query.interval.ms", "auto.commit.interval.ms", "auto.offset.reset", "isolation.level",
+    "check.crcs", "allow.auto.create.topics", "offset.store.method",
+    "api.version.request", "api.version.request.timeout.ms", "api.version.fallback.ms", "broker.version.fallback",
+    "broker.address.family", "broker.address.ttl", "connections.max.idle.ms", "internal.termination.signal",
+    "metadata.max.age.ms", "metadata.recovery.strategy", "metadata.recovery.rebootstrap.trigger.ms",
+    "message.max.bytes", "message.copy.max.bytes", "receive.message.max.bytes", "max.partition.fetch.bytes",
+    "max.in.flight", "max.in.flight.requests.per.connection", "statistics.interval.ms", "enabled_events",
+    "debug", "log_level", "log.queue", "log.thread.name", "log.connection.close", "topic.blacklist",
+    "security.protocol", "sasl.mechanism", "sasl.mechanisms", "sasl.username",
+    "sasl.kerberos.service.name", "sasl.kerberos.principal", "sasl.kerberos.keytab",
+    "sasl.kerberos.min.time.before.relogin",
+    "sasl.oauthbearer.method", "sasl.oauthbearer.client.id", "sasl.oauthbearer.client.credentials.client.id",
+    "sasl.oauthbearer.scope", "sasl.oauthbearer.grant.type", "sasl.oauthbearer.assertion.algorithm",
+    "sasl.oauthbearer.metadata.authentication.type",
+    "ssl.endpoint.identification.algorithm", "ssl.cipher.suites", "ssl.curves.list", "ssl.sigalgs.list",
+    "ssl.providers", "ssl.ca.certificate.stores",
+    "ssl.ca.location", "ssl.certificate.location", "ssl.key.location", "ssl.keystore.location", "ssl.crl.location",
+    "https.ca.location",
+})
+# Families of tuning properties (sizes, timeouts, backoffs, booleans): no librdkafka property in them carries a
+# credential, and listing each one would only make the allowlist lag behind librdkafka.
+PRINTABLE_KAFKA_PREFIXES = ("fetch.", "queued.", "socket.", "reconnect.backoff", "retry.backoff", "topic.metadata.",
+                            "enable.")
 
 
-def is_secret(name: str) -> bool:
-    lowered = name.lower()
-    return any(marker in lowered for marker in SECRET_MARKERS)
+def printable(name: str) -> bool:
+    """Whether the value of librdkafka property ``name`` may be printed: the one place that decides it.
+
+    Exact, case-sensitive names, as librdkafka matches them."""
+    return name in PRINTABLE_KAFKA_PROPERTIES or name.startswith(PRINTABLE_KAFKA_PREFIXES)
 
 
 def redact(props: dict[str, Any]) -> dict[str, Any]:
-    """A copy of ``props`` safe to log: any property whose name holds 'password' or 'secret' is masked."""
-    return {k: ("***" if is_secret(k) else v) for k, v in props.items()}
+    """A copy of librdkafka properties ``props`` safe to print: a value not ``printable`` becomes ``***``."""
+    return {k: (v if printable(k) else MASK) for k, v in props.items()}
+
+
+def secret_values(config: Config) -> list[str]:
+    """Every configured value a log line must never show: the values of the [kafka] properties that are not
+    ``printable`` and the webhook URL's password. The log masker decides which are long enough to look for."""
+    from urllib.parse import urlsplit
+
+    values = [str(v) for k, v in config.kafka.items() if not printable(k)]
+    if config.hooks.webhook_url:
+        values.append(urlsplit(config.hooks.webhook_url).password or "")
+    return values
 
 
 @dataclass(frozen=True)
@@ -69,6 +121,21 @@ class HttpConfig:
     enabled: bool = True
     host: str = "127.0.0.1"
     port: int = 9464
+    # /metrics and /status have no authentication: serving them beyond this host must be a decision in the config.
+    allow_non_loopback: bool = False
+
+
+def is_loopback(host: str) -> bool:
+    """Whether binding ``host`` keeps a socket reachable from this machine only (127.0.0.0/8, ::1, localhost)."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return False  # any other name may resolve to a public address, today or after a DNS change
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped  # Python 3.11 does not count ::ffff:127.0.0.1 as loopback
+    return ip.is_loopback
 
 
 @dataclass(frozen=True)
@@ -188,6 +255,20 @@ def _kafka(raw: Any) -> dict[str, Any]:
     return dict(kafka)
 
 
+def _http(http: dict[str, Any]) -> HttpConfig:
+    config = HttpConfig(
+        enabled=_bool(http, "enabled", "http.enabled", True),
+        host=_str(http, "host", "http.host", "127.0.0.1"),
+        port=_int(http, "port", "http.port", 9464, 0, 65535),
+        allow_non_loopback=_bool(http, "allow_non_loopback", "http.allow_non_loopback", False),
+    )
+    if config.enabled and not config.allow_non_loopback and not is_loopback(config.host):
+        raise ConfigError("http.host", f"{config.host!r} is not a loopback address, and /metrics and /status have no "
+                                       "authentication: set [http] allow_non_loopback = true to serve them beyond "
+                                       "this host")
+    return config
+
+
 TOP_LEVEL = {
     "state_dir", "commit_interval_ms", "consume_batch_size", "poll_timeout_ms", "metadata_refresh_ms",
     "log_level", "log_format", "kafka", "tables", "store", "snapshots", "http", "hooks",
@@ -212,7 +293,7 @@ def parse(raw: dict[str, Any], source: Path | None = None) -> Config:
     snaps = _table(raw.get("snapshots"), "snapshots")
     _only(snaps, {"interval_ms", "retain", "serve_stale", "build_timeout_ms"}, "snapshots.")
     http = _table(raw.get("http"), "http")
-    _only(http, {"enabled", "host", "port"}, "http.")
+    _only(http, {"enabled", "host", "port", "allow_non_loopback"}, "http.")
     hooks = _table(raw.get("hooks"), "hooks")
     _only(hooks, {"on_state_change", "webhook_url", "timeout_ms"}, "hooks.")
     argv = hooks.get("on_state_change", [])
@@ -243,11 +324,7 @@ def parse(raw: dict[str, Any], source: Path | None = None) -> Config:
             serve_stale=_bool(snaps, "serve_stale", "snapshots.serve_stale", True),
             build_timeout_ms=_int(snaps, "build_timeout_ms", "snapshots.build_timeout_ms", 120_000, 100, 86_400_000),
         ),
-        http=HttpConfig(
-            enabled=_bool(http, "enabled", "http.enabled", True),
-            host=_str(http, "host", "http.host", "127.0.0.1"),
-            port=_int(http, "port", "http.port", 9464, 0, 65535),
-        ),
+        http=_http(http),
         hooks=HooksConfig(
             on_state_change=tuple(argv),
             webhook_url=webhook,
@@ -283,6 +360,8 @@ def check_kafka_properties(config: Config) -> None:
     except (KafkaException, ValueError, TypeError) as e:
         text = str(e.args[0].str() if e.args and hasattr(e.args[0], "str") else e)
         key = _property_in(text, config.kafka) or "kafka"
+        # librdkafka quotes some rejected values; the CLI prints this line before any log masking is set up.
+        text = Redactor(secret_values(config))(text)
         raise ConfigError(key, text) from None
 
 

@@ -9,19 +9,39 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 MASK = "***"
 
+# Values too short or too common to look for: masking "true", "3000" or "ssl" would garble every line that holds
+# them, and no such value is a credential worth hiding.
+MIN_MASKED_LENGTH = 4
+_NOT_A_SECRET = re.compile(r"(?i)true|false|[+-]?\d+(\.\d*)?")
+
+
+def _maskable(text: str) -> bool:
+    return len(text) >= MIN_MASKED_LENGTH and not _NOT_A_SECRET.fullmatch(text)
+
+
+def _parts(secret: str) -> Iterator[str]:
+    """The secret, and each of its tails that starts after whitespace: librdkafka quotes a value it cannot parse
+    from the point it stopped ("Unrecognized sasl.oauthbearer.config beginning at: ..."), not whole."""
+    yield secret.strip()
+    for m in re.finditer(r"\s+", secret):
+        yield secret[m.end():].strip()
+
 
 class Redactor:
-    """Replaces every configured secret value (3 characters or longer) with ``MASK``, also as it appears
-    inside a Python repr or a JSON string (escaped quotes and backslashes)."""
+    """Replaces every configured secret value with ``MASK``, also its tails after whitespace and each as it
+    appears inside a Python repr or a JSON string (escaped quotes and backslashes). Values shorter than
+    ``MIN_MASKED_LENGTH`` characters, booleans and numbers are left alone."""
 
     def __init__(self, secrets: Iterable[str] = ()) -> None:
-        forms = {form for s in secrets if s and len(s) >= 3 for form in (s, repr(s)[1:-1], json.dumps(s)[1:-1])}
+        forms = {form for s in secrets for part in _parts(s) if _maskable(part)
+                 for form in (part, repr(part)[1:-1], json.dumps(part)[1:-1])}
         self._secrets = sorted(forms, key=len, reverse=True)
 
     def __call__(self, text: str) -> str:

@@ -2,6 +2,7 @@
 
 It is read-only: nothing a request sends can change the daemon (a table reset goes through the state_dir,
 whose permissions say who may ask). Handlers read the loop's last ``Sample`` and never block the loop.
+It has no authentication, so the config refuses a non-loopback host unless ``[http] allow_non_loopback`` says so.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from globald.config import HttpConfig
+from globald.config import HttpConfig, is_loopback
 from globald.errors import ConfigError
 from globald.ops.health import Liveness
 
@@ -124,6 +125,10 @@ class HttpServer:
                                         name="globald-http", daemon=True)
         self._thread.start()
         log.info("http endpoint on http://%s:%d (/metrics /healthz /readyz /status)", *self.address)  # type: ignore[misc]
+        if not is_loopback(self.config.host):
+            log.warning("http endpoint on %s is reachable from other hosts and unauthenticated: anyone who can "
+                        "connect reads /metrics and /status (table and topic names, offsets, errors); "
+                        "[http] allow_non_loopback = true", self.config.host)
 
     def stop(self) -> None:
         if self._server is None:

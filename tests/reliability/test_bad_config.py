@@ -59,6 +59,8 @@ CASES: list[tuple[str, str, str]] = [
     ("http.enabled string", doc(sections='[http]\nenabled = "no"'), "http.enabled"),
     ("http.host empty", doc(sections='[http]\nhost = ""'), "http.host"),
     ("http.port negative", doc(sections="[http]\nport = -1"), "http.port"),
+    ("http.host beyond loopback", doc(sections='[http]\nhost = "0.0.0.0"'), "http.host"),
+    ("http.allow_non_loopback string", doc(sections='[http]\nallow_non_loopback = "yes"'), "http.allow_non_loopback"),
     ("hooks.on_state_change string", doc(sections='[hooks]\non_state_change = "notify"'), "hooks.on_state_change"),
     ("hooks.on_state_change empty arg", doc(sections='[hooks]\non_state_change = [""]'), "hooks.on_state_change"),
     ("hooks.on_state_change number", doc(sections="[hooks]\non_state_change = [1]"), "hooks.on_state_change"),
