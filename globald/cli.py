@@ -8,12 +8,18 @@ import json
 import sys
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from globald import config as configmod
 from globald.errors import ConfigError, GlobaldError, StateDirError, StateDirLockedError
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
+# get/dump: no consistent version of the table can be served now (rebuilding with serve_stale off, or nothing
+# published yet). Distinct from EXIT_FAILURE so that "key not found" never looks like "ask again later".
+EXIT_UNAVAILABLE = 3
+
+if TYPE_CHECKING:
+    from globald.readview import ReadView
 
 
 def _b64(b: bytes) -> str:
@@ -73,21 +79,45 @@ def cmd_status(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _consistent_view(cfg: configmod.Config, table: str) -> ReadView | None:
+    """The version get and dump answer from; None, once the reason is printed, when none can be served now."""
+    from globald import readview
+
+    try:
+        return readview.open_view(cfg, table)
+    except readview.TableUnavailableError as e:
+        print(f"globald: {e}", file=sys.stderr)
+        return None
+
+
+def _announce(view: ReadView, as_json: bool) -> None:
+    """Where the answer comes from, on stderr: stdout stays the answer alone (dump's stays pure JSON lines)."""
+    if as_json:
+        print(json.dumps(view.describe(), sort_keys=True), file=sys.stderr)
+        return
+    note = view.note()
+    if note:
+        print(note, file=sys.stderr)
+
+
 def cmd_dump(args: argparse.Namespace) -> int:
-    from globald.store.names import db_dir
-    from globald.store.reader import StoreReader
+    from globald import readview
 
     cfg = configmod.load(args.config)
     table = cfg.table(args.table)
-    if args.snapshot is not None:
-        return _dump_snapshot(cfg, table.name, args.snapshot)
-    path = db_dir(cfg.state_dir, table.name)
-    if not (path / "CURRENT").exists():
-        raise GlobaldError(f"table {table.name} has no store yet under {cfg.state_dir}")
-    with StoreReader(path) as reader:
-        out = sys.stdout
-        for line in dump_lines(reader.items()):
-            out.write(line + "\n")
+    view = (readview.open_snapshot_view(cfg, table.name, args.snapshot) if args.snapshot is not None
+            else _consistent_view(cfg, table.name))
+    if view is None:
+        return EXIT_UNAVAILABLE
+    with view:
+        _announce(view, args.json)
+        out, written = sys.stdout, 0
+        try:
+            for line in dump_lines(view.items()):
+                out.write(line + "\n")
+                written += 1
+        except GlobaldError as e:  # lines already written cannot be taken back: say they are not the table
+            raise GlobaldError(f"dump of {table.name} incomplete after {written} record(s), discard it: {e}") from None
     return EXIT_OK
 
 
@@ -109,19 +139,17 @@ def _timestamp_text(ts: int) -> str:
 
 
 def cmd_get(args: argparse.Namespace) -> int:
-    from globald.store.names import db_dir
-    from globald.store.reader import StoreReader
-
     cfg = configmod.load(args.config)
     table = cfg.table(args.table)
     key = _parse_key(args.key, args.key_format)
-    path = db_dir(cfg.state_dir, table.name)
-    if not (path / "CURRENT").exists():
-        raise GlobaldError(f"table {table.name} has no store yet under {cfg.state_dir}")
-    with StoreReader(path) as reader:
-        found = reader.get(key)
+    view = _consistent_view(cfg, table.name)
+    if view is None:
+        return EXIT_UNAVAILABLE
+    with view:
+        found = view.get(key)
+    _announce(view, as_json=False)
     if args.json:
-        doc: dict[str, Any] = {"table": table.name, "key_base64": _b64(key), "found": found is not None}
+        doc: dict[str, Any] = {**view.describe(), "key_base64": _b64(key), "found": found is not None}
         if found is not None:
             value, ts = found
             doc.update(value_base64=_b64(value), timestamp=ts)
@@ -163,16 +191,6 @@ def cmd_reset(args: argparse.Namespace) -> int:
                          sort_keys=True))
     else:
         print(result.describe())
-    return EXIT_OK
-
-
-def _dump_snapshot(cfg: configmod.Config, table: str, snapshot: str) -> int:
-    from globald.snapshot.reader import open_snapshot
-
-    with open_snapshot(cfg.state_dir, table, snapshot) as snap:
-        out = sys.stdout
-        for line in dump_lines(iter(snap)):
-            out.write(line + "\n")
     return EXIT_OK
 
 
@@ -271,6 +289,8 @@ def build_parser() -> argparse.ArgumentParser:
     d = add("dump", cmd_dump, "print a table's committed content as JSON lines")
     d.add_argument("--table", required=True)
     d.add_argument("--snapshot", metavar="ID", help="dump this published snapshot instead of the live store")
+    d.add_argument("--json", action="store_true",
+                   help="say where the content comes from (source, snapshot, offsets) as one JSON line on stderr")
     g = add("get", cmd_get, "print the value and timestamp of one key (exit 1 when absent)", json_flag=True)
     g.add_argument("--table", required=True)
     g.add_argument("--key-format", choices=("text", "base64", "hex"), default="text",

@@ -18,9 +18,11 @@ from globald.errors import StoreFormatError, StoreUnavailableError
 from globald.store import plain
 from globald.store.codec import decode_format, decode_offset, unreadable_format
 from globald.store.names import (
+    COMPLETE_YES,
     FORMAT_MIXED,
     FORMAT_PLAIN,
     META_CF,
+    META_COMPLETE,
     META_FORMAT,
     OFFSETS_CF,
     VALUES_CF,
@@ -64,6 +66,9 @@ class StoreReader:
             self.close()
             raise StoreFormatError(f"{path}: {problem}")
         self.format = FORMAT_PLAIN if raw is None else decode_format(raw)
+        # Read in the same open as the data, so it describes exactly the view this reader serves: a store being
+        # rebuilt lacks it until the engine has restored it to a log end (see names.META_COMPLETE).
+        self.complete = self._meta is not None and self._meta.get(META_COMPLETE) == COMPLETE_YES
         self._values = self._family(VALUES_CF)
         # Plain values are consulted only while the store says some may be left: format 1 pays nothing.
         self._plain: Rdict | None = self._db if self.format in (FORMAT_PLAIN, FORMAT_MIXED) else None

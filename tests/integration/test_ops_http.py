@@ -109,8 +109,9 @@ def test_metrics_health_status_get_and_reset(broker: Broker, topic: Callable[...
     r = globald("get", "--config", str(d.config), "--table", "tbl", "café", "--json")
     assert json.loads(r.stdout)["value_base64"] == "/wBiaW5hcnk="
     r = globald("get", "--config", str(d.config), "--table", "tbl", "no-such-key", "--json")
-    assert r.returncode == 1 and json.loads(r.stdout) == {"found": False, "key_base64": "bm8tc3VjaC1rZXk=",
-                                                          "table": "tbl"}
+    got = json.loads(r.stdout)
+    assert r.returncode == 1 and {k: got[k] for k in ("found", "key_base64", "table", "source")} == {
+        "found": False, "key_base64": "bm8tc3VjaC1rZXk=", "table": "tbl", "source": "live"}
 
     # reset while the daemon runs: refused without confirmation, then done by the daemon itself.
     r = globald("reset", "--config", str(d.config), "--table", "tbl")
