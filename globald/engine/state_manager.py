@@ -188,10 +188,13 @@ class StateManager:
     def finish_restore(self, rt: TableRuntime) -> None:
         """End ``rt``'s restore: make it durable (the bulk load's flush, then a commit that checks the durable offsets
         are the ones restored to) and mark the store complete. Raises StoreIOError, claiming nothing, otherwise."""
+        started = time.monotonic()
         if rt.store.bulk:
             rt.store.end_bulk_load()
         self._commit_table(rt)
         rt.store.mark_complete()
+        self.commits += 1
+        self.last_commit_seconds = time.monotonic() - started
 
     def close(self, clean: bool) -> None:
         for rt in self.tables.values():
