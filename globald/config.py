@@ -27,6 +27,10 @@ MANAGED_KAFKA_PROPERTIES: dict[str, object] = {
     "enable.auto.commit": False,
     "enable.auto.offset.store": False,
     "enable.partition.eof": True,
+    # A mirror must never make a topic exist: one deleted under it would come back empty and its table be wiped to
+    # match. Also librdkafka's consumer default; sent in Metadata v4+ (Kafka >= 0.11), ignored by older brokers,
+    # for which globald's own queries list the cluster instead of naming a topic (kafka/clients.py).
+    "allow.auto.create.topics": False,
 }
 
 # Client defaults valid on every broker, which a user's [kafka] setting overrides. librdkafka 2.x stops fetching a

@@ -139,7 +139,8 @@ class EmbeddedKafka:
             "log.segment.delete.delay.ms": "1000",
             "offsets.topic.replication.factor": "1",
             # Topics are created explicitly (TopicAdmin): a 0.9 metadata request would otherwise resurrect a
-            # topic a test just deleted.
+            # topic a test just deleted. broker_props={"auto.create.topics.enable": "true"} gives the broker's own
+            # default back, for the tests proving that globald never brings a topic back itself.
             "auto.create.topics.enable": "false",
             "num.partitions": "3",
             "log.cleanup.policy": "compact",

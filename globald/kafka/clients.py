@@ -18,10 +18,6 @@ log = logging.getLogger(__name__)
 kafka_log = logging.getLogger("globald.librdkafka")
 
 
-# Errors that mean no broker answered at all: asking again at once would only wait as long a second time.
-_UNREACHABLE = {KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._ALL_BROKERS_DOWN, KafkaError._RESOLVE}
-
-
 class TransientKafkaError(Exception):
     """Kafka could not answer now (broker unreachable, topic missing, leader moving). Retried with backoff."""
 
@@ -39,26 +35,32 @@ def make_consumer(config: Config, on_error: Callable[[KafkaError], None] | None 
 
 
 def partitions(consumer: Consumer, topic: str, timeout: float = 5.0) -> list[int]:
+    """The topic's partitions, read from a listing of the whole cluster.
+
+    The request never names the topic: a broker answering Metadata v0-v3 (Kafka < 0.11, or any broker spoken to
+    with api.version.request=false) creates every topic a metadata request names when its
+    auto.create.topics.enable is on, so asking about a deleted topic would bring it back empty, and the table
+    would then be wiped to match. allow.auto.create.topics=false only reaches brokers speaking Metadata v4+.
+    """
     try:
-        md = consumer.list_topics(topic, timeout=timeout)
+        md = consumer.list_topics(timeout=timeout)
     except KafkaException as e:
-        if e.args[0].code() in _UNREACHABLE:
-            raise TransientKafkaError(f"metadata for {topic}: {e}") from None
-        # Asked about a topic that is gone, some brokers answer in a way librdkafka reports as a local error
-        # (0.9: "Bad message format"); whether the cluster itself answers tells a missing topic from an outage.
-        try:
-            md = consumer.list_topics(timeout=timeout)
-        except KafkaException:
-            raise TransientKafkaError(f"metadata for {topic}: {e}") from None
+        raise TransientKafkaError(f"metadata for {topic}: {e}") from None
     tm = md.topics.get(topic)
-    if tm is None or tm.error is not None or not tm.partitions:
-        err = tm.error if tm is not None else None
-        raise TopicUnavailableError(f"topic {topic} unavailable: {err.str() if err else 'no partitions'}")
+    if tm is None:
+        # A listing leaves out the topics this client may not describe, too: say so rather than "deleted".
+        raise TopicUnavailableError(f"topic {topic} unavailable: not in the cluster's topic list "
+                                    "(deleted, not created yet, or not authorized)")
+    if tm.error is not None or not tm.partitions:
+        raise TopicUnavailableError(f"topic {topic} unavailable: {tm.error.str() if tm.error else 'no partitions'}")
     return sorted(tm.partitions)
 
 
 def watermarks(consumer: Consumer, topic: str, partition: int, timeout: float = 5.0) -> tuple[int, int]:
-    """(log start, end) of a partition, asked of the broker (never cached)."""
+    """(log start, end) of a partition, asked of the broker (never cached).
+
+    Only for partitions ``partitions()`` has just listed: librdkafka finds the leader in the metadata that listing
+    cached, whereas for a topic it has not seen it would ask for the topic by name (see ``partitions``)."""
     try:
         low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout, cached=False)
     except KafkaException as e:
