@@ -41,33 +41,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     return Daemon(cfg).run()
 
 
-def status_lines(doc: dict[str, Any]) -> list[str]:
-    """``globald status`` for people."""
-    head = f"globald: {doc['state']}" + (f" (pid {doc['pid']})" if doc.get("pid") else "")
-    if "ready" in doc and doc.get("pid"):
-        head += ", ready" if doc["ready"] else f", not ready: {doc.get('ready_detail', '')}"
-    lines = [head]
-    if doc.get("degraded"):
-        lines.append(f"  degraded: {doc['degraded']}")
-    if doc.get("http"):
-        lines.append(f"  http: http://{doc['http']['host']}:{doc['http']['port']}/metrics")
-    for name, t in doc.get("tables", {}).items():
-        offsets = ", ".join(f"p{p}={o}" for p, o in t.get("offsets", {}).items()) or "no offsets"
-        lag = f", lag {t['lag']}" if "lag" in t else ""
-        wipes = f", {t['wipes']} wipe(s)" if t.get("wipes") else ""
-        lines.append(f"  {name:<20} {t['state']:<12} {offsets}{lag}{wipes}")
-        r = t.get("restore")
-        if r:
-            eta = "?" if r.get("eta_seconds") is None else f"{r['eta_seconds']:.0f}s"
-            lines.append(f"  {'':<20} restoring {r['percent']:.0f}%, {r['records']:,} records, "
-                         f"{r['records_per_second']:,.0f} rec/s, ETA {eta}")
-        snap = t.get("snapshot")
-        if snap and snap.get("current"):
-            stale = f"  STALE: {snap.get('stale_reason')}" if snap.get("stale") else ""
-            lines.append(f"  {'':<20} snapshot {snap['current']}{stale}")
-    return lines
-
-
 def cmd_status(args: argparse.Namespace) -> int:
     from globald import statusfile
 
@@ -75,7 +48,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(doc, indent=None, sort_keys=True))
         return EXIT_OK
-    print("\n".join(status_lines(doc)))
+    print("\n".join(statusfile.status_lines(doc)))
     return EXIT_OK
 
 

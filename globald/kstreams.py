@@ -18,9 +18,9 @@ from confluent_kafka import Consumer
 from rocksdict import Rdict, WriteBatch
 
 from globald.config import TOPIC_NAME_RE, Config
-from globald.daemon import lock_state_dir, prepare_state_dir
 from globald.errors import ConfigError, ImportRefusedError, StoreCorruptError
 from globald.kafka.clients import TransientKafkaError, partitions, watermarks
+from globald.statedir import lock_state_dir, prepare_state_dir
 from globald.store import checkpoint_file
 from globald.store.names import (
     COLUMN_FAMILIES,

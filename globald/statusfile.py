@@ -1,4 +1,4 @@
-"""The status document a running daemon publishes in its state_dir, and how other processes read it.
+"""The status document a running daemon publishes in its state_dir, how other processes read it and show it.
 
 The daemon replaces ``status.json`` atomically on every state change and commit, so ``globald status`` never
 opens the store or takes a lock while a daemon runs. A file left by a dead daemon is recognised by its pid.
@@ -100,3 +100,30 @@ def offline(config: Config) -> dict[str, Any]:
 
 def current(config: Config) -> dict[str, Any]:
     return read_live(config.state_dir) or offline(config)
+
+
+def status_lines(doc: dict[str, Any]) -> list[str]:
+    """``globald status`` for people (the demo shows it too)."""
+    head = f"globald: {doc['state']}" + (f" (pid {doc['pid']})" if doc.get("pid") else "")
+    if "ready" in doc and doc.get("pid"):
+        head += ", ready" if doc["ready"] else f", not ready: {doc.get('ready_detail', '')}"
+    lines = [head]
+    if doc.get("degraded"):
+        lines.append(f"  degraded: {doc['degraded']}")
+    if doc.get("http"):
+        lines.append(f"  http: http://{doc['http']['host']}:{doc['http']['port']}/metrics")
+    for name, t in doc.get("tables", {}).items():
+        offsets = ", ".join(f"p{p}={o}" for p, o in t.get("offsets", {}).items()) or "no offsets"
+        lag = f", lag {t['lag']}" if "lag" in t else ""
+        wipes = f", {t['wipes']} wipe(s)" if t.get("wipes") else ""
+        lines.append(f"  {name:<20} {t['state']:<12} {offsets}{lag}{wipes}")
+        r = t.get("restore")
+        if r:
+            eta = "?" if r.get("eta_seconds") is None else f"{r['eta_seconds']:.0f}s"
+            lines.append(f"  {'':<20} restoring {r['percent']:.0f}%, {r['records']:,} records, "
+                         f"{r['records_per_second']:,.0f} rec/s, ETA {eta}")
+        snap = t.get("snapshot")
+        if snap and snap.get("current"):
+            stale = f"  STALE: {snap.get('stale_reason')}" if snap.get("stale") else ""
+            lines.append(f"  {'':<20} snapshot {snap['current']}{stale}")
+    return lines

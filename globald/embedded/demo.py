@@ -255,7 +255,7 @@ class Demo:
                 and not (line.startswith("globald_state{") and line.endswith(" 0.0"))]
 
     def status_lines(self) -> list[str]:
-        from globald.cli import status_lines
+        from globald.statusfile import status_lines
 
         return status_lines(self.daemon.ops.status_doc() or {"state": "CREATED"})
 

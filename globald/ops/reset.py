@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from globald.config import Config
-from globald.daemon import lock_state_dir
 from globald.errors import GlobaldError, StateDirLockedError
 from globald.ops.requests import ask_daemon_to_reset
+from globald.statedir import lock_state_dir
 from globald.store.names import db_dir, table_dir
 from globald.store.options import StoreOptions
 from globald.store.table_store import TableStore

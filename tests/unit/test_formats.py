@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from rocksdict import Options, Rdict, WriteBatch
 
-from globald.daemon import lock_state_dir
 from globald.errors import StoreCorruptError, StoreFormatError
+from globald.statedir import lock_state_dir
 from globald.store import checkpoint_file
 from globald.store.codec import encode_value
 from globald.store.names import (

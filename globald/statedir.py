@@ -1,0 +1,73 @@
+"""Owning a state_dir: creating it private (0700) and holding its advisory lock.
+
+Shared by the daemon and the offline commands (reset, migrate, import-kafka-streams), which must exclude a
+running daemon the same way it excludes a second daemon; it lives apart from ``daemon`` so that those commands do
+not import the daemon and everything it runs.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import logging
+import os
+from pathlib import Path
+from typing import IO
+
+from globald.errors import StateDirError, StateDirLockedError
+from globald.store.names import LOCK_FILE
+
+log = logging.getLogger(__name__)
+
+# A disk that may heal: the daemon waits for it instead of refusing to start.
+TRANSIENT_DISK_ERRORS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO})
+
+
+class DiskNotReady(StateDirError):
+    """The state_dir's disk is full or failing. The daemon waits for it (degraded); an offline command stops.
+    Free space or repair the disk, then run the command again."""
+
+    def __init__(self, error: OSError, what: str) -> None:
+        super().__init__(f"{what}: {error.strerror or error}")
+
+
+def prepare_state_dir(state_dir: Path) -> None:
+    if state_dir.exists() and not state_dir.is_dir():  # mkdir would only say "File exists"
+        raise StateDirError(f"state_dir {state_dir} exists and is not a directory")
+    try:
+        state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if state_dir.stat().st_mode & 0o077:
+            os.chmod(state_dir, 0o700)
+            log.warning("state_dir %s was readable by others; tightened to 0700", state_dir)
+    except OSError as e:
+        if e.errno in TRANSIENT_DISK_ERRORS:
+            raise DiskNotReady(e, f"state_dir {state_dir}") from None
+        raise StateDirError(f"state_dir {state_dir}: {e.strerror or e}") from None
+    if not os.access(state_dir, os.W_OK | os.X_OK):
+        raise StateDirError(f"state_dir {state_dir} is not writable by uid {os.getuid()}")
+
+
+def lock_state_dir(state_dir: Path) -> IO[str]:
+    """Hold the state_dir's advisory lock for the life of the returned file."""
+    path = state_dir / LOCK_FILE
+    try:
+        f = open(path, "a+")  # noqa: SIM115 - held open for the life of the caller
+    except OSError as e:
+        if e.errno in TRANSIENT_DISK_ERRORS:
+            raise DiskNotReady(e, f"cannot open {path}") from None
+        raise StateDirError(f"cannot open {path}: {e.strerror or e}") from None
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        owner = f.read().strip() or "unknown"
+        f.close()
+        raise StateDirLockedError(f"state_dir {state_dir} is owned by another globald (pid {owner})") from None
+    try:  # the PID only names the owner in a refusal: the lock holds without it
+        f.seek(0)
+        f.truncate()
+        f.write(str(os.getpid()))
+        f.flush()
+    except OSError as e:
+        log.warning("cannot write the pid into %s (%s); the lock is held all the same", path, e.strerror or e)
+    return f

@@ -1,0 +1,133 @@
+"""No import cycles among globald's modules.
+
+A cycle means two modules cannot be understood, tested or replaced apart, and it breaks at import time as soon as
+one side needs a name of the other at module level. Every import counts: module level, inside functions (they only
+defer the cycle) and under ``TYPE_CHECKING`` (the coupling is the same).
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+import globald
+
+PACKAGE_ROOT = Path(globald.__file__).parent
+
+
+def module_files(root: Path, package: str) -> dict[str, Path]:
+    """Dotted module name → file, for every module of the package rooted at ``root``."""
+    found: dict[str, Path] = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = [package, *path.relative_to(root).with_suffix("").parts]
+        if parts[-1] == "__init__":
+            parts.pop()
+        found[".".join(parts)] = path
+    return found
+
+
+def _known_prefix(name: str, modules: Mapping[str, Path]) -> str | None:
+    """The module a dotted name lives in: ``pkg.mod.Class`` → ``pkg.mod``; None outside ``modules``."""
+    while name and name not in modules:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def imports_of(module: str, path: Path, modules: Mapping[str, Path]) -> set[str]:
+    """The modules of ``modules`` that ``module`` imports anywhere in its source."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    targets: set[str | None] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+        if isinstance(node, ast.Import):
+            targets.update(_known_prefix(alias.name, modules) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: climb from the importing module's package
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                source = ".".join([*base, node.module] if node.module else base)
+            else:
+                source = node.module or ""
+            for alias in node.names:
+                # "from pkg import mod" imports the submodule; "from pkg import name" only pkg/__init__
+                submodule = f"{source}.{alias.name}"
+                targets.add(submodule if submodule in modules else _known_prefix(source, modules))
+    targets.discard(None)
+    targets.discard(module)
+    return {t for t in targets if t is not None}
+
+
+def import_graph(root: Path, package: str) -> dict[str, set[str]]:
+    modules = module_files(root, package)
+    return {name: imports_of(name, path, modules) for name, path in modules.items()}
+
+
+def cycles(graph: Mapping[str, Iterable[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan's algorithm, iterative), each sorted."""
+    index: dict[str, int] = {}
+    lowlink: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for start in graph:
+        if start in index:
+            continue
+        # Each frame: a node and the iterator over its remaining successors; explicit so deep chains cannot
+        # hit the recursion limit.
+        work = [(start, iter(graph.get(start, ())))]
+        index[start] = lowlink[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, successors = work[-1]
+            for succ in successors:
+                if succ not in index:
+                    index[succ] = lowlink[succ] = len(index)
+                    stack.append(succ)
+                    on_stack.add(succ)
+                    work.append((succ, iter(graph.get(succ, ()))))
+                    break
+                if succ in on_stack:
+                    lowlink[node] = min(lowlink[node], index[succ])
+            else:
+                work.pop()
+                if work:
+                    parent = work[-1][0]
+                    lowlink[parent] = min(lowlink[parent], lowlink[node])
+                if lowlink[node] == index[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
+                        if member == node:
+                            break
+                    if len(component) > 1:
+                        found.append(sorted(component))
+    return sorted(found)
+
+
+def _describe(component: list[str], graph: Mapping[str, set[str]]) -> str:
+    edges = [f"{a} -> {b}" for a in component for b in sorted(graph[a]) if b in component]
+    return "; ".join(edges)
+
+
+def test_no_import_cycles_among_globald_modules() -> None:
+    graph = import_graph(PACKAGE_ROOT, "globald")
+    found = cycles(graph)
+    assert not found, "import cycles: " + " | ".join(_describe(c, graph) for c in found)
+
+
+def test_checker_finds_cycles_through_function_level_and_package_imports(tmp_path: Path) -> None:
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("from pkg.sub.leaf import VALUE\n")
+    (pkg / "sub" / "leaf.py").write_text("VALUE = 1\n")
+    (pkg / "a.py").write_text("def f():\n    from pkg import b\n")
+    (pkg / "b.py").write_text("from .sub import VALUE\nimport pkg.a\n")
+    (pkg / "c.py").write_text("from pkg.sub import leaf\n")
+    graph = import_graph(pkg, "pkg")
+    assert graph["pkg.b"] == {"pkg.a", "pkg.sub"}
+    assert graph["pkg.c"] == {"pkg.sub.leaf"}
+    assert cycles(graph) == [["pkg.a", "pkg.b"]]
+    assert cycles({"x": {"y"}, "y": {"z"}, "z": {"x"}, "w": {"x"}}) == [["x", "y", "z"]]
