@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from globald.config import Config
 from globald.errors import GlobaldError, StateDirLockedError
-from globald.ops.requests import ask_daemon_to_reset
+from globald.ops.operator_requests import ask_daemon_to_reset
 from globald.statedir import lock_state_dir
 from globald.store.names import db_dir, table_dir
 from globald.store.options import StoreOptions

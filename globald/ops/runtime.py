@@ -14,7 +14,7 @@ from typing import Any
 from globald import config as configmod
 from globald.config import Config
 from globald.engine.thread import GlobalThread
-from globald.ops import requests
+from globald.ops import operator_requests as requests
 from globald.ops.health import Liveness, Readiness, SnapshotSource, liveness, readiness
 from globald.ops.hooks import HookRunner
 from globald.ops.http import Endpoints, HttpServer

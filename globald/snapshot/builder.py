@@ -20,8 +20,8 @@ from rocksdict import Rdict, WriteBatch
 
 from globald.config import Config, TableConfig
 from globald.kafka.clients import TransientKafkaError, make_consumer, partitions, watermarks
+from globald.snapshot.exact_requests import Code
 from globald.snapshot.manifest import Offsets
-from globald.snapshot.requests import Code
 from globald.store.codec import NO_TIMESTAMP, encode_offset, encode_value, partition_key
 from globald.store.names import (
     COLUMN_FAMILIES,
@@ -37,7 +37,7 @@ from globald.store.options import StoreOptions
 
 
 class BuildRefused(Exception):
-    """The target cannot be built exactly; ``code`` says why (a requests.Code)."""
+    """The target cannot be built exactly; ``code`` says why (an exact_requests.Code)."""
 
     def __init__(self, code: Code, message: str) -> None:
         super().__init__(message)

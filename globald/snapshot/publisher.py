@@ -24,12 +24,13 @@ from globald.config import Config, TableConfig
 from globald.engine.state_manager import TableRuntime
 from globald.engine.thread import GlobalThread
 from globald.errors import ManifestError
-from globald.snapshot import leases, requests
+from globald.snapshot import exact_requests as requests
+from globald.snapshot import leases
 from globald.snapshot import manifest as manifests
 from globald.snapshot.builder import Builder, BuildRefused
+from globald.snapshot.exact_requests import Code, Request, Response
 from globald.snapshot.manifest import Manifest, Offsets, valid_id
 from globald.snapshot.reader import current_id, find_exact, manifests_of
-from globald.snapshot.requests import Code, Request, Response
 from globald.states import State
 from globald.store.checkpoint_file import fsync_dir
 from globald.store.names import (

@@ -14,8 +14,8 @@ from enum import StrEnum
 from pathlib import Path
 
 from globald.errors import SnapshotStaleError, SnapshotUnavailableError
+from globald.snapshot import exact_requests
 from globald.snapshot import manifest as manifests
-from globald.snapshot import requests
 from globald.snapshot.manifest import Manifest, Offsets
 from globald.snapshot.reader import current_id, find_exact
 from globald.store.names import snapshots_dir
@@ -43,12 +43,12 @@ def _found(m: Manifest, exact: bool, note: str | None = None) -> Resolution:
 
 def resolve(state_dir: Path, table: str, target: Offsets, *, hint: str | None = None, timeout: float = 30.0,
             policy: Policy = Policy.FAIL, serve_stale: bool = True,
-            lease_s: float = requests.DEFAULT_LEASE_S) -> Resolution:
+            lease_s: float = exact_requests.DEFAULT_LEASE_S) -> Resolution:
     """The local snapshot to read for ``target``; waits at most ``timeout`` seconds for the daemon."""
     m = find_exact(state_dir, table, target, hint)
     if m is not None:
         return _found(m, True)
-    resp = requests.request(state_dir, table, target, timeout, lease_s)
+    resp = exact_requests.request(state_dir, table, target, timeout, lease_s)
     if resp.ok and resp.snapshot is not None:
         return _found(manifests.read(snapshots_dir(state_dir, table) / resp.snapshot, table), True)
     if policy == Policy.FAIL:

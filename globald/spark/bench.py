@@ -24,7 +24,7 @@ from typing import Any
 
 from globald.embedded.admin import TopicAdmin
 from globald.embedded.broker import EmbeddedKafka
-from globald.snapshot import open_snapshot, requests
+from globald.snapshot import exact_requests, open_snapshot
 from globald.snapshot.reader import current_id
 
 TABLE = "bench"
@@ -104,7 +104,7 @@ def measure_daemon(admin: TopicAdmin, topic: str, state: Path) -> dict[str, Any]
 
 def _request_ms(state: Path, target: dict[int, int]) -> float:
     t = time.perf_counter()
-    resp = requests.request(state, TABLE, target, timeout=600)
+    resp = exact_requests.request(state, TABLE, target, timeout=600)
     took = round((time.perf_counter() - t) * 1000, 1)
     if not resp.ok:
         raise RuntimeError(f"request at {target}: {resp}")

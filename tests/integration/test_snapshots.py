@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from globald.errors import SnapshotStaleError
-from globald.snapshot import leases, open_snapshot, requests
-from globald.snapshot.requests import Code
+from globald.snapshot import exact_requests, leases, open_snapshot
+from globald.snapshot.exact_requests import Code
 from globald.store.names import snapshots_dir
 from tests.harness import Broker, DaemonProcess, globald, oracle_at, random_records, write_config
 from tests.integration.snapshot_helpers import (
@@ -98,40 +98,40 @@ def test_exact_offset_requests_are_identical_across_sidecars(broker: Broker, top
         target = {p: (ends_a[p] + ends_b[p]) // 2 for p in ends_b}
         dumps = []
         for sidecar in (d, other):
-            resp = requests.request(sidecar.state_dir, "tbl", target, timeout=60)
+            resp = exact_requests.request(sidecar.state_dir, "tbl", target, timeout=60)
             assert resp.code == Code.READY, resp
             assert resp.snapshot is not None
             m = manifest_of(sidecar, "tbl", resp.snapshot)
             assert m.offsets == target and m.kind == "exact"
             dumps.append(sidecar.dump("tbl", snapshot=resp.snapshot))
-            again = requests.request(sidecar.state_dir, "tbl", target, timeout=30)
+            again = exact_requests.request(sidecar.state_dir, "tbl", target, timeout=30)
             assert again.snapshot == resp.snapshot  # served from the one already built
         assert dumps[0] == dumps[1]
         assert {k: v for k, (v, _) in dumps[0].items()} == oracle_at(broker, t, {str(p): o for p, o in target.items()})
         # A second build on the same sidecar (its consumer reused) is just as exact.
         earlier = {p: (ends_a[p] + o) // 2 for p, o in target.items()}
-        resp = requests.request(d.state_dir, "tbl", earlier, timeout=60)
+        resp = exact_requests.request(d.state_dir, "tbl", earlier, timeout=60)
         assert resp.code == Code.READY and resp.snapshot is not None
         assert snapshot_values(d, "tbl", resp.snapshot) == oracle_at(broker, t, {str(p): o for p, o in earlier.items()})
     finally:
         other.stop()
 
     state = d.state_dir
-    same = requests.request(state, "tbl", ends_b, timeout=30)
+    same = exact_requests.request(state, "tbl", ends_b, timeout=30)
     assert same.code == Code.READY and same.snapshot == live["id"]
-    beyond = requests.request(state, "tbl", {p: o + 5 for p, o in ends_b.items()}, timeout=30)
+    beyond = exact_requests.request(state, "tbl", {p: o + 5 for p, o in ends_b.items()}, timeout=30)
     assert beyond.code == Code.BEYOND_END and "beyond the end" in beyond.message
-    wrong = requests.request(state, "tbl", {0: 1}, timeout=30)
+    wrong = exact_requests.request(state, "tbl", {0: 1}, timeout=30)
     assert wrong.code == Code.INVALID
     # A garbage request file gets an answer too, and the daemon carries on.
     bad = snapshots_dir(state, "tbl") / "requests" / "garbage.json"
     bad.write_bytes(b'{"id": "garbage", "offs')
-    resp = requests.wait(state, requests.Request("garbage", "tbl", {0: 0}), timeout=30)
+    resp = exact_requests.wait(state, exact_requests.Request("garbage", "tbl", {0: 0}), timeout=30)
     assert resp.code == Code.INVALID
     # Ahead of the live table: the daemon reads up to exactly the target.
     broker.admin.produce(t, random_records(2_000, keys=500, seed=33))
     ends_c = broker.admin.end_offsets(t)
-    resp = requests.request(state, "tbl", ends_c, timeout=60)
+    resp = exact_requests.request(state, "tbl", ends_c, timeout=60)
     assert resp.code == Code.READY and resp.snapshot is not None
     assert snapshot_values(d, "tbl", resp.snapshot) == oracle_at(broker, t, {str(p): o for p, o in ends_c.items()})
     assert d.alive()
@@ -145,7 +145,7 @@ def test_request_below_log_start_is_refused(broker: Broker, topic: Callable[...,
     wait_snapshot_at(d, "tbl", ends)
     lows = broker.admin.advance_log_start(t)
     assert all(lows[p] > ends[p] - 10 for p in ends)
-    resp = requests.request(d.state_dir, "tbl", {p: o - 10 for p, o in ends.items()}, timeout=60)
+    resp = exact_requests.request(d.state_dir, "tbl", {p: o - 10 for p, o in ends.items()}, timeout=60)
     assert resp.code == Code.BELOW_LOG_START, resp
     assert d.alive()
 
@@ -169,7 +169,7 @@ def test_request_needing_compacted_records_is_refused(broker: Broker, topic: Cal
         admin.produce(t, [(b"roll", b"r")], partition=0)  # rolls the active segment so it can be cleaned
     d = daemon({"tbl": t}, snapshots=FAST)
     wait_snapshot_at(d, "tbl", admin.end_offsets(t))
-    resp = requests.request(d.state_dir, "tbl", {0: middle}, timeout=60)
+    resp = exact_requests.request(d.state_dir, "tbl", {0: middle}, timeout=60)
     assert resp.code == Code.COMPACTED, resp
 
 
@@ -193,10 +193,10 @@ def test_stale_while_rebuilding(broker: Broker, topic: Callable[..., str], daemo
             assert s.id == before["id"] and {k: v for k, v, _ in s} == old
         with pytest.raises(SnapshotStaleError):
             open_snapshot(d.state_dir, "tbl", serve_stale=False)
-        req = requests.submit(d.state_dir, "tbl", {p: 1 for p in range(3)})
+        req = exact_requests.submit(d.state_dir, "tbl", {p: 1 for p in range(3)})
     finally:
         d.proc.send_signal(signal.SIGCONT)
-    assert requests.wait(d.state_dir, req, timeout=30).code == Code.REBUILDING
+    assert exact_requests.wait(d.state_dir, req, timeout=30).code == Code.REBUILDING
 
     new_ends = broker.admin.end_offsets(t)
     fresh = wait_snapshot_at(d, "tbl", new_ends, timeout=90)

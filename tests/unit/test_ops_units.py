@@ -18,7 +18,7 @@ import pytest
 
 from globald.config import HooksConfig
 from globald.logs import JsonFormatter, PlainFormatter, Redactor
-from globald.ops import requests
+from globald.ops import operator_requests
 from globald.ops.health import liveness, readiness
 from globald.ops.hooks import HookRunner
 from globald.ops.progress import ProgressDisplay, ProgressOptions, RestoreTracker
@@ -246,11 +246,12 @@ def test_log_lines_mask_secrets_in_messages_and_tracebacks(formatter: logging.Fo
 
 def test_request_inbox_claims_each_request_once(tmp_path: Path) -> None:
     resets: list[tuple[str, str]] = []
-    inbox = requests.RequestInbox(tmp_path, {"customers"}, lambda t, d: resets.append((t, d)))
+    inbox = operator_requests.RequestInbox(tmp_path, {"customers"}, lambda t, d: resets.append((t, d)))
     inbox.open()
     assert (tmp_path / "requests").stat().st_mode & 0o777 == 0o700
     answers: list[dict] = []
-    asker = threading.Thread(target=lambda: answers.append(requests.ask_daemon_to_reset(tmp_path, "customers", 10)))
+    asker = threading.Thread(
+        target=lambda: answers.append(operator_requests.ask_daemon_to_reset(tmp_path, "customers", 10)))
     asker.start()
     deadline = time.monotonic() + 10
     while not resets and time.monotonic() < deadline:
@@ -261,7 +262,7 @@ def test_request_inbox_claims_each_request_once(tmp_path: Path) -> None:
     assert answers == [{"ok": True, "table": "customers", "pid": os.getpid()}]
     assert list((tmp_path / "requests").iterdir()) == []
     # A table the daemon does not know is refused; a request nobody takes is cancelled, not left behind.
-    t = threading.Thread(target=lambda: answers.append(requests.ask_daemon_to_reset(tmp_path, "nope", 10)))
+    t = threading.Thread(target=lambda: answers.append(operator_requests.ask_daemon_to_reset(tmp_path, "nope", 10)))
     t.start()
     deadline = time.monotonic() + 10
     while len(answers) < 2 and time.monotonic() < deadline:
@@ -270,5 +271,5 @@ def test_request_inbox_claims_each_request_once(tmp_path: Path) -> None:
     t.join(10)
     assert answers[1]["ok"] is False and "nope" in answers[1]["error"]
     with pytest.raises(Exception, match="request cancelled, nothing was wiped"):
-        requests.ask_daemon_to_reset(tmp_path, "customers", timeout=0.3)
+        operator_requests.ask_daemon_to_reset(tmp_path, "customers", timeout=0.3)
     assert list((tmp_path / "requests").iterdir()) == [] and len(resets) == 1

@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 
 from globald.errors import ManifestError, SnapshotNotFoundError, SnapshotStaleError
-from globald.snapshot import leases, listing, open_snapshot, requests
+from globald.snapshot import exact_requests, leases, listing, open_snapshot
 from globald.snapshot import manifest as manifests
 from globald.snapshot.builder import BuildRefused, check_target
+from globald.snapshot.exact_requests import Code, Request, Response
 from globald.snapshot.manifest import Manifest
 from globald.snapshot.reader import find_exact
-from globald.snapshot.requests import Code, Request, Response
 from globald.snapshot.resolve import Policy, resolve
 from globald.store.names import SNAPSHOT_CURRENT, SNAPSHOT_MANIFEST, snapshots_dir
 
@@ -148,7 +148,7 @@ def test_retention_keeps_newest_and_pinned() -> None:
     assert leases.doomed([*ids, "junk"], 20, set()) == []
 
 
-# -- requests -----------------------------------------------------------------------------------------------------
+# -- exact requests -----------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("doc", [
@@ -165,12 +165,12 @@ def test_bad_requests_are_rejected(doc: dict[str, Any]) -> None:
 
 
 def test_pending_requests_parse_or_become_invalid_answers(tmp_path: Path) -> None:
-    good = requests.submit(tmp_path, "tbl", {0: 5, 1: 6}, lease_s=30)
+    good = exact_requests.submit(tmp_path, "tbl", {0: 5, 1: 6}, lease_s=30)
     folder = snapshots_dir(tmp_path, "tbl") / "requests"
     (folder / "broken.json").write_bytes(b"\x00\x01")
     (folder / "bad name!.json").write_text("{}")
     (folder / ".in-progress.json").write_text("{}")
-    taken = requests.take_pending(tmp_path, "tbl")
+    taken = exact_requests.take_pending(tmp_path, "tbl")
     assert taken[0] == Response("broken", Code.INVALID, taken[0].message)  # type: ignore[union-attr]
     assert taken[1] == Request(good.id, "tbl", {0: 5, 1: 6}, 30.0)
     assert [p.name for p in folder.iterdir()] == [".in-progress.json"]
@@ -186,7 +186,7 @@ def test_responses_must_answer_the_request() -> None:
 
 def test_no_daemon_is_answered_at_once(tmp_path: Path) -> None:
     started = time.monotonic()
-    resp = requests.request(tmp_path, "tbl", {0: 1}, timeout=30)
+    resp = exact_requests.request(tmp_path, "tbl", {0: 1}, timeout=30)
     assert resp.code == Code.NO_DAEMON and time.monotonic() - started < 5
 
 
