@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from globald import config as configmod
-from globald.errors import ConfigError, GlobaldError, StateDirError, StateDirLockedError
+from globald.errors import ConfigError, GlobaldError, StateDirError, StateDirLockedError, UnknownTableError
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 # get/dump: no consistent version of the table can be served now (rebuilding with serve_stale off, or nothing
@@ -46,7 +46,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     doc = statusfile.current(configmod.load(args.config))
     if args.json:
-        print(json.dumps(doc, indent=None, sort_keys=True))
+        print(json.dumps(doc.to_json(), indent=None, sort_keys=True))
         return EXIT_OK
     print("\n".join(statusfile.status_lines(doc)))
     return EXIT_OK
@@ -276,7 +276,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for a running daemon (default 30)")
     sn = add("snapshots", cmd_snapshots, "list a table's published snapshots, newest first", json_flag=True)
     sn.add_argument("--table", required=True)
-    add("check-config", cmd_check_config, "validate a config file and exit", json_flag=True)
+    cc = add("check-config", cmd_check_config, "validate a config file and exit", config=False, json_flag=True)
+    cc.add_argument("--config", metavar="FILE", help="globald TOML config")
+    cc.add_argument("--keys", action="store_true",
+                    help="list every config key with its type, bounds, default and help, and exit")
     m = add("migrate", cmd_migrate, "take .checkpoint offsets into stores that lack them, and report", json_flag=True)
     m.add_argument("--table", help="only this table")
     k = add("import-kafka-streams", cmd_import_kafka_streams, "adopt a Kafka Streams global store as a table's store",
@@ -297,6 +300,9 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args))
     except ConfigError as e:
         print(f"globald: config error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except UnknownTableError as e:  # a --table naming no configured table: a usage error, like a bad key
+        print(f"globald: {e}", file=sys.stderr)
         return EXIT_USAGE
     except (StateDirLockedError, StateDirError) as e:
         print(f"globald: {e}", file=sys.stderr)

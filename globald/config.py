@@ -1,20 +1,27 @@
 """Configuration: one TOML file parsed into frozen dataclasses, validated before anything is touched.
 
-Every error names the offending key (``tables[1].name``, ``kafka.auto.offset.reset``) so the CLI can print one
-line and exit 2. Loading a config never creates a file or a directory.
+Each key is declared once, as a dataclass field with its default, type, bounds and help; see ``Spec``. Every
+error names the offending key (``tables[1].name``, ``kafka.auto.offset.reset``) so the CLI can print one line and
+exit 2. Loading a config never creates a file or a directory.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import json
 import re
 import tomllib
-from dataclasses import dataclass, field
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from globald.errors import ConfigError
+from globald.errors import ConfigError, UnknownTableError
 from globald.logs import MASK, Redactor
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 # Table names become directory names: keep them to a safe, portable alphabet and never '.' or '..'.
 TABLE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
@@ -106,27 +113,231 @@ def secret_values(config: Config) -> list[str]:
     return values
 
 
-@dataclass(frozen=True)
-class TableConfig:
-    name: str
-    topic: str
+# Each config key is declared once, as a field of the frozen dataclasses below: the field holds its default, and
+# its metadata under _KEY holds a Spec (type, bounds, help). Validation, the keys each section allows and the
+# reference `globald check-config --keys` prints all walk these fields, so none of them can drift from another.
+# A field without _KEY (Config.source) is not a key of the file.
+_KEY = "globald.config.key"
 
 
 @dataclass(frozen=True)
-class SnapshotConfig:
-    interval_ms: int = 1000
-    retain: int = 3
-    serve_stale: bool = True
-    build_timeout_ms: int = 120_000  # an exact-offset snapshot build taking longer is abandoned and answered
+class Spec(ABC):
+    """What one config key accepts and what it is for. Its default is that of the dataclass field declaring it."""
+
+    help: str = field(kw_only=True)  # keyword-only, so that each kind's own fields come first and positional
+
+    @abstractmethod
+    def check(self, value: object, path: str) -> Any:
+        """``value`` as the typed config holds it, or ConfigError naming ``path``."""
+
+    @abstractmethod
+    def kind(self) -> str:
+        """The type and bounds, as the reference shows them."""
+
+    def absent(self, path: str) -> Any:
+        """The value of a key that has no default and that the file leaves out."""
+        raise ConfigError(path, "is required")
+
+
+def _k(spec: Spec) -> dict[str, Spec]:
+    """The field metadata that makes a dataclass field the config key ``spec`` describes."""
+    return {_KEY: spec}
 
 
 @dataclass(frozen=True)
-class HttpConfig:
-    enabled: bool = True
-    host: str = "127.0.0.1"
-    port: int = 9464
-    # /metrics and /status have no authentication: serving them beyond this host must be a decision in the config.
-    allow_non_loopback: bool = False
+class Integer(Spec):
+    lo: int
+    hi: int
+
+    def check(self, value: object, path: str) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):  # bool is an int to Python, never to a reader
+            raise ConfigError(path, f"must be an integer, got {value!r}")
+        if not self.lo <= value <= self.hi:
+            raise ConfigError(path, f"must be between {self.lo} and {self.hi}, got {value}")
+        return value
+
+    def kind(self) -> str:
+        return f"integer, {self.lo} to {self.hi}"
+
+
+@dataclass(frozen=True)
+class Boolean(Spec):
+    def check(self, value: object, path: str) -> bool:
+        if not isinstance(value, bool):
+            raise ConfigError(path, f"must be true or false, got {value!r}")
+        return value
+
+    def kind(self) -> str:
+        return "true or false"
+
+
+@dataclass(frozen=True)
+class Text(Spec):
+    """A non-empty string."""
+
+    def check(self, value: object, path: str) -> Any:
+        if not isinstance(value, str) or not value:
+            raise ConfigError(path, f"must be a non-empty string, got {value!r}")
+        return value
+
+    def kind(self) -> str:
+        return "string"
+
+
+@dataclass(frozen=True)
+class Choice(Text):
+    choices: tuple[str, ...]
+    fold_case: bool = False  # the value is taken in upper case, so "info" and "INFO" are the same level
+
+    def check(self, value: object, path: str) -> str:
+        text: str = super().check(value, path)
+        chosen = text.upper() if self.fold_case else text
+        if chosen not in self.choices:
+            raise ConfigError(path, f"must be one of {', '.join(self.choices)}, got {value!r}")
+        return chosen
+
+    def kind(self) -> str:
+        return " | ".join(f'"{c}"' for c in self.choices) + (" (any case)" if self.fold_case else "")
+
+
+@dataclass(frozen=True)
+class Directory(Text):
+    def check(self, value: object, path: str) -> Path:
+        return Path(super().check(value, path))
+
+    def kind(self) -> str:
+        return "path"
+
+
+@dataclass(frozen=True)
+class Name(Text):
+    """A string that names something outside the config (a directory, a topic), hence a restricted alphabet."""
+
+    pattern: re.Pattern[str]
+    what: str
+    rule: str
+
+    def check(self, value: object, path: str) -> str:
+        text: str = super().check(value, path)
+        if not self.pattern.match(text) or text in {".", ".."}:
+            raise ConfigError(path, f"{text!r} is not a valid {self.what} ({self.rule})")
+        return text
+
+    def kind(self) -> str:
+        return f"{self.what}: {self.rule}"
+
+
+@dataclass(frozen=True)
+class Argv(Spec):
+    def check(self, value: object, path: str) -> tuple[str, ...]:
+        if not isinstance(value, list | tuple) or not all(isinstance(a, str) and a for a in value):
+            raise ConfigError(path, "must be a list of non-empty strings (an argv)")
+        return tuple(value)
+
+    def kind(self) -> str:
+        return "list of strings (an argv, run without a shell)"
+
+
+@dataclass(frozen=True)
+class Url(Spec):
+    def check(self, value: object, path: str) -> str:
+        if not isinstance(value, str) or not value.startswith(("http://", "https://")):
+            raise ConfigError(path, f"must be an http:// or https:// URL, got {value!r}")
+        return value
+
+    def kind(self) -> str:
+        return "http:// or https:// URL"
+
+
+@dataclass(frozen=True)
+class Section(Spec):
+    """A TOML table whose keys are the declared fields of the dataclass ``of``."""
+
+    of: type[DataclassInstance]
+    # A rule that involves several keys of the section, run on the parsed section with its path.
+    after: Callable[[Any, str], None] | None = None
+
+    def check(self, value: object, path: str) -> Any:
+        if not isinstance(value, dict):
+            raise ConfigError(path, "must be a table")
+        section = _build(self.of, value, f"{path}.")
+        if self.after is not None:
+            self.after(section, path)
+        return section
+
+    def kind(self) -> str:
+        return "section"
+
+
+@dataclass(frozen=True)
+class Tables(Spec):
+    """The [[tables]] array: at least one entry, no name or topic twice."""
+
+    def check(self, value: object, path: str) -> tuple[TableConfig, ...]:
+        if not isinstance(value, list) or not value:
+            return self.absent(path)  # raises
+        tables: list[TableConfig] = []
+        for i, entry in enumerate(value):
+            where = f"{path}[{i}]"
+            if not isinstance(entry, dict):
+                raise ConfigError(where, "must be a table with name and topic")
+            table = _build(TableConfig, entry, f"{where}.")
+            if any(t.name == table.name for t in tables):
+                raise ConfigError(f"{where}.name", f"duplicate table name {table.name!r}")
+            if any(t.topic == table.topic for t in tables):
+                raise ConfigError(f"{where}.topic", f"topic {table.topic!r} is already mirrored by another table")
+            tables.append(table)
+        return tuple(tables)
+
+    def absent(self, path: str) -> Any:
+        raise ConfigError(path, "at least one [[tables]] entry with name and topic is required")
+
+    def kind(self) -> str:
+        return "array of tables, one [[tables]] entry per table"
+
+
+@dataclass(frozen=True)
+class Properties(Spec):
+    """librdkafka properties: free-form, since librdkafka itself knows which exist (check_kafka_properties)."""
+
+    def check(self, value: object, path: str) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            raise ConfigError(path, "must be a table")
+        for key, v in value.items():
+            if not isinstance(v, str | int | float | bool):
+                raise ConfigError(f"{path}.{key}", "librdkafka properties must be strings, numbers or booleans")
+            if key in MANAGED_KAFKA_PROPERTIES and v != MANAGED_KAFKA_PROPERTIES[key]:
+                raise ConfigError(f"{path}.{key}",
+                                  f"is managed by globald and must stay {MANAGED_KAFKA_PROPERTIES[key]!r}")
+        if not value.get("bootstrap.servers"):
+            raise ConfigError(f"{path}.bootstrap.servers", "is required")
+        return dict(value)
+
+    def absent(self, path: str) -> Any:
+        return self.check({}, path)  # names bootstrap.servers, the one property that is required
+
+    def kind(self) -> str:
+        return "librdkafka properties (strings, numbers, booleans)"
+
+
+_D = TypeVar("_D", bound="DataclassInstance")
+
+
+def _build(cls: type[_D], raw: dict[str, Any], prefix: str) -> _D:
+    """An instance of ``cls`` from one TOML table, its keys named ``prefix + key`` in errors."""
+    declared = {f.name: f for f in fields(cls) if _KEY in f.metadata}
+    for name in raw:
+        if name not in declared:
+            raise ConfigError(f"{prefix}{name}", f"unknown key (allowed: {', '.join(sorted(declared))})")
+    values: dict[str, Any] = {}
+    for name, f in declared.items():
+        spec: Spec = f.metadata[_KEY]
+        if name in raw:
+            values[name] = spec.check(raw[name], prefix + name)
+        elif f.default is MISSING and f.default_factory is MISSING:
+            values[name] = spec.absent(prefix + name)
+        # otherwise the dataclass supplies the declared default
+    return cls(**values)
 
 
 def is_loopback(host: str) -> bool:
@@ -142,42 +353,108 @@ def is_loopback(host: str) -> bool:
     return ip.is_loopback
 
 
+def _refuse_unauthenticated_exposure(http: HttpConfig, path: str) -> None:
+    # /metrics and /status have no authentication: serving them beyond this host must be a decision in the config.
+    if http.enabled and not http.allow_non_loopback and not is_loopback(http.host):
+        raise ConfigError(f"{path}.host", f"{http.host!r} is not a loopback address, and /metrics and /status have "
+                                          "no authentication: set [http] allow_non_loopback = true to serve them "
+                                          "beyond this host")
+
+
 @dataclass(frozen=True)
-class HooksConfig:
-    on_state_change: tuple[str, ...] = ()
-    webhook_url: str | None = None
-    timeout_ms: int = 5000
+class TableConfig:
+    name: str = field(metadata=_k(Name(
+        TABLE_NAME_RE, "table name", "1 to 128 letters, digits, '.', '_', '-', the first a letter or digit",
+        help="the table's directory under state_dir and the name commands take (--table)")))
+    topic: str = field(metadata=_k(Name(
+        TOPIC_NAME_RE, "Kafka topic name", "1 to 249 letters, digits, '.', '_', '-', not '.' or '..'",
+        help="the compacted topic the table mirrors; one table per topic")))
 
 
 @dataclass(frozen=True)
 class StoreConfig:
-    block_cache_mb: int = 64
-    write_buffer_mb: int = 32
-    max_write_buffers: int = 3
+    block_cache_mb: int = field(default=64, metadata=_k(Integer(
+        1, 1 << 20, help="MiB of RocksDB block cache per table store, index and filter blocks included")))
+    write_buffer_mb: int = field(default=32, metadata=_k(Integer(
+        1, 1 << 16, help="MiB per memtable of a table store's values")))
+    max_write_buffers: int = field(default=3, metadata=_k(Integer(
+        2, 64, help="memtables of that size a table store may hold before writes wait for a flush")))
+
+
+@dataclass(frozen=True)
+class SnapshotConfig:
+    interval_ms: int = field(default=1000, metadata=_k(Integer(
+        10, 86_400_000, help="tables whose offsets moved are snapshotted this often (hard links: cheap)")))
+    retain: int = field(default=3, metadata=_k(Integer(
+        1, 1000, help="newest snapshots kept per table, besides the current one and those a reader's lease pins")))
+    serve_stale: bool = field(default=True, metadata=_k(Boolean(
+        help="while a wiped table rebuilds, serve its last snapshot, marked stale (also to get and dump); "
+             "false: refuse, exit 3, until it is RUNNING again")))
+    build_timeout_ms: int = field(default=120_000, metadata=_k(Integer(
+        100, 86_400_000, help="an exact-offset snapshot build taking longer is abandoned and answered 'timeout'")))
+
+
+@dataclass(frozen=True)
+class HttpConfig:
+    enabled: bool = field(default=True, metadata=_k(Boolean(
+        help="serve GET /metrics, /healthz, /readyz and /status")))
+    host: str = field(default="127.0.0.1", metadata=_k(Text(
+        help="address to bind; beyond loopback (127.0.0.0/8, ::1, localhost) only with allow_non_loopback")))
+    port: int = field(default=9464, metadata=_k(Integer(
+        0, 65535, help="0 picks a free port, published in status.json; one that cannot be bound is a config error")))
+    allow_non_loopback: bool = field(default=False, metadata=_k(Boolean(
+        help="allow a non-loopback host: the endpoint has no authentication, and the daemon warns at every start")))
+
+
+@dataclass(frozen=True)
+class HooksConfig:
+    on_state_change: tuple[str, ...] = field(default=(), metadata=_k(Argv(
+        help="run on every state change of the daemon or a table, with GLOBALD_STATE, GLOBALD_PREVIOUS_STATE, "
+             "GLOBALD_TABLE, GLOBALD_REASON and GLOBALD_PID")))
+    webhook_url: str | None = field(default=None, metadata=_k(Url(
+        help="gets the same events as JSON POSTs, no proxy, no redirect followed")))
+    timeout_ms: int = field(default=5000, metadata=_k(Integer(
+        1, 600_000, help="bound of each command or POST; a command that overruns is killed")))
 
 
 @dataclass(frozen=True)
 class Config:
-    state_dir: Path
-    kafka: dict[str, Any]
-    tables: tuple[TableConfig, ...]
-    commit_interval_ms: int = 1000
-    consume_batch_size: int = 10_000
-    poll_timeout_ms: int = 200
-    metadata_refresh_ms: int = 30_000
-    log_level: str = "INFO"
-    log_format: str = "plain"
-    store: StoreConfig = field(default_factory=StoreConfig)
-    snapshots: SnapshotConfig = field(default_factory=SnapshotConfig)
-    http: HttpConfig = field(default_factory=HttpConfig)
-    hooks: HooksConfig = field(default_factory=HooksConfig)
-    source: Path | None = None
+    state_dir: Path = field(metadata=_k(Directory(
+        help="where the stores, snapshots, status.json and the lock live; a relative path is taken from the "
+             "config file's directory")))
+    kafka: dict[str, Any] = field(metadata=_k(Properties(
+        help="librdkafka properties for every client; bootstrap.servers is required; globald sets "
+             + ", ".join(f"{k} = {json.dumps(v)}" for k, v in MANAGED_KAFKA_PROPERTIES.items())
+             + " and refuses other values for them")))
+    tables: tuple[TableConfig, ...] = field(metadata=_k(Tables(help="the topics to mirror, at least one")))
+    commit_interval_ms: int = field(default=1000, metadata=_k(Integer(
+        10, 3_600_000, help="fsync, .checkpoint files and status.json, at most this often")))
+    consume_batch_size: int = field(default=10_000, metadata=_k(Integer(
+        1, 1_000_000, help="records per consume() call: one RocksDB WriteBatch per table per call")))
+    poll_timeout_ms: int = field(default=200, metadata=_k(Integer(
+        1, 60_000, help="longest wait of one poll while the topics are idle")))
+    metadata_refresh_ms: int = field(default=30_000, metadata=_k(Integer(
+        100, 86_400_000, help="how soon partitions added to a topic are picked up")))
+    log_level: str = field(default="INFO", metadata=_k(Choice(
+        ("DEBUG", "INFO", "WARNING", "ERROR"), fold_case=True, help="least severe level logged")))
+    log_format: str = field(default="plain", metadata=_k(Choice(
+        ("plain", "json"), help="log lines on stderr: text, or one JSON object each (ts, level, logger, msg, exc)")))
+    store: StoreConfig = field(default_factory=StoreConfig, metadata=_k(Section(
+        StoreConfig, help="RocksDB tuning, for each table's store")))
+    snapshots: SnapshotConfig = field(default_factory=SnapshotConfig, metadata=_k(Section(
+        SnapshotConfig, help="the snapshots readers and Spark are served")))
+    http: HttpConfig = field(default_factory=HttpConfig, metadata=_k(Section(
+        HttpConfig, after=_refuse_unauthenticated_exposure, help="the read-only HTTP endpoint")))
+    hooks: HooksConfig = field(default_factory=HooksConfig, metadata=_k(Section(
+        HooksConfig, help="state-change hooks, run off the loop, in order; a failure is logged and counted")))
+    source: Path | None = None  # the file this config was loaded from, set by parse()
 
     def table(self, name: str) -> TableConfig:
         for t in self.tables:
             if t.name == name:
                 return t
-        raise ConfigError("--table", f"no table named {name!r} in the config (known: {[t.name for t in self.tables]})")
+        raise UnknownTableError(f"no table named {name!r} in the config "
+                                f"(known: {', '.join(t.name for t in self.tables)})")
 
     def consumer_settings(self) -> dict[str, Any]:
         """The librdkafka properties of the daemon's consumer: the user's, then what globald needs."""
@@ -187,155 +464,76 @@ class Config:
         return props
 
 
-def _int(section: dict[str, Any], key: str, path: str, default: int, lo: int, hi: int) -> int:
-    value = section.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(path, f"must be an integer, got {value!r}")
-    if not lo <= value <= hi:
-        raise ConfigError(path, f"must be between {lo} and {hi}, got {value}")
-    return value
-
-
-def _bool(section: dict[str, Any], key: str, path: str, default: bool) -> bool:
-    value = section.get(key, default)
-    if not isinstance(value, bool):
-        raise ConfigError(path, f"must be true or false, got {value!r}")
-    return value
-
-
-def _str(section: dict[str, Any], key: str, path: str, default: str | None = None) -> str:
-    value = section.get(key, default)
-    if not isinstance(value, str) or not value:
-        raise ConfigError(path, f"must be a non-empty string, got {value!r}")
-    return value
-
-
-def _only(section: dict[str, Any], allowed: set[str], prefix: str) -> None:
-    for key in section:
-        if key not in allowed:
-            raise ConfigError(f"{prefix}{key}", f"unknown key (allowed: {', '.join(sorted(allowed))})")
-
-
-def _table(section: dict[str, Any] | None, name: str) -> dict[str, Any]:
-    if section is None:
-        return {}
-    if not isinstance(section, dict):
-        raise ConfigError(name, "must be a table")
-    return section
-
-
-def _tables(raw: Any) -> tuple[TableConfig, ...]:
-    if not isinstance(raw, list) or not raw:
-        raise ConfigError("tables", "at least one [[tables]] entry with name and topic is required")
-    tables: list[TableConfig] = []
-    for i, entry in enumerate(raw):
-        where = f"tables[{i}]"
-        if not isinstance(entry, dict):
-            raise ConfigError(where, "must be a table with name and topic")
-        _only(entry, {"name", "topic"}, f"{where}.")
-        name = _str(entry, "name", f"{where}.name")
-        if not TABLE_NAME_RE.match(name) or name in {".", ".."}:
-            raise ConfigError(f"{where}.name", f"{name!r} is not a valid table name (letters, digits, '.', '_', '-')")
-        topic = _str(entry, "topic", f"{where}.topic")
-        if not TOPIC_NAME_RE.match(topic) or topic in {".", ".."}:
-            raise ConfigError(f"{where}.topic", f"{topic!r} is not a valid Kafka topic name")
-        if any(t.name == name for t in tables):
-            raise ConfigError(f"{where}.name", f"duplicate table name {name!r}")
-        if any(t.topic == topic for t in tables):
-            raise ConfigError(f"{where}.topic", f"topic {topic!r} is already mirrored by another table")
-        tables.append(TableConfig(name=name, topic=topic))
-    return tuple(tables)
-
-
-def _kafka(raw: Any) -> dict[str, Any]:
-    kafka = _table(raw, "kafka")
-    for key, value in kafka.items():
-        if not isinstance(value, str | int | float | bool):
-            raise ConfigError(f"kafka.{key}", "librdkafka properties must be strings, numbers or booleans")
-        if key in MANAGED_KAFKA_PROPERTIES and value != MANAGED_KAFKA_PROPERTIES[key]:
-            raise ConfigError(f"kafka.{key}", f"is managed by globald and must stay {MANAGED_KAFKA_PROPERTIES[key]!r}")
-    if not kafka.get("bootstrap.servers"):
-        raise ConfigError("kafka.bootstrap.servers", "is required")
-    return dict(kafka)
-
-
-def _http(http: dict[str, Any]) -> HttpConfig:
-    config = HttpConfig(
-        enabled=_bool(http, "enabled", "http.enabled", True),
-        host=_str(http, "host", "http.host", "127.0.0.1"),
-        port=_int(http, "port", "http.port", 9464, 0, 65535),
-        allow_non_loopback=_bool(http, "allow_non_loopback", "http.allow_non_loopback", False),
-    )
-    if config.enabled and not config.allow_non_loopback and not is_loopback(config.host):
-        raise ConfigError("http.host", f"{config.host!r} is not a loopback address, and /metrics and /status have no "
-                                       "authentication: set [http] allow_non_loopback = true to serve them beyond "
-                                       "this host")
-    return config
-
-
-TOP_LEVEL = {
-    "state_dir", "commit_interval_ms", "consume_batch_size", "poll_timeout_ms", "metadata_refresh_ms",
-    "log_level", "log_format", "kafka", "tables", "store", "snapshots", "http", "hooks",
-}
-
-
 def parse(raw: dict[str, Any], source: Path | None = None) -> Config:
     """Validate a parsed TOML document. Raises ConfigError naming the first bad key."""
-    _only(raw, TOP_LEVEL, "")
-    state_dir = Path(_str(raw, "state_dir", "state_dir"))
+    config = _build(Config, raw, "")
+    state_dir = config.state_dir
     if source is not None and not state_dir.is_absolute():
         state_dir = source.parent / state_dir
-    log_level = _str(raw, "log_level", "log_level", "INFO").upper()
-    if log_level not in {"DEBUG", "INFO", "WARNING", "ERROR"}:
-        raise ConfigError("log_level", f"must be DEBUG, INFO, WARNING or ERROR, got {log_level!r}")
-    log_format = _str(raw, "log_format", "log_format", "plain")
-    if log_format not in {"plain", "json"}:
-        raise ConfigError("log_format", f"must be 'plain' or 'json', got {log_format!r}")
+    return replace(config, state_dir=state_dir, source=source)
 
-    store = _table(raw.get("store"), "store")
-    _only(store, {"block_cache_mb", "write_buffer_mb", "max_write_buffers"}, "store.")
-    snaps = _table(raw.get("snapshots"), "snapshots")
-    _only(snaps, {"interval_ms", "retain", "serve_stale", "build_timeout_ms"}, "snapshots.")
-    http = _table(raw.get("http"), "http")
-    _only(http, {"enabled", "host", "port", "allow_non_loopback"}, "http.")
-    hooks = _table(raw.get("hooks"), "hooks")
-    _only(hooks, {"on_state_change", "webhook_url", "timeout_ms"}, "hooks.")
-    argv = hooks.get("on_state_change", [])
-    if not isinstance(argv, list) or not all(isinstance(a, str) and a for a in argv):
-        raise ConfigError("hooks.on_state_change", "must be a list of non-empty strings (an argv)")
-    webhook = hooks.get("webhook_url")
-    if webhook is not None and (not isinstance(webhook, str) or not webhook.startswith(("http://", "https://"))):
-        raise ConfigError("hooks.webhook_url", f"must be an http:// or https:// URL, got {webhook!r}")
 
-    return Config(
-        state_dir=state_dir,
-        kafka=_kafka(raw.get("kafka")),
-        tables=_tables(raw.get("tables")),
-        commit_interval_ms=_int(raw, "commit_interval_ms", "commit_interval_ms", 1000, 10, 3_600_000),
-        consume_batch_size=_int(raw, "consume_batch_size", "consume_batch_size", 10_000, 1, 1_000_000),
-        poll_timeout_ms=_int(raw, "poll_timeout_ms", "poll_timeout_ms", 200, 1, 60_000),
-        metadata_refresh_ms=_int(raw, "metadata_refresh_ms", "metadata_refresh_ms", 30_000, 100, 86_400_000),
-        log_level=log_level,
-        log_format=log_format,
-        store=StoreConfig(
-            block_cache_mb=_int(store, "block_cache_mb", "store.block_cache_mb", 64, 1, 1 << 20),
-            write_buffer_mb=_int(store, "write_buffer_mb", "store.write_buffer_mb", 32, 1, 1 << 16),
-            max_write_buffers=_int(store, "max_write_buffers", "store.max_write_buffers", 3, 2, 64),
-        ),
-        snapshots=SnapshotConfig(
-            interval_ms=_int(snaps, "interval_ms", "snapshots.interval_ms", 1000, 10, 86_400_000),
-            retain=_int(snaps, "retain", "snapshots.retain", 3, 1, 1000),
-            serve_stale=_bool(snaps, "serve_stale", "snapshots.serve_stale", True),
-            build_timeout_ms=_int(snaps, "build_timeout_ms", "snapshots.build_timeout_ms", 120_000, 100, 86_400_000),
-        ),
-        http=_http(http),
-        hooks=HooksConfig(
-            on_state_change=tuple(argv),
-            webhook_url=webhook,
-            timeout_ms=_int(hooks, "timeout_ms", "hooks.timeout_ms", 5000, 1, 600_000),
-        ),
-        source=source,
-    )
+@dataclass(frozen=True)
+class Key:
+    """One config key, as the reference lists it."""
+
+    path: str  # as errors name it, "[]" standing for any entry of an array: "tables[].name"
+    spec: Spec
+    default: Any  # dataclasses.MISSING for a key the file must set
+
+    @property
+    def required(self) -> bool:
+        return self.default is MISSING
+
+    def default_value(self) -> Any:
+        """The default as JSON (and TOML) writes it; None for a required key, an unset one and a section."""
+        if isinstance(self.default, tuple):
+            return list(self.default)
+        return self.default if isinstance(self.default, bool | int | str) else None
+
+    def default_text(self) -> str:
+        if self.required:
+            return "required"
+        if self.default is None:
+            return "unset"
+        value = self.default_value()
+        return "" if value is None else json.dumps(value)  # JSON's scalars and lists are TOML's too
+
+    def as_json(self) -> dict[str, Any]:
+        return {"key": self.path, "type": self.spec.kind(), "required": self.required,
+                "default": self.default_value(), "help": self.spec.help}
+
+
+def declared_keys() -> list[Key]:
+    """Every declared key, sections before their own keys, in the order of the dataclasses' fields."""
+    found: list[Key] = []
+
+    def walk(cls: type[DataclassInstance], prefix: str) -> None:
+        for f in fields(cls):
+            spec = f.metadata.get(_KEY)
+            if spec is None:
+                continue
+            default = (f.default if f.default is not MISSING else
+                       f.default_factory() if f.default_factory is not MISSING else MISSING)
+            found.append(Key(prefix + f.name, spec, default))
+            if isinstance(spec, Section):
+                walk(spec.of, f"{prefix}{f.name}.")
+            elif isinstance(spec, Tables):
+                walk(TableConfig, f"{prefix}{f.name}[].")
+
+    walk(Config, "")
+    return found
+
+
+def reference() -> str:
+    """Every key with its type, bounds, default and help: what ``globald check-config --keys`` prints."""
+    lines = []
+    for k in declared_keys():
+        default = k.default_text()
+        lines.append(f"{k.path}: {k.spec.kind()}" + (f", {default}" if k.required else
+                                                       f", default {default}" if default else ""))
+        lines.append(f"    {k.spec.help}")
+    return "\n".join(lines)
 
 
 def load(path: str | Path) -> Config:

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import json
+import re
+import tomllib
+from dataclasses import MISSING
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from globald.config import load, redact
-from globald.errors import ConfigError
+from globald import cli
+from globald.config import Key, Properties, Section, Tables, declared_keys, load, parse, redact
+from globald.errors import ConfigError, UnknownTableError
 from tests.harness import globald
 
 GOOD = """
@@ -83,3 +89,79 @@ def test_redaction_masks_passwords_and_secrets() -> None:
     props = {"sasl.password": "hunter2", "ssl.key.password": "k", "ssl.keystore.password": "s",
              "my.client.secret": "x", "bootstrap.servers": "b:1"}
     assert redact(props) == {**dict.fromkeys(list(props)[:4], "***"), "bootstrap.servers": "b:1"}
+
+
+# Each key is declared once (globald/config.py); these hold the declarations to their own word and to the docs.
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "config" / "globald.toml"
+LEAVES = [k for k in declared_keys() if not isinstance(k.spec, Section | Tables | Properties)]
+
+
+@pytest.mark.parametrize("key", [k for k in LEAVES if not k.required and k.default is not None],
+                         ids=lambda k: k.path)
+def test_every_default_is_within_its_own_bounds(key: Key) -> None:
+    assert key.spec.check(key.default, key.path) == key.default
+
+
+def _in_example(doc: dict[str, Any], path: str) -> object:
+    node: object = doc
+    for part in path.replace("[]", "").split("."):
+        if isinstance(node, list):
+            node = node[0]  # an array of tables: its first entry stands for all
+        node = node.get(part, MISSING) if isinstance(node, dict) else MISSING
+    return node
+
+
+def test_the_example_config_documents_every_key_with_its_default() -> None:
+    # README points here for the keys ("config/globald.toml documents every key; the values shown are the defaults").
+    text = EXAMPLE.read_text()
+    doc = tomllib.loads(text)
+    assert load(EXAMPLE).tables  # the example itself is valid
+    for key in declared_keys():
+        value = _in_example(doc, key.path)
+        if value is MISSING:  # an optional key without a useful default is shown commented out
+            name = key.path.rsplit(".", 1)[-1]
+            assert re.search(rf"^#\s*{re.escape(name)}\s*=", text, re.MULTILINE), f"{key.path} is not in {EXAMPLE}"
+        elif key in LEAVES and not key.required:
+            assert key.spec.check(value, key.path) == key.default, f"{EXAMPLE} shows {key.path} = {value!r}"
+
+
+def test_check_config_keys_lists_every_key_without_a_config(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["check-config", "--keys"]) == 0
+    listed = capsys.readouterr().out
+    assert all(f"{k.path}: {k.spec.kind()}" in listed for k in declared_keys())
+    assert cli.main(["check-config", "--keys", "--json"]) == 0
+    assert [k["key"] for k in json.loads(capsys.readouterr().out)] == [k.path for k in declared_keys()]
+    assert cli.main(["check-config"]) == 2
+    assert capsys.readouterr().err.startswith("globald: config error: --config: ")
+
+
+def _good() -> dict[str, Any]:
+    return {"state_dir": "/nonexistent/globald", "kafka": {"bootstrap.servers": "127.0.0.1:9092"},
+            "tables": [{"name": "customers", "topic": "customers"}]}
+
+
+@pytest.mark.parametrize("where", ["", *(k.path for k in declared_keys() if isinstance(k.spec, Section)), "tables"])
+def test_an_unknown_key_is_named_in_every_section(where: str) -> None:
+    raw = _good()
+    section = raw if not where else raw["tables"][0] if where == "tables" else raw.setdefault(where, {})
+    section["surprise"] = 1
+    with pytest.raises(ConfigError) as e:
+        parse(raw)
+    assert e.value.key == ("surprise" if not where else "tables[0].surprise" if where == "tables"
+                           else f"{where}.surprise")
+    assert "unknown key" in str(e.value)
+
+
+def test_unknown_table_names_it_and_the_configured_ones(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = parse(_good())
+    with pytest.raises(UnknownTableError, match=r"no table named 'nope' in the config \(known: customers\)"):
+        cfg.table("nope")
+    assert cfg.table("customers").topic == "customers"
+    path = tmp_path / "g.toml"
+    path.write_text(GOOD.replace("{state}", str(tmp_path / "state")))
+    for command in (["dump"], ["get", "some-key"], ["snapshots"], ["reset", "--yes"], ["migrate"]):
+        assert cli.main([command[0], "--config", str(path), "--table", "nope", *command[1:]]) == 2, command
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert lines == ["globald: no table named 'nope' in the config (known: customers)"], (command, lines)
+    assert not (tmp_path / "state").exists()
