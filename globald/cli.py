@@ -184,6 +184,14 @@ def cmd_snapshots(args: argparse.Namespace) -> int:
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
+    if args.keys:
+        if args.json:
+            print(json.dumps([k.as_json() for k in configmod.declared_keys()]))
+        else:
+            print(configmod.reference())
+        return EXIT_OK
+    if args.config is None:  # optional only so that --keys needs no file
+        raise ConfigError("--config", "is required (or pass --keys to list the config keys)")
     cfg = configmod.load(args.config)
     configmod.check_kafka_properties(cfg)
     summary: dict[str, Any] = {
