@@ -9,7 +9,6 @@ Records produced in the first second are left out (warm-up). Latencies are in mi
 from __future__ import annotations
 
 import bisect
-import importlib
 import json
 import statistics
 import subprocess
@@ -24,6 +23,9 @@ from bench import data
 from bench.env import BenchEnv
 from bench.pipelines import RunningGlobald
 from bench.restore import TABLE
+from globald.snapshot.manifest import read as manifest_read
+from globald.snapshot.reader import current_id
+from globald.store.names import snapshots_dir
 
 Sample = tuple[int, dict[int, int]]  # (CLOCK_MONOTONIC ns, next-offset per partition)
 
@@ -36,11 +38,10 @@ class LiveStoreVisibility:
     def __init__(self, g: RunningGlobald) -> None:
         self.samples: list[Sample] = []
         self._g = g
-        g.thread.after_poll.append(self._sample)
+        g.probes.append(self._sample)
 
     def _sample(self) -> None:
-        rt = self._g.thread.tables[TABLE]
-        self.samples.append((time.monotonic_ns(), dict(rt.positions)))
+        self.samples.append((time.monotonic_ns(), self._g.thread.positions(TABLE)))
 
     def close(self) -> None:
         pass
@@ -61,16 +62,16 @@ class SnapshotVisibility:
         self._current_id, self._read, self._dir = current_id, read_manifest, snapshots_dir
         self._stop = threading.Event()
         self._published = 0
-        g.thread.after_poll.append(self._publish_times)  # after the publisher's own tick
+        g.probes.append(self._publish_times)  # after the publisher's own tick
         publisher.start()
         self._watcher = threading.Thread(target=self._watch, name="snapshot-watcher", daemon=True)
         self._watcher.start()
 
     def _publish_times(self) -> None:
-        snap = self.publisher.annotate({"tables": {TABLE: {}}})["tables"][TABLE]["snapshot"]
-        if snap["published"] > self._published:
-            self._published = snap["published"]
-            self.publish_ms.append(snap["last_publish_ms"])
+        snap = self.publisher.status(TABLE)
+        if snap.published > self._published:
+            self._published = snap.published
+            self.publish_ms.append(snap.last_publish_ms)
 
     def _watch(self) -> None:
         seen = None
@@ -89,17 +90,11 @@ class SnapshotVisibility:
 
 
 def snapshot_visibility(g: RunningGlobald) -> SnapshotVisibility | None:
-    """Snapshot visibility when the snapshot package is installed; None (fall back to the live store) if not."""
-    try:
-        manifest = importlib.import_module("globald.snapshot.manifest")
-        publisher = importlib.import_module("globald.snapshot.publisher")
-        reader = importlib.import_module("globald.snapshot.reader")
-        names = importlib.import_module("globald.store.names")
-    except ImportError:
+    """Snapshot visibility when ``g`` publishes snapshots; None (fall back to the live store) if not."""
+    if g.publisher is None:
         return None
     g.config.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)  # as `globald run` does before publishing
-    return SnapshotVisibility(g, publisher.SnapshotPublisher(g.config, g.thread), reader.current_id, manifest.read,
-                              names.snapshots_dir)
+    return SnapshotVisibility(g, g.publisher, current_id, manifest_read, snapshots_dir)
 
 
 def latencies_ms(sent: array, samples: list[Sample], skip_before_ns: int) -> tuple[list[float], int]:
@@ -139,7 +134,7 @@ def freshness(env: BenchEnv, rates: list[int], seconds: float, progress: Callabl
     env.admin.produce(topic, data.records(10_000, seed=3))
     results: dict[str, Any] = {"rates": {}}
     for rate in rates:
-        g = RunningGlobald(env.config(env.fresh_dir(f"fresh-{rate}") / "state", {TABLE: topic}))
+        g = RunningGlobald(env.config(env.fresh_dir(f"fresh-{rate}") / "state", {TABLE: topic}), snapshots=True)
         vis = snapshot_visibility(g) or LiveStoreVisibility(g)
         g.start()
         g.wait()

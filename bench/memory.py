@@ -17,6 +17,8 @@ from bench.data import Dataset
 from bench.env import BenchEnv
 from bench.restore import TABLE
 from globald import statusfile
+from globald.states import State
+from globald.status import DaemonStatus
 
 MB = 1 << 20
 
@@ -29,7 +31,7 @@ def peak_rss(env: BenchEnv, ds: Dataset, progress: Callable[[str], None], interv
     daemon.start()
     proc = psutil.Process(daemon.pid)
     peak = samples = 0
-    doc: dict[str, Any] | None = None
+    doc: DaemonStatus | None = None
     try:
         while time.monotonic() - started < timeout:
             if not daemon.alive():
@@ -37,7 +39,7 @@ def peak_rss(env: BenchEnv, ds: Dataset, progress: Callable[[str], None], interv
             peak = max(peak, proc.memory_info().rss)
             samples += 1
             doc = statusfile.read_live(state)
-            if doc is not None and doc.get("pid") == daemon.pid and doc.get("state") == "RUNNING":
+            if doc is not None and doc.pid == daemon.pid and doc.state == State.RUNNING:
                 break
             time.sleep(interval)
         else:
@@ -47,7 +49,7 @@ def peak_rss(env: BenchEnv, ds: Dataset, progress: Callable[[str], None], interv
     finally:
         if daemon.alive():
             daemon.stop()
-    records = doc["tables"][TABLE]["records"] if doc else 0
+    records = (doc.tables[TABLE].records or 0) if doc else 0
     progress(f"rss: daemon peak {peak / MB:.0f} MB while restoring {records:,} records "
              f"(RUNNING {running:.2f}s after spawn, {samples} samples)")
     return {

@@ -20,7 +20,10 @@ from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaError, Topic
 from rocksdict import Rdict, WriteBatch
 
 from globald.config import CONSUMER_DEFAULTS, Config
-from globald.engine.thread import GlobalThread
+from globald.engine.events import EventBus, deliver
+from globald.engine.state_manager import StateManager
+from globald.engine.thread import GlobalThread, LoopService
+from globald.snapshot.publisher import SnapshotPublisher
 from globald.states import Listeners, State
 from globald.store.codec import NO_TIMESTAMP, encode_offset, pack_i64, partition_key
 from globald.store.names import OFFSETS_CF, VALUES_CF
@@ -193,16 +196,32 @@ def per_record(job: Job) -> Run:
         return Run(time.monotonic() - started, n, time.process_time() - cpu)
 
 
+class _Probes:
+    def __init__(self, probes: list[Callable[[], None]]) -> None:
+        self._probes = probes
+
+    def tick(self) -> None:
+        for probe in self._probes:
+            probe()
+
+
 class RunningGlobald:
     """globald's real GlobalThread in this process; ``wait`` returns the seconds from ``start`` to RUNNING."""
 
-    def __init__(self, config: Config, listeners: Listeners | None = None) -> None:
+    def __init__(self, config: Config, listeners: Listeners | None = None, snapshots: bool = False) -> None:
+        """``snapshots`` runs the snapshot publisher in the loop, as ``globald run`` does."""
         self.config = config
         self.listeners = listeners or Listeners()
         self.running_at: float | None = None
         self._running = threading.Event()
         self.listeners.state.append(self._on_state)
-        self.thread = GlobalThread(config, self.listeners)
+        self.probes: list[Callable[[], None]] = []  # called on the loop thread after every turn
+        bus = EventBus()
+        manager = StateManager(config, bus.emit)
+        self.publisher = SnapshotPublisher(config, manager) if snapshots else None
+        services: list[LoopService] = [self.publisher] if self.publisher is not None else []
+        self.thread = GlobalThread(config, manager, bus.emit, services=[*services, _Probes(self.probes)])
+        bus.connect(deliver(self.listeners), *([self.publisher.on_event] if self.publisher is not None else []))
         self._runner = threading.Thread(target=self._run, name="globald", daemon=True)
         self.error: BaseException | None = None
         self.started = 0.0
@@ -233,7 +252,7 @@ class RunningGlobald:
         return self.running_at - self.started
 
     def records(self) -> int:
-        return sum(rt.records for rt in self.thread.tables.values())
+        return sum(self.thread.applied(name)[0] for name in self.thread.tables)
 
     def stop(self) -> None:
         self.thread.stop()

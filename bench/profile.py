@@ -23,7 +23,7 @@ def profile_restore(env: BenchEnv, topic: str, state: Path) -> tuple[str, float]
     from pyinstrument import Profiler
 
     listeners = Listeners()
-    thread = GlobalThread(env.config(state, {TABLE: topic}), listeners)
+    thread = GlobalThread.standalone(env.config(state, {TABLE: topic}), listeners)
     listeners.state.append(lambda new, old, reason: thread.stop() if new == State.RUNNING else None)
     profiler = Profiler(interval=0.0005)
     started = time.monotonic()

@@ -72,9 +72,9 @@ def out_of_range(env: BenchEnv, ds: Dataset, stopped_state: Path, repeats: int,
             took = (g.running_at or 0) - g.started
             if kind == "oor":
                 wipes = sum(g.thread.manager.wipes.values())
-                if wipes != 1 or not g.thread.recoveries:
+                if wipes != 1 or not g.thread.stats.recoveries:
                     raise RuntimeError(f"expected one invalid-offset wipe, saw {dict(g.thread.manager.wipes)}")
-                recovery.append(g.thread.recoveries[0])
+                recovery.append(g.thread.stats.recoveries[0])
                 total.append(took)
                 progress(f"oor {rep + 1}/{repeats}: wipe to RUNNING {recovery[-1]:.2f}s (start to RUNNING "
                          f"{took:.2f}s, {g.records():,} records)")

@@ -177,7 +177,7 @@ def cmd_snapshots(args: argparse.Namespace) -> int:
         print(json.dumps(snaps, sort_keys=True))
         return EXIT_OK
     for s in snaps:
-        offsets = ", ".join(f"p{p}={o}" for p, o in s["offsets"].items()) or "no offsets"  # type: ignore[attr-defined]
+        offsets = ", ".join(f"p{p}={o}" for p, o in s["offsets"].items()) or "no offsets"
         marks = ("  CURRENT" if s["current"] else "") + ("  STALE" if s["stale"] else "")
         print(f"{s['id']}  {offsets}{marks}")
     return EXIT_OK

@@ -2,107 +2,90 @@
 
 One daemon per state_dir, enforced with an advisory lock. SIGTERM and SIGINT commit, close and exit 0. The
 state_dir is created private (0700) and a second daemon is refused without touching the first one's files. A
-state_dir on a full or failing disk is waited for (degraded, logged), never a reason to exit.
+state_dir on a full or failing disk is waited for (degraded, logged), never a reason to exit. Everything the
+daemon runs is built and connected in ``__init__``, in one place and one order; ``run`` has three phases:
+startup, the main loop, shutdown.
 """
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import logging
 import os
 import signal
 import time
-from pathlib import Path
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from types import FrameType
 from typing import IO
 
 from globald import statusfile
 from globald.config import Config
-from globald.engine.thread import GlobalThread
-from globald.errors import StateDirError, StateDirLockedError
+from globald.engine.events import Committed, Event, EventBus, RebuildRequests, StateChanged, Subscriber, deliver
+from globald.engine.state_manager import StateManager
+from globald.engine.thread import GlobalThread, LoopStats
 from globald.ops.progress import ProgressOptions
 from globald.ops.runtime import Operations
 from globald.snapshot.publisher import SnapshotPublisher
+from globald.statedir import DiskNotReady, lock_state_dir, prepare_state_dir
 from globald.states import Listeners, State
-from globald.store.names import LOCK_FILE
+from globald.status import DaemonStatus, TableStatus
 
 log = logging.getLogger(__name__)
 
-# A disk that may heal: the daemon waits for it instead of refusing to start.
-_TRANSIENT_DISK_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EIO}
 _DISK_RETRY_MAX_S = 10.0
-
-
-class _DiskNotReady(Exception):
-    def __init__(self, error: OSError, what: str) -> None:
-        super().__init__(f"{what}: {error.strerror or error}")
-
-
-def prepare_state_dir(state_dir: Path) -> None:
-    if state_dir.exists() and not state_dir.is_dir():  # mkdir would only say "File exists"
-        raise StateDirError(f"state_dir {state_dir} exists and is not a directory")
-    try:
-        state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        if state_dir.stat().st_mode & 0o077:
-            os.chmod(state_dir, 0o700)
-            log.warning("state_dir %s was readable by others; tightened to 0700", state_dir)
-    except OSError as e:
-        if e.errno in _TRANSIENT_DISK_ERRORS:
-            raise _DiskNotReady(e, f"state_dir {state_dir}") from None
-        raise StateDirError(f"state_dir {state_dir}: {e.strerror or e}") from None
-    if not os.access(state_dir, os.W_OK | os.X_OK):
-        raise StateDirError(f"state_dir {state_dir} is not writable by uid {os.getuid()}")
-
-
-def lock_state_dir(state_dir: Path) -> IO[str]:
-    """Hold the state_dir's advisory lock for the life of the returned file."""
-    path = state_dir / LOCK_FILE
-    try:
-        f = open(path, "a+")  # noqa: SIM115 - held open for the life of the daemon
-    except OSError as e:
-        if e.errno in _TRANSIENT_DISK_ERRORS:
-            raise _DiskNotReady(e, f"cannot open {path}") from None
-        raise StateDirError(f"cannot open {path}: {e.strerror or e}") from None
-    try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        f.seek(0)
-        owner = f.read().strip() or "unknown"
-        f.close()
-        raise StateDirLockedError(f"state_dir {state_dir} is owned by another globald (pid {owner})") from None
-    try:  # the PID only names the owner in a refusal: the lock holds without it
-        f.seek(0)
-        f.truncate()
-        f.write(str(os.getpid()))
-        f.flush()
-    except OSError as e:
-        log.warning("cannot write the pid into %s (%s); the lock is held all the same", path, e.strerror or e)
-    return f
+_STATUS_EVERY_S = 1.0
 
 
 class Daemon:
     def __init__(self, config: Config, listeners: Listeners | None = None,
-                 progress: ProgressOptions | None = None) -> None:
+                 progress: ProgressOptions | None = None, subscribers: Sequence[Subscriber] = ()) -> None:
+        """``listeners`` are a user's callbacks; ``subscribers`` receive every engine event after globald's own."""
         self.config = config
         self.listeners = listeners or Listeners()
-        self.thread = GlobalThread(config, self.listeners)
-        # Registered before the status listeners below, so a status written on a wipe already shows the stale mark.
-        self.snapshots = SnapshotPublisher(config, self.thread)
+        self.bus = EventBus()
+        self.stats = LoopStats()
+        rebuilds = RebuildRequests()
+        self.manager = StateManager(config, self.bus.emit)
+        self.snapshots = SnapshotPublisher(config, self.manager)
+        self.ops = Operations(config, self.manager, self.stats, rebuilds, self.snapshots, progress)
+        self.thread = GlobalThread(config, self.manager, self.bus.emit, services=(self.snapshots, self.ops, self),
+                                   rebuilds=rebuilds, stats=self.stats)
+        # The order matters and is fixed here: user callbacks first (as registered), the publisher before status
+        # (a status written on a wipe shows the stale mark), operations before status (readiness, metrics).
+        self.bus.connect(deliver(self.listeners), self.snapshots.on_event, self.ops.on_event, self.on_event,
+                         *subscribers)
         self._last_status = 0.0
         self._last_degraded: str | None = None
         self._status_failing = False
-        self.listeners.state.append(lambda new, old, reason: self.publish_status())
-        self.listeners.table_state.append(lambda table, new, old, reason: self.publish_status())
-        self.thread.after_commit.append(self.publish_status)
-        self.thread.after_poll.append(self._maybe_publish_status)
-        self.ops = Operations(config, self.thread, self.listeners, progress)
-        self.ops.snapshots = self.snapshots
+
+    # -- status (loop thread) -----------------------------------------------------------------------------------
+
+    def on_event(self, event: Event) -> None:
+        if isinstance(event, StateChanged | Committed):
+            self.publish_status()
+
+    def tick(self) -> None:
+        # A fault starting or ending is news at once; the rest (offsets, lag) at most once a second.
+        if time.monotonic() - self._last_status >= _STATUS_EVERY_S or self.thread.degraded != self._last_degraded:
+            self.publish_status()
+
+    def status(self) -> DaemonStatus:
+        """The status document, built in this one place from what each part owns."""
+        tables = {}
+        for name, rt in self.manager.tables.items():
+            records, null_keys = self.thread.applied(name)
+            tables[name] = TableStatus.of(
+                rt, self.thread.positions(name), self.thread.end_offsets(name), records, null_keys,
+                wipes=sum(n for (t, _), n in self.manager.wipes.items() if t == name),
+                restore=self.ops.restore_status(name), snapshot=self.snapshots.status(name))
+        doc = DaemonStatus(state=self.thread.state, reason=self.thread.machine.reason, pid=os.getpid(),
+                           degraded=self.thread.degraded, tables=tables)
+        return self.ops.observe(doc)
 
     def publish_status(self) -> None:
         self._last_status = time.monotonic()
-        doc = self.ops.observe(self.snapshots.annotate(self.thread.status()))
-        self._last_degraded = doc.get("degraded")
+        doc = self.status()
+        self._last_degraded = doc.degraded
         try:
             statusfile.write(self.config.state_dir, doc)
         except OSError as e:  # a full or failing disk: the loop handles its own writes; say it once, keep trying
@@ -114,10 +97,7 @@ class Daemon:
             log.info("status.json published again")
         self._status_failing = False
 
-    def _maybe_publish_status(self) -> None:
-        # A fault starting or ending is news at once; the rest (offsets, lag) at most once a second.
-        if time.monotonic() - self._last_status >= 1.0 or self.thread.degraded != self._last_degraded:
-            self.publish_status()
+    # -- lifecycle ----------------------------------------------------------------------------------------------
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         log.info("%s received; committing and stopping", signal.Signals(signum).name)
@@ -125,6 +105,45 @@ class Daemon:
 
     def stop(self) -> None:
         self.thread.stop()
+
+    def run(self, handle_signals: bool = True) -> int:
+        """Run in the foreground. ``handle_signals=False`` when not on the main thread (the demo): stop() then."""
+        with self._signals(handle_signals):
+            lock = self._startup()
+            if lock is None:  # stopped while waiting for the disk
+                return 0
+            try:
+                self.thread.run()  # the main loop, until stop()
+                return 0
+            finally:
+                self._shutdown(lock)
+
+    @contextmanager
+    def _signals(self, handle: bool) -> Iterator[None]:
+        old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)} if handle else {}
+        try:
+            yield
+        finally:
+            for s, h in old.items():
+                signal.signal(s, h)
+
+    def _startup(self) -> IO[str] | None:
+        """Own the state_dir (waiting while its disk is full or failing), then start the services."""
+        lock = self._own_state_dir()
+        if lock is None:
+            return None
+        self.snapshots.start()
+        self.ops.start()
+        log.info("globald %d starting: %d table(s), state_dir %s", os.getpid(), len(self.config.tables),
+                 self.config.state_dir)
+        return lock
+
+    def _shutdown(self, lock: IO[str]) -> None:
+        self.snapshots.close()
+        if self.thread.state in (State.NOT_RUNNING, State.ERROR):
+            self.publish_status()
+        self.ops.stop()
+        lock.close()
 
     def _own_state_dir(self) -> IO[str] | None:
         """The state_dir's lock, waiting (degraded) while its disk is full or failing; None if stopped meanwhile."""
@@ -134,7 +153,7 @@ class Daemon:
             try:
                 prepare_state_dir(self.config.state_dir)
                 lock = lock_state_dir(self.config.state_dir)
-            except _DiskNotReady as e:
+            except DiskNotReady as e:
                 if not said:
                     log.warning("degraded: %s; waiting for the disk, retrying every %.0fs at most", e,
                                 _DISK_RETRY_MAX_S)
@@ -146,27 +165,3 @@ class Daemon:
                 log.info("recovered: state_dir %s takes writes again", self.config.state_dir)
             return lock
         return None
-
-    def run(self, handle_signals: bool = True) -> int:
-        """Run in the foreground. ``handle_signals=False`` when not on the main thread (the demo): stop() then."""
-        old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)} if handle_signals else {}
-        try:
-            lock = self._own_state_dir()
-            if lock is None:  # stopped while waiting for the disk
-                return 0
-            try:
-                self.snapshots.start()
-                self.ops.start()
-                log.info("globald %d starting: %d table(s), state_dir %s", os.getpid(), len(self.config.tables),
-                         self.config.state_dir)
-                self.thread.run()
-                return 0
-            finally:
-                self.snapshots.close()
-                if self.thread.state in (State.NOT_RUNNING, State.ERROR):
-                    self.publish_status()
-                self.ops.stop()
-                lock.close()
-        finally:
-            for s, h in old.items():
-                signal.signal(s, h)

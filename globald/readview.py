@@ -112,13 +112,12 @@ def _open_live(config: Config, table: str) -> tuple[StoreReader | None, str]:
 def _why(config: Config, table: str, store_says: str) -> tuple[str | None, str]:
     """The table's state and the best explanation: the daemon's own reason when one runs, else the store's."""
     doc = statusfile.read_live(config.state_dir)
-    t = (doc or {}).get("tables", {}).get(table)
-    if not isinstance(t, dict):
+    t = doc.tables.get(table) if doc is not None else None
+    if t is None:
         return None, f"no daemon is running; {store_says}"
-    state = t.get("state") if isinstance(t.get("state"), str) else None
-    if state == "RUNNING":  # the daemon has not marked the store complete yet: the store is the one to believe
-        return state, f"RUNNING, but {store_says}"
-    return state, f"{state}: {t['reason']}" if t.get("reason") else f"{state}; {store_says}"
+    if t.state == "RUNNING":  # the daemon has not marked the store complete yet: the store is the one to believe
+        return t.state, f"RUNNING, but {store_says}"
+    return t.state, f"{t.state}: {t.reason}" if t.reason else f"{t.state}; {store_says}"
 
 
 def _open_current(config: Config, table: str) -> Snapshot:

@@ -57,7 +57,8 @@ class RestoreListener(Protocol):
 
 
 class Listeners:
-    """Every callback registered with a daemon, invoked safely."""
+    """The callbacks a user registers before the daemon starts (``globald.engine.events.deliver`` calls them from
+    the engine's events), each invoked safely."""
 
     def __init__(self) -> None:
         self.state: list[StateListener] = []
@@ -79,13 +80,17 @@ class Listeners:
                 self.call(fn, *args)
 
 
-class StateMachine:
-    """A validated state with listeners. ``table`` is None for the daemon as a whole."""
+class Transition(Protocol):
+    def __call__(self, table: str | None, new: State, old: State, reason: str) -> None: ...
 
-    def __init__(self, listeners: Listeners, table: str | None = None) -> None:
+
+class StateMachine:
+    """A validated state that reports each transition to ``notify``. ``table`` is None for the daemon as a whole."""
+
+    def __init__(self, notify: Transition, table: str | None = None) -> None:
         self._state = State.CREATED
         self._lock = threading.Lock()
-        self._listeners = listeners
+        self._notify = notify
         self.table = table
         self.reason = "created"
 
@@ -104,10 +109,5 @@ class StateMachine:
             self._state = new
             self.reason = reason
         log.info("%s state %s -> %s (%s)", f"table {self.table}" if self.table else "daemon", old, new, reason)
-        if self.table is None:
-            for fn in list(self._listeners.state):
-                self._listeners.call(fn, new, old, reason)
-        else:
-            for tfn in list(self._listeners.table_state):
-                self._listeners.call(tfn, self.table, new, old, reason)
+        self._notify(self.table, new, old, reason)
         return True

@@ -15,16 +15,17 @@ from typing import Any
 from globald.config import Config
 from globald.errors import StoreCorruptError, StoreUnavailableError
 from globald.states import State
+from globald.status import DaemonStatus, TableStatus
 from globald.store import checkpoint_file
 from globald.store.names import STATUS_FILE, checkpoint_path, db_dir
 from globald.store.reader import StoreReader
 
 
-def write(state_dir: Path, doc: dict[str, Any]) -> None:
-    doc = {**doc, "updated": time.time()}
+def write(state_dir: Path, doc: DaemonStatus) -> None:
+    raw = {**doc.to_json(), "updated": time.time()}
     path = state_dir / STATUS_FILE
     tmp = path.with_name(f"{STATUS_FILE}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(doc, sort_keys=True))
+    tmp.write_text(json.dumps(raw, sort_keys=True))
     os.replace(tmp, path)
 
 
@@ -56,7 +57,7 @@ def _well_formed(doc: Any) -> bool:
     return True
 
 
-def read_live(state_dir: Path) -> dict[str, Any] | None:
+def read_live(state_dir: Path) -> DaemonStatus | None:
     """The running daemon's status, or None when no daemon owns ``state_dir`` (or its file cannot be trusted)."""
     try:
         doc = json.loads((state_dir / STATUS_FILE).read_bytes())
@@ -67,12 +68,12 @@ def read_live(state_dir: Path) -> dict[str, Any] | None:
     pid = doc.get("pid")
     if not isinstance(pid, int) or not _alive(pid) or doc.get("state") == State.NOT_RUNNING.value:
         return None
-    return doc
+    return DaemonStatus.from_json(doc)
 
 
-def offline(config: Config) -> dict[str, Any]:
+def offline(config: Config) -> DaemonStatus:
     """Status with no daemon running: committed offsets from each store, else from its .checkpoint file."""
-    tables: dict[str, Any] = {}
+    tables: dict[str, TableStatus] = {}
     for t in config.tables:
         offsets: dict[int, int] = {}
         source = "none"
@@ -89,41 +90,36 @@ def offline(config: Config) -> dict[str, Any]:
                 source = "checkpoint" if offsets else source
             except checkpoint_file.CheckpointFormatError:
                 pass
-        tables[t.name] = {
-            "state": State.NOT_RUNNING.value,
-            "topic": t.topic,
-            "offsets": {str(p): o for p, o in sorted(offsets.items())},
-            "source": source,
-        }
-    return {"state": State.NOT_RUNNING.value, "pid": None, "tables": tables}
+        tables[t.name] = TableStatus(state=State.NOT_RUNNING.value, topic=t.topic, offsets=offsets, source=source)
+    return DaemonStatus(state=State.NOT_RUNNING, pid=None, tables=tables)
 
 
-def current(config: Config) -> dict[str, Any]:
+def current(config: Config) -> DaemonStatus:
     return read_live(config.state_dir) or offline(config)
 
 
-def status_lines(doc: dict[str, Any]) -> list[str]:
+def status_lines(doc: DaemonStatus) -> list[str]:
     """``globald status`` for people (the demo shows it too)."""
-    head = f"globald: {doc['state']}" + (f" (pid {doc['pid']})" if doc.get("pid") else "")
-    if "ready" in doc and doc.get("pid"):
-        head += ", ready" if doc["ready"] else f", not ready: {doc.get('ready_detail', '')}"
+    head = f"globald: {doc.state.value}" + (f" (pid {doc.pid})" if doc.pid else "")
+    if doc.ready is not None and doc.pid:
+        head += ", ready" if doc.ready else f", not ready: {doc.ready_detail or ''}"
     lines = [head]
-    if doc.get("degraded"):
-        lines.append(f"  degraded: {doc['degraded']}")
-    if doc.get("http"):
-        lines.append(f"  http: http://{doc['http']['host']}:{doc['http']['port']}/metrics")
-    for name, t in doc.get("tables", {}).items():
-        offsets = ", ".join(f"p{p}={o}" for p, o in t.get("offsets", {}).items()) or "no offsets"
-        lag = f", lag {t['lag']}" if "lag" in t else ""
-        wipes = f", {t['wipes']} wipe(s)" if t.get("wipes") else ""
-        lines.append(f"  {name:<20} {t['state']:<12} {offsets}{lag}{wipes}")
-        r = t.get("restore")
-        if r:
-            eta = "?" if r.get("eta_seconds") is None else f"{r['eta_seconds']:.0f}s"
-            lines.append(f"  {'':<20} restoring {r['percent']:.0f}%, {r['records']:,} records, "
-                         f"{r['records_per_second']:,.0f} rec/s, ETA {eta}")
-        snap = t.get("snapshot")
-        if snap and snap.get("current"):
-            stale = f"  STALE: {snap.get('stale_reason')}" if snap.get("stale") else ""
-            lines.append(f"  {'':<20} snapshot {snap['current']}{stale}")
+    if doc.degraded:
+        lines.append(f"  degraded: {doc.degraded}")
+    if doc.http is not None:
+        lines.append(f"  http: http://{doc.http.host}:{doc.http.port}/metrics")
+    for name, t in doc.tables.items():
+        offsets = ", ".join(f"p{p}={o}" for p, o in sorted(t.offsets.items())) or "no offsets"
+        lag = f", lag {t.lag}" if t.lag is not None else ""
+        wipes = f", {t.wipes} wipe(s)" if t.wipes else ""
+        lines.append(f"  {name:<20} {t.state:<12} {offsets}{lag}{wipes}")
+        r = t.restore
+        if r is not None:
+            eta = "?" if r.eta_seconds is None else f"{r.eta_seconds:.0f}s"
+            lines.append(f"  {'':<20} restoring {r.percent:.0f}%, {r.records:,} records, "
+                         f"{r.records_per_second:,.0f} rec/s, ETA {eta}")
+        snap = t.snapshot
+        if snap is not None and snap.current:
+            stale = f"  STALE: {snap.stale_reason}" if snap.stale else ""
+            lines.append(f"  {'':<20} snapshot {snap.current}{stale}")
     return lines

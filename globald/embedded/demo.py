@@ -19,17 +19,23 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from globald import config as configmod
 from globald.embedded.admin import Record, TopicAdmin
 from globald.embedded.broker import EmbeddedKafka
 from globald.embedded.oracle import fold
+from globald.engine.events import Committed, Event, StateChanged, Wiped
 from globald.ops.progress import ProgressOptions
 from globald.states import Listeners, State
+from globald.statusfile import status_lines
+
+if TYPE_CHECKING:
+    from globald.daemon import Daemon
 
 TOPIC = TABLE = "customers"
 PARTITIONS = 3
@@ -154,13 +160,37 @@ def _city(value: bytes | None) -> str | None:
     return None if value is None else json.loads(value).get("city")
 
 
+class Watch:
+    """What the demo learns from the daemon's events: wipes, table states, committed offsets, rebuild time."""
+
+    def __init__(self) -> None:
+        self.wipes: Counter[tuple[str, str]] = Counter()
+        self.states: dict[str, State] = {}
+        self.committed: dict[str, dict[int, int]] = {}
+        self.rebuilt: float | None = None  # seconds from the last wipe to RUNNING again
+        self._wiped_at: float | None = None
+
+    def __call__(self, event: Event) -> None:
+        match event:
+            case Wiped():
+                self.wipes[(event.table, event.kind)] += 1
+                self._wiped_at = time.monotonic()
+            case StateChanged(table=str(table)):
+                self.states[table] = event.new
+                if event.new == State.RUNNING and self._wiped_at is not None:
+                    self.rebuilt, self._wiped_at = time.monotonic() - self._wiped_at, None
+            case Committed():
+                self.committed[event.table] = dict(event.offsets)
+
+
 class Demo:
     def __init__(self, work: Path, clock: Clock) -> None:
         self.work = work
         self.clock = clock
         self.kafka = EmbeddedKafka(work / "kafka")
         self.admin: TopicAdmin | None = None
-        self.daemon: Any = None
+        self.daemon: Daemon | None = None
+        self.watch = Watch()
         self.daemon_thread: threading.Thread | None = None
         self.summary: list[str] = []
 
@@ -185,14 +215,14 @@ class Demo:
 
         config_path = write_config(self.work, self.kafka.client_settings)
         cfg = configmod.load(config_path)
-        self.start_daemon(cfg)
-        thread = self.daemon.thread
+        daemon, daemon_thread = self.start_daemon(cfg)
+        thread = daemon.thread
         started = time.monotonic()
-        wait_until(lambda: thread.state == State.RUNNING, 90, "the first restore", self.daemon_thread)
+        wait_until(lambda: thread.state == State.RUNNING, 90, "the first restore", daemon_thread)
         first_restore = time.monotonic() - started
         content = check_store(cfg.state_dir, settings, say)
-        doc = self.daemon.ops.status_doc() or {}
-        port = doc.get("http", {}).get("port")
+        doc = daemon.ops.status_doc()
+        port = doc.http.port if doc is not None and doc.http is not None else None
         sample_key = sorted(content)[42]
         say(f"globald get --table {TABLE} {sample_key.decode()}  ->  {content[sample_key].decode()}")
 
@@ -204,20 +234,21 @@ class Demo:
         admin.produce(TOPIC, customer_records(CUSTOMERS, 1, seed=2)[:RECREATED])
         recreated = time.monotonic()
         ends = admin.end_offsets(TOPIC)
-        wipes, rt = thread.manager.wipes, thread.tables[TABLE]
-        wait_until(lambda: wipes[(TABLE, "invalid_offset")] >= 1 and rt.machine.state == State.RUNNING
-                   and all(rt.positions.get(p, -1) >= o for p, o in ends.items()), 90,
-                   "the daemon to heal", self.daemon_thread)
+        watch = self.watch
+        wait_until(lambda: watch.wipes[(TABLE, "invalid_offset")] >= 1 and watch.states.get(TABLE) == State.RUNNING
+                   and all(watch.committed.get(TABLE, {}).get(p, -1) >= o for p, o in ends.items()), 90,
+                   "the daemon to heal", daemon_thread)
         healed = time.monotonic() - recreated
         content = check_store(cfg.state_dir, settings, say)
-        rebuilt = thread.recoveries[-1] if thread.recoveries else healed
+        rebuilt = watch.rebuilt if watch.rebuilt is not None else healed
         say(f"healed in-process: rebuilt in {rebuilt:.1f}s from the invalid-offset error, same process "
-            f"(pid {pid_before}), no operator; wipes {dict((f'{t}/{k}', n) for (t, k), n in wipes.items())}")
+            f"(pid {pid_before}), no operator; wipes {dict((f'{t}/{k}', n) for (t, k), n in watch.wipes.items())}")
 
         spark = spark_enrichment(config_path, TABLE, content, say)
 
         metrics = self.scrape(port) if port else []
-        status = self.status_lines()
+        final = daemon.ops.status_doc()
+        status = status_lines(final) if final is not None else ["globald: CREATED"]
         self.summary = [
             f"first restore: {len(records):,} records in {first_restore:.1f}s",
             f"invalid offset healed in-process: wipe (reason invalid_offset) + rebuild in {rebuilt:.1f}s, "
@@ -227,7 +258,7 @@ class Demo:
             f"metrics (http://127.0.0.1:{port}/metrics, excerpt):", *("  " + line for line in metrics),
         ]
 
-    def start_daemon(self, cfg: configmod.Config) -> None:
+    def start_daemon(self, cfg: configmod.Config) -> tuple[Daemon, threading.Thread]:
         from globald.daemon import Daemon
 
         listeners = Listeners()
@@ -235,14 +266,16 @@ class Demo:
         listeners.table_state.append(
             lambda table, new, old, reason: self.say(f"table {table} {old} -> {new} ({_short(reason)})"))
         progress = ProgressOptions(stream=sys.stdout, interval=0.5, emit=lambda line: self.say(line))
-        self.daemon = Daemon(cfg, listeners, progress=progress)
-        self.daemon_thread = threading.Thread(target=self._run_daemon, name="globald-daemon", daemon=True)
+        self.daemon = daemon = Daemon(cfg, listeners, progress=progress, subscribers=(self.watch,))
+        self.daemon_thread = thread = threading.Thread(target=self._run_daemon, args=(daemon,), name="globald-daemon",
+                                                       daemon=True)
         self.say(f"starting globald in-process: state_dir {cfg.state_dir}")
-        self.daemon_thread.start()
+        thread.start()
+        return daemon, thread
 
-    def _run_daemon(self) -> None:
+    def _run_daemon(self, daemon: Daemon) -> None:
         try:
-            self.daemon.run(handle_signals=False)
+            daemon.run(handle_signals=False)
         except Exception as e:  # shown, and the main thread's wait fails on the dead thread
             self.say(f"daemon failed: {type(e).__name__}: {e}")
 
@@ -253,11 +286,6 @@ class Demo:
                   "globald_wipes_total", "globald_commits_total")
         return [line for line in text.splitlines() if line.startswith(wanted)
                 and not (line.startswith("globald_state{") and line.endswith(" 0.0"))]
-
-    def status_lines(self) -> list[str]:
-        from globald.statusfile import status_lines
-
-        return status_lines(self.daemon.ops.status_doc() or {"state": "CREATED"})
 
     def close(self) -> None:
         if self.daemon is not None and self.daemon_thread is not None:

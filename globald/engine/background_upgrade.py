@@ -1,4 +1,4 @@
-"""The background pass of the plain-value upgrade, run on the loop thread after each poll (an after_poll hook).
+"""The background pass of the plain-value upgrade, run on the loop thread after each poll (a loop service).
 
 Contract: it writes only from the loop thread, between polls, for a bounded slice of time, so it never races the
 update task and never holds up readers (they read RocksDB directly). Tables still restoring are left alone until they
@@ -10,8 +10,9 @@ from __future__ import annotations
 import logging
 import time
 
-from globald.engine.state_manager import TableRuntime
+from globald.engine.table import TableRuntime
 from globald.states import State
+from globald.store.failures import STORE_FAULTS
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +28,7 @@ class BackgroundUpgrade:
         self.slice_s = slice_s
         self._not_before = 0.0
 
-    def __call__(self) -> None:
+    def tick(self) -> None:
         if time.monotonic() < self._not_before:
             return
         for rt in self._tables.values():
@@ -35,7 +36,7 @@ class BackgroundUpgrade:
                 continue
             try:
                 rt.store.upgrade_step(self.slice_s)
-            except Exception as e:  # nothing was lost: each move is one batch, and readers merge both layouts
+            except STORE_FAULTS as e:  # nothing was lost: each move is one batch, and readers merge both layouts
                 self._not_before = time.monotonic() + RETRY_AFTER_SECONDS
                 log.warning("table %s: upgrade of plain values paused for %.0fs: %s", rt.name, RETRY_AFTER_SECONDS, e)
             return

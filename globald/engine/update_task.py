@@ -1,27 +1,48 @@
-"""Applies one poll's records to the table stores: one WriteBatch per table, offsets inside it.
+"""Applies one poll's records to the table stores: one WriteBatch per table, offsets inside it (GlobalStateUpdateTask).
 
-Contract: after ``apply`` returns, each touched table's store holds the records of this poll together with the
-next-offsets just past them, written atomically; a table that reported an invalid offset in the poll gets no
-write at all (it is about to be wiped). Null keys are skipped and counted; tombstones delete.
+Contract: the task owns every table's positions (next-offset per partition). After ``update`` returns, each touched
+table's store holds the records of the poll together with the positions just past them, written atomically, and
+``positions(table)`` equals the offsets stored in that table's store; a write that fails changes no position. A
+table that reported an invalid offset in the poll gets no write at all (it is about to be wiped). Null keys are
+skipped and counted; tombstones delete. ``apply_record`` is the one fold of a record into a batch, shared with
+the exact-snapshot builder.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, KafkaError, Message
 from rocksdict import WriteBatch
 
-from globald.engine.state_manager import TableRuntime
-from globald.store.codec import NO_TIMESTAMP, pack_i64
+from globald.engine.table import TableRuntime
+from globald.store.codec import NO_TIMESTAMP, encode_value
+from globald.store.plain import UpgradingBatch
 
 log = logging.getLogger(__name__)
 
 _EOF = KafkaError._PARTITION_EOF
-_NO_TIMESTAMP = pack_i64(NO_TIMESTAMP)
 _INVALID_OFFSET = KafkaError._AUTO_OFFSET_RESET
+
+Put = Callable[[bytes, bytes], None]
+Delete = Callable[[bytes], None]
+
+
+def apply_record(m: Message, put: Put, delete: Delete) -> bool:
+    """Fold one record into a batch: a tombstone deletes its key, a value is stored with its record timestamp
+    (KIP-258; NO_TIMESTAMP when the broker gives none). False for a null key, which is skipped."""
+    key = m.key()
+    if key is None:
+        return False
+    value = m.value()
+    if value is None:
+        delete(key)
+    else:
+        ts_type, ts = m.timestamp()
+        put(key, encode_value(NO_TIMESTAMP if ts_type == TIMESTAMP_NOT_AVAILABLE else ts, value))
+    return True
 
 
 @dataclass
@@ -44,19 +65,41 @@ class PollResult:
         return sum(sum(b.counts.values()) for b in self.tables.values())
 
 
+@dataclass
+class Applied:
+    """Running totals of one table since the daemon started."""
+
+    records: int = 0
+    null_keys: int = 0
+
+
 class UpdateTask:
-    """Turns consumed messages into store writes for the tables in ``tables`` (keyed by topic)."""
+    """Turns consumed messages into store writes for ``tables`` (keyed by name), and keeps their positions."""
 
-    def __init__(self, tables: dict[str, TableRuntime]) -> None:
+    def __init__(self, tables: Mapping[str, TableRuntime]) -> None:
         self._tables = tables
+        self._by_topic = {rt.topic: rt for rt in tables.values()}
         # The consumer is assigned only the tables' topics: with one table, every record is of its topic.
-        self._only_topic = next(iter(tables)) if len(tables) == 1 else None
+        self._only_topic = next(iter(self._by_topic)) if len(self._by_topic) == 1 else None
+        self._positions: dict[str, dict[int, int]] = {name: {} for name in tables}
+        self.applied = {name: Applied() for name in tables}
+        self.dirty: set[str] = set()  # tables written since their last commit
 
-    def apply(self, messages: Sequence[Message]) -> PollResult:
+    def positions(self, table: str) -> dict[int, int]:
+        return dict(self._positions[table])
+
+    def start(self, table: str, positions: Mapping[int, int]) -> None:
+        """Take ``positions`` as the table's (what its store holds, after a plan, a wipe or a reopen)."""
+        self._positions[table] = dict(positions)
+
+    def committed(self, table: str) -> None:
+        self.dirty.discard(table)
+
+    def update(self, messages: Sequence[Message]) -> PollResult:
         # The restore's hot loop. A fetch delivers long runs of one partition, so the table lookup, the record
-        # count and the next-offset are settled once per run; per record only key, value and timestamp are read.
+        # count and the next-offset are settled once per run; per record only the record itself is read.
         result = PollResult()
-        batches: dict[str, WriteBatch] = {}
+        batches: dict[str, WriteBatch | UpgradingBatch] = {}
         topic: str | None = None
         partition = -1
         target: _Target | None = None
@@ -65,19 +108,19 @@ class UpdateTask:
         for m in messages:
             err = m.error()
             if err is not None:
-                if run:
-                    target.close_run(partition, last, run)  # type: ignore[union-attr]
-                    run = 0
+                if run and target is not None and last is not None:
+                    target.close_run(partition, last, run)
+                run = 0
                 topic = None  # the error may have invalidated the table: look it up again
-                self._on_error(m, err, self._tables.get(m.topic() or ""), result)
+                self._on_error(m, err, self._by_topic.get(m.topic() or ""), result)
                 continue
             t = self._only_topic or m.topic()
             p = m.partition()
             if p != partition or t != topic:
-                if run:
-                    target.close_run(partition, last, run)  # type: ignore[union-attr]
-                    run = 0
-                partition = p
+                if run and target is not None and last is not None:
+                    target.close_run(partition, last, run)
+                run = 0
+                partition = p if p is not None else -1
                 if t != topic:
                     topic = t
                     target = self._target(t, result, batches)
@@ -85,32 +128,31 @@ class UpdateTask:
                 continue
             last = m
             run += 1
-            key = m.key()
-            if key is None:
+            if not apply_record(m, target.put, target.delete):
                 target.tb.null_keys += 1
-                continue
-            value = m.value()
-            if value is None:
-                target.delete(key)
-            else:
-                ts_type, ts = m.timestamp()
-                target.put(key, (_NO_TIMESTAMP if ts_type == TIMESTAMP_NOT_AVAILABLE else pack_i64(ts)) + value)
-        if run:
-            target.close_run(partition, last, run)  # type: ignore[union-attr]
-        for rt in self._tables.values():
-            tb = result.tables.get(rt.name)
-            if tb is None or tb.invalid_offset is not None or not tb.positions:
-                continue
-            batch = batches.get(rt.name)
-            if batch is None:
-                batch = rt.store.new_batch()
-            rt.store.put_offsets(batch, tb.positions)
-            rt.store.write(batch)
+        if run and target is not None and last is not None:
+            target.close_run(partition, last, run)
+        self._write(result, batches)
         return result
 
-    def _target(self, topic: str | None, result: PollResult, batches: dict[str, WriteBatch]) -> _Target | None:
+    def _write(self, result: PollResult, batches: dict[str, WriteBatch | UpgradingBatch]) -> None:
+        for name, tb in result.tables.items():
+            if tb.invalid_offset is not None or not tb.positions:
+                continue
+            rt = self._tables[name]
+            batch = batches.get(name) or rt.store.new_batch()
+            rt.store.put_offsets(batch, tb.positions)
+            rt.store.write(batch)  # raises on a store fault: no position moves
+            self._positions[name].update(tb.positions)
+            self.dirty.add(name)
+            totals = self.applied[name]
+            totals.records += sum(tb.counts.values())
+            totals.null_keys += tb.null_keys
+
+    def _target(self, topic: str | None, result: PollResult,
+                batches: dict[str, WriteBatch | UpgradingBatch]) -> _Target | None:
         """Where records of ``topic`` go in this poll; None when they are to be skipped."""
-        rt = self._tables.get(topic or "")
+        rt = self._by_topic.get(topic or "")
         if rt is None:
             return None
         tb = result.tables.get(rt.name)
@@ -123,8 +165,7 @@ class UpdateTask:
             batch = batches[rt.name] = rt.store.new_batch()
         return _Target(tb, batch)
 
-    @staticmethod
-    def _on_error(m: Message, err: KafkaError, rt: TableRuntime | None, result: PollResult) -> None:
+    def _on_error(self, m: Message, err: KafkaError, rt: TableRuntime | None, result: PollResult) -> None:
         code = err.code()
         if rt is None:
             if code != _EOF:
@@ -132,7 +173,10 @@ class UpdateTask:
             return
         tb = result.tables.setdefault(rt.name, TableBatch())
         partition, offset = m.partition(), m.offset()
-        position = tb.positions.get(partition, rt.positions.get(partition))
+        if partition is None:
+            result.errors.append(f"{m.topic()}: {err.str()}")
+            return
+        position = tb.positions.get(partition, self._positions[rt.name].get(partition))
         if code == _EOF:
             # The broker's end (past compaction gaps and transaction markers) is a valid next-offset. An end past
             # every end seen for the partition is a leftover of an assignment given up since (a rebuilt table).
@@ -148,7 +192,7 @@ class UpdateTask:
                 log.info("ignoring a stale invalid-offset error for %s[%s] at %s (now at %s)", m.topic(), partition,
                          offset, position)
             return
-        result.errors.append(f"{m.topic()}[{m.partition()}]: {err.str()}")
+        result.errors.append(f"{m.topic()}[{partition}]: {err.str()}")
 
 
 class _Target:
@@ -156,12 +200,14 @@ class _Target:
 
     __slots__ = ("delete", "put", "tb")
 
-    def __init__(self, tb: TableBatch, batch: WriteBatch) -> None:
+    def __init__(self, tb: TableBatch, batch: WriteBatch | UpgradingBatch) -> None:
         self.tb = tb
-        self.put = batch.put
-        self.delete = batch.delete
+        self.put: Put = batch.put
+        self.delete: Delete = batch.delete
 
     def close_run(self, partition: int, last: Message, run: int) -> None:
         """Account for ``run`` consecutive records of ``partition`` ending with ``last``."""
-        self.tb.positions[partition] = last.offset() + 1
+        offset = last.offset()
+        assert offset is not None  # librdkafka gives every record its offset
+        self.tb.positions[partition] = offset + 1
         self.tb.counts[partition] = self.tb.counts.get(partition, 0) + run

@@ -20,6 +20,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from globald.config import HttpConfig, is_loopback
 from globald.errors import ConfigError
 from globald.ops.health import Liveness
+from globald.status import DaemonStatus
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +28,7 @@ log = logging.getLogger(__name__)
 class Endpoints:
     """What the handlers need from the daemon, as callables so this module knows nothing of the engine."""
 
-    def __init__(self, metrics: Callable[[], bytes], status: Callable[[], dict[str, Any] | None],
+    def __init__(self, metrics: Callable[[], bytes], status: Callable[[], DaemonStatus | None],
                  liveness: Callable[[], Liveness]) -> None:
         self.metrics = metrics
         self.status = status
@@ -51,13 +52,15 @@ class _Handler(BaseHTTPRequestHandler):
                                                           "loop_age_seconds": live.loop_age_seconds,
                                                           "progress_age_seconds": live.progress_age_seconds})
             elif path == "/readyz":
-                doc = ep.status() or {}
-                ready = bool(doc.get("ready"))
-                self._json(200 if ready else 503, {"ready": ready, "detail": doc.get("ready_detail", "starting"),
-                                                   "state": doc.get("state", "CREATED")})
-            elif path == "/status":
                 doc = ep.status()
-                self._json(200 if doc is not None else 503, doc or {"state": "CREATED"})
+                ready = bool(doc is not None and doc.ready)
+                self._json(200 if ready else 503, {"ready": ready,
+                                                   "detail": (doc.ready_detail if doc else None) or "starting",
+                                                   "state": doc.state.value if doc else "CREATED"})
+            elif path == "/status":
+                status = ep.status()
+                self._json(200 if status is not None else 503,
+                           status.to_json() if status is not None else {"state": "CREATED"})
             else:
                 self._json(404, {"error": f"no such endpoint {path}; try /metrics /healthz /readyz /status"})
         except Exception:
@@ -99,6 +102,11 @@ class _Server(ThreadingHTTPServer):
         super().__init__(address, _Handler)
 
 
+def _bound(server: _Server) -> tuple[str, int]:
+    host, port = server.server_address[:2]
+    return str(host), int(port)
+
+
 class HttpServer:
     def __init__(self, config: HttpConfig, endpoints: Endpoints) -> None:
         self.config = config
@@ -109,22 +117,19 @@ class HttpServer:
     @property
     def address(self) -> tuple[str, int] | None:
         """The bound (host, port); the port is the real one when the config asked for port 0."""
-        if self._server is None:
-            return None
-        host, port = self._server.server_address[:2]
-        return str(host), int(port)
+        return None if self._server is None else _bound(self._server)
 
     def start(self) -> None:
         try:
-            self._server = _Server((self.config.host, self.config.port), self.endpoints)
+            self._server = server = _Server((self.config.host, self.config.port), self.endpoints)
         except OSError as e:
             raise ConfigError("http.port", f"cannot listen on {self.config.host}:{self.config.port}: "
                                            f"{e.strerror or e} (choose another port, or set [http] enabled = false)"
                               ) from None
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.5},
+        self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.5},
                                         name="globald-http", daemon=True)
         self._thread.start()
-        log.info("http endpoint on http://%s:%d (/metrics /healthz /readyz /status)", *self.address)  # type: ignore[misc]
+        log.info("http endpoint on http://%s:%d (/metrics /healthz /readyz /status)", *_bound(server))
         if not is_loopback(self.config.host):
             log.warning("http endpoint on %s is reachable from other hosts and unauthenticated: anyone who can "
                         "connect reads /metrics and /status (table and topic names, offsets, errors); "

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
@@ -18,6 +17,7 @@ from prometheus_client.registry import Collector
 from globald import __version__
 from globald.ops.progress import RestoreStats
 from globald.states import State
+from globald.status import DaemonStatus
 
 PREFIX = "globald"
 
@@ -32,7 +32,7 @@ class SnapshotStats:
 class Sample:
     """Everything /metrics, /status and /readyz report, taken on the loop thread at one moment."""
 
-    doc: dict[str, Any]  # the status document, as in status.json
+    doc: DaemonStatus  # the status document, as in status.json
     wipes: dict[tuple[str, str], int] = field(default_factory=dict)  # (table, reason) -> count
     commits: int = 0
     callback_failures: int = 0
@@ -68,17 +68,17 @@ class DaemonCollector(Collector):
 def _states(s: Sample) -> Iterator[Metric]:
     daemon = GaugeMetricFamily(f"{PREFIX}_state", "1 for the daemon's current state", labels=["state"])
     for st in State:
-        daemon.add_metric([st.value], 1.0 if s.doc.get("state") == st.value else 0.0)
+        daemon.add_metric([st.value], 1.0 if s.doc.state == st else 0.0)
     yield daemon
     tables = GaugeMetricFamily(f"{PREFIX}_table_state", "1 for each table's current state", labels=["table", "state"])
-    for name, t in s.doc.get("tables", {}).items():
+    for name, t in s.doc.tables.items():
         for st in State:
-            tables.add_metric([name, st.value], 1.0 if t.get("state") == st.value else 0.0)
+            tables.add_metric([name, st.value], 1.0 if t.state == st.value else 0.0)
     yield tables
     yield GaugeMetricFamily(f"{PREFIX}_ready", "1 when every table can be served consistently (/readyz)",
-                            value=1.0 if s.doc.get("ready") else 0.0)
+                            value=1.0 if s.doc.ready else 0.0)
     yield GaugeMetricFamily(f"{PREFIX}_degraded", "1 while a fault is being retried (see status 'degraded')",
-                            value=1.0 if s.doc.get("degraded") else 0.0)
+                            value=1.0 if s.doc.degraded else 0.0)
 
 
 def _partitions(s: Sample) -> Iterator[Metric]:
@@ -88,17 +88,17 @@ def _partitions(s: Sample) -> Iterator[Metric]:
     lag = GaugeMetricFamily(f"{PREFIX}_partition_lag", "Log end minus stored next offset", labels=labels)
     records = CounterMetricFamily(f"{PREFIX}_records", "Records applied to the table since start", labels=["table"])
     null_keys = CounterMetricFamily(f"{PREFIX}_null_keys", "Records skipped for a null key", labels=["table"])
-    for name, t in s.doc.get("tables", {}).items():
-        offsets, ends = t.get("offsets", {}), t.get("end_offsets", {})
-        for p in sorted(set(offsets) | set(ends), key=int):
-            key = [name, t.get("topic", ""), p]
+    for name, t in s.doc.tables.items():
+        offsets, ends = t.offsets, t.end_offsets or {}
+        for p in sorted(set(offsets) | set(ends)):
+            key = [name, t.topic, str(p)]
             if p in offsets:
                 offset.add_metric(key, offsets[p])
             if p in ends:
                 end.add_metric(key, ends[p])
                 lag.add_metric(key, max(0, ends[p] - offsets.get(p, 0)))
-        records.add_metric([name], t.get("records", 0))
-        null_keys.add_metric([name], t.get("null_keys", 0))
+        records.add_metric([name], t.records or 0)
+        null_keys.add_metric([name], t.null_keys or 0)
     yield from (offset, end, lag, records, null_keys)
 
 
@@ -110,7 +110,7 @@ def _restores(s: Sample) -> Iterator[Metric]:
     remaining = GaugeMetricFamily(f"{PREFIX}_restore_remaining_offsets", "Offsets left before the restore target",
                                   labels=["table"])
     restoring = GaugeMetricFamily(f"{PREFIX}_restore_active", "1 while the table is restoring", labels=["table"])
-    for name in s.doc.get("tables", {}):
+    for name in s.doc.tables:
         r = s.restores.get(name)
         total.add_metric([name], r.records_total if r else 0)
         rate.add_metric([name], r.records_per_second if r and r.active else 0.0)

@@ -10,7 +10,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from globald.errors import GlobaldError, StoreCorruptError, StoreIOError
+from globald.errors import GlobaldError, StoreCorruptError, StoreIOError, StoreUnavailableError
+
+# Errors of the disk or of a store, which the loop answers by rewinding to the stored offsets, never by ending.
+STORE_FAULTS = (StoreUnavailableError, StoreCorruptError, OSError)
 
 # RocksDB status prefixes that mean "these files are not a usable database".
 CORRUPTION_MARKERS = ("Corruption", "Invalid argument", "Not implemented", "Unknown", "does not exist",

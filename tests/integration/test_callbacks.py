@@ -49,7 +49,7 @@ def test_callbacks_fire_in_order_with_arguments(broker: Broker, topic: Callable[
     listeners.state.append(lambda new, old, reason: states.append((new, old, reason)))
     listeners.table_state.append(lambda table, new, old, reason: table_states.append((table, new, old)))
     listeners.restore.append(rec)
-    thread = GlobalThread(cfg, listeners)
+    thread = GlobalThread.standalone(cfg, listeners)
     runner = threading.Thread(target=thread.run)
     runner.start()
     deadline = time.monotonic() + 60

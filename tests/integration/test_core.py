@@ -11,6 +11,8 @@ from collections.abc import Callable
 import pytest
 
 from globald import statusfile
+from globald.states import State
+from globald.status import DaemonStatus
 from tests.harness import Broker, DaemonProcess, oracle_at, random_records, values_only
 
 pytestmark = pytest.mark.kafka
@@ -85,14 +87,14 @@ def test_sigkill_during_restore_then_restart(broker: Broker, topic: Callable[...
     d = daemon({"tbl": t}, store={"write_buffer_mb": 2})
     rnd = random.Random(6)
     kills = 0
-    doc: dict | None = None
+    doc: DaemonStatus | None = None
     for _ in range(3):
         # status.json read directly: a restore now takes well under a second, less than `globald status` needs.
-        while (doc := statusfile.read_live(d.state_dir)) is None or doc.get("pid") != d.pid:
+        while (doc := statusfile.read_live(d.state_dir)) is None or doc.pid != d.pid:
             time.sleep(0.01)
         time.sleep(rnd.uniform(0.0, 0.3))
         doc = statusfile.read_live(d.state_dir)
-        if doc is None or doc["state"] != "RESTORING":
+        if doc is None or doc.state != State.RESTORING:
             break
         d.stop(signal.SIGKILL)  # the restore is still running: the store holds a prefix of the topic
         kills += 1

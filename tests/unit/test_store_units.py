@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from globald.states import IllegalTransition, Listeners, State, StateMachine
+from globald.states import IllegalTransition, State, StateMachine
 from globald.store import checkpoint_file
 from globald.store.codec import decode_value, encode_value
 from globald.store.names import checkpoint_path, db_dir
@@ -36,7 +36,7 @@ def test_checkpoint_file_round_trip_and_rejects_garbage(tmp_path: Path) -> None:
 
 
 def test_transition_table_is_enforced() -> None:
-    m = StateMachine(Listeners())
+    m = StateMachine(lambda *event: None)
     with pytest.raises(IllegalTransition):
         m.to(State.RUNNING, "skipping restore")
     assert m.to(State.RESTORING, "start")

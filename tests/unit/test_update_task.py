@@ -5,12 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
 from confluent_kafka import KafkaError
 
 from globald.config import TableConfig
-from globald.engine.state_manager import TableRuntime
+from globald.engine.table import TableRuntime
 from globald.engine.update_task import UpdateTask
-from globald.states import Listeners, StateMachine
+from globald.errors import StoreUnavailableError
+from globald.states import StateMachine
 from globald.store.options import StoreOptions
 from globald.store.table_store import TableStore
 
@@ -47,32 +49,40 @@ class Event:
         return (0, 0)
 
 
-def _runtime(tmp_path: Path) -> TableRuntime:
+def _task(tmp_path: Path) -> tuple[TableRuntime, UpdateTask]:
     store = TableStore.open(tmp_path, "tbl", "t", StoreOptions()).store
-    rt = TableRuntime(config=TableConfig("tbl", "t"), store=store, machine=StateMachine(Listeners(), "tbl"))
-    rt.positions, rt.end_offsets = {0: 10}, {0: 20}
-    return rt
+    rt = TableRuntime(config=TableConfig("tbl", "t"), store=store, machine=StateMachine(lambda *a: None, "tbl"))
+    rt.end_offsets = {0: 20}
+    task = UpdateTask({"tbl": rt})
+    task.start("tbl", {0: 10})
+    return rt, task
 
 
 def test_invalid_offset_counts_only_at_the_current_position(tmp_path: Path) -> None:
-    rt = _runtime(tmp_path)
-    task = UpdateTask({"t": rt})
-    stale = task.apply([Event(0, 5000, KafkaError._AUTO_OFFSET_RESET)])  # asked for by an earlier assignment
+    rt, task = _task(tmp_path)
+    stale = task.update([Event(0, 5000, KafkaError._AUTO_OFFSET_RESET)])  # asked for by an earlier assignment
     assert stale.tables["tbl"].invalid_offset is None
-    current = task.apply([Event(0, 10, KafkaError._AUTO_OFFSET_RESET)])
+    current = task.update([Event(0, 10, KafkaError._AUTO_OFFSET_RESET)])
     assert current.tables["tbl"].invalid_offset is not None
+    assert task.positions("tbl") == {0: 10} and rt.store.offsets() == {}  # no write for a table about to be wiped
     rt.store.close()
 
 
 def test_end_of_partition_advances_only_within_known_ends(tmp_path: Path) -> None:
-    rt = _runtime(tmp_path)
-    task = UpdateTask({"t": rt})
-    r = task.apply([Event(0, 12), Event(0, 20, KafkaError._PARTITION_EOF)])  # a compaction gap 13..19 at the tail
-    assert r.tables["tbl"].positions == {0: 20} and rt.store.offsets() == {0: 20}
-    rt.positions = {0: 20}
-    r = task.apply([Event(0, 67_000, KafkaError._PARTITION_EOF)])  # the end of a topic since deleted
+    rt, task = _task(tmp_path)
+    r = task.update([Event(0, 12), Event(0, 20, KafkaError._PARTITION_EOF)])  # a compaction gap 13..19 at the tail
+    assert r.tables["tbl"].positions == {0: 20} and rt.store.offsets() == {0: 20} == task.positions("tbl")
+    r = task.update([Event(0, 67_000, KafkaError._PARTITION_EOF)])  # the end of a topic since deleted
     assert r.tables["tbl"].positions == {} and rt.store.offsets() == {0: 20}
-    rt.positions = {}  # wiped, not yet planned: nothing may set its offsets
-    r = task.apply([Event(0, 20, KafkaError._PARTITION_EOF)])
+    task.start("tbl", {})  # wiped, not yet planned: nothing may set its offsets
+    r = task.update([Event(0, 20, KafkaError._PARTITION_EOF)])
     assert r.tables["tbl"].positions == {}
     rt.store.close()
+
+
+def test_a_failed_write_moves_no_position(tmp_path: Path) -> None:
+    rt, task = _task(tmp_path)
+    rt.store.close()  # every write now fails, as on a disk that refuses
+    with pytest.raises(StoreUnavailableError):
+        task.update([Event(0, 10), Event(0, 11)])
+    assert task.positions("tbl") == {0: 10} and not task.dirty

@@ -1,0 +1,140 @@
+"""Typed events out of the engine, and the bus that delivers them to subscribers fixed when the daemon is built.
+
+What a subscriber can rely on: events arrive on the loop thread, in the order they happened, each exactly once,
+to every subscriber in the order they were connected. ``Committed`` offsets are durable in the store and claimed
+by its ``.checkpoint`` file; ``Wiped`` is emitted once the store is empty. A subscriber that raises is logged and
+counted; it never stops the loop nor hides the event from the subscribers after it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from globald.states import Listeners, State
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StateChanged:
+    """The daemon (``table`` None) or a table moved from ``old`` to ``new``."""
+
+    table: str | None
+    new: State
+    old: State
+    reason: str
+
+
+@dataclass(frozen=True)
+class Committed:
+    """A commit made ``offsets`` durable in ``table``'s store; its .checkpoint file now claims them."""
+
+    table: str
+    offsets: Mapping[int, int]
+    seconds: float  # how long the commit took
+
+
+@dataclass(frozen=True)
+class Wiped:
+    """``table``'s store was emptied (``kind``: invalid_offset, corrupt_store, operator_reset); it rebuilds."""
+
+    table: str
+    kind: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class RestoreStarted:
+    table: str
+    partition: int
+    start: int
+    end: int
+
+
+@dataclass(frozen=True)
+class BatchRestored:
+    table: str
+    partition: int
+    batch_end: int  # the next offset after the batch
+    count: int
+
+
+@dataclass(frozen=True)
+class RestoreEnded:
+    table: str
+    partition: int
+    total: int
+
+
+Event = StateChanged | Committed | Wiped | RestoreStarted | BatchRestored | RestoreEnded
+Subscriber = Callable[[Event], None]
+Emit = Callable[[Event], None]
+
+
+class EventBus:
+    """Delivers events to the subscribers connected once, before the loop starts."""
+
+    def __init__(self) -> None:
+        self._subscribers: tuple[Subscriber, ...] | None = None
+        self.failures = 0
+
+    def connect(self, *subscribers: Subscriber) -> None:
+        if self._subscribers is not None:
+            raise RuntimeError("the event bus is already connected")  # a bug: wiring happens in one place
+        self._subscribers = subscribers
+
+    def emit(self, event: Event) -> None:
+        for fn in self._subscribers or ():
+            try:
+                fn(event)
+            except Exception:
+                self.failures += 1
+                log.exception("subscriber %r raised on %s; ignored", getattr(fn, "__qualname__", fn),
+                              type(event).__name__)
+
+
+def deliver(listeners: Listeners) -> Subscriber:
+    """A subscriber that hands events to a user's callbacks (state, table state, restore listeners)."""
+
+    def on_event(event: Event) -> None:
+        match event:
+            case StateChanged(table=None):
+                for fn in list(listeners.state):
+                    listeners.call(fn, event.new, event.old, event.reason)
+            case StateChanged(table=str(table)):
+                for tfn in list(listeners.table_state):
+                    listeners.call(tfn, table, event.new, event.old, event.reason)
+            case RestoreStarted():
+                listeners.restore_event("on_restore_start", event.table, event.partition, event.start, event.end)
+            case BatchRestored():
+                listeners.restore_event("on_batch_restored", event.table, event.partition, event.batch_end,
+                                        event.count)
+            case RestoreEnded():
+                listeners.restore_event("on_restore_end", event.table, event.partition, event.total)
+
+    return on_event
+
+
+OPERATOR_RESET = "operator_reset"  # the wipe kind of a rebuild an operator asked for
+
+
+class RebuildRequests:
+    """Tables an operator asked to rebuild (``globald reset``), from any thread; the loop takes them between polls."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._queue: deque[tuple[str, str]] = deque()
+
+    def put(self, table: str, detail: str) -> None:
+        with self._lock:
+            self._queue.append((table, detail))
+
+    def take(self) -> list[tuple[str, str]]:
+        with self._lock:
+            items = list(self._queue)
+            self._queue.clear()
+        return items

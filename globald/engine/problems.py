@@ -1,0 +1,54 @@
+"""What keeps the daemon from mirroring its topics right now, by source, and when to try each source again.
+
+A source (the cluster, the disk, one table) has at most one problem at a time; the first success of the thing that
+failed clears it, so ``degraded`` always describes the present. A problem is logged when it starts and when it ends.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from globald.kafka.retry import Backoff
+
+log = logging.getLogger(__name__)
+
+KAFKA, STORE = "kafka", "store"  # the sources that are not a table's
+
+
+class Problems:
+    def __init__(self, backoff: Backoff | None = None) -> None:
+        self._backoff = backoff or Backoff()
+        self._now: dict[str, str] = {}
+
+    @property
+    def degraded(self) -> str | None:
+        return "; ".join(self._now[k] for k in sorted(self._now)) or None
+
+    def has(self, source: str) -> bool:
+        return source in self._now
+
+    def report(self, source: str, text: str) -> None:
+        """A problem of ``source`` that is retried on a schedule of its own (or not at all)."""
+        if source not in self._now:
+            log.warning("degraded: %s", text)
+        self._now[source] = text
+
+    def failed(self, source: str, text: str, quiet: bool = False) -> float:
+        """An attempt of ``source`` failed: the problem, and the delay before its next attempt."""
+        if quiet:  # the caller logged it in its own words
+            self._now[source] = text
+        else:
+            self.report(source, text)
+        return self._backoff.failed(source)
+
+    def resolved(self, source: str) -> None:
+        self._backoff.succeeded(source)
+        text = self._now.pop(source, None)
+        if text is not None:
+            log.info("recovered: %s", text)
+
+    def due(self, source: str) -> bool:
+        return self._backoff.due(source)
+
+    def failures(self, source: str) -> int:
+        return self._backoff.failures(source)

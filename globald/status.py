@@ -1,0 +1,155 @@
+"""The status document: what a daemon publishes in ``status.json`` and on ``/status``, as dataclasses.
+
+This module is the one place that turns it into JSON and back. Offsets are next-offsets per partition (JSON keys
+are partition numbers as strings); ``offsets`` are those applied to the live store, durable at the next commit.
+A document read back from disk is parsed leniently: a field an older globald did not write is left at its default.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from globald.states import State
+
+if TYPE_CHECKING:
+    from globald.engine.table import TableRuntime
+
+
+def offsets_to_json(offsets: Mapping[int, int]) -> dict[str, int]:
+    return {str(p): o for p, o in sorted(offsets.items())}
+
+
+def offsets_from_json(raw: Any) -> dict[int, int]:
+    if not isinstance(raw, dict):
+        return {}
+    return {int(p): int(o) for p, o in raw.items() if str(p).lstrip("-").isdigit() and isinstance(o, int)}
+
+
+@dataclass(frozen=True)
+class RestoreStatus:
+    percent: float
+    records: int
+    records_per_second: float
+    eta_seconds: float | None
+
+
+@dataclass(frozen=True)
+class SnapshotStatus:
+    current: str | None
+    offsets: dict[int, int]
+    created: float | None
+    stale: bool
+    stale_reason: str | None
+    published: int = 0
+    exact_built: int = 0
+    refused: dict[str, int] = field(default_factory=dict)
+    last_publish_ms: float = 0.0
+    last_error: str | None = None
+
+
+@dataclass(frozen=True)
+class TableStatus:
+    state: str
+    topic: str
+    offsets: dict[int, int] = field(default_factory=dict)
+    reason: str | None = None
+    end_offsets: dict[int, int] | None = None
+    lag: int | None = None
+    records: int | None = None
+    null_keys: int | None = None
+    wipes: int | None = None
+    last_error: str | None = None
+    restore: RestoreStatus | None = None
+    snapshot: SnapshotStatus | None = None
+    source: str | None = None  # where a stopped daemon's offsets were read: store, checkpoint, none
+
+    @classmethod
+    def of(cls, rt: TableRuntime, positions: Mapping[int, int], ends: Mapping[int, int], records: int,
+           null_keys: int, wipes: int, restore: RestoreStatus | None, snapshot: SnapshotStatus | None
+           ) -> TableStatus:
+        return cls(state=rt.machine.state.value, reason=rt.machine.reason, topic=rt.topic, offsets=dict(positions),
+                   end_offsets=dict(ends), lag=sum(max(0, e - positions.get(p, 0)) for p, e in ends.items()),
+                   records=records, null_keys=null_keys, wipes=wipes, last_error=rt.last_error, restore=restore,
+                   snapshot=snapshot)
+
+
+@dataclass(frozen=True)
+class HttpAddress:
+    host: str
+    port: int
+
+
+@dataclass(frozen=True)
+class DaemonStatus:
+    state: State
+    pid: int | None
+    tables: dict[str, TableStatus]
+    reason: str | None = None
+    degraded: str | None = None
+    ready: bool | None = None
+    ready_detail: str | None = None
+    updated: float | None = None
+    http: HttpAddress | None = None
+    memory: dict[str, Any] | None = None  # RSS and each store's RocksDB memory (globald.ops.memory)
+
+    def to_json(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {"state": self.state.value, "pid": self.pid,
+                               "tables": {n: _table_json(t) for n, t in self.tables.items()}}
+        if self.pid is not None:  # a running daemon's document; a stopped one's has only what the disk says
+            doc.update(reason=self.reason, degraded=self.degraded)
+        for key in ("ready", "ready_detail", "updated", "memory"):
+            if getattr(self, key) is not None:
+                doc[key] = getattr(self, key)
+        if self.http is not None:
+            doc["http"] = {"host": self.http.host, "port": self.http.port}
+        return doc
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> DaemonStatus:
+        http = doc.get("http")
+        return cls(state=State(doc.get("state", State.CREATED.value)), pid=doc.get("pid"),
+                   tables={str(n): _table_from(t) for n, t in (doc.get("tables") or {}).items()},
+                   reason=doc.get("reason"), degraded=doc.get("degraded"), ready=doc.get("ready"),
+                   ready_detail=doc.get("ready_detail"), updated=doc.get("updated"),
+                   http=HttpAddress(str(http["host"]), int(http["port"])) if isinstance(http, dict) else None,
+                   memory=doc.get("memory"))
+
+
+def _table_json(t: TableStatus) -> dict[str, Any]:
+    doc: dict[str, Any] = {"state": t.state, "topic": t.topic, "offsets": offsets_to_json(t.offsets)}
+    if t.source is not None:
+        doc["source"] = t.source
+        return doc
+    doc.update(reason=t.reason, end_offsets=offsets_to_json(t.end_offsets or {}), lag=t.lag, records=t.records,
+               null_keys=t.null_keys, wipes=t.wipes, last_error=t.last_error)
+    if t.restore is not None:
+        r = t.restore
+        doc["restore"] = {"percent": round(r.percent, 1), "records": r.records,
+                          "records_per_second": round(r.records_per_second, 1),
+                          "eta_seconds": None if r.eta_seconds is None else round(r.eta_seconds, 1)}
+    if t.snapshot is not None:
+        s = t.snapshot
+        doc["snapshot"] = {"current": s.current, "offsets": offsets_to_json(s.offsets), "created": s.created,
+                           "stale": s.stale, "stale_reason": s.stale_reason, "published": s.published,
+                           "exact_built": s.exact_built, "refused": dict(s.refused),
+                           "last_publish_ms": round(s.last_publish_ms, 3), "last_error": s.last_error}
+    return doc
+
+
+def _table_from(raw: Any) -> TableStatus:
+    t: Mapping[str, Any] = raw if isinstance(raw, dict) else {}
+    r, s = t.get("restore"), t.get("snapshot")
+    return TableStatus(
+        state=str(t.get("state", State.CREATED.value)), topic=str(t.get("topic", "")),
+        offsets=offsets_from_json(t.get("offsets")), reason=t.get("reason"),
+        end_offsets=offsets_from_json(t["end_offsets"]) if "end_offsets" in t else None, lag=t.get("lag"),
+        records=t.get("records"), null_keys=t.get("null_keys"), wipes=t.get("wipes"), last_error=t.get("last_error"),
+        restore=RestoreStatus(r.get("percent", 0.0), r.get("records", 0), r.get("records_per_second", 0.0),
+                              r.get("eta_seconds")) if isinstance(r, dict) else None,
+        snapshot=SnapshotStatus(s.get("current"), offsets_from_json(s.get("offsets")), s.get("created"),
+                                bool(s.get("stale")), s.get("stale_reason"), s.get("published", 0),
+                                s.get("exact_built", 0), dict(s.get("refused") or {}), s.get("last_publish_ms", 0.0),
+                                s.get("last_error")) if isinstance(s, dict) else None,
+        source=t.get("source"))
