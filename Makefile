@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint bench soak
+.PHONY: demo test lint bench soak chaos sysdeps
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -16,8 +16,9 @@ demo: $(BIN)/.installed
 
 lint: $(BIN)/.installed
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 
-test: lint
+test: lint sysdeps
 	$(BIN)/python -m pytest -q -ra
 
 bench: $(BIN)/.installed
@@ -25,3 +26,17 @@ bench: $(BIN)/.installed
 
 soak: $(BIN)/.installed
 	$(BIN)/python -m tests.soak $(SOAK_ARGS)
+
+# The chaos campaign's tools: libfiu (fiu-run, fiu-ctrl) and libfaketime, from Debian. Installed when missing and
+# root; otherwise this says why and the chaos tests skip, printing the same reason.
+sysdeps:
+	@if command -v fiu-run >/dev/null && command -v fiu-ctrl >/dev/null && \
+	    ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fiu-utils faketime >/dev/null) \
+	    || echo "sysdeps: apt-get install fiu-utils faketime failed: the chaos tests will skip"; \
+	else echo "sysdeps: fiu-utils/faketime missing and not root (or no apt-get): the chaos tests will skip"; fi
+
+CHAOS_ARGS ?= --seeds 10 --faults-per-seed 22
+chaos: $(BIN)/.installed sysdeps
+	$(BIN)/python -m tests.chaos $(CHAOS_ARGS)

@@ -275,7 +275,8 @@ class Tables(Spec):
 
     def check(self, value: object, path: str) -> tuple[TableConfig, ...]:
         if not isinstance(value, list) or not value:
-            return self.absent(path)  # raises
+            self.absent(path)  # raises
+            raise AssertionError("unreachable")
         tables: list[TableConfig] = []
         for i, entry in enumerate(value):
             where = f"{path}[{i}]"

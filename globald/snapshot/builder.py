@@ -15,14 +15,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaError, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 from rocksdict import Rdict, WriteBatch
 
 from globald.config import Config, TableConfig
+from globald.engine.update_task import apply_record
 from globald.kafka.clients import TransientKafkaError, make_consumer, partitions, watermarks
 from globald.snapshot.exact_requests import Code
 from globald.snapshot.manifest import Offsets
-from globald.store.codec import NO_TIMESTAMP, encode_offset, encode_value, partition_key
+from globald.store.codec import encode_offset, partition_key
 from globald.store.names import (
     COLUMN_FAMILIES,
     FORMAT_VERSION,
@@ -160,8 +161,9 @@ class Builder:
                 batch = WriteBatch(raw_mode=True)
                 batch.set_default_column_family(values)
                 for m in c.consume(self.config.consume_batch_size, 0.2):
-                    if m.partition() in todo:
-                        consumed += self._one(m, batch, todo, target)
+                    p = m.partition()
+                    if p is not None and p in todo:
+                        consumed += self._one(m, p, batch, todo, target)
                 db.write(batch)
                 done = [tp for tp in assignment if tp.partition not in todo]
                 if done:  # stop fetching what is no longer needed
@@ -172,8 +174,8 @@ class Builder:
         return consumed
 
     @staticmethod
-    def _one(m: Message, batch: WriteBatch, todo: dict[int, int], target: Offsets) -> int:
-        p, offset = m.partition(), m.offset()
+    def _one(m: Message, p: int, batch: WriteBatch, todo: dict[int, int], target: Offsets) -> int:
+        offset = m.offset()
         expected, goal = todo[p], target[p]
         err = m.error()
         if err is not None:
@@ -183,19 +185,14 @@ class Builder:
                 # The end is past the target, yet records below it never came (p is still to do).
                 raise BuildRefused(Code.COMPACTED, f"partition {p}: records in [{expected}, {goal}) are gone")
             return 0
+        if offset is None:  # librdkafka gives every record its offset: a record without one cannot be placed
+            raise RuntimeError(f"partition {p}: a record without an offset")
         if offset < expected:  # delivered twice (a fetch retried): already applied
             return 0
         if offset > expected:  # expected < goal here, so records the fold needs are missing
             raise BuildRefused(Code.COMPACTED,
                                f"partition {p}: expected offset {expected}, got {offset}; records were compacted")
-        key = m.key()
-        if key is not None:
-            value = m.value()
-            if value is None:
-                batch.delete(key)
-            else:
-                ts_type, ts = m.timestamp()
-                batch.put(key, encode_value(ts if ts_type != TIMESTAMP_NOT_AVAILABLE else NO_TIMESTAMP, value))
+        apply_record(m, batch.put, batch.delete)  # the same fold as the live store's
         todo[p] = offset + 1
         if offset + 1 >= goal:
             del todo[p]

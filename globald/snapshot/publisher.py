@@ -104,9 +104,9 @@ class SnapshotPublisher:
                 log.warning("table %s: cannot create %s (%s); snapshots follow once the disk takes writes",
                             tab.config.name, tab.dir, e)
                 continue
-            for e in os.scandir(tab.dir):
-                if e.name.startswith((SNAPSHOT_TMP_PREFIX, SNAPSHOT_BUILD_PREFIX, SNAPSHOT_TRASH_PREFIX)):
-                    shutil.rmtree(e.path, ignore_errors=True)
+            for entry in os.scandir(tab.dir):
+                if entry.name.startswith((SNAPSHOT_TMP_PREFIX, SNAPSHOT_BUILD_PREFIX, SNAPSHOT_TRASH_PREFIX)):
+                    shutil.rmtree(entry.path, ignore_errors=True)
             found = manifests_of(self.config.state_dir, tab.config.name)
             if found and (self._last_id is None or found[0].id > self._last_id):
                 self._last_id = found[0].id

@@ -32,7 +32,7 @@ def encode_offset(offset: int) -> bytes:
 
 
 def decode_offset(raw: bytes) -> int:
-    return _I64.unpack(raw)[0]
+    return int(_I64.unpack(raw)[0])
 
 
 def partition_key(partition: int) -> bytes:

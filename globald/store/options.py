@@ -8,8 +8,9 @@ only changes how the values memtable is built (append now, sort at flush); what 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, cast
 
-from rocksdict import BlockBasedOptions, Cache, DBCompressionType, MemtableFactory, Options
+from rocksdict import BlockBasedOptions, Cache, DBCompressionType, MemtableFactory, Options, WriteOptions
 
 from globald.config import StoreConfig
 from globald.store.names import COLUMN_FAMILIES, VALUES_CF
@@ -19,12 +20,20 @@ _SMALL_FAMILY_BUFFER_MB = 1
 _BULK_BACKGROUND_JOBS = 8
 
 
+def write_options(disable_wal: bool = False, sync: bool = False) -> WriteOptions:
+    o = WriteOptions()
+    # Properties at run time; rocksdict's type stub declares them as methods.
+    cast(Any, o).disable_wal = disable_wal
+    cast(Any, o).sync = sync
+    return o
+
+
 @dataclass(frozen=True)
 class StoreOptions:
     block_cache_mb: int = 64
     write_buffer_mb: int = 32
     max_write_buffers: int = 3
-    bloom_bits_per_key: float = 10.0
+    bloom_bits_per_key: int = 10
 
     @classmethod
     def from_config(cls, c: StoreConfig) -> StoreOptions:

@@ -12,7 +12,7 @@ import heapq
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from rocksdict import Rdict, WriteBatch, WriteOptions
 
@@ -35,14 +35,21 @@ def get(values: Rdict | None, plain: Rdict | None, key: bytes) -> tuple[bytes, i
     return None if value is None else (value, SURROGATE_TIMESTAMP)
 
 
+def fetch_many(db: Rdict, keys: list[bytes]) -> list[bytes | None]:
+    """RocksDB's batched multi-get (rocksdict's stub types the key list too narrowly for bytes)."""
+    found: list[bytes | None] = cast(Any, db).get(keys)
+    return found
+
+
 def multi_get(values: Rdict | None, plain: Rdict | None, keys: list[bytes]) -> list[tuple[bytes, int] | None]:
     found: list[tuple[bytes, int] | None] = (
-        [None] * len(keys) if values is None else [None if r is None else decode_value(r) for r in values.get(keys)])
+        [None] * len(keys) if values is None
+        else [None if r is None else decode_value(r) for r in fetch_many(values, keys)])
     if plain is None:
         return found
     missing = [i for i, f in enumerate(found) if f is None]
     if missing:
-        for i, value in zip(missing, plain.get([keys[i] for i in missing]), strict=True):
+        for i, value in zip(missing, fetch_many(plain, [keys[i] for i in missing]), strict=True):
             if value is not None:
                 found[i] = (value, SURROGATE_TIMESTAMP)
     return found
@@ -120,9 +127,6 @@ class UpgradingBatch:
         else:
             self.inner.delete(key, column_family)
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
 
 class PlainMigration:
     """Moves the plain values of one open store into VALUES_CF. ``step`` runs on the loop thread (the only writer);
@@ -154,7 +158,7 @@ class PlainMigration:
         with self._lock:
             read, self._read = sorted(self._read), set()
         if read:
-            values = self._db.get(read)
+            values = fetch_many(self._db, read)
             self._move([(k, v) for k, v in zip(read, values, strict=True) if v is not None])
         it = self._db.iter()
         if self._cursor is None:
@@ -179,7 +183,7 @@ class PlainMigration:
     def _move(self, pairs: list[tuple[bytes, bytes]]) -> None:
         if not pairs:
             return
-        present = self._values.get([k for k, _ in pairs])
+        present = fetch_many(self._values, [k for k, _ in pairs])
         batch = WriteBatch(raw_mode=True)
         for (key, value), newer in zip(pairs, present, strict=True):
             if newer is None:

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from rocksdict import Checkpoint, Rdict, WriteBatch, WriteOptions
+from rocksdict import Checkpoint, ColumnFamily, Rdict, WriteBatch
 
 from globald.errors import StoreCorruptError, StoreFormatError, StoreIOError, StoreUnavailableError
 from globald.store import checkpoint_file, plain
@@ -40,7 +40,7 @@ from globald.store.names import (
     db_dir,
     table_dir,
 )
-from globald.store.options import StoreOptions
+from globald.store.options import StoreOptions, write_options
 from globald.store.plain import SURROGATE_TIMESTAMP, PlainMigration, UpgradingBatch
 
 log = logging.getLogger(__name__)
@@ -64,12 +64,13 @@ class TableStore:
         self.options = options
         self.path = db_dir(state_dir, table)
         self._db: Rdict | None = None
-        self._values = None  # column-family handles, dropped before close so the LOCK is released
+        # Column-family handles, dropped before close so the LOCK is released.
+        self._values: ColumnFamily | None = None
         self._values_cf: Rdict | None = None
-        self._offsets = None
-        self._meta = None
+        self._offsets: Rdict | None = None
+        self._meta: Rdict | None = None
         self._migration: PlainMigration | None = None  # set while the store is FORMAT_MIXED
-        self._write_opts = WriteOptions()
+        self._write_opts = write_options()
         self._bulk = False
 
     # -- lifecycle ------------------------------------------------------------------------------------------
@@ -127,7 +128,7 @@ class TableStore:
         if stored_topic is not None and stored_topic != self.topic.encode():
             raise StoreCorruptError(f"store holds topic {stored_topic.decode(errors='replace')!r}, not {self.topic!r}")
         if fmt == FORMAT_MIXED:
-            self._migration = PlainMigration(self._db)
+            self._migration = PlainMigration(self.db)
         crashed = status == STATUS_OPEN
         if crashed:
             log.warning("table %s: previous run did not close the store cleanly; resuming from its offsets",
@@ -144,8 +145,7 @@ class TableStore:
         self._offsets = self._db.get_column_family(OFFSETS_CF)
         self._meta = self._db.get_column_family(META_CF)
         self._bulk = bulk
-        self._write_opts = WriteOptions()
-        self._write_opts.disable_wal = bulk
+        self._write_opts = write_options(disable_wal=bulk)
 
     def _disconnect(self) -> None:
         db = self._db
@@ -235,8 +235,7 @@ class TableStore:
         handle = self._db.get_column_family_handle(META_CF)
         for k, v in entries.items():
             batch.put(k, v, handle)
-        opts = WriteOptions()
-        opts.sync = sync
+        opts = write_options(sync=sync)
         with store_io(f"table {self.table}: metadata write"):
             self._db.write(batch, opts)
 
@@ -337,10 +336,11 @@ class TableStore:
             raise StoreUnavailableError(f"table {self.table}: store is closed or holds no plain values")
         return self._migration.plain_handle
 
-    def put_offsets(self, batch: WriteBatch, offsets: dict[int, int]) -> None:
+    def put_offsets(self, batch: WriteBatch | UpgradingBatch, offsets: dict[int, int]) -> None:
         handle = self.db.get_column_family_handle(OFFSETS_CF)
+        inner = batch.inner if isinstance(batch, UpgradingBatch) else batch
         for partition, offset in offsets.items():
-            batch.put(partition_key(partition), encode_offset(offset), handle)
+            inner.put(partition_key(partition), encode_offset(offset), handle)
 
     def write(self, batch: WriteBatch | UpgradingBatch) -> None:
         with store_io(f"table {self.table}: write"):
