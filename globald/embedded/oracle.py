@@ -30,15 +30,16 @@ def fold(settings: dict[str, Any], topic: str, upto: dict[int, int], timeout: fl
             if time.monotonic() > deadline:
                 raise TimeoutError(f"oracle fold of {topic} did not reach {upto}; left {todo}")
             for m in c.consume(10000, 0.5):
-                p = m.partition()
-                if p not in todo:
+                p, offset = m.partition(), m.offset()
+                # Only errors not about one partition's position lack these: none of them ends a partition.
+                if p is None or offset is None or p not in todo:
                     continue
                 err = m.error()
                 if err is not None:
-                    if err.code() == KafkaError._PARTITION_EOF and m.offset() >= todo[p]:
+                    if err.code() == KafkaError._PARTITION_EOF and offset >= todo[p]:
                         del todo[p]
                     continue
-                if m.offset() >= todo[p]:
+                if offset >= todo[p]:
                     del todo[p]
                     continue
                 key = m.key()
@@ -48,7 +49,7 @@ def fold(settings: dict[str, Any], topic: str, upto: dict[int, int], timeout: fl
                         table.pop(key, None)
                     else:
                         table[key] = value
-                if m.offset() + 1 >= todo[p]:
+                if offset + 1 >= todo[p]:
                     del todo[p]
     finally:
         c.close()

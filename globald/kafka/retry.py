@@ -9,12 +9,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from tenacity import wait_exponential_jitter
-
-
-@dataclass
-class _Attempt:
-    attempt_number: int
+from tenacity import RetryCallState, Retrying, wait_exponential_jitter
 
 
 @dataclass
@@ -27,12 +22,16 @@ class Backoff:
 
     def __post_init__(self) -> None:
         self._wait = wait_exponential_jitter(multiplier=self.initial_s, max=self.max_s, jitter=self.jitter_s)
+        # The wait strategy reads only the attempt number off a call state; this one never runs anything.
+        self._retrying = Retrying()
 
     def failed(self, what: str) -> float:
         """Record a failure of ``what``; returns the delay before its next attempt."""
         n = self._failures.get(what, 0) + 1
         self._failures[what] = n
-        delay = min(self.max_s, float(self._wait(_Attempt(n))))  # type: ignore[arg-type]
+        state = RetryCallState(self._retrying, None, (), {})
+        state.attempt_number = n
+        delay = min(self.max_s, self._wait(state))
         self._due[what] = time.monotonic() + delay
         return delay
 

@@ -79,7 +79,10 @@ class Response:
 
     @classmethod
     def from_json(cls, doc: dict[str, Any], request_id: str) -> Response:
-        code = Code(doc.get("code"))
+        raw_code = doc.get("code")
+        if not isinstance(raw_code, str):
+            raise ValueError(f"response code {raw_code!r} is not a string")
+        code = Code(raw_code)  # ValueError for a code this version does not know
         snapshot = doc.get("snapshot")
         if doc.get("request") != request_id or (code == Code.READY and not valid_id(snapshot)):
             raise ValueError("response does not answer this request with a snapshot id")

@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypedDict
 
 from globald.errors import ManifestError, SnapshotNotFoundError, SnapshotStaleError, StoreUnavailableError
 from globald.snapshot import leases
@@ -24,6 +25,16 @@ from globald.store.reader import StoreReader
 log = logging.getLogger(__name__)
 
 Value = tuple[bytes, int]  # (value, timestamp)
+
+
+class ListedSnapshot(TypedDict):
+    """One entry of ``globald snapshots --json``; offsets keyed by partition as a string, as in JSON."""
+
+    id: str
+    offsets: dict[str, int]
+    created: float
+    stale: bool
+    current: bool
 
 
 def current_id(state_dir: Path, table: str) -> str | None:
@@ -51,11 +62,11 @@ def manifests_of(state_dir: Path, table: str) -> list[Manifest]:
     return out
 
 
-def listing(state_dir: Path, table: str) -> list[dict[str, object]]:
+def listing(state_dir: Path, table: str) -> list[ListedSnapshot]:
     """The ``globald snapshots --json`` document: newest first."""
     cur = current_id(state_dir, table)
-    return [{"id": m.id, "offsets": manifests.offsets_to_json(m.offsets), "created": m.created, "stale": m.stale,
-             "current": m.id == cur} for m in manifests_of(state_dir, table)]
+    return [ListedSnapshot(id=m.id, offsets=manifests.offsets_to_json(m.offsets), created=m.created, stale=m.stale,
+                           current=m.id == cur) for m in manifests_of(state_dir, table)]
 
 
 def find_exact(state_dir: Path, table: str, offsets: Offsets, hint: str | None = None) -> Manifest | None:

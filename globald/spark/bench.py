@@ -19,8 +19,9 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from globald.embedded.admin import TopicAdmin
 from globald.embedded.broker import EmbeddedKafka
@@ -28,6 +29,8 @@ from globald.snapshot import exact_requests, open_snapshot
 from globald.snapshot.reader import current_id
 
 TABLE = "bench"
+
+T = TypeVar("T")
 
 
 def log(msg: str) -> None:
@@ -45,7 +48,7 @@ def records(n: int, keys: int, seed: int, value_size: int = 100) -> list[tuple[b
     return [(b"key-%011d" % rnd.randrange(keys), rnd.randbytes(value_size)) for _ in range(n)]
 
 
-def wait(pred: Callable[[], Any], timeout: float, what: str) -> Any:
+def wait(pred: Callable[[], T | None], timeout: float, what: str) -> T:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         got = pred()
@@ -67,6 +70,10 @@ def snapshot_at(state: Path, ends: dict[int, int]) -> dict[str, Any] | None:
     return snap if snap.get("offsets") == {str(p): o for p, o in ends.items()} and not snap.get("stale") else None
 
 
+def snapshot_at_end(admin: TopicAdmin, topic: str, state: Path) -> dict[str, Any] | None:
+    return snapshot_at(state, admin.end_offsets(topic))
+
+
 def measure_daemon(admin: TopicAdmin, topic: str, state: Path) -> dict[str, Any]:
     out: dict[str, Any] = {}
     ends = admin.end_offsets(topic)
@@ -78,7 +85,7 @@ def measure_daemon(admin: TopicAdmin, topic: str, state: Path) -> dict[str, Any]
     for seed in range(5):
         admin.produce(topic, records(10_000, 10**9, 1000 + seed))
         ends = admin.end_offsets(topic)
-        steady.append(wait(lambda e=ends: snapshot_at(state, e), 120, "publish")["last_publish_ms"] / 1000)
+        steady.append(wait(partial(snapshot_at, state, ends), 120, "publish")["last_publish_ms"] / 1000)
     out["steady_publish_after_10k_updates"] = stats(steady)
     with open_snapshot(state, TABLE) as s:
         out["snapshot_records_estimate"] = s.manifest.records
@@ -233,7 +240,7 @@ def main() -> int:
             if name == "publish":
                 result["daemon"] = measure_daemon(admin, topic, state)
             else:
-                wait(lambda s=state, t=topic: snapshot_at(s, admin.end_offsets(t)), 600, "spark table restore")
+                wait(partial(snapshot_at_end, admin, topic, state), 600, "spark table restore")
                 result["spark"] = measure_spark(admin, topic, config, state, args.lookups, keys)
                 assert current_id(state, TABLE)
     finally:

@@ -176,6 +176,8 @@ class GlobalTableView:
         from pyspark.sql.functions import pandas_udf
 
         desc_bc, data_bc = self._broadcasts()
+        # PySpark's stubs overload pandas_udf only on an explicit functionType; the UDF kind is inferred here from
+        # pandas_fn's type hints, the form PySpark recommends, which no overload describes.
         return pandas_udf(pandas_fn(self.settings, desc_bc, data_bc, self.fallbacks),  # type: ignore[call-overload]
                           "struct<value:binary,timestamp:bigint>")
 
