@@ -21,8 +21,9 @@ from rocksdict import Rdict, WriteBatch
 
 from globald.config import CONSUMER_DEFAULTS, Config
 from globald.engine.events import EventBus, deliver
+from globald.engine.loop import LoopService
 from globald.engine.state_manager import StateManager
-from globald.engine.thread import GlobalThread, LoopService
+from globald.engine.thread import GlobalThread
 from globald.snapshot.publisher import SnapshotPublisher
 from globald.states import Listeners, State
 from globald.store.codec import NO_TIMESTAMP, encode_offset, pack_i64, partition_key

@@ -10,36 +10,28 @@ within one turn.
 
 from __future__ import annotations
 
-import gc
 import logging
 import threading
-import time
-from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Protocol
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from globald.config import Config
 from globald.engine.background_upgrade import BackgroundUpgrade
 from globald.engine.events import (
-    OPERATOR_RESET,
-    BatchRestored,
     Emit,
     Event,
     EventBus,
     RebuildRequests,
-    RestoreEnded,
     StateChanged,
     Subscriber,
     deliver,
 )
-from globald.engine.problems import KAFKA, STORE, Problems
+from globald.engine.loop import Loop, LoopParts, LoopService, LoopStats
+from globald.engine.problems import Problems
 from globald.engine.state_manager import StateManager
 from globald.engine.table import TableRuntime
-from globald.engine.update_task import PollResult, UpdateTask
-from globald.kafka.clients import TopicUnavailableError, TransientKafkaError, make_consumer, partitions, watermarks
+from globald.kafka.clients import make_consumer
 from globald.states import Listeners, State, StateMachine
 from globald.store.failures import STORE_FAULTS
 
@@ -49,29 +41,6 @@ log = logging.getLogger(__name__)
 # is dropped for the brokers it announced ("0/2 brokers are down"), and nothing says when a broker is back, so
 # it only makes the loop probe: a metadata request, bounded by this timeout, decides.
 _CLUSTER_DOWN = KafkaError._ALL_BROKERS_DOWN
-_PROBE_TIMEOUT_S = 1.0
-_REFRESH_TIMEOUT_S = 2.0
-# librdkafka times a blocking poll on the wall clock (librdkafka#2145): stepped back, an idle poll sleeps through
-# the step. The loop polls without blocking and waits between polls on the monotonic clock, at most this long.
-_IDLE_WAIT_MAX_S = 0.05
-_IDLE_WAIT_MIN_S = 0.001
-
-
-class LoopService(Protocol):
-    """Work that must run on the loop thread between two polls (snapshot publishing, operator requests...)."""
-
-    def tick(self) -> None: ...
-
-
-@dataclass
-class LoopStats:
-    """The loop's vital signs, written by the loop and read by operations from any thread."""
-
-    last_loop: float = field(default_factory=time.monotonic)
-    last_progress: float = field(default_factory=time.monotonic)
-    consumer_errors: int = 0
-    service_failures: int = 0
-    recoveries: deque[float] = field(default_factory=lambda: deque(maxlen=100))  # seconds from a wipe to RUNNING
 
 
 class GlobalThread:
@@ -90,7 +59,7 @@ class GlobalThread:
         self._rebuilds = rebuilds or RebuildRequests()
         self._consumer_factory = consumer_factory
         self._stop = threading.Event()
-        self._loop: _Loop | None = None
+        self._loop: Loop | None = None
 
     @classmethod
     def standalone(cls, config: Config, listeners: Listeners | None = None, services: Sequence[LoopService] = (),
@@ -168,7 +137,9 @@ class GlobalThread:
         try:
             self.machine.to(State.RESTORING, "starting")
             stored, refused = self.manager.open_all()
-            self._loop = _Loop(self, self._consumer_factory(self.config, on_error=self._on_kafka_error), stored)
+            parts = LoopParts(self.config, self.manager, self.problems, self.stats, self._services, self._emit,
+                              self._rebuilds, self.machine, self._stop)
+            self._loop = Loop(parts, self._consumer_factory(self.config, on_error=self._on_kafka_error), stored)
             if refused:
                 self._loop.rewind_all("; ".join(f"table {name}: {why}" for name, why in sorted(refused.items())))
             while not self._stop.is_set():
@@ -213,270 +184,3 @@ class GlobalThread:
             self.machine.to(State.NOT_RUNNING, "stopped")
 
 
-class _Loop:
-    """One run of the loop: the consumer and the update task exist for exactly as long as it does."""
-
-    def __init__(self, thread: GlobalThread, consumer: Consumer, stored: dict[str, dict[int, int]]) -> None:
-        self.thread = thread
-        self.config = thread.config
-        self.manager = thread.manager
-        self.problems = thread.problems
-        self.stats = thread.stats
-        self.consumer = consumer
-        self.services = thread.services
-        self.emit = thread.emit
-        self.task = UpdateTask(self.manager.tables)
-        for name, offsets in stored.items():
-            self.task.start(name, offsets)
-        self.pending: set[str] = set(self.manager.tables)  # tables to (re)plan and assign
-        self.probe_now = False
-        self._idle_wait = _IDLE_WAIT_MIN_S
-        self._next_commit = time.monotonic() + self.config.commit_interval_ms / 1000
-        self._next_metadata = time.monotonic() + self.config.metadata_refresh_ms / 1000
-        for rt in self.manager.tables.values():
-            rt.machine.to(State.RESTORING, "starting")
-
-    # -- one turn: poll, then update, then maybe commit ---------------------------------------------------------
-
-    def turn(self) -> None:
-        self.stats.last_loop = time.monotonic()
-        try:
-            self._turn()
-        except STORE_FAULTS as e:  # in any phase: planning, a write, the end of a restore, a commit
-            self.rewind_all(str(e))
-        for service in self.services:
-            try:
-                service.tick()
-            except Exception:  # a bug in one service must not stop the mirror; it is logged and counted
-                self.stats.service_failures += 1
-                log.exception("%s failed; ignored", type(service).__name__)
-        self._update_daemon_state()
-
-    def _turn(self) -> None:
-        for table, detail in self.thread.rebuilds.take():
-            self.rebuild(table, OPERATOR_RESET, detail)
-        if self.probe_now or (self.problems.has(KAFKA) and self.problems.due(KAFKA)):
-            self._probe_kafka()
-        if not self.problems.has(KAFKA) and self._stores_ready():  # no point planning what cannot be fetched
-            self._plan_pending()
-        result = self._poll()
-        if result is not None:
-            self._account(result)
-        now = time.monotonic()
-        if now >= self._next_metadata:
-            self._next_metadata = now + self.config.metadata_refresh_ms / 1000
-            self._refresh_metadata()
-        if now >= self._next_commit and not self.manager.store_fault:  # a failed commit would only push recovery back
-            self._next_commit = now + self.config.commit_interval_ms / 1000
-            self._commit()
-
-    def _poll(self) -> PollResult | None:
-        """One consume and its store writes; None when the writes failed (nothing of the poll is lost)."""
-        # A poll allocates thousands of Message objects, which the cyclic GC would otherwise traverse over and
-        # over while they are alive (a tenth of a restore's time). They form no cycles: pausing the GC for the
-        # poll defers nothing, since they are freed before it resumes.
-        paused = gc.isenabled()
-        gc.disable()
-        try:
-            first = self._poll_one()
-            messages = [] if first is None else [first]
-            if first is not None and self.config.consume_batch_size > 1:
-                messages += self.consumer.consume(self.config.consume_batch_size - 1, 0)
-            try:
-                return self.task.update(messages)
-            except STORE_FAULTS as e:  # a store write failed (disk full, I/O error)
-                self.rewind_all(f"store write failed: {e}")
-                return None
-        finally:
-            if paused:
-                gc.enable()
-
-    def _poll_one(self) -> Message | None:
-        """The first message within ``poll_timeout_ms``, or None; returns at once on ``stop()``.
-
-        Never a blocking librdkafka poll (see _IDLE_WAIT_MAX_S): non-blocking polls, with waits on the monotonic
-        clock between them that grow while the queue stays empty, so a restore's queue refilling costs little."""
-        deadline = time.monotonic() + self.config.poll_timeout_ms / 1000
-        while True:
-            first = self.consumer.poll(0)
-            if first is not None:
-                self._idle_wait = _IDLE_WAIT_MIN_S
-                return first
-            left = deadline - time.monotonic()
-            if left <= 0 or self.thread.stopping:
-                return None
-            self.thread.wait_stop(min(self._idle_wait, left))
-            self._idle_wait = min(self._idle_wait * 2, _IDLE_WAIT_MAX_S)
-
-    def _account(self, result: PollResult) -> None:
-        if result.records:  # records arrived and were written: both the cluster and the disk work
-            self.problems.resolved(KAFKA)
-            self.problems.resolved(STORE)
-        if result.errors:
-            self.stats.consumer_errors += len(result.errors)
-            log.warning("consumer: %s", "; ".join(sorted(set(result.errors))[:5]))
-        for name, tb in result.tables.items():
-            rt = self.manager.tables[name]
-            if tb.invalid_offset is not None:  # KIP-406: the broker no longer has our offset
-                self.rebuild(name, "invalid_offset", tb.invalid_offset)
-                continue
-            if tb.positions:
-                self.stats.last_progress = time.monotonic()
-            if rt.restore is not None:
-                self._restore_progress(rt, tb.counts)
-
-    def _commit(self) -> None:
-        try:
-            self.manager.commit({name: self.task.positions(name) for name in sorted(self.task.dirty)})
-        except STORE_FAULTS as e:
-            self.rewind_all(f"commit failed: {e}")
-            return
-        for name in list(self.task.dirty):
-            if not self.manager.tables[name].store.bulk:
-                self.task.committed(name)
-        self.problems.resolved(STORE)
-
-    # -- restores -----------------------------------------------------------------------------------------------
-
-    def _plan_pending(self) -> None:
-        for name in sorted(self.pending):
-            if not self.problems.due(name):
-                continue
-            rt = self.manager.tables[name]
-            try:
-                plan = self.manager.plan(self.consumer, rt)
-                self.task.start(name, plan.starts)
-                self.consumer.incremental_assign(plan.assignment)
-            except STORE_FAULTS:
-                raise  # the disk, not the table: every table rewinds
-            except (TransientKafkaError, KafkaException) as e:  # Kafka unreachable, topic missing
-                rt.last_error = str(e)
-                delay = self.problems.failed(name, f"table {name}: {e}")
-                log.warning("table %s: cannot plan restore (%s); retrying in %.1fs", name, e, delay)
-                continue
-            rt.assigned = True
-            rt.last_error = None
-            self.problems.resolved(name)
-            self.pending.discard(name)
-            self._restore_progress(rt, {})
-
-    def _restore_progress(self, rt: TableRuntime, counts: dict[int, int]) -> None:
-        restore = rt.restore
-        assert restore is not None
-        positions = self.task.positions(rt.name)
-        restore.applied(counts)
-        for p, n in counts.items():
-            if p in restore.targets and n:
-                self.emit(BatchRestored(rt.name, p, positions[p], n))
-        for p in [p for p, end in restore.targets.items() if positions.get(p, -1) >= end]:
-            del restore.targets[p]
-            total = restore.restored.get(p, 0)
-            log.info("table %s: partition %d restored (%d records)", rt.name, p, total)
-            self.emit(RestoreEnded(rt.name, p, total))
-        if restore.targets or not rt.assigned:
-            return
-        if rt.machine.state != State.RESTORING:  # a RUNNING table caught up after a disk fault: commits cover it
-            rt.restore = None
-            return
-        self.manager.finish_restore(rt, positions)  # raises, and the table stays RESTORING, unless durable
-        self.task.committed(rt.name)
-        self.stats.recoveries.append(time.monotonic() - restore.started)
-        rt.machine.to(State.RUNNING, "restored to the log end")
-
-    def rebuild(self, table: str, kind: str, detail: str) -> None:
-        """Wipe ``table`` (counted under ``kind``) and restore it from the log start."""
-        rt = self.manager.tables[table]
-        self._unassign(rt)
-        # RESTORING before the wipe: status readers learn of the rebuild before the data goes.
-        rt.machine.to(State.RESTORING, f"{kind.replace('_', ' ')}, rebuilding: {detail}")
-        self.pending.add(table)
-        self.problems.resolved(table)
-        self.task.start(table, {})
-        self.task.committed(table)
-        try:
-            self.manager.wipe(rt, kind, detail)
-        except STORE_FAULTS as e:  # the emptied store could not be reopened: recover_stores does, once it can
-            self.rewind_all(f"table {table}: wipe: {e}")
-
-    def _unassign(self, rt: TableRuntime) -> None:
-        if rt.assigned:
-            self.consumer.incremental_unassign(rt.assignment())
-            rt.assigned = False
-
-    # -- faults -------------------------------------------------------------------------------------------------
-
-    def rewind_all(self, reason: str) -> None:
-        """Forget the consumer's positions and re-plan every table from what its store holds, once the stores
-        take writes again (nothing of a failed write was acknowledged, so nothing is lost)."""
-        self.manager.suspect()
-        delay = self.problems.failed(STORE, reason, quiet=True)
-        log.error("degraded: %s; re-reading from the stored offsets in %.1fs", reason, delay)
-        for rt in self.manager.tables.values():
-            self._unassign(rt)
-            rt.last_error = reason
-            self.pending.add(rt.name)
-
-    def _stores_ready(self) -> bool:
-        if not self.manager.store_fault:
-            return True
-        if not self.problems.due(STORE):
-            return False
-        try:
-            recovered = self.manager.recover_stores()
-        except STORE_FAULTS as e:  # still full, still failing: try again later
-            delay = self.problems.failed(STORE, f"store unavailable: {e}", quiet=True)
-            log.warning("stores still refuse writes (%s); next attempt in %.1fs", e, delay)
-            return False
-        for name, offsets in recovered.items():
-            self.task.start(name, offsets)
-            self.task.committed(name)
-        return True
-
-    def _probe_kafka(self) -> None:
-        self.probe_now = False
-        try:  # a question about the cluster, not a topic: one of ours may be missing while the brokers are fine
-            up = bool(self.consumer.list_topics(timeout=_PROBE_TIMEOUT_S).brokers)
-        except KafkaException:
-            up = False
-        if up:
-            self.problems.resolved(KAFKA)
-        else:
-            self.problems.failed(KAFKA, f"kafka unreachable: no broker answered within {_PROBE_TIMEOUT_S:.0f}s")
-
-    def _refresh_metadata(self) -> None:
-        """Pick up partitions added to a topic."""
-        if self.problems.has(KAFKA):
-            return
-        for rt in self.manager.tables.values():
-            if not rt.assigned:
-                continue
-            try:  # short timeouts: a connected broker answers in milliseconds, and the loop waits meanwhile
-                added = [p for p in partitions(self.consumer, rt.topic, timeout=_REFRESH_TIMEOUT_S)
-                         if p not in rt.partitions]
-                marks = {p: watermarks(self.consumer, rt.topic, p, timeout=_REFRESH_TIMEOUT_S) for p in added}
-            except TopicUnavailableError as e:  # deleted, or not yet recreated: keep serving, keep waiting
-                rt.last_error = str(e)
-                self.problems.report(rt.name, f"table {rt.name}: {e}; waiting for it")
-                continue
-            except TransientKafkaError as e:  # the cluster did not answer: the other tables would not get one
-                self.problems.report(KAFKA, f"kafka: metadata refresh failed: {e}")
-                return
-            self.problems.resolved(KAFKA)
-            if self.problems.has(rt.name):
-                rt.last_error = None
-                self.problems.resolved(rt.name)
-            if not added:
-                continue
-            log.info("table %s: partitions %s added to %s", rt.name, added, rt.topic)
-            plan = self.manager.add_partitions(rt, marks)
-            self.task.start(rt.name, {**self.task.positions(rt.name), **plan.starts})
-            self.consumer.incremental_assign(plan.assignment)
-            if rt.restore is not None and rt.restore.targets and rt.machine.state == State.RUNNING:
-                rt.machine.to(State.RESTORING, f"partitions {added} added")
-
-    def _update_daemon_state(self) -> None:
-        restoring = [rt.name for rt in self.manager.tables.values() if rt.machine.state != State.RUNNING]
-        if restoring:
-            self.thread.machine.to(State.RESTORING, f"restoring {', '.join(restoring)}")
-        else:
-            self.thread.machine.to(State.RUNNING, "every table restored")

@@ -22,8 +22,8 @@ from globald.engine.events import (
     RestoreStarted,
     StateChanged,
 )
+from globald.engine.loop import LoopStats
 from globald.engine.state_manager import StateManager
-from globald.engine.thread import LoopStats
 from globald.ops import operator_requests as requests
 from globald.ops.health import Liveness, Readiness, SnapshotSource, liveness, readiness
 from globald.ops.hooks import HookRunner
