@@ -1,0 +1,174 @@
+"""What the daemon's memory is made of: RSS and each table's RocksDB memory, plus an opt-in tracemalloc recorder.
+
+RocksDB's native memory is invisible to Python profilers, so the status document carries the store's own
+accounting next to RSS: a soak can then tell a block cache warming up to its configured size (which levels off)
+from growth that does not. The recorder is for finding Python-level growth in long runs and is off unless
+``GLOBALD_TRACEMALLOC_DIR`` names a directory: tracing slows every allocation and holds the GIL while it dumps.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import json
+import logging
+import os
+import threading
+import time
+import tracemalloc
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+TRACEMALLOC_DIR_ENV = "GLOBALD_TRACEMALLOC_DIR"
+TRACEMALLOC_INTERVAL_ENV = "GLOBALD_TRACEMALLOC_INTERVAL_S"
+TRACEMALLOC_FRAMES_ENV = "GLOBALD_TRACEMALLOC_FRAMES"
+
+# Integer properties summed over a store's column families (bytes). The block cache is shared by every family
+# of a store (see store.options), so its usage is read once, not summed.
+_PER_FAMILY = {
+    "memtables": "rocksdb.cur-size-all-mem-tables",
+    "table_readers": "rocksdb.estimate-table-readers-mem",
+}
+_SHARED = {
+    "block_cache": "rocksdb.block-cache-usage",
+    "block_cache_pinned": "rocksdb.block-cache-pinned-usage",
+}
+# The long-lived family objects a TableStore keeps. A family object made just to ask would flush that family
+# alone when dropped (see TableStore.estimate_keys), so only these are asked.
+_FAMILY_ATTRS = ("_values_cf", "_offsets", "_meta")
+
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+                 "keepcost")]
+
+
+def _mallinfo2() -> Callable[[], _MallInfo2] | None:
+    try:
+        fn = ctypes.CDLL(None).mallinfo2  # glibc >= 2.33; musl and older glibc have none
+    except (OSError, AttributeError):
+        return None
+    fn.restype = _MallInfo2
+    fn.argtypes = []
+    return fn
+
+
+_MALLINFO2 = _mallinfo2()
+
+
+def rss_bytes() -> int | None:
+    """This process's resident set size (one read of /proc/self/statm), or None where /proc has none."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * _PAGE
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def malloc_bytes() -> dict[str, int] | None:
+    """glibc's heap over every arena: bytes handed out (RocksDB, librdkafka and Python's larger objects), and
+    bytes free but kept by the allocator. Free bytes that keep growing mean fragmentation, not a leak. A few us."""
+    if _MALLINFO2 is None:
+        return None
+    m = _MALLINFO2()
+    return {"in_use": m.uordblks + m.hblkhd, "free": m.fordblks}
+
+
+def store_memory(store: Any) -> dict[str, int] | None:
+    """Bytes RocksDB accounts to one TableStore, by kind; None while it is closed. Loop thread only."""
+    if not getattr(store, "is_open", False):  # closed, or a test double without a database
+        return None
+    db = store.db
+    handles = [db] + [h for h in (getattr(store, a, None) for a in _FAMILY_ATTRS) if h is not None]
+    out: dict[str, int] = {}
+    try:
+        for kind, prop in _PER_FAMILY.items():
+            out[kind] = sum(int(h.property_int_value(prop) or 0) for h in handles)
+        for kind, prop in _SHARED.items():
+            out[kind] = int(db.property_int_value(prop) or 0)
+    except Exception as e:  # a store being reopened: the next sample has it
+        log.debug("store memory of %s: %s", getattr(store, "table", "?"), e)
+        return None
+    return out
+
+
+def memory_doc(stores: dict[str, Any]) -> dict[str, Any]:
+    """The status document's ``memory`` section: RSS and each open store's RocksDB memory, in MB."""
+    tables: dict[str, dict[str, float]] = {}
+    for name, store in stores.items():
+        m = store_memory(store)
+        if m is not None:
+            tables[name] = {f"{k}_mb": round(v / 2**20, 2) for k, v in m.items()}
+    rss, heap = rss_bytes(), malloc_bytes()
+    return {"rss_mb": None if rss is None else round(rss / 2**20, 1), "tables": tables,
+            "malloc": None if heap is None else {f"{k}_mb": round(v / 2**20, 2) for k, v in heap.items()}}
+
+
+class TracemallocRecorder:
+    """Dumps a tracemalloc snapshot every ``interval`` seconds into ``directory`` (``tracemalloc-NNNN.bin``), with
+    the number of live objects of each type beside it (``census-NNNN.json``).
+
+    ``tracemalloc.Snapshot.load`` reads them back; ``compare_to`` between an early and a late one names the lines
+    whose allocations grew, and the census says which objects those allocations still are."""
+
+    def __init__(self, directory: Path, interval: float = 300.0, frames: int = 10) -> None:
+        self.directory = directory
+        self.interval = interval
+        self.frames = frames
+        self.dumps = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @classmethod
+    def from_env(cls) -> TracemallocRecorder | None:
+        where = os.environ.get(TRACEMALLOC_DIR_ENV)
+        if not where:
+            return None
+        try:
+            interval = float(os.environ.get(TRACEMALLOC_INTERVAL_ENV) or 300)
+            frames = int(os.environ.get(TRACEMALLOC_FRAMES_ENV) or 10)
+        except ValueError:
+            log.warning("%s/%s are not numbers; using 300 s and 10 frames", TRACEMALLOC_INTERVAL_ENV,
+                        TRACEMALLOC_FRAMES_ENV)
+            interval, frames = 300.0, 10
+        return cls(Path(where), max(1.0, interval), max(1, frames))
+
+    def start(self) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        if not tracemalloc.is_tracing():
+            tracemalloc.start(self.frames)
+        log.warning("tracemalloc on (%d frames): a snapshot every %.0f s into %s; this daemon runs slower",
+                    self.frames, self.interval, self.directory)
+        self._thread = threading.Thread(target=self._run, name="globald-tracemalloc", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        self.dump()  # the baseline, taken once startup allocations are done
+        while not self._stop.wait(self.interval):
+            self.dump()
+
+    def dump(self) -> None:
+        path = self.directory / f"tracemalloc-{self.dumps:04d}.bin"
+        try:
+            started = time.monotonic()
+            tracemalloc.take_snapshot().dump(str(path))
+            census = Counter(f"{type(o).__module__}.{type(o).__qualname__}" for o in gc.get_objects())
+            (self.directory / f"census-{self.dumps:04d}.json").write_text(json.dumps(dict(census.most_common(200))))
+            self.dumps += 1
+            log.info("tracemalloc snapshot %s (traced %d bytes) in %.1fs", path.name,
+                     tracemalloc.get_traced_memory()[0], time.monotonic() - started)
+        except OSError as e:  # a full disk must not end the daemon for the sake of a profile
+            log.warning("tracemalloc snapshot to %s failed: %s", path, e)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self.dump()  # the last state, for the comparison with the baseline
