@@ -19,11 +19,12 @@ from typing import Any
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaError, TopicPartition
 from rocksdict import Rdict, WriteBatch
 
-from globald.config import CONSUMER_DEFAULTS, Config
+from globald.config import Config
 from globald.engine.events import EventBus, deliver
 from globald.engine.loop import LoopService
 from globald.engine.state_manager import StateManager
 from globald.engine.thread import GlobalThread
+from globald.kafka.properties import CONSUMER_DEFAULTS
 from globald.snapshot.publisher import SnapshotPublisher
 from globald.states import Listeners, State
 from globald.store.codec import NO_TIMESTAMP, encode_offset, pack_i64, partition_key

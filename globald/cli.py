@@ -11,7 +11,9 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from globald import config as configmod
+from globald import configspec
 from globald.errors import ConfigError, GlobaldError, StateDirError, StateDirLockedError, UnknownTableError
+from globald.kafka.properties import check_kafka_properties, redact, secret_values
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 # get/dump: no consistent version of the table can be served now (rebuilding with serve_stale off, or nothing
@@ -36,8 +38,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from globald.daemon import Daemon
 
     cfg = configmod.load(args.config)
-    configmod.check_kafka_properties(cfg)
-    logs.setup(cfg.log_level, cfg.log_format, configmod.secret_values(cfg))
+    check_kafka_properties(cfg)
+    logs.setup(cfg.log_level, cfg.log_format, secret_values(cfg))
     return Daemon(cfg).run()
 
 
@@ -186,19 +188,19 @@ def cmd_snapshots(args: argparse.Namespace) -> int:
 def cmd_check_config(args: argparse.Namespace) -> int:
     if args.keys:
         if args.json:
-            print(json.dumps([k.as_json() for k in configmod.declared_keys()]))
+            print(json.dumps([k.as_json() for k in configspec.declared_keys(configmod.Config)]))
         else:
-            print(configmod.reference())
+            print(configspec.reference(configmod.Config))
         return EXIT_OK
     if args.config is None:  # optional only so that --keys needs no file
         raise ConfigError("--config", "is required (or pass --keys to list the config keys)")
     cfg = configmod.load(args.config)
-    configmod.check_kafka_properties(cfg)
+    check_kafka_properties(cfg)
     summary: dict[str, Any] = {
         "ok": True,
         "state_dir": str(cfg.state_dir),
         "tables": {t.name: t.topic for t in cfg.tables},
-        "kafka": configmod.redact(cfg.kafka),
+        "kafka": redact(cfg.kafka),
     }
     if args.json:
         print(json.dumps(summary, sort_keys=True))

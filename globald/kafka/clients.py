@@ -12,7 +12,8 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
-from globald.config import Config, redact
+from globald.config import Config
+from globald.kafka.properties import redact
 
 log = logging.getLogger(__name__)
 kafka_log = logging.getLogger("globald.librdkafka")

@@ -11,7 +11,6 @@ import dataclasses
 import logging
 import time
 
-from globald import config as configmod
 from globald.config import Config
 from globald.engine.events import (
     BatchRestored,
@@ -24,6 +23,7 @@ from globald.engine.events import (
 )
 from globald.engine.loop import LoopStats
 from globald.engine.state_manager import StateManager
+from globald.kafka.properties import redact
 from globald.ops import operator_requests as requests
 from globald.ops.health import Liveness, Readiness, SnapshotSource, liveness, readiness
 from globald.ops.hooks import HookRunner
@@ -78,7 +78,7 @@ class Operations:
                 handler.addFilter(self.progress.log_filter)
         log.info("config %s: state_dir %s, tables %s, kafka %s, hooks: %s", self.config.source or "(in memory)",
                  self.config.state_dir, {t.name: t.topic for t in self.config.tables},
-                 configmod.redact(self.config.kafka), self.hooks.describe())
+                 redact(self.config.kafka), self.hooks.describe())
 
     def stop(self) -> None:
         if self.http is not None:

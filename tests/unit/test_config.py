@@ -12,8 +12,10 @@ from typing import Any
 import pytest
 
 from globald import cli
-from globald.config import Key, Properties, Section, Tables, declared_keys, load, parse, redact
+from globald.config import Config, Properties, Tables, load, parse
+from globald.configspec import Key, Section, declared_keys
 from globald.errors import ConfigError, UnknownTableError
+from globald.kafka.properties import redact
 from tests.harness import globald
 
 GOOD = """
@@ -94,7 +96,7 @@ def test_redaction_masks_passwords_and_secrets() -> None:
 # Each key is declared once (globald/config.py); these hold the declarations to their own word and to the docs.
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "config" / "globald.toml"
-LEAVES = [k for k in declared_keys() if not isinstance(k.spec, Section | Tables | Properties)]
+LEAVES = [k for k in declared_keys(Config) if not isinstance(k.spec, Section | Tables | Properties)]
 
 
 @pytest.mark.parametrize("key", [k for k in LEAVES if not k.required and k.default is not None],
@@ -117,7 +119,7 @@ def test_the_example_config_documents_every_key_with_its_default() -> None:
     text = EXAMPLE.read_text()
     doc = tomllib.loads(text)
     assert load(EXAMPLE).tables  # the example itself is valid
-    for key in declared_keys():
+    for key in declared_keys(Config):
         value = _in_example(doc, key.path)
         if value is MISSING:  # an optional key without a useful default is shown commented out
             name = key.path.rsplit(".", 1)[-1]
@@ -129,9 +131,9 @@ def test_the_example_config_documents_every_key_with_its_default() -> None:
 def test_check_config_keys_lists_every_key_without_a_config(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["check-config", "--keys"]) == 0
     listed = capsys.readouterr().out
-    assert all(f"{k.path}: {k.spec.kind()}" in listed for k in declared_keys())
+    assert all(f"{k.path}: {k.spec.kind()}" in listed for k in declared_keys(Config))
     assert cli.main(["check-config", "--keys", "--json"]) == 0
-    assert [k["key"] for k in json.loads(capsys.readouterr().out)] == [k.path for k in declared_keys()]
+    assert [k["key"] for k in json.loads(capsys.readouterr().out)] == [k.path for k in declared_keys(Config)]
     assert cli.main(["check-config"]) == 2
     assert capsys.readouterr().err.startswith("globald: config error: --config: ")
 
@@ -141,7 +143,10 @@ def _good() -> dict[str, Any]:
             "tables": [{"name": "customers", "topic": "customers"}]}
 
 
-@pytest.mark.parametrize("where", ["", *(k.path for k in declared_keys() if isinstance(k.spec, Section)), "tables"])
+SECTIONS = [k.path for k in declared_keys(Config) if isinstance(k.spec, Section)]
+
+
+@pytest.mark.parametrize("where", ["", *SECTIONS, "tables"])
 def test_an_unknown_key_is_named_in_every_section(where: str) -> None:
     raw = _good()
     section = raw if not where else raw["tables"][0] if where == "tables" else raw.setdefault(where, {})

@@ -9,17 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from globald.config import (
-    CONSUMER_DEFAULTS,
-    MANAGED_KAFKA_PROPERTIES,
-    HttpConfig,
-    is_loopback,
-    load,
-    printable,
-    redact,
-    secret_values,
-)
+from globald.config import HttpConfig, is_loopback, load
 from globald.errors import ConfigError
+from globald.kafka.properties import CONSUMER_DEFAULTS, MANAGED_KAFKA_PROPERTIES, printable, redact, secret_values
 from globald.logs import JsonFormatter, PlainFormatter, Redactor
 from globald.ops.health import Liveness
 from globald.ops.http import Endpoints, HttpServer
