@@ -26,7 +26,7 @@ from pathlib import Path
 
 from globald.embedded.admin import TopicAdmin
 from globald.embedded.broker import EmbeddedKafka
-from globald.store.names import db_dir
+from globald.store.names import STATUS_FILE, db_dir
 from tests.harness import Broker, DaemonProcess, random_records, write_config
 from tests.reliability.checks import check_snapshots, check_store
 from tests.reliability.disk import fill, mount_tmpfs, unmount
@@ -35,6 +35,12 @@ from tests.reliability.load import Load
 
 TABLES = ("customers", "products")
 MAX_PARTITIONS = 6
+
+
+# What the daemon's status reports of RocksDB's memory (globald.ops.memory), summed over the tables, in MB.
+ROCKSDB_KINDS = ("block_cache_mb", "memtables_mb", "table_readers_mb")
+# glibc's heap (globald.ops.memory.malloc_bytes): handed out, and free but kept (fragmentation).
+MALLOC_KINDS = ("in_use_mb", "free_mb")
 
 
 def rss_mb(pid: int) -> float | None:
@@ -54,11 +60,14 @@ class Soak:
     kafka: EmbeddedKafka = field(init=False)
     broker: Broker = field(init=False)
     daemon: DaemonProcess = field(init=False)
+    status_path: Path = field(init=False)
     topics: dict[str, str] = field(default_factory=dict)
     loads: dict[str, Load] = field(default_factory=dict)
     ledger: Ledger = field(default_factory=Ledger)
     rows: dict[str, FaultRow] = field(default_factory=dict)
     memory: list[tuple[float, float]] = field(default_factory=list)  # (seconds since start, RSS MB)
+    # (seconds, {ROCKSDB_KINDS and malloc_ + MALLOC_KINDS: MB}), from the daemon's status
+    rocksdb: list[tuple[float, dict[str, float]]] = field(default_factory=list)
     recoveries: list[float] = field(default_factory=list)
     restarts: int = 0
     unrecovered: int = 0
@@ -83,9 +92,17 @@ class Soak:
             rate = self.args.rate // len(TABLES)
             self.loads[table] = Load(self.broker.admin, topic, rate=rate, keys=20_000, seed=self.args.seed + 10 + i,
                                      pin_partitions=3)
+        store = {} if self.args.block_cache_mb is None else {"store": {"block_cache_mb": self.args.block_cache_mb}}
         cfg = write_config(self.root / "globald-soak.toml", state, settings, self.topics, commit_interval_ms=1000,
-                           metadata_refresh_ms=2000, http={"enabled": False}, snapshots={"interval_ms": 1000})
-        self.daemon = DaemonProcess(cfg, self.root / "daemon.log").start()
+                           metadata_refresh_ms=2000, http={"enabled": False}, snapshots={"interval_ms": 1000}, **store)
+        env = None
+        if self.args.tracemalloc:
+            shutil.rmtree(self.tracemalloc_dir, ignore_errors=True)  # an earlier run's dumps would be compared
+            # A dump every eighth of the run: the quarters' boundaries all fall near one.
+            env = {"GLOBALD_TRACEMALLOC_DIR": str(self.tracemalloc_dir),
+                   "GLOBALD_TRACEMALLOC_INTERVAL_S": str(max(30, round(self.args.minutes * 60 / 8)))}
+        self.daemon = DaemonProcess(cfg, self.root / "daemon.log", env=env).start()
+        self.status_path = state / STATUS_FILE
         self.pid = self.daemon.pid
         self.settle("initial restore")
         for load in self.loads.values():
@@ -111,10 +128,25 @@ class Soak:
 
     # -- verification ---------------------------------------------------------------------------------------------
 
+    @property
+    def tracemalloc_dir(self) -> Path:
+        return Path(self.args.report_dir) / "tracemalloc"
+
     def sample_memory(self) -> None:
+        t = time.monotonic() - self.started
         mb = rss_mb(self.daemon.pid)
         if mb is not None:
-            self.memory.append((time.monotonic() - self.started, mb))
+            self.memory.append((t, mb))
+        try:  # the daemon's own file, read directly: `globald status` would cost a Python start per sample
+            doc = json.loads(self.status_path.read_bytes())
+        except (OSError, ValueError):
+            return
+        memory = doc.get("memory") or {}
+        tables, heap = memory.get("tables") or {}, memory.get("malloc") or {}
+        if doc.get("pid") == self.daemon.pid and tables:
+            sample = {k: sum(m.get(k, 0.0) for m in tables.values()) for k in ROCKSDB_KINDS}
+            sample.update({f"malloc_{k}": heap[k] for k in MALLOC_KINDS if k in heap})
+            self.rocksdb.append((t, sample))
 
     def settle(self, what: str, timeout: float = 300.0) -> dict[str, int]:
         """Pause the load, wait for an undegraded RUNNING daemon at every log end, compare every table with the
@@ -267,30 +299,39 @@ class Soak:
                 row.outcome = "checked" if row.divergences == 0 else "FAILED"
         wipes = sum(t.get("wipes", 0) for t in self.daemon.status().get("tables", {}).values())
         mem = [mb for _, mb in self.memory]
-        quarter = max(1, len(mem) // 4)
-        first, last = statistics.median(mem[:quarter]), statistics.median(mem[-quarter:])
+        quarters = _quarters(self.memory, self.rocksdb, time.monotonic() - self.started)
+        first, last = quarters[0]["rss_median_mb"], quarters[-1]["rss_median_mb"]
         slope = _slope_mb_per_hour(self.memory)
+        half = self.memory[-1][0] / 2 if self.memory else 0.0
+        slope_last_half = _slope_mb_per_hour([s for s in self.memory if s[0] >= half])
         divergences = sum(r.divergences for r in self.ledger.rows)
         summary = {
             "minutes": round((time.monotonic() - self.started) / 60, 1), "seed": self.args.seed,
             "rate": self.args.rate, "faults": sum(r.injected for r in self.ledger.rows), "divergences": divergences,
             "restarts": self.restarts, "unrecovered": self.unrecovered, "wipes": wipes,
             "rss_mb": {"first_quarter": round(first, 1), "last_quarter": round(last, 1), "max": round(max(mem), 1),
-                       "slope_mb_per_hour": round(slope, 1)},
+                       "slope_mb_per_hour": round(slope, 1), "slope_last_half_mb_per_hour": round(slope_last_half, 1)},
+            "quarters": quarters,
             "recovery_s": {"median": round(statistics.median(self.recoveries), 1),
                            "max": round(max(self.recoveries), 1)},
             "memory": [(round(t), round(mb, 1)) for t, mb in self.memory],
+            "rocksdb_mb": [(round(t), {k: round(v, 2) for k, v in m.items()}) for t, m in self.rocksdb],
         }
         out = Path(self.args.report_dir)
         self.ledger.write(out, f"Soak, {summary['minutes']} min")
         (out / "summary.json").write_text(json.dumps(summary, indent=2))
+        memory_md = _memory_table(quarters, slope, slope_last_half) + _rocksdb_bound(self.daemon.config)
+        if self.args.tracemalloc:
+            memory_md += _tracemalloc_growth(self.tracemalloc_dir)
+        (out / "memory.md").write_text(memory_md)
         lines = [f"soak: {summary['minutes']} min, {summary['faults']} faults, {divergences} divergences, "
                  f"{self.restarts} restarts, {self.unrecovered} not recovered within 300 s, {wipes} wipes",
                  f"soak: daemon RSS MB first quarter {first:.0f}, last quarter {last:.0f}, max {max(mem):.0f}, "
-                 f"trend {slope:+.0f} MB/h; recovery median {summary['recovery_s']['median']} s, "
-                 f"max {summary['recovery_s']['max']} s",
+                 f"trend {slope:+.0f} MB/h ({slope_last_half:+.0f} MB/h over the last half); recovery median "
+                 f"{summary['recovery_s']['median']} s, max {summary['recovery_s']['max']} s",
                  f"soak: report in {out}"]
         print("\n".join(lines), flush=True)
+        print(memory_md, flush=True)
         print((out / "report.md").read_text(), flush=True)
         return divergences == 0 and self.restarts == 0 and self.unrecovered == 0
 
@@ -302,6 +343,72 @@ def _slope_mb_per_hour(samples: list[tuple[float, float]]) -> float:
     mt, mm = statistics.fmean(ts), statistics.fmean(ms)
     var = sum((t - mt) ** 2 for t in ts)
     return 0.0 if var == 0 else sum((t - mt) * (m - mm) for t, m in samples) / var * 3600
+
+
+def _quarters(rss: list[tuple[float, float]], rocksdb: list[tuple[float, dict[str, float]]],
+              duration: float) -> list[dict[str, float]]:
+    """RSS median and maximum, and the median of each RocksDB kind, in each quarter of the run's time (faults make
+    sampling uneven, so quarters of the samples would not be quarters of the run)."""
+    out = []
+    for q in range(4):
+        lo, hi = duration * q / 4, duration * (q + 1) / 4
+        mem = [mb for t, mb in rss if lo <= t < hi]
+        row = {"quarter": q + 1, "from_min": round(lo / 60, 1), "to_min": round(hi / 60, 1), "samples": len(mem),
+               "rss_median_mb": round(statistics.median(mem), 1) if mem else float("nan"),
+               "rss_max_mb": round(max(mem), 1) if mem else float("nan")}
+        db = [m for t, m in rocksdb if lo <= t < hi]
+        for kind in (*ROCKSDB_KINDS, *(f"malloc_{k}" for k in MALLOC_KINDS)):
+            values = [m[kind] for m in db if kind in m]
+            row[f"rocksdb_{kind}"] = round(statistics.median(values), 1) if values else float("nan")
+        out.append(row)
+    return out
+
+
+def _memory_table(quarters: list[dict[str, float]], slope: float, slope_last_half: float) -> str:
+    lines = ["## Daemon memory by quarter (MB; RocksDB: medians summed over the tables; malloc: glibc heap medians)",
+             "", "| quarter | minutes | samples | RSS median | RSS max | block cache | memtables | table readers | "
+             "malloc in use | malloc free |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for q in quarters:
+        lines.append(f"| {q['quarter']} | {q['from_min']}-{q['to_min']} | {q['samples']} | {q['rss_median_mb']} | "
+                     f"{q['rss_max_mb']} | {q['rocksdb_block_cache_mb']} | {q['rocksdb_memtables_mb']} | "
+                     f"{q['rocksdb_table_readers_mb']} | {q['rocksdb_malloc_in_use_mb']} | "
+                     f"{q['rocksdb_malloc_free_mb']} |")
+    lines += ["", f"RSS trend: {slope:+.1f} MB/hour over the whole run, {slope_last_half:+.1f} MB/hour over the last "
+              "half.", ""]
+    return "\n".join(lines) + "\n"
+
+
+def _rocksdb_bound(config: Path) -> str:
+    """What the [store] settings allow RocksDB per table (see globald.store.options): the block cache, and the
+    memtables of the values family plus those of the two small families."""
+    from globald.config import load
+    from globald.store.options import _SMALL_FAMILY_BUFFER_MB
+
+    s = load(config).store
+    memtables = (s.write_buffer_mb + 2 * _SMALL_FAMILY_BUFFER_MB) * s.max_write_buffers
+    per_table = s.block_cache_mb + memtables
+    return (f"RocksDB bound per table from [store]: block cache {s.block_cache_mb} MB + memtables "
+            f"({s.write_buffer_mb} + 2 x {_SMALL_FAMILY_BUFFER_MB}) MB x {s.max_write_buffers} = {per_table} MB; "
+            f"{len(TABLES)} tables: {per_table * len(TABLES)} MB (the block cache alone: "
+            f"{s.block_cache_mb * len(TABLES)} MB).\n")
+
+
+def _tracemalloc_growth(directory: Path, top: int = 25) -> str:
+    """The lines whose Python allocations grew most from the dump nearest the end of the first quarter to the last
+    dump (dumps come every eighth of the run: the third is the first quarter's end)."""
+    import tracemalloc
+
+    dumps = sorted(directory.glob("tracemalloc-*.bin"))
+    if len(dumps) < 3:
+        return f"\nFewer than 3 tracemalloc dumps in {directory}: no comparison.\n"
+    early, late = tracemalloc.Snapshot.load(str(dumps[2])), tracemalloc.Snapshot.load(str(dumps[-1]))
+    keep = [tracemalloc.Filter(False, tracemalloc.__file__)]
+    early, late = early.filter_traces(keep), late.filter_traces(keep)
+    total = sum(s.size for s in late.statistics("filename")) - sum(s.size for s in early.statistics("filename"))
+    lines = [f"## Python allocations (tracemalloc), {dumps[2].name} -> {dumps[-1].name}: {total / 2**20:+.2f} MB",
+             "", "```"]
+    lines += [str(d) for d in late.compare_to(early, "lineno")[:top]]
+    return "\n".join(["", *lines, "```", ""])
 
 
 def _quiet() -> object:
@@ -320,6 +427,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fault-every", type=float, default=45.0, help="seconds between faults (default 45)")
     p.add_argument("--seed", type=int, default=int(time.time()) % 100_000)
     p.add_argument("--report-dir", default=str(report_dir() / "soak"))
+    p.add_argument("--block-cache-mb", type=int, default=None,
+                   help="[store] block_cache_mb per table; a small one shows RSS levelling off within a short run")
+    p.add_argument("--tracemalloc", action="store_true",
+                   help="profile the daemon's Python allocations (slower daemon); top growth in memory.md")
     args = p.parse_args(argv)
     root = Path(tempfile.mkdtemp(prefix="globald-soak-"))
     print(f"soak: {args.minutes} min, seed {args.seed}, working in {root}", flush=True)

@@ -1,4 +1,5 @@
-"""What the daemon's memory is made of: RSS and each table's RocksDB memory, plus an opt-in tracemalloc recorder.
+"""What the daemon's memory is made of (RSS, each table's RocksDB memory, glibc's heap), an opt-in tracemalloc
+recorder, and the periodic heap trim that keeps freed memory from staying resident.
 
 RocksDB's native memory is invisible to Python profilers, so the status document carries the store's own
 accounting next to RSS: a soak can then tell a block cache warming up to its configured size (which levels off)
@@ -63,6 +64,22 @@ def _mallinfo2() -> Callable[[], _MallInfo2] | None:
 _MALLINFO2 = _mallinfo2()
 
 
+def _malloc_trim() -> Callable[[int], int] | None:
+    try:
+        fn = ctypes.CDLL(None).malloc_trim  # glibc only
+    except (OSError, AttributeError):
+        return None
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_size_t]
+    return fn
+
+
+_MALLOC_TRIM = _malloc_trim()
+# How often the daemon hands free heap pages back to the kernel (see HeapTrimmer), and how soon after a restore.
+TRIM_INTERVAL_S = 60.0
+TRIM_AFTER_RESTORE_S = 1.0
+
+
 def rss_bytes() -> int | None:
     """This process's resident set size (one read of /proc/self/statm), or None where /proc has none."""
     try:
@@ -79,6 +96,37 @@ def malloc_bytes() -> dict[str, int] | None:
         return None
     m = _MALLINFO2()
     return {"in_use": m.uordblks + m.hblkhd, "free": m.fordblks}
+
+
+class HeapTrimmer:
+    """Hands the pages glibc keeps free back to the kernel, once a minute and soon after a restore ends.
+
+    glibc gives memory back only from the top of each arena. What a restore, a store reopen or a burst of
+    reconnects freed below still-used blocks stays resident, so each such fault ratchets RSS up a little: in a
+    soak, free heap grew from 15 to 20 MB in 15 minutes, RSS by steps at faults, while the memory in use
+    stayed within a few MB. malloc_trim(0) releases those pages (madvise) without moving anything; on a heap of
+    tens of MB it takes about a millisecond. Loop thread only."""
+
+    def __init__(self, interval: float = TRIM_INTERVAL_S) -> None:
+        self.interval = interval
+        self.trims = 0
+        self._next = time.monotonic() + interval
+
+    @property
+    def available(self) -> bool:
+        return _MALLOC_TRIM is not None
+
+    def soon(self) -> None:
+        """A restore just ended: its buffers (fetched batches, bulk-load memtables) are free now."""
+        self._next = min(self._next, time.monotonic() + TRIM_AFTER_RESTORE_S)
+
+    def maybe_trim(self, now: float) -> bool:
+        if _MALLOC_TRIM is None or now < self._next:
+            return False
+        self._next = now + self.interval
+        _MALLOC_TRIM(0)
+        self.trims += 1
+        return True
 
 
 def store_memory(store: Any) -> dict[str, int] | None:

@@ -28,7 +28,7 @@ from globald.ops import operator_requests as requests
 from globald.ops.health import Liveness, Readiness, SnapshotSource, liveness, readiness
 from globald.ops.hooks import HookRunner
 from globald.ops.http import Endpoints, HttpServer
-from globald.ops.memory import TracemallocRecorder, memory_doc
+from globald.ops.memory import HeapTrimmer, TracemallocRecorder, memory_doc
 from globald.ops.metrics import Metrics, Sample, SnapshotStats
 from globald.ops.progress import ProgressDisplay, ProgressOptions, RestoreTracker
 from globald.ops.sdnotify import Notifier
@@ -53,6 +53,7 @@ class Operations:
         self.progress = ProgressDisplay(self.tracker, progress)
         self.hooks = HookRunner(config.hooks)
         self.tracemalloc = TracemallocRecorder.from_env()  # None unless a soak asks for a profile
+        self.trimmer = HeapTrimmer()
         self.notifier = notifier or Notifier.from_env()
         self.metrics = Metrics(self.sample, self._ages)
         self.http = HttpServer(config.http, Endpoints(self.metrics.render, self.status_doc, self.liveness)) \
@@ -102,6 +103,8 @@ class Operations:
             case StateChanged(table=str(table)):
                 self.hooks.on_table_state(table, event.new, event.old, event.reason)
                 self._notify()
+                if event.new == State.RUNNING:
+                    self.trimmer.soon()
             case Committed():
                 self._commits += 1
                 self.metrics.observe_commit(event.seconds)
@@ -118,6 +121,7 @@ class Operations:
     def tick(self) -> None:
         self.notifier.watchdog()
         now = time.monotonic()
+        self.trimmer.maybe_trim(now)
         if self.notifier.enabled and now >= self._next_progress_status:
             self._next_progress_status = now + PROGRESS_STATUS_SECONDS
             if any(s.active for s in self.tracker.stats().values()):

@@ -1,0 +1,118 @@
+"""globald.ops.memory: the status document's memory section and the opt-in tracemalloc recorder."""
+
+from __future__ import annotations
+
+import json
+import tracemalloc
+from pathlib import Path
+
+import pytest
+
+from globald.ops import memory
+from globald.store.options import StoreOptions
+from globald.store.table_store import TableStore
+
+
+def test_memory_doc_reports_rss_and_each_open_store(tmp_path: Path) -> None:
+    store = TableStore.open(tmp_path, "t", "topic", StoreOptions(block_cache_mb=1, write_buffer_mb=1)).store
+    try:
+        batch = store.new_batch()
+        for i in range(1000):
+            batch.put(b"key-%05d" % i, b"v" * 100)
+        store.put_offsets(batch, {0: 1000})
+        store.write(batch)
+        store.checkpoint(tmp_path / "copy")  # flushes: the new table file's index and filter go to the cache
+        doc = memory.memory_doc({"t": store})
+        t = doc["tables"]["t"]
+        assert set(t) == {"block_cache_mb", "block_cache_pinned_mb", "memtables_mb", "table_readers_mb"}
+        raw = memory.store_memory(store)
+        assert raw is not None and 0 < raw["block_cache"] <= 1 << 20  # never above block_cache_mb
+        assert doc["rss_mb"] > 0
+    finally:
+        store.close()
+    assert memory.memory_doc({"t": store})["tables"] == {}  # a closed store is left out, not an error
+
+
+def test_memory_doc_tolerates_stores_without_a_database() -> None:
+    assert memory.memory_doc({"fake": object()})["tables"] == {}
+
+
+@pytest.mark.skipif(memory.malloc_bytes() is None, reason="not glibc >= 2.33")
+def test_malloc_counts_what_is_allocated() -> None:
+    import ctypes
+
+    before = memory.malloc_bytes()
+    assert before is not None
+    block = ctypes.create_string_buffer(8 << 20)  # above the mmap threshold: counted as in use at once
+    after = memory.malloc_bytes()
+    assert after is not None and after["in_use"] - before["in_use"] >= 8 << 20
+    del block
+
+
+def test_tracemalloc_recorder_is_off_unless_asked(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv(memory.TRACEMALLOC_DIR_ENV, raising=False)
+    assert memory.TracemallocRecorder.from_env() is None
+    monkeypatch.setenv(memory.TRACEMALLOC_DIR_ENV, str(tmp_path))
+    monkeypatch.setenv(memory.TRACEMALLOC_INTERVAL_ENV, "60")
+    monkeypatch.setenv(memory.TRACEMALLOC_FRAMES_ENV, "3")
+    r = memory.TracemallocRecorder.from_env()
+    assert r is not None and (r.directory, r.interval, r.frames) == (tmp_path, 60.0, 3)
+
+
+def test_tracemalloc_recorder_dumps_a_baseline_and_a_last_snapshot(tmp_path: Path) -> None:
+    was_tracing = tracemalloc.is_tracing()
+    r = memory.TracemallocRecorder(tmp_path, interval=3600, frames=2)
+    try:
+        r.start()
+        r.close()
+    finally:
+        if not was_tracing:
+            tracemalloc.stop()
+    dumps = sorted(p.name for p in tmp_path.glob("tracemalloc-*.bin"))
+    assert dumps == ["tracemalloc-0000.bin", "tracemalloc-0001.bin"]
+    tracemalloc.Snapshot.load(str(tmp_path / dumps[-1]))  # readable by the analysis side
+    census = json.loads((tmp_path / "census-0001.json").read_text())
+    assert census["builtins.dict"] > 0
+
+
+@pytest.mark.skipif(not memory.HeapTrimmer().available, reason="not glibc")
+def test_heap_trimmer_returns_free_pages_below_used_blocks() -> None:
+    import ctypes
+
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    # Blocks below the mmap threshold, touched, every other one freed: the free ones sit between used ones, where
+    # glibc's own trimming (top of the heap only) never reaches them.
+    blocks = [libc.malloc(64 << 10) for _ in range(512)]
+    for b in blocks:
+        ctypes.memset(b, 1, 64 << 10)
+    for b in blocks[::2]:
+        libc.free(b)
+    before = memory.rss_bytes()
+    trimmer = memory.HeapTrimmer(interval=60)
+    assert not trimmer.maybe_trim(0.0)  # not due before its interval
+    assert trimmer.maybe_trim(trimmer._next)
+    after = memory.rss_bytes()
+    for b in blocks[1::2]:
+        libc.free(b)
+    assert before is not None and after is not None
+    assert before - after >= 8 << 20  # of the 16 MB freed, the untouched-since pages went back to the kernel
+
+
+def test_heap_trimmer_runs_soon_after_a_restore_and_then_by_interval(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+
+    def fake_trim(pad: int) -> int:
+        calls.append(pad)
+        return 1
+
+    monkeypatch.setattr(memory, "_MALLOC_TRIM", fake_trim)
+    trimmer = memory.HeapTrimmer(interval=60)
+    start = trimmer._next - 60
+    assert not trimmer.maybe_trim(start + 30)
+    trimmer.soon()
+    assert trimmer.maybe_trim(start + 30)  # soon() is at most TRIM_AFTER_RESTORE_S away
+    assert not trimmer.maybe_trim(start + 31)
+    assert trimmer.maybe_trim(start + 91)
+    assert calls == [0, 0] and trimmer.trims == 2
