@@ -1,0 +1,273 @@
+"""The real daemon with the campaign's phase hooks: ``python -m tests.chaos.entry run --config FILE``.
+
+Signals and fiu-ctrl reach the daemon from outside at random moments, which is enough for steady state. Other
+phases last milliseconds (a commit, a snapshot publish, the end of a bulk load, the first store open), so the
+campaign arms a hook instead: ``GLOBALD_CHAOS_ARM`` names a JSON file saying which phase, on which table, on the
+how-many-th call. When an armed hook is reached, the process writes ``<arm>.fired-<id>`` and then either stops
+itself (SIGSTOP: the campaign injects its fault from outside while the daemon stands at that point, then sends
+SIGCONT or SIGKILL) or enables a libfiu failure point itself, so that the very next file call fails (fiu-ctrl
+could never time that). A hook never raises into the daemon. Everything else is globald's own CLI, unchanged.
+
+The hooks wrap globald functions by name, the first of a few candidates that exists; a phase with none is
+reported on stderr at start (``CHAOS-HOOKS … missing: …``) and its faults end as not reached, never as injected.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, SupportsIndex
+
+ARM_ENV = "GLOBALD_CHAOS_ARM"
+SLEEP_FIX_ENV = "GLOBALD_CHAOS_SLEEP_FIX"
+CLOCK_ENV = "GLOBALD_CHAOS_CLOCK"  # a file holding the wall clock's offset in seconds, e.g. "+3600"
+FIU_ONETIME = 1
+
+# phase -> (module, class, method, predicate over the arm and the call's arguments)
+Predicate = Callable[[dict[str, Any], tuple[Any, ...], dict[str, Any]], bool]
+
+
+class Restores:
+    """How far each table's current restore has come, from the restore callbacks every daemon delivers
+    (on_restore_start, on_batch_restored, on_restore_end: the contract user listeners rely on)."""
+
+    def __init__(self) -> None:
+        self.parts: dict[str, dict[int, list[int]]] = {}  # table -> partition -> [start, end, position]
+
+    def observe(self, args: tuple[Any, ...]) -> None:
+        method, table, partition, *rest = args[1:]
+        parts = self.parts.setdefault(table, {})
+        if method == "on_restore_start":
+            if parts and all(pos >= end for _, end, pos in parts.values()):
+                parts.clear()  # a new restore of this table (after a wipe, or a restart of the plan)
+            parts[partition] = [rest[0], rest[1], rest[0]]
+        elif method == "on_batch_restored" and partition in parts:
+            parts[partition][2] = max(parts[partition][2], rest[0])
+        elif method == "on_restore_end" and partition in parts:
+            parts[partition][2] = parts[partition][1]
+
+    def fraction(self, table: str) -> float:
+        parts = self.parts.get(table, {}).values()
+        total = sum(end - start for start, end, _ in parts)
+        return 1.0 if total <= 0 else sum(min(pos, end) - start for start, end, pos in parts) / total
+
+
+RESTORES = Restores()
+
+
+def _any(arm: dict[str, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    return True
+
+
+def _restore_at(arm: dict[str, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Listeners.restore_event(self, "on_batch_restored", table, …): the armed table is ``fraction`` restored."""
+    method, table = args[1], args[2]
+    return (method == "on_batch_restored" and arm.get("table") in (None, table)
+            and RESTORES.fraction(table) >= float(arm.get("fraction", 0.0)))
+
+
+def _bulk_end(arm: dict[str, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    store = args[0]
+    return bool(store.bulk) and arm.get("table") in (None, store.table)
+
+
+def _store_of(arm: dict[str, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    return arm.get("table") in (None, args[0].table)
+
+
+def _durable_commit(arm: dict[str, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """TableStore.sync: the WAL fsync that a commit (and the end of a restore) starts with; not in a bulk load,
+    where it does nothing."""
+    return not getattr(args[0], "bulk", False) and _store_of(arm, args, kwargs)
+
+
+def _build_of(arm: dict[str, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    table = args[1] if len(args) > 1 else kwargs.get("table")
+    return arm.get("table") in (None, getattr(table, "name", None))
+
+
+# Per phase, the functions that mark it, best first: the engine is refactored often, and a hook falls back to the
+# next candidate rather than going missing. Public store and listener methods come first where they exist.
+HOOKS: dict[str, list[tuple[str, str, str, Predicate]]] = {
+    "start": [("globald.engine.state_manager", "StateManager", "open_all", _any),
+              ("globald.store.table_store", "TableStore", "open_or_wipe", _store_of)],
+    "restore": [("globald.states", "Listeners", "restore_event", _restore_at)],
+    "bulk-load end": [("globald.store.table_store", "TableStore", "end_bulk_load", _bulk_end)],
+    "commit": [("globald.store.table_store", "TableStore", "sync", _durable_commit)],
+    "snapshot publish": [("globald.store.table_store", "TableStore", "checkpoint", _store_of)],
+    "exact build": [("globald.snapshot.builder", "Builder", "build", _build_of)],
+    "stop": [("globald.engine.thread", "GlobalThread", "_shutdown", _any),
+             ("globald.daemon", "Daemon", "_shutdown", _any)],
+}
+
+
+class Arm:
+    """The campaign's current arm file, re-read whenever it changes."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self._mtime = -1
+        self._arm: dict[str, Any] = {}
+        self._seen = 0
+        self._fired: set[int] = set()
+
+    def _current(self) -> dict[str, Any]:
+        try:
+            mtime = os.stat(self.path).st_mtime_ns
+        except OSError:
+            return {}
+        if mtime != self._mtime:
+            self._mtime = mtime
+            try:
+                with open(self.path, "rb") as f:
+                    self._arm = json.loads(f.read())
+            except (OSError, ValueError):  # a failure point may be armed on open/read right now: keep the last one
+                return self._arm
+            self._seen = 0
+        return self._arm
+
+    def reached(self, phase: str, predicate: Predicate, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        with self._lock:
+            arm = self._current()
+            if arm.get("phase") != phase or arm.get("id") in self._fired or not predicate(arm, args, kwargs):
+                return
+            self._seen += 1
+            if self._seen < int(arm.get("nth", 1)):
+                return
+            self._fired.add(arm["id"])
+        # The fired file first: a failure point armed on open or write would otherwise fail the record itself.
+        self._record(arm)
+        if arm.get("action") == "freeze":
+            os.kill(os.getpid(), signal.SIGSTOP)
+        elif arm.get("action") == "fiu":
+            problem = self._enable(arm.get("fiu") or {})
+            if problem:  # nothing was armed, so stderr still works
+                sys.stderr.write(f"CHAOS-FIU not armed: {problem}\n")
+
+    @staticmethod
+    def _enable(spec: dict[str, Any]) -> str | None:
+        """Enable the failure point ``spec`` in this process; None on success, else why not."""
+        try:
+            lib = ctypes.CDLL(None)  # libfiu is in the process already, loaded by fiu-run's preload library
+            name, err = spec["name"].encode(), ctypes.c_void_p(int(spec["errno"]))
+            if spec.get("mode") == "random":
+                lib.fiu_enable_random.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_uint,
+                                                  ctypes.c_float]
+                rc = lib.fiu_enable_random(name, 1, err, 0, float(spec.get("probability", 0.1)))
+            else:
+                lib.fiu_enable.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_uint]
+                rc = lib.fiu_enable(name, 1, err, FIU_ONETIME if spec.get("mode") == "once" else 0)
+        except (AttributeError, OSError, KeyError, ValueError) as e:
+            return f"libfiu unavailable: {e}"
+        return None if rc == 0 else f"fiu_enable({spec}) returned {rc}"
+
+    def _record(self, arm: dict[str, Any]) -> None:
+        doc = {"id": arm["id"], "phase": arm.get("phase"), "action": arm.get("action"), "time": time.time()}
+        try:
+            with open(f"{self.path}.fired-{arm['id']}", "w") as f:
+                f.write(json.dumps(doc))
+        except OSError:
+            pass
+
+
+def install(arm: Arm) -> dict[str, str | None]:
+    """Wrap, for each phase, the first candidate function that exists; phase -> what was wrapped, or None."""
+    installed: dict[str, str | None] = {}
+    for phase, candidates in HOOKS.items():
+        installed[phase] = None
+        for module, cls, method, predicate in candidates:
+            try:
+                owner = getattr(importlib.import_module(module), cls)
+                original = getattr(owner, method)
+            except (ImportError, AttributeError):
+                continue
+            setattr(owner, method, _wrap(original, arm, phase, predicate))
+            installed[phase] = f"{cls}.{method}"
+            break
+    return installed
+
+
+def _wrap(original: Callable[..., Any], arm: Arm, phase: str, predicate: Predicate) -> Callable[..., Any]:
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        try:
+            if phase == "restore":
+                RESTORES.observe(args)
+            arm.reached(phase, predicate, args, kwargs)
+        except Exception as e:  # the hook must never change what the daemon does
+            sys.stderr.write(f"CHAOS-HOOK {phase} failed: {e!r}\n")
+        return original(*args, **kwargs)
+
+    wrapped.__wrapped__ = original  # type: ignore[attr-defined]
+    return wrapped
+
+
+class SteppedClock:
+    """``time.time`` and ``time.time_ns`` shifted by the offset in a file, re-read at most once a second (as
+    libfaketime does with FAKETIME_CACHE_DURATION=1). Every wall-clock read of globald goes through these two;
+    the monotonic clock, native libraries and the kernel keep the real time (see tools.py for why not libfaketime).
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._real_ns = time.time_ns
+        self._monotonic = time.monotonic
+        self._offset_ns = 0
+        self._next_read = 0.0
+
+    def offset_ns(self) -> int:
+        now = self._monotonic()
+        if now >= self._next_read:
+            self._next_read = now + 1.0
+            try:
+                with open(self.path) as f:
+                    self._offset_ns = int(float(f.read().strip() or "0") * 1_000_000_000)
+            except (OSError, ValueError):  # a failure point may be armed on open: keep the last offset
+                pass
+        return self._offset_ns
+
+    def time(self) -> float:
+        return (self._real_ns() + self.offset_ns()) / 1e9
+
+    def time_ns(self) -> int:
+        return self._real_ns() + self.offset_ns()
+
+    def install(self) -> None:
+        time.time = self.time
+        time.time_ns = self.time_ns
+
+
+def relative_sleep(seconds: float | SupportsIndex) -> None:
+    """time.sleep without an absolute CLOCK_MONOTONIC clock_nanosleep (see tools.py: libfaketime 0.9.10)."""
+    secs = float(seconds)
+    if secs < 0:
+        raise ValueError("sleep length must be non-negative")
+    threading.Event().wait(secs)
+
+
+def main() -> int:
+    if os.environ.get(SLEEP_FIX_ENV) == "1":
+        time.sleep = relative_sleep
+    if os.environ.get(CLOCK_ENV):
+        SteppedClock(os.environ[CLOCK_ENV]).install()
+    path = os.environ.get(ARM_ENV)
+    if path:
+        arm = Arm(path)
+        installed = install(arm)
+        missing = [phase for phase, where in installed.items() if where is None]
+        sys.stderr.write(f"CHAOS-HOOKS installed: {installed}" + (f"; missing: {missing}" if missing else "") + "\n")
+        sys.stderr.flush()
+    from globald import cli
+
+    return cli.main(sys.argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,99 @@
+"""What the campaign injects, where and with which parameters: a pure function of the seed.
+
+Every (fault kind, phase) pair is a cell of one fixed shuffled cycle; seed S with M faults takes the M cells that
+start at position S·M, so consecutive seeds cover the whole matrix before any cell repeats. Each fault's
+parameters come from its own ``random.Random(f"{seed}:{index}")``: fault K of seed S is the same whether the
+earlier faults ran or not, which is what ``--seed S --only-fault K`` relies on.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+from tests.chaos.tools import ERRNOS, FIU_SITES
+
+START, RESTORE, BULK_END, STEADY, COMMIT, PUBLISH, EXACT, STOP = (
+    "start", "restore", "bulk-load end", "steady state", "commit", "snapshot publish", "exact build", "stop")
+PHASES = (START, RESTORE, BULK_END, STEADY, COMMIT, PUBLISH, EXACT, STOP)
+
+IO_ERROR, DISK_FULL, KILL, PAUSE, BROKER_PAUSE, BROKER_KILL, BROKER_RESTART, RETENTION, RECREATE, CLOCK = (
+    "io-error", "disk-full", "daemon SIGKILL", "daemon SIGSTOP", "broker SIGSTOP", "broker SIGKILL",
+    "broker restart", "retention past the daemon", "topic recreated", "clock step")
+KINDS = (IO_ERROR, DISK_FULL, KILL, PAUSE, BROKER_PAUSE, BROKER_KILL, BROKER_RESTART, RETENTION, RECREATE, CLOCK)
+# Faults that exist before a process does: at the start phase they may be in place before the daemon starts.
+BEFORE_START_OK = {DISK_FULL, BROKER_PAUSE, BROKER_KILL, BROKER_RESTART, RETENTION, RECREATE, CLOCK}
+
+BULK, SMALL = "bulk", "small"  # the campaign's two tables: one restored as a bulk load, one small
+CLOCK_STEPS = (-86_400, -3_600, -600, -30, 30, 600, 3_600, 86_400, 31_536_000)
+_CYCLE_SEED = 20_260_508  # fixes the order of the (kind, phase) cycle; never derived from a campaign seed
+
+
+@dataclass(frozen=True)
+class Fault:
+    seed: int
+    index: int
+    kind: str
+    phase: str
+    params: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def table(self) -> str:
+        return str(self.params.get("table", BULK))
+
+    def describe(self) -> str:
+        p = self.params
+        if self.kind == IO_ERROR:
+            how = p["mode"] + (f" p={p['probability']}" if p["mode"] == "random" else "")
+            what = f"{self.kind} {p['site']} {p['errno']} {how} {p['duration']}s"
+        elif self.kind == CLOCK:
+            what = f"{self.kind} {p['step']:+d}s for {p['duration']}s"
+        elif "duration" in p:
+            what = f"{self.kind} {p['duration']}s"
+        else:
+            what = self.kind
+        where = self.phase + (f" ({p['when']})" if "when" in p else "")
+        if self.phase in (RESTORE, BULK_END, EXACT) or self.kind in (RETENTION, RECREATE):
+            where += f" on {self.table}"
+        return f"{what} @ {where}"
+
+
+def cycle() -> list[tuple[str, str]]:
+    cells = [(k, p) for k in KINDS for p in PHASES]
+    random.Random(_CYCLE_SEED).shuffle(cells)
+    return cells
+
+
+def params(seed: int, index: int, kind: str, phase: str) -> dict[str, Any]:
+    rnd = random.Random(f"{seed}:{index}")
+    out: dict[str, Any] = {"table": BULK if phase == BULK_END or rnd.random() < 0.7 else SMALL,
+                           "nth": rnd.randint(1, 3), "fraction": round(rnd.uniform(0.05, 0.9), 2),
+                           "delay": round(rnd.uniform(0.3, 3.0), 1), "target": round(rnd.uniform(0.3, 0.9), 2)}
+    if phase == START and kind in BEFORE_START_OK:
+        out["when"] = rnd.choice(("before-start", "at-open"))
+    if kind == IO_ERROR:
+        out.update(site=rnd.choice(sorted(FIU_SITES)), errno=rnd.choice(sorted(ERRNOS)),
+                   mode=rnd.choice(("once", "always", "random")), probability=round(rnd.uniform(0.05, 0.5), 2),
+                   duration=round(rnd.uniform(1.0, 6.0), 1))
+    elif kind == DISK_FULL:
+        out["duration"] = round(rnd.uniform(2.0, 10.0), 1)
+    elif kind == PAUSE:
+        out["duration"] = round(rnd.uniform(1.0, 8.0), 1)
+    elif kind == BROKER_PAUSE:
+        out["duration"] = round(rnd.uniform(2.0, 10.0), 1)
+    elif kind in (BROKER_KILL, BROKER_RESTART):
+        out["duration"] = round(rnd.uniform(1.0, 6.0), 1)
+    elif kind == CLOCK:
+        out.update(step=rnd.choice(CLOCK_STEPS), duration=round(rnd.uniform(2.0, 6.0), 1))
+    return out
+
+
+def plan(seed: int, faults: int) -> list[Fault]:
+    cells = cycle()
+    start = seed * faults
+    out = []
+    for i in range(faults):
+        kind, phase = cells[(start + i) % len(cells)]
+        out.append(Fault(seed, i, kind, phase, params(seed, i, kind, phase)))
+    return out
