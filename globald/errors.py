@@ -64,6 +64,11 @@ class ManifestError(SnapshotError):
     garbage-collects it; check the disk if it keeps happening."""
 
 
+class ManifestIOError(ManifestError):
+    """The disk refused to read a snapshot's manifest (an I/O error, not bad content). Readers skip the snapshot
+    for now; the daemon keeps it and reads it again later. Check the disk."""
+
+
 class SnapshotStaleError(SnapshotError):
     """The current snapshot predates a rebuild of its table and ``[snapshots] serve_stale`` is false. Wait until the
     table is RUNNING again, or set serve_stale = true to read the stale snapshot."""

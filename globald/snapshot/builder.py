@@ -36,6 +36,9 @@ from globald.store.names import (
 )
 from globald.store.options import StoreOptions
 
+# How long a build keeps asking a cluster that does not answer before refusing (within the request's deadline).
+_METADATA_PATIENCE_S = 15.0
+
 
 class BuildRefused(Exception):
     """The target cannot be built exactly; ``code`` says why (an exact_requests.Code)."""
@@ -106,15 +109,24 @@ class Builder:
             self._consumer = make_consumer(self.config)
         return self._consumer
 
+    def _marks(self, topic: str, until: float) -> dict[int, tuple[int, int]]:
+        """Each partition's (log start, end), asking again while the cluster does not answer (a broker that just
+        came back takes a moment to be reconnected to) until ``until``."""
+        c = self._client()
+        delay = 0.2
+        while True:
+            try:
+                return {p: watermarks(c, topic, p) for p in partitions(c, topic)}
+            except TransientKafkaError as e:
+                if time.monotonic() + delay > until or self._stop.is_set():
+                    raise BuildRefused(Code.FAILED, f"cannot ask the broker: {e}") from None
+            self._stop.wait(delay)
+            delay = min(delay * 2, 2.0)
+
     def build(self, table: TableConfig, target: Offsets, base: Offsets | None, base_dir: Path | None,
               work: Path, deadline: float) -> Built:
         """Write the snapshot database into ``work/db``; raises BuildRefused."""
-        c = self._client()
-        try:
-            parts = partitions(c, table.topic)
-            marks = {p: watermarks(c, table.topic, p) for p in parts}
-        except TransientKafkaError as e:
-            raise BuildRefused(Code.FAILED, f"cannot ask the broker: {e}") from None
+        marks = self._marks(table.topic, min(deadline, time.monotonic() + _METADATA_PATIENCE_S))
         start = check_target(target, marks, base)
         db_path = work / SNAPSHOT_DB_DIR
         if base_dir is not None:

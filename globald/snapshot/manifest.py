@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from globald.errors import ManifestError
+from globald.errors import ManifestError, ManifestIOError
 from globald.states import State
 from globald.store.checkpoint_file import fsync_dir
 from globald.store.names import SNAPSHOT_MANIFEST
@@ -166,7 +166,9 @@ def read(snapshot_dir: Path, table: str | None = None) -> Manifest:
         doc = read_json(path)
     except FileNotFoundError:
         raise ManifestError(f"{snapshot_dir} has no manifest") from None
-    except (OSError, ValueError) as e:
+    except OSError as e:  # the disk, not the manifest: nothing says the snapshot is bad
+        raise ManifestIOError(f"manifest {path} cannot be read now: {e}") from None
+    except ValueError as e:
         raise ManifestError(f"manifest {path} is unreadable: {e}") from None
     return Manifest.from_json(doc, table, snapshot_dir.name)
 

@@ -23,7 +23,7 @@ from globald.config import Config, TableConfig
 from globald.engine.events import Committed, Event, StateChanged, Wiped
 from globald.engine.state_manager import StateManager
 from globald.engine.table import TableRuntime
-from globald.errors import ManifestError
+from globald.errors import ManifestError, ManifestIOError
 from globald.snapshot import exact_requests as requests
 from globald.snapshot import leases
 from globald.snapshot import manifest as manifests
@@ -286,7 +286,10 @@ class SnapshotPublisher:
                 tab.refused[resp.code.value] += 1
             log.info("table %s: snapshot request %s refused: %s: %s", tab.config.name, resp.request, resp.code.value,
                      resp.message)
-        requests.respond(self.config.state_dir, tab.config.name, resp)
+        try:
+            requests.respond(self.config.state_dir, tab.config.name, resp)
+        except OSError as e:  # a full or failing disk: the reader times out and may ask again once it heals
+            log.warning("table %s: cannot answer snapshot request %s (%s)", tab.config.name, resp.request, e)
 
     def _gc(self, tab: _Table) -> None:
         """Retention: newest K valid snapshots, CURRENT, leased and busy ones stay; everything else goes."""
@@ -301,10 +304,15 @@ class SnapshotPublisher:
                 try:
                     manifests.read(Path(e.path), tab.config.name)
                     found.append(e.name)
+                except ManifestIOError as err:  # kept, and not counted towards retention: read again next sweep
+                    log.warning("table %s: keeping snapshot %s for now: %s", tab.config.name, e.name, err)
                 except ManifestError as err:
+                    if e.name in keep:  # a leased or CURRENT snapshot is never deleted by the sweep
+                        log.warning("table %s: snapshot %s is pinned but its manifest is invalid: %s",
+                                    tab.config.name, e.name, err)
+                        continue
                     log.warning("table %s: deleting snapshot %s: %s", tab.config.name, e.name, err)
-                    if e.name not in tab.busy:
-                        doomed.append(e.name)
+                    doomed.append(e.name)
             doomed += leases.doomed(found, self.config.snapshots.retain, keep)
             for sid in doomed:
                 trash = tab.dir / f"{SNAPSHOT_TRASH_PREFIX}{sid}"
@@ -326,7 +334,10 @@ class SnapshotPublisher:
                     job = self._jobs.get(timeout=0.2)
                 except queue.Empty:
                     continue
-                self._serve(builder, job)
+                try:
+                    self._serve(builder, job)
+                except Exception:  # the worker must outlive any one job, or no exact build is ever answered again
+                    log.exception("table %s: exact snapshot request %s failed", job.table, job.request.id)
         finally:
             builder.close()
             while True:

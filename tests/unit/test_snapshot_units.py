@@ -242,3 +242,55 @@ def test_open_refuses_missing_bad_and_stale(tmp_path: Path) -> None:
         open_snapshot(tmp_path, "tbl", serve_stale=False)
     with pytest.raises(SnapshotNotFoundError):  # a manifest without a database
         open_snapshot(tmp_path, "tbl")
+
+
+# -- retention under disk faults (regressions found by the chaos campaign, seed 0, faults 21 and 29) ------------
+
+
+def _publisher(state: Path) -> Any:
+    from globald.config import parse
+    from globald.engine.state_manager import StateManager
+    from globald.snapshot.publisher import SnapshotPublisher
+
+    cfg = parse({"state_dir": str(state), "kafka": {"bootstrap.servers": "127.0.0.1:9"},
+                 "tables": [{"name": "tbl", "topic": "topic"}], "snapshots": {"retain": 1}})
+    return SnapshotPublisher(cfg, StateManager(cfg, lambda event: None))
+
+
+def test_retention_keeps_a_snapshot_whose_manifest_the_disk_cannot_read(tmp_path: Path) -> None:
+    """An I/O error reading a manifest (ENOSPC, EIO) says nothing about the snapshot: it is kept, not deleted."""
+    old = publish(tmp_path, make(ID1))
+    publish(tmp_path, make(ID2))
+    publish(tmp_path, make(ID3), current=True)
+    (old / SNAPSHOT_MANIFEST).unlink()
+    (old / SNAPSHOT_MANIFEST).mkdir()  # reading it now fails with an OSError, as under an armed failure point
+    with pytest.raises(manifests.ManifestIOError):
+        manifests.read(old, "tbl")
+    pub = _publisher(tmp_path)
+    pub._gc(pub._tables["tbl"])
+    assert old.exists()  # kept for a later sweep
+    assert not (old.parent / ID2).exists()  # retention still applies to snapshots it can read (retain = 1)
+
+
+def test_retention_never_deletes_a_leased_snapshot_with_an_invalid_manifest(tmp_path: Path) -> None:
+    leased = publish(tmp_path, make(ID1))
+    publish(tmp_path, make(ID2), current=True)
+    leases.take(leased.parent, "reader-1", ID1, 900)
+    (leased / SNAPSHOT_MANIFEST).write_bytes(b"{garbage")
+    pub = _publisher(tmp_path)
+    pub._gc(pub._tables["tbl"])
+    assert leased.exists()
+
+
+def test_an_answer_the_disk_refuses_does_not_stop_the_publisher(tmp_path: Path) -> None:
+    """Regression (chaos campaign, seed 0, fault 12): a response file that cannot be written (a full disk) killed
+    the exact-build worker, and no exact request was ever answered again."""
+    pub = _publisher(tmp_path)
+    tab = pub._tables["tbl"]
+    responses = snapshots_dir(tmp_path, "tbl") / "responses"
+    responses.parent.mkdir(parents=True)
+    responses.write_text("a file where the folder should be")  # every write below it fails with an OSError
+    pub._answer(tab, Response("r1", Code.FAILED, "no space"))  # logged, not raised
+    responses.unlink()
+    pub._answer(tab, Response("r2", Code.READY, "ready", ID1))
+    assert (responses / "r2.json").exists()
