@@ -4,6 +4,7 @@ shows it on a real 0.9 broker; these pin the request shape without one)."""
 
 from __future__ import annotations
 
+import logging
 import re
 from types import SimpleNamespace
 from typing import Any
@@ -72,3 +73,15 @@ def test_the_consumer_never_asks_brokers_to_create_topics() -> None:
     assert parse(_raw({})).consumer_settings()["allow.auto.create.topics"] is False
     with pytest.raises(ConfigError, match=re.escape("kafka.allow.auto.create.topics")):
         parse(_raw({"allow.auto.create.topics": True}))
+
+
+def test_known_harmless_librdkafka_lines_are_logged_at_debug(caplog: pytest.LogCaptureFixture) -> None:
+    """The 0.9 compatibility settings make librdkafka warn at every start and every metadata request."""
+    from globald.kafka.clients import kafka_log
+
+    with caplog.at_level(logging.INFO, logger="globald.librdkafka"):
+        kafka_log.warning("AUTOCREATE [globald#consumer-2] 127.0.0.1:1/0: allow.auto.create.topics=false not "
+                          "supported by broker: requires broker version >= 0.11.0.0")
+        kafka_log.warning("CONFWARN [globald#consumer-2] Configuration property api.version.request is deprecated")
+        kafka_log.warning("FAIL [globald#consumer-2] 127.0.0.1:1/bootstrap: Connect to ipv4#127.0.0.1:1 failed")
+    assert [r.getMessage()[:4] for r in caplog.records] == ["FAIL"]
