@@ -112,12 +112,15 @@ class Builder:
     def _marks(self, topic: str, until: float) -> dict[int, tuple[int, int]]:
         """Each partition's (log start, end), asking again while the cluster does not answer (a broker that just
         came back takes a moment to be reconnected to) until ``until``."""
-        c = self._client()
         delay = 0.2
         while True:
+            c = self._client()
             try:
                 return {p: watermarks(c, topic, p) for p in partitions(c, topic)}
             except TransientKafkaError as e:
+                # A consumer that was fetching when its broker died can stay disconnected after the broker is back
+                # (seen: 20 s and more, while the loop's consumer had long reconnected): ask with a new one.
+                self.close()
                 if time.monotonic() + delay > until or self._stop.is_set():
                     raise BuildRefused(Code.FAILED, f"cannot ask the broker: {e}") from None
             self._stop.wait(delay)
