@@ -36,9 +36,6 @@ from globald.store.names import (
 )
 from globald.store.options import StoreOptions
 
-# How long a build keeps asking a cluster that does not answer before refusing (within the request's deadline).
-_METADATA_PATIENCE_S = 15.0
-
 
 class BuildRefused(Exception):
     """The target cannot be built exactly; ``code`` says why (an exact_requests.Code)."""
@@ -129,7 +126,7 @@ class Builder:
     def build(self, table: TableConfig, target: Offsets, base: Offsets | None, base_dir: Path | None,
               work: Path, deadline: float) -> Built:
         """Write the snapshot database into ``work/db``; raises BuildRefused."""
-        marks = self._marks(table.topic, min(deadline, time.monotonic() + _METADATA_PATIENCE_S))
+        marks = self._marks(table.topic, deadline)
         start = check_target(target, marks, base)
         db_path = work / SNAPSHOT_DB_DIR
         if base_dir is not None:
