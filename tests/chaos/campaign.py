@@ -80,6 +80,7 @@ class Outcome:
     checks: int = 0  # stores and snapshots compared with the oracle after this fault
     notes: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    campaign_errors: list[str] = field(default_factory=list)  # the campaign's own steps that failed: not defects
     log_tail: str = ""
 
     @property
@@ -94,7 +95,7 @@ class Outcome:
                 "divergences": self.divergences, "pid_changes": self.pid_changes,
                 "recover_s": None if self.recover_s is None else round(self.recover_s, 2), "hit": self.hit,
                 "checks": self.checks, "notes": self.notes, "problems": self.problems,
-                "log_tail": self.log_tail if self.failed else ""}
+                "campaign_errors": self.campaign_errors, "log_tail": self.log_tail if self.failed else ""}
 
 
 @dataclass
@@ -484,19 +485,21 @@ class SeedRun:
         mark = self.mark = d.log_size()
         self.may_die, self.exact_request = None, None
         self.kafka.start_broker()  # idempotent: a fault that could not heal its broker must not spill over
-        if fault.phase in (plan.RESTORE, plan.BULK_END, plan.EXACT) and fault.table == plan.BULK:
-            self.ensure_bulk()
         self.resume_loads()
-        self.lease_current()
         try:
+            if fault.phase in (plan.RESTORE, plan.BULK_END, plan.EXACT) and fault.table == plan.BULK:
+                self.ensure_bulk()
+            self.lease_current()
             self._drive(fault, out)
         except Unrecoverable:
             raise
         except Exception as e:  # the campaign's own step failed (a Java admin call timed out…): say so, go on
-            out.problems.append(f"campaign step failed: {type(e).__name__}: {e}")
+            out.campaign_errors.append(f"{type(e).__name__}: {e}")
         finally:
             self._cleanup()
-        if out.injected:
+        if out.campaign_errors:
+            self._contain(out)
+        elif out.injected:
             self._recover(fault, out)
         else:
             self._back_to_baseline(out)
@@ -569,6 +572,9 @@ class SeedRun:
     def _not_reached(self, f: Fault, out: Outcome) -> None:
         self.disarm()
         out.notes.append(f"phase {f.phase} not reached within {HOOK_TIMEOUT_S:.0f}s")
+        if self.exact_request is not None:  # answered without a build (an exact match, a refusal): say which
+            resp = snap_requests.wait(self.daemon.state_dir, self.exact_request, timeout=10)
+            out.notes.append(f"the exact request was answered {resp.code.value}: {resp.message[:200]}")
 
     def _back_to_baseline(self, out: Outcome) -> None:
         """After a fault that was not injected: the daemon running and settled again, for the next fault."""
@@ -582,6 +588,21 @@ class SeedRun:
             self._died(out)
             self._restart_after_death(out)
         ok, _, _ = self.settle()
+        if not ok:
+            self._force_restart(out)
+
+    def _contain(self, out: Outcome) -> None:
+        """A campaign step failed halfway (retention switched on, then the tool failed): what the daemon holds may
+        now differ from any fold of the log for reasons of the campaign's making. Rebuild both tables from the log,
+        so that the faults after this one are judged on a clean slate; this fault counts as not injected."""
+        out.injected = False
+        self._back_to_baseline(out)
+        for table in self.topics:
+            problem = self.reset_table(table)
+            if problem:
+                out.campaign_errors.append(problem)
+        ok, _, doc = self.settle()
+        out.notes.append("tables reset after the campaign error" + ("" if ok else f"; not settled: {doc}"))
         if not ok:
             self._force_restart(out)
 
@@ -632,6 +653,7 @@ class SeedRun:
         elif k == plan.BROKER_RESTART:
             self.kafka.stop_broker()
         elif k == plan.RETENTION:
+            self._producer_knows(self.topics[f.table])  # before the topic stops compacting, not after
             self._with_daemon_frozen(at, lambda: self.admin.advance_log_start(self.topics[f.table]))
         elif k == plan.RECREATE:
             self.loads[f.table].pause()  # the new topic stays empty until the daemon has seen it: see _recover
@@ -654,6 +676,12 @@ class SeedRun:
     def _recreate(self, topic: str) -> None:
         self.admin.delete(topic)
         self.admin.create(topic, partitions=PARTITIONS)
+        self._producer_knows(topic)
+
+    def _producer_knows(self, topic: str) -> None:
+        """The shared producer keeps a deleted topic as unknown until its next metadata refresh (minutes): ask now,
+        or retention's roll records and the load fail on a topic that exists again."""
+        self.admin.producer().list_topics(topic, timeout=10)
 
     def _hold(self, f: Fault, out: Outcome) -> None:
         d, k, p = self.daemon, f.kind, f.params

@@ -138,7 +138,7 @@ class Campaign:
                 "recovered": sum(x.injected and x.recovered for x in o),
                 "divergences": sum(x.divergences for x in o), "pid_changes": sum(x.pid_changes for x in o),
                 "failed": sum(x.failed for x in o), "not_reached": sum(not x.reached for x in o),
-                "checks": sum(x.checks for x in o)}
+                "campaign_errors": sum(bool(x.campaign_errors) for x in o), "checks": sum(x.checks for x in o)}
 
     def markdown(self, rows: list[dict[str, Any]]) -> str:
         t = self.totals()
@@ -146,9 +146,9 @@ class Campaign:
         lines = [f"### Chaos campaign: seeds {seeds[0]}-{seeds[-1]}, {self.args.faults_per_seed} faults each, "
                  f"{self.minutes()} min — {'PASSED' if self.ok() else 'FAILED'}", "",
                  f"`{self.command()}`: {t['injected']} faults injected of {t['planned']} planned "
-                 f"({t['not_reached']} phases not reached), {t['recovered']} recovered, {t['divergences']} "
-                 f"divergences, {t['pid_changes']} PID changes, {t['failed']} failed; {t['checks']} stores and "
-                 f"snapshots compared with the oracle.", ""]
+                 f"({t['not_reached']} phases not reached, {t['campaign_errors']} campaign errors), {t['recovered']} "
+                 f"recovered, {t['divergences']} divergences, {t['pid_changes']} PID changes, {t['failed']} failed; "
+                 f"{t['checks']} stores and snapshots compared with the oracle.", ""]
         lines += [f"- probe, seed {s}: {p.name}: {'ok' if p.ok else 'FAILED'} ({p.detail})" for s, p in self.probes]
         lines += [f"- note: {n}" for n in self.notes]
         lines += [f"- ABORTED {a.splitlines()[0][:300]}" for a in self.aborted]
@@ -167,6 +167,12 @@ class Campaign:
                          f"{seen} | {r['failed']} |")
         lines.append(f"| **total** | | {t['injected']} | {t['recovered']} | {t['divergences']} | "
                      f"{t['pid_changes']} | | | | {t['failed']} |")
+        errors = [o for o in self.outcomes if o.campaign_errors]
+        if errors:
+            lines += ["", f"#### Campaign errors ({len(errors)}): faults the campaign failed to inject (tables reset "
+                      "after each, so that later faults start clean); not defects of the daemon", ""]
+            lines += [f"- seed {o.fault.seed}, fault {o.fault.index}: {o.fault.describe()}: "
+                      f"{'; '.join(o.campaign_errors)[:400]}" for o in errors]
         failed = [o for o in self.outcomes if o.failed]
         lines += ["", f"#### Defects found ({len(failed)})", ""]
         for o in failed:
@@ -191,7 +197,7 @@ def line(o: Outcome, seconds: float) -> str:
     f = o.fault
     head = f"seed {f.seed} #{f.index:<2} {f.describe()}: "
     if not o.injected:
-        return head + "not injected (" + "; ".join(o.notes + o.problems)[:300] + ")"
+        return head + "not injected (" + "; ".join(o.notes + o.problems + o.campaign_errors)[:300] + ")"
     rec = f"recovered in {o.recover_s:.1f}s" if o.recover_s is not None else "NOT RECOVERED"
     tail = f"{rec}, {o.divergences} divergences, {o.pid_changes} PID changes, {o.checks} checks ({seconds:.0f}s)"
     if o.failed:
