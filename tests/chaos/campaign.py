@@ -61,7 +61,9 @@ BULK_KEYS = 100_000
 SMALL_RECORDS, SMALL_KEYS = 5_000, 2_000
 HOOK_TIMEOUT_S = 60.0  # a hooked phase not reached by then is reported as not reached, never as injected
 STOP_TIMEOUT_S = 60.0
-FIU_TEXTS = ("No space left on device", "Input/output error", "IO error")
+# How the daemon words a disk error it noticed (lower case): errno texts, RocksDB's, and its own for a bulk load whose
+# flush did not land.
+FIU_TEXTS = ("no space left on device", "input/output error", "io error", "did not reach the disk")
 READER, READER_LEASE_S = "chaos-reader", 900.0  # a reader pinning CURRENT through each fault, as Spark jobs do
 
 
@@ -357,13 +359,18 @@ class SeedRun:
         return None if r.returncode == 0 else f"globald reset exited {r.returncode}: {r.stderr.strip()[-300:]}"
 
     def exact_target(self, table: str, fraction: float) -> dict[int, int] | None:
-        """Offsets below every published snapshot, so the build starts from the log start and reads a while."""
+        """Offsets below every published snapshot that holds anything, so the build starts from the log start and
+        reads a while, and at no snapshot's offsets: an exact match is served without a build. None if no room."""
         marks = self.admin.watermarks(self.topics[table])
-        snaps = [m for m in manifests_of(self.daemon.state_dir, table) if not m.stale]
+        found = manifests_of(self.daemon.state_dir, table)
+        snaps = [m for m in found if not m.stale and any(m.offsets.get(p, lo) > lo for p, (lo, _) in marks.items())]
         if not snaps:
             return None
         top = {p: min([m.offsets.get(p, hi) for m in snaps] + [hi]) for p, (_, hi) in marks.items()}
-        return {p: lo + int(fraction * max(0, top[p] - lo)) for p, (lo, _) in marks.items()}
+        target = {p: lo + int(fraction * max(0, top[p] - lo)) for p, (lo, _) in marks.items()}
+        if any(m.offsets == target for m in found):
+            target = {p: max(lo, target[p] - 1) for p, (lo, _) in marks.items()}
+        return None if any(m.offsets == target for m in found) else target
 
     # -- verification -------------------------------------------------------------------------------------------
 
@@ -555,7 +562,7 @@ class SeedRun:
             elif f.phase == plan.EXACT:
                 target = self.exact_target(f.table, f.params["target"])
                 if target is None:
-                    out.notes.append("no published snapshot to build below")
+                    out.notes.append("no room for an exact build below the published snapshots")
                     return
                 self.exact_request = snap_requests.submit(d.state_dir, f.table, target)
             elif f.phase == plan.STOP:
@@ -694,7 +701,7 @@ class SeedRun:
                     out.problems.append(f"campaign step failed: could not disarm the failure point: {problem}")
             self._unfill()
             said = self.daemon.log_since(self.mark, 5000)
-            out.hit = any(t in s for s in [*seen, said] for t in FIU_TEXTS)
+            out.hit = any(t in s.lower() for s in [*seen, said] for t in FIU_TEXTS)
             if seen:
                 out.notes.append(f"status said: {seen[0][:200]}")
         elif k == plan.PAUSE:
