@@ -45,7 +45,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--batch", type=int, default=10_000, help="consume(n) size, for globald and the baselines")
     p.add_argument("--rates", default="1000,20000", help="freshness produce rates, records/s")
     p.add_argument("--freshness-seconds", type=float, default=10.0)
-    p.add_argument("--spark-lookups", type=int, default=200_000)
+    p.add_argument("--spark-lookups", type=int, default=300_000, help="Spark lookups (90%% hits)")
+    p.add_argument("--spark-keys", type=int, default=100_000, help="keys in the Spark lookup table")
     p.add_argument("--out", type=Path, default=RESULTS, help="where results go (default bench/results)")
     p.add_argument("--scratch", type=Path, default=None, help="parent of the scratch directory (default $TMPDIR)")
     p.add_argument("--verbose", action="store_true", help="globald's own INFO logs")
@@ -105,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
                 rates = [int(x) for x in a.rates.split(",") if x]
                 r["freshness"] = freshness.freshness(env, rates, a.freshness_seconds, progress)
             elif bench == "spark":
-                r["spark"] = optional.spark_lookups(env, ds, a.spark_lookups, progress)
+                r["spark"] = optional.spark_lookups(env, a.spark_lookups, a.spark_keys, progress)
             elif bench == "resume":
                 r["resume"], stopped_state = recovery.resume(env, ds, a.repeats, progress)
             elif bench == "oor":

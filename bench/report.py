@@ -38,10 +38,15 @@ def targets(r: dict[str, Any]) -> list[dict[str, Any]]:
         v = ratios.get(key)
         out.append(_target(name, goal, v, v is not None and v >= bound, f"{v}x"))
     v = ratios.get("globald/consume_only")
+    records = r.get("meta", {}).get("records", 0)
+    bound = 0.7 if records >= 10_000_000 else 0.85  # issue 12: the bulk load keeps its speed at 10M
+    out.append(_target("restore vs consume-only limit", f">= {bound}x at {'10M' if bound == 0.7 else '1M'}", v,
+                       v is not None and v >= bound, f"{v}x"))
     out.append(_target("stretch: restore vs consume-only limit", "> 1.0x", v, v is not None and v > 1.0, f"{v}x"))
     rss = r.get("rss") or {}
     v = rss.get("peak_rss_mb")
-    records = r.get("meta", {}).get("records", 0)
+    if v is not None:  # the merge of the bulk load's L0 files runs after RUNNING: its memory counts too
+        v = max(v, rss.get("peak_rss_after_running_mb", v))
     note = "" if records >= 10_000_000 else f"measured at {records:,} records; the target is set at 10M"
     out.append(_target("peak RSS while restoring 10M keys", "<= 300 MB", v, v is not None and v <= 300,
                        f"{v} MB", note))
@@ -58,6 +63,12 @@ def targets(r: dict[str, Any]) -> list[dict[str, Any]]:
         if fresh else "")
     out.append(_target("freshness p99 at 20k records/s", f"<= {bound} ms (snapshot interval + 200)", v,
                        (v <= bound if in_snapshot else None) if v is not None else None, f"{v} ms", note))
+    spark = (r.get("spark") or {}).get("vs_broadcast_dict", {})
+    for mode, name, bound in (("join_mapInArrow", "Spark join (mapInArrow) vs dict in mapInArrow", 1.0),
+                              ("pandas_udf", "Spark pandas UDF vs dict pandas UDF", 1.0),
+                              ("small_table_join", "Spark small-table join vs dict in mapInArrow", 3.0)):
+        v = spark.get(mode)
+        out.append(_target(name, f">= {bound}x per core", v, v is not None and v >= bound, f"{v}x"))
     return out
 
 
@@ -93,6 +104,11 @@ def markdown(r: dict[str, Any], chart: str | None) -> str:
         parts += [f"## Restore (median of {restore['repeats']}, interleaved)",
                   _md_table(["pipeline", "records/s", "median s", "range s", "CPU s", "globald is"], rows),
                   f"globald's restored store against the oracle fold: {restore['verified']}."]
+        g = restore["pipelines"].get("globald", {})
+        if "settle_seconds_median" in g:
+            parts.append(f"After RUNNING, the bulk load's L0 files were merged (served meanwhile) "
+                         f"{g['settle_seconds_median']} s later (median), costing {g['settle_cpu_seconds_median']} "
+                         "CPU s; that time is not in the restore's.")
     parts += _other_sections(r)
     fresh = r.get("freshness")
     if fresh:
@@ -127,7 +143,9 @@ def _other_sections(r: dict[str, Any]) -> list[str]:
         parts += ["## Memory",
                   f"`globald run` (its own process) restoring {x['records']:,} records: peak RSS "
                   f"**{x['peak_rss_mb']} MB**, {x['rss_at_running_mb']} MB at RUNNING, {x['samples']} samples "
-                  f"every {x['sample_interval_s']} s; RUNNING {x['seconds_spawn_to_running']} s after spawn."]
+                  f"every {x['sample_interval_s']} s; RUNNING {x['seconds_spawn_to_running']} s after spawn. "
+                  f"Peak in the {x.get('after_running_window_s', '?')} s after RUNNING (serving, merging the bulk "
+                  f"load's L0 files): {x.get('peak_rss_after_running_mb', 'not measured')} MB."]
     if "snapshots" in r:
         x = r["snapshots"]
         text = _unavailable(x)
@@ -145,12 +163,23 @@ def _other_sections(r: dict[str, Any]) -> list[str]:
         text = _unavailable(x)
         if text is None:
             ratios = x.get("vs_broadcast_dict", {})
-            rows = [[mode, f"{rate:,}", f"{ratios[mode]}x" if mode in ratios else ""]
+            of = x.get("baseline_of", {})
+            rows = [[mode, f"{rate:,}", f"{ratios[mode]}x {of.get(mode, '')}" if mode in ratios else ""]
                     for mode, rate in x["lookups_per_s_per_core"].items()]
+            batches = x.get("join_by_arrow_batch", {})
+            batch_rows = [[size, f"{r['join_mapInArrow']:,}", f"{r['baseline_dict_mapInArrow']:,}",
+                           f"{r['join_mapInArrow'] / r['baseline_dict_mapInArrow']:.3f}x"]
+                          for size, r in batches.items()]
             text = (f"Measured by `globald.spark.bench.measure_spark`: Spark local[1] (per core), "
-                    f"{x['lookups']:,} lookups against a {x['table_keys']:,}-key table; refresh to executors "
-                    f"reading the new snapshot median {x['refresh_to_executors_reading']['median_ms']} ms.\n\n"
-                    + _md_table(["lookup mode", "lookups/s per core", "vs broadcast dict"], rows))
+                    f"{x['lookups']:,} lookups ({x.get('hit_rate', 1.0):.0%} hits) against a {x['table_keys']:,}-key "
+                    f"table, Arrow batches of {x.get('arrow_batch', 10_000):,} rows, best of interleaved rounds; "
+                    f"refresh to executors reading the new snapshot median "
+                    f"{x['refresh_to_executors_reading']['median_ms']} ms.\n\n"
+                    + _md_table(["lookup mode", "lookups/s per core", "vs its broadcast-dict baseline"], rows))
+            if batch_rows:
+                text += ("\n\n`spark.sql.execution.arrow.maxRecordsPerBatch`:\n\n"
+                         + _md_table(["rows per batch", "join (mapInArrow)", "dict in mapInArrow", "ratio"],
+                                     batch_rows))
         parts += ["## Spark lookups", text]
     return parts
 

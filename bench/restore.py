@@ -30,7 +30,7 @@ def summary(runs: list[Run]) -> dict[str, Any]:
     seconds = [r.seconds for r in runs]
     med = statistics.median(seconds)
     records = runs[0].records
-    return {
+    out: dict[str, Any] = {
         "median_seconds": round(med, 4),
         "min_seconds": round(min(seconds), 4),
         "max_seconds": round(max(seconds), 4),
@@ -40,6 +40,11 @@ def summary(runs: list[Run]) -> dict[str, Any]:
         "runs": [{"seconds": round(r.seconds, 4), "records": r.records, "cpu_seconds": round(r.cpu_seconds, 3)}
                  for r in runs],
     }
+    settles = [(r.settle_seconds, r.settle_cpu_seconds or 0.0) for r in runs if r.settle_seconds is not None]
+    if settles:  # globald: the merge of the bulk load's L0 files, after RUNNING
+        out["settle_seconds_median"] = round(statistics.median(s for s, _ in settles), 3)
+        out["settle_cpu_seconds_median"] = round(statistics.median(c for _, c in settles), 3)
+    return out
 
 
 def ratio(a: dict[str, Any], b: dict[str, Any]) -> float:
@@ -75,8 +80,10 @@ def compare(env: BenchEnv, ds: Dataset, names: list[str], repeats: int, batch: i
             workdir = env.fresh_dir(name)
             run = PIPELINES[name](Job(ds.topic, settings, workdir, config, batch))
             runs[name].append(run)
+            settle = "" if run.settle_seconds is None else (
+                f"  L0 merged {run.settle_seconds:.2f}s after RUNNING (cpu {run.settle_cpu_seconds or 0:.2f}s)")
             progress(f"restore {rep + 1}/{repeats} {name:<28} {run.records:>10,} records {run.seconds:7.2f}s "
-                     f"{run.rate:>12,.0f}/s  cpu {run.cpu_seconds:6.2f}s")
+                     f"{run.rate:>12,.0f}/s  cpu {run.cpu_seconds:6.2f}s{settle}")
             if name == "globald" and verified is None:
                 verified = verify_store(env, workdir / "state", ds.topic)
                 progress(f"restore: globald's store against the oracle: {verified}")

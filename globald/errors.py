@@ -15,7 +15,15 @@ class ConfigError(GlobaldError):
         self.key = key
 
 
-class StateDirLockedError(GlobaldError):
+class UsageError(GlobaldError):
+    """An argument on the command line is malformed (a KEY that is not valid hex, say). Fix it and run again."""
+
+
+class RefusedError(GlobaldError):
+    """globald refused to act, on purpose, and changed nothing; the message says why and what would allow it."""
+
+
+class StateDirLockedError(RefusedError):
     """Another globald already owns this state_dir. Stop it first, or give this instance its own state_dir."""
 
 
@@ -46,9 +54,10 @@ class UnknownTableError(GlobaldError):
     """The table named is not in the config. Check the spelling against the [[tables]] entries."""
 
 
-class ImportRefusedError(GlobaldError):
+class ImportRefusedError(RefusedError):
     """A store cannot be imported as it is; the message says why and nothing was changed. Fix the cause, or let
     globald restore the table from its topic."""
+
 
 class SnapshotError(GlobaldError):
     """A snapshot cannot be served. The message says why."""
@@ -82,3 +91,10 @@ class SnapshotUnavailableError(SnapshotError):
     def __init__(self, code: str, message: str) -> None:
         super().__init__(f"{code}: {message}")
         self.code = code
+
+
+class ExecutorConfigError(GlobaldError):
+    """A Spark executor cannot use its host's globald config: the file cannot be read, does not mirror the table,
+    or mirrors another topic under that name. The message names the host and the file. Point ``GLOBALD_CONFIG`` in
+    the executors' environment at this host's config (see the README's Spark section), with the same tables as the
+    driver's."""

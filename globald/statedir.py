@@ -11,6 +11,8 @@ import errno
 import fcntl
 import logging
 import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import IO
 
@@ -45,6 +47,51 @@ def prepare_state_dir(state_dir: Path) -> None:
         raise StateDirError(f"state_dir {state_dir}: {e.strerror or e}") from None
     if not os.access(state_dir, os.W_OK | os.X_OK):
         raise StateDirError(f"state_dir {state_dir} is not writable by uid {os.getuid()}")
+
+
+def check_state_dir(state_dir: Path) -> str | None:
+    """Try what ``run`` needs of ``state_dir`` without leaving anything behind (``globald check-config``).
+
+    Under the nearest directory that exists (``state_dir`` itself, or the ancestor ``run`` would create it in), a
+    scratch directory is created, a file in it locked, and both removed: a file in the way, a read-only or pseudo
+    filesystem (``/proc``, ``/sys``) or missing permissions fail here as ``run`` would fail. Raises StateDirError;
+    returns a note when another globald holds the state_dir now (``run`` would be refused while it runs).
+    """
+    existing = state_dir
+    while not existing.exists() and existing.parent != existing:
+        existing = existing.parent
+    if not existing.is_dir():
+        what = "exists and is not a directory" if existing == state_dir else f"cannot be created: {existing} is a file"
+        raise StateDirError(f"state_dir {state_dir} {what}")
+    try:
+        probe = Path(tempfile.mkdtemp(prefix=".globald-check-", dir=existing))
+    except OSError as e:
+        raise StateDirError(f"state_dir {state_dir}: cannot create a directory in {existing}: "
+                            f"{e.strerror or e}") from None
+    try:
+        with open(probe / LOCK_FILE, "a+") as f:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        raise StateDirError(f"state_dir {state_dir}: cannot lock a file in {existing}: {e.strerror or e}") from None
+    finally:
+        shutil.rmtree(probe, ignore_errors=True)
+    holder = lock_holder(state_dir) if existing == state_dir else None
+    return None if holder is None else f"a globald (pid {holder}) runs on this state_dir now; run refuses a second"
+
+
+def lock_holder(state_dir: Path) -> str | None:
+    """The pid of the globald holding ``state_dir``'s lock, or None; asked without taking or creating anything."""
+    try:
+        f = open(state_dir / LOCK_FILE)  # noqa: SIM115 - closed below, after the flock probe
+    except OSError:
+        return None
+    with f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return f.read().strip() or "unknown"
+        fcntl.flock(f, fcntl.LOCK_UN)
+    return None
 
 
 def lock_state_dir(state_dir: Path) -> IO[str]:

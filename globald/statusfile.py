@@ -111,8 +111,12 @@ def status_lines(doc: DaemonStatus) -> list[str]:
     for name, t in doc.tables.items():
         offsets = ", ".join(f"p{p}={o}" for p, o in sorted(t.offsets.items())) or "no offsets"
         lag = f", lag {t.lag}" if t.lag is not None else ""
+        if t.last_error and not t.end_offsets:  # no log end was ever learnt (topic missing, cluster down): not 0
+            lag = ", lag unknown"
         wipes = f", {t.wipes} wipe(s)" if t.wipes else ""
         lines.append(f"  {name:<20} {t.state:<12} {offsets}{lag}{wipes}")
+        if t.last_error:
+            lines.append(f"  {'':<20} problem: {t.last_error}")
         r = t.restore
         if r is not None:
             eta = "?" if r.eta_seconds is None else f"{r.eta_seconds:.0f}s"

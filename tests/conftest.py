@@ -20,9 +20,7 @@ def broker() -> Iterator[Broker]:
     try:
         yield b
     finally:
-        b.admin.close()
-        if b.embedded is not None:
-            b.embedded.stop()
+        b.stop()
 
 
 @pytest.fixture

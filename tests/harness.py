@@ -2,7 +2,8 @@
 
 The broker is the embedded Apache Kafka 0.9 unless ``GLOBALD_TEST_BOOTSTRAP`` names an external one (then
 ``GLOBALD_TEST_KAFKA_PROPS`` may add client properties as JSON, and ``GLOBALD_TEST_ZOOKEEPER`` selects the Java
-admin tools for a pre-1.1 broker).
+admin tools for a pre-1.1 broker). The modern-protocol lane (tests/tansu) runs on ``start_modern_broker``'s: the
+external broker when it is a modern one, else an embedded Tansu spoken to with librdkafka's defaults.
 """
 
 from __future__ import annotations
@@ -21,9 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from globald.embedded.admin import Record, TopicAdmin
-from globald.embedded.broker import EmbeddedKafka
+from globald.embedded.admin import ModernAdmin, Record, TansuAdmin, TopicAdmin
+from globald.embedded.broker import EmbeddedKafka, stop_process
 from globald.embedded.oracle import Table, fold
+from globald.embedded.tansu import EmbeddedTansu
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -33,20 +35,53 @@ class Broker:
     settings: dict[str, Any]
     admin: TopicAdmin
     embedded: EmbeddedKafka | None = None
+    tansu: EmbeddedTansu | None = None
 
     @property
     def has_timestamps(self) -> bool:
         return self.settings.get("broker.version.fallback", "") != "0.9.0.1"
 
+    @property
+    def real_offsets(self) -> bool:
+        """Whether the broker's watermarks and offset-out-of-range can be trusted (not on Tansu)."""
+        return self.tansu is None
+
+    def stop(self) -> None:
+        self.admin.close()
+        for embedded in (self.embedded, self.tansu):
+            if embedded is not None:
+                embedded.stop()
+
+
+def _external() -> tuple[dict[str, Any], str | None] | None:
+    """The broker GLOBALD_TEST_BOOTSTRAP names: (client settings, ZooKeeper address or None), or None."""
+    external = os.environ.get("GLOBALD_TEST_BOOTSTRAP")
+    if not external:
+        return None
+    settings: dict[str, Any] = {"bootstrap.servers": external}
+    settings.update(json.loads(os.environ.get("GLOBALD_TEST_KAFKA_PROPS", "{}")))
+    return settings, os.environ.get("GLOBALD_TEST_ZOOKEEPER")
+
 
 def start_broker(run_dir: Path) -> Broker:
-    external = os.environ.get("GLOBALD_TEST_BOOTSTRAP")
+    external = _external()
     if external:
-        settings: dict[str, Any] = {"bootstrap.servers": external}
-        settings.update(json.loads(os.environ.get("GLOBALD_TEST_KAFKA_PROPS", "{}")))
-        return Broker(settings, TopicAdmin.for_broker(settings, os.environ.get("GLOBALD_TEST_ZOOKEEPER")))
+        settings, zookeeper = external
+        return Broker(settings, TopicAdmin.for_broker(settings, zookeeper))
     kafka = EmbeddedKafka(run_dir).start()
     return Broker(kafka.client_settings, TopicAdmin.for_broker(kafka.client_settings, kafka.zookeeper), kafka)
+
+
+def start_modern_broker(run_dir: Path) -> Broker:
+    """The external broker if it speaks the modern protocol (no ZooKeeper tools, no 0.9 fallback), else Tansu."""
+    external = _external()
+    if external:
+        settings, zookeeper = external
+        broker = Broker(settings, ModernAdmin(settings))
+        if zookeeper is None and broker.has_timestamps:
+            return broker
+    tansu = EmbeddedTansu(run_dir).start()
+    return Broker(tansu.client_settings, TansuAdmin(tansu.client_settings), tansu=tansu)
 
 
 def random_records(n: int, keys: int, seed: int, tombstones: float = 0.05, null_keys: float = 0.0,
@@ -174,14 +209,9 @@ class DaemonProcess:
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
         assert self.proc is not None
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-            raise AssertionError(f"daemon did not stop on {sig}; log:\n{self.tail()}") from None
+        if not stop_process(self.proc, sig, timeout):
+            raise AssertionError(f"daemon did not stop on {sig}; log:\n{self.tail()}")
+        return self.proc.returncode
 
     def tail(self, n: int = 60) -> str:
         try:

@@ -35,6 +35,7 @@ from tests.reliability.load import Load
 
 TABLES = ("customers", "products")
 MAX_PARTITIONS = 6
+PARTIAL_EVERY_S = 300.0  # how often a run writes its memory figures so far
 
 
 # What the daemon's status reports of RocksDB's memory (globald.ops.memory), summed over the tables, in MB.
@@ -272,8 +273,12 @@ class Soak:
         self.rnd.shuffle(faults)
         i = 0
         next_fault = time.monotonic() + self.args.fault_every
+        next_partial = time.monotonic() + PARTIAL_EVERY_S
         while time.monotonic() < deadline:
             self.sample_memory()
+            if time.monotonic() >= next_partial:
+                next_partial = time.monotonic() + PARTIAL_EVERY_S
+                self.write_partial()
             if time.monotonic() < next_fault:
                 time.sleep(min(5.0, max(0.0, next_fault - time.monotonic())))
                 continue
@@ -291,6 +296,19 @@ class Soak:
             next_fault = time.monotonic() + self.args.fault_every
         final = self.settle("the end of the run")
         self.ledger.row("none (final check)", "soak", "").diverged(sum(final.values()))
+
+    def write_partial(self) -> None:
+        """The memory figures so far (``partial.json``), so a run cut short still tells its trend."""
+        if len(self.memory) < 4:
+            return
+        elapsed = time.monotonic() - self.started
+        partial = {"minutes": round(elapsed / 60, 1), "faults": sum(r.injected for r in self.ledger.rows),
+                   "divergences": sum(r.divergences for r in self.ledger.rows), "restarts": self.restarts,
+                   "quarters": _quarters(self.memory, self.rocksdb, elapsed),
+                   "slope_mb_per_hour": round(_slope_mb_per_hour(self.memory), 1)}
+        out = Path(self.args.report_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "partial.json").write_text(json.dumps(partial, indent=2))
 
     def report(self) -> bool:
         for row in self.ledger.rows:

@@ -15,6 +15,7 @@ import subprocess
 import tarfile
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -57,6 +58,27 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def wait_metadata(settings: dict[str, str], timeout: float, check: Callable[[], None] = lambda: None) -> bool:
+    """Whether a broker answers a metadata request naming itself within ``timeout``; ``check`` may raise between
+    attempts (a start that failed for good)."""
+    from confluent_kafka import Consumer, KafkaException
+
+    c = Consumer({**settings, "group.id": "globald-embedded", "log_level": 0})
+    try:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                if c.list_topics(timeout=2).brokers:
+                    return True
+            except KafkaException:
+                pass
+            check()
+            time.sleep(0.05)
+    finally:
+        c.close()
+    return False
 
 
 def _wait_port(port: int, proc: subprocess.Popen, timeout: float, what: str, log: Path) -> None:
@@ -161,43 +183,33 @@ class EmbeddedKafka:
             except BrokerStartError:
                 # Restarted within ZooKeeper's session timeout after an unclean stop, the broker finds its old
                 # registration still there and gives up (without exiting); once the session expires, it starts.
-                _stop(self._kafka, signal.SIGKILL)
+                stop_process(self._kafka, signal.SIGKILL)
                 if time.monotonic() >= deadline:
                     raise
                 time.sleep(1)
 
     def _wait_registered(self, timeout: float, log: Path, log_from: int) -> None:
         """The port opens before the broker has registered itself: topic creation would fail until then."""
-        from confluent_kafka import Consumer, KafkaException
 
-        c = Consumer({**self.client_settings, "group.id": "globald-embedded", "log_level": 0})
-        try:
-            deadline = time.monotonic() + timeout
-            while time.monotonic() < deadline:
-                try:
-                    if c.list_topics(timeout=2).brokers:
-                        return
-                except KafkaException:
-                    pass
-                with open(log, "rb") as f:
-                    f.seek(log_from)
-                    if b"Fatal error during KafkaServer startup" in f.read():
-                        raise BrokerStartError(f"Kafka failed to start; see {log}")
-                time.sleep(0.1)
-        finally:
-            c.close()
-        raise BrokerStartError(f"Kafka listens on {self.port} but did not register within {timeout}s")
+        def check_log() -> None:
+            with open(log, "rb") as f:
+                f.seek(log_from)
+                if b"Fatal error during KafkaServer startup" in f.read():
+                    raise BrokerStartError(f"Kafka failed to start; see {log}")
+
+        if not wait_metadata(self.client_settings, timeout, check_log):
+            raise BrokerStartError(f"Kafka listens on {self.port} but did not register within {timeout}s")
 
     @property
     def broker_pid(self) -> int | None:
         return self._kafka.pid if self._kafka is not None and self._kafka.poll() is None else None
 
     def stop_broker(self, sig: int = signal.SIGTERM) -> None:
-        _stop(self._kafka, sig)
+        stop_process(self._kafka, sig)
 
     def stop(self) -> None:
-        _stop(self._kafka, signal.SIGTERM)
-        _stop(self._zk, signal.SIGTERM)
+        stop_process(self._kafka, signal.SIGTERM)
+        stop_process(self._zk, signal.SIGTERM)
 
     def __enter__(self) -> EmbeddedKafka:
         return self.start()
@@ -206,12 +218,15 @@ class EmbeddedKafka:
         self.stop()
 
 
-def _stop(proc: subprocess.Popen | None, sig: int) -> None:
+def stop_process(proc: subprocess.Popen | None, sig: int = signal.SIGTERM, timeout: float = 20.0) -> bool:
+    """Sends ``sig`` and waits ``timeout`` seconds, then kills. False when it had to be killed."""
     if proc is None or proc.poll() is not None:
-        return
+        return True
     proc.send_signal(sig)
     try:
-        proc.wait(timeout=20)
+        proc.wait(timeout=timeout)
+        return True
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+        return False

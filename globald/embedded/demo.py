@@ -26,6 +26,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from globald import config as configmod
+from globald import exitcodes
 from globald.embedded.admin import Record, TopicAdmin
 from globald.embedded.broker import EmbeddedKafka
 from globald.embedded.oracle import fold
@@ -321,12 +322,12 @@ def main() -> int:
         # A second Ctrl-C must not cut the clean-up short and leave the broker's JVMs behind.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         clock.say("interrupted; cleaning up")
-        code = 130
+        code = exitcodes.INTERRUPTED
     except Exception as e:
         clock.say(f"demo failed: {type(e).__name__}: {e}")
         log_tail = (work / "demo.log").read_text(errors="replace").splitlines()[-25:]
         print("last lines of the daemon log:\n  " + "\n  ".join(log_tail), file=sys.stderr)
-        code = 1
+        code = exitcodes.FAILED
     finally:
         try:
             demo.close()

@@ -1,7 +1,8 @@
 """The correctness oracle: the last value per key among a topic's records below given offsets.
 
 Tombstones delete the key, null keys are ignored. Every claim the tests, benchmarks and soak make about a store
-or a snapshot is checked against this fold, read straight from the broker.
+or a snapshot is checked against this fold, read straight from the broker. ``fold_timestamped`` keeps each value's
+record timestamp too, as globald must store it (KIP-258): -1 where the broker gives none (Kafka 0.9).
 """
 
 from __future__ import annotations
@@ -9,16 +10,23 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaError, TopicPartition
 
 Table = dict[bytes, bytes]
+TimestampedTable = dict[bytes, tuple[bytes, int]]  # key -> (value, record timestamp or -1)
 
 
 def fold(settings: dict[str, Any], topic: str, upto: dict[int, int], timeout: float = 120.0) -> Table:
     """Fold ``topic`` from each partition's log start up to (excluding) ``upto[partition]``."""
+    return {k: v for k, (v, _) in fold_timestamped(settings, topic, upto, timeout).items()}
+
+
+def fold_timestamped(settings: dict[str, Any], topic: str, upto: dict[int, int],
+                     timeout: float = 120.0) -> TimestampedTable:
+    """``fold`` with each value's record timestamp (-1 where the record has none)."""
     c = Consumer({**settings, "group.id": "globald-oracle", "enable.auto.commit": False,
                   "auto.offset.reset": "earliest", "enable.partition.eof": True, "log_level": 3})
-    table: Table = {}
+    table: TimestampedTable = {}
     try:
         todo = {p: o for p, o in upto.items() if o > 0}
         # Start at each log start explicitly: offset 0 may be gone after retention.
@@ -48,7 +56,8 @@ def fold(settings: dict[str, Any], topic: str, upto: dict[int, int], timeout: fl
                     if value is None:
                         table.pop(key, None)
                     else:
-                        table[key] = value
+                        ts_type, ts = m.timestamp()
+                        table[key] = (value, -1 if ts_type == TIMESTAMP_NOT_AVAILABLE else ts)
                 if offset + 1 >= todo[p]:
                     del todo[p]
     finally:

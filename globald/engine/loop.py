@@ -37,6 +37,9 @@ _REFRESH_TIMEOUT_S = 2.0
 # the step. The loop polls without blocking and waits between polls on the monotonic clock, at most this long.
 _IDLE_WAIT_MAX_S = 0.05
 _IDLE_WAIT_MIN_S = 0.001
+# How often the broker is asked to confirm ends of partition past the known ends (transactions committed while
+# tailing); only while there are some, which topics without transactions never have.
+_END_CHECK_INTERVAL_S = 1.0
 
 
 class LoopService(Protocol):
@@ -93,6 +96,7 @@ class Loop:
         self._idle_wait = _IDLE_WAIT_MIN_S
         self._next_commit = time.monotonic() + self.config.commit_interval_ms / 1000
         self._next_metadata = time.monotonic() + self.config.metadata_refresh_ms / 1000
+        self._next_end_check = 0.0
         for rt in self.manager.tables.values():
             rt.machine.to(State.RESTORING, "starting")
 
@@ -123,6 +127,9 @@ class Loop:
         if result is not None:
             self._account(result)
         now = time.monotonic()
+        if now >= self._next_end_check and any(self.task.unconfirmed_ends.values()):
+            self._next_end_check = now + _END_CHECK_INTERVAL_S
+            self._confirm_ends()
         if now >= self._next_metadata:
             self._next_metadata = now + self.config.metadata_refresh_ms / 1000
             self._refresh_metadata()
@@ -333,6 +340,25 @@ class Loop:
             self.consumer.incremental_assign(plan.assignment)
             if rt.restore is not None and rt.restore.targets and rt.machine.state == State.RUNNING:
                 rt.machine.to(State.RESTORING, f"partitions {added} added")
+
+    def _confirm_ends(self) -> None:
+        """Ask the broker for the end of each partition whose end of partition lay past the known ends. With
+        read_committed (managed) its answer is the last stable offset, as the end of partition was."""
+        if self.problems.has(KAFKA):
+            return
+        for name, pending in self.task.unconfirmed_ends.items():
+            rt = self.manager.tables[name]
+            if not pending or not rt.assigned:
+                continue
+            try:
+                ends = {p: watermarks(self.consumer, rt.topic, p, timeout=_REFRESH_TIMEOUT_S)[1] for p in pending}
+            except TransientKafkaError:
+                continue  # asked again at the next check
+            for p, end in ends.items():
+                rt.end_offsets[p] = max(rt.end_offsets.get(p, -1), end)
+            moved = self.task.confirm_ends(name, ends)
+            if moved:
+                log.debug("table %s: ends of partition %s confirmed by the broker", name, moved)
 
     def _update_daemon_state(self) -> None:
         restoring = [rt.name for rt in self.manager.tables.values() if rt.machine.state != State.RUNNING]

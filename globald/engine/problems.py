@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 
+from globald.kafka.client_log import repeated as repeated_client_problems
 from globald.kafka.retry import Backoff
 
 log = logging.getLogger(__name__)
@@ -46,6 +47,8 @@ class Problems:
         text = self._now.pop(source, None)
         if text is not None:
             log.info("recovered: %s", text)
+            if source == KAFKA:  # librdkafka's own repeated complaints (connection refused...) end with it
+                repeated_client_problems.cleared()
 
     def due(self, source: str) -> bool:
         return self._backoff.due(source)

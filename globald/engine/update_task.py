@@ -5,7 +5,8 @@ table's store holds the records of the poll together with the positions just pas
 ``positions(table)`` equals the offsets stored in that table's store; a write that fails changes no position. A
 table that reported an invalid offset in the poll gets no write at all (it is about to be wiped). Null keys are
 skipped and counted; tombstones delete. ``apply_record`` is the one fold of a record into a batch, shared with
-the exact-snapshot builder.
+the exact-snapshot builder. An end of partition past every end the table's plan saw (a transaction committed since:
+its marker takes an offset no record fills) moves no position until the broker confirms it (``confirm_ends``).
 """
 
 from __future__ import annotations
@@ -84,6 +85,8 @@ class UpdateTask:
         self._positions: dict[str, dict[int, int]] = {name: {} for name in tables}
         self.applied = {name: Applied() for name in tables}
         self.dirty: set[str] = set()  # tables written since their last commit
+        # Per table, ends of partition past the known ends, waiting for the broker's word (see _on_error).
+        self.unconfirmed_ends: dict[str, dict[int, int]] = {name: {} for name in tables}
 
     def positions(self, table: str) -> dict[int, int]:
         return dict(self._positions[table])
@@ -91,6 +94,7 @@ class UpdateTask:
     def start(self, table: str, positions: Mapping[int, int]) -> None:
         """Take ``positions`` as the table's (what its store holds, after a plan, a wipe or a reopen)."""
         self._positions[table] = dict(positions)
+        self.unconfirmed_ends[table] = {}
 
     def committed(self, table: str) -> None:
         self.dirty.discard(table)
@@ -144,10 +148,29 @@ class UpdateTask:
             rt.store.put_offsets(batch, tb.positions)
             rt.store.write(batch)  # raises on a store fault: no position moves
             self._positions[name].update(tb.positions)
+            pending = self.unconfirmed_ends[name]
+            for p, position in tb.positions.items():
+                if pending.get(p, position) <= position:  # records reached it: nothing left to confirm
+                    pending.pop(p, None)
             self.dirty.add(name)
             totals = self.applied[name]
             totals.records += sum(tb.counts.values())
             totals.null_keys += tb.null_keys
+
+    def confirm_ends(self, table: str, ends: Mapping[int, int]) -> dict[int, int]:
+        """Settle ``table``'s unconfirmed ends with ``ends``, the partitions' ends the broker gave when asked after
+        they were seen: one within them is a valid next-offset, written like a poll's positions; one beyond is the
+        leftover of an earlier assignment, dropped. Returns the positions moved; raises on a store fault."""
+        pending = self.unconfirmed_ends[table]
+        tb = TableBatch()
+        for p in [p for p in pending if p in ends]:
+            offset = pending.pop(p)
+            position = self._positions[table].get(p)
+            if position is not None and position < offset <= ends[p]:
+                tb.positions[p] = offset
+        if tb.positions:
+            self._write(PollResult(tables={table: tb}), {})
+        return tb.positions
 
     def _target(self, topic: str | None, result: PollResult,
                 batches: dict[str, WriteBatch | UpgradingBatch]) -> _Target | None:
@@ -179,10 +202,14 @@ class UpdateTask:
         position = tb.positions.get(partition, self._positions[rt.name].get(partition))
         if code == _EOF:
             # The broker's end (past compaction gaps and transaction markers) is a valid next-offset. An end past
-            # every end seen for the partition is a leftover of an assignment given up since (a rebuilt table).
-            if offset is not None and position is not None and position < offset \
-                    <= max(rt.end_offsets.get(partition, -1), position):
-                tb.positions[partition] = offset
+            # every end seen for the partition is either a leftover of an assignment given up since (a rebuilt
+            # table) or the end of a transaction committed since the plan (its marker took the offset): only the
+            # broker can tell, so the loop asks it (confirm_ends).
+            if offset is not None and position is not None and position < offset:
+                if offset <= rt.end_offsets.get(partition, -1):
+                    tb.positions[partition] = offset
+                else:
+                    self.unconfirmed_ends[rt.name][partition] = offset
             return
         if code == _INVALID_OFFSET:
             # Only an error about the offset we fetch from now counts; one about an earlier assignment is stale.

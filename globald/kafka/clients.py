@@ -13,27 +13,10 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from globald.config import Config
+from globald.kafka.client_log import kafka_log
 from globald.kafka.properties import redact
 
 log = logging.getLogger(__name__)
-kafka_log = logging.getLogger("globald.librdkafka")
-
-# librdkafka lines that only restate a choice the config made for an old broker; repeated at every start (the
-# deprecations) or at every metadata request (AUTOCREATE on brokers < 0.11), they would bury real warnings.
-_KNOWN_HARMLESS = ("allow.auto.create.topics=false not supported by broker",
-                   "Configuration property api.version.request is deprecated",
-                   "Configuration property broker.version.fallback is deprecated")
-
-
-class _HarmlessAtDebug(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno > logging.DEBUG and any(m in record.getMessage() for m in _KNOWN_HARMLESS):
-            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
-            return kafka_log.isEnabledFor(logging.DEBUG)
-        return True
-
-
-kafka_log.addFilter(_HarmlessAtDebug())
 
 
 class TransientKafkaError(Exception):

@@ -24,6 +24,11 @@ MANAGED_KAFKA_PROPERTIES: dict[str, object] = {
     # match. Also librdkafka's consumer default; sent in Metadata v4+ (Kafka >= 0.11), ignored by older brokers,
     # for which globald's own queries list the cluster instead of naming a topic (kafka/clients.py).
     "allow.auto.create.topics": False,
+    # A table is the fold of committed records only: records of aborted or still open transactions must never be
+    # stored. read_committed is also librdkafka's default; with it the end a restore aims at (ListOffsets, which
+    # carries the consumer's isolation level) and the end of partition the fetcher reports are both the last stable
+    # offset, so a restore completes where committed data ends. Brokers older than 0.11 ignore it.
+    "isolation.level": "read_committed",
 }
 
 # Client defaults valid on every broker, which a user's [kafka] setting overrides. librdkafka 2.x stops fetching a

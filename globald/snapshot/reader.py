@@ -155,6 +155,10 @@ class Snapshot:
         """One batched RocksDB multi-get (it releases the GIL)."""
         return self._reader.multi_get(keys) if keys else []
 
+    def multi_get_stored(self, keys: list[bytes]) -> list[bytes | None]:
+        """Values as stored (8-byte big-endian timestamp, then the value), for batch decoders."""
+        return self._reader.multi_get_stored(keys) if keys else []
+
     def items(self, start: bytes | None = None, end: bytes | None = None) -> Iterator[tuple[bytes, bytes, int]]:
         """(key, value, timestamp) for keys in [start, end), in key order."""
         return self._reader.items(start, end)

@@ -1,10 +1,14 @@
-"""Executor side of ``globald.spark``: each Python worker resolves the broadcast descriptor to a local snapshot and
-keeps one read-only handle per table, reopened only when the descriptor changes.
+"""Executor side of ``globald.spark``: each Python worker resolves the broadcast descriptor to a snapshot of its own
+host's sidecar and keeps one read-only handle per table, reopened only when the descriptor changes.
+
+The sidecar is found through the host's config: ``$GLOBALD_CONFIG`` in the executor's environment, else the
+driver's config path (``globald.spark.host``). The table, its topic and the offsets always come from the driver.
 
 Everything a task reads comes from the one snapshot its descriptor resolves to, and snapshots at the same offsets
 hold the same content on every host, so one Spark job never mixes two versions of a table. When the exact
 snapshot cannot be had within the wait, the policy either fails the task or reads the newest snapshot; a fallback
-is counted in the view's accumulator and logged, never silent.
+is counted in the view's accumulator and logged, never silent. Every error and fallback note names the host, the
+sidecar's state_dir and the config that led there.
 """
 
 from __future__ import annotations
@@ -13,18 +17,19 @@ import json
 import logging
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from functools import lru_cache
 from itertools import islice
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
 import pandas as pd
 import pyarrow as pa
 
-from globald.config import Config, load
-from globald.errors import SnapshotNotFoundError
+from globald.errors import SnapshotError, SnapshotNotFoundError, SnapshotUnavailableError
 from globald.snapshot.manifest import offsets_from_json
 from globald.snapshot.reader import OpenOptions, Snapshot
 from globald.snapshot.resolve import Policy, Resolution, resolve
+from globald.spark.batch import encode_key, lookup_arrow, lookup_pandas, split_stored, stored_columns
+from globald.spark.host import sidecar
+from globald.spark.memindex import DEFAULT_MEMORY_INDEX_MB, ENTRY_OVERHEAD, MemoryIndex
 
 log = logging.getLogger(__name__)
 
@@ -38,12 +43,14 @@ MODE_BROADCAST = "broadcast"  # small tables: the driver broadcasts the content 
 class Settings:
     """What executors need besides the descriptor; shipped inside each closure."""
 
-    config_path: str
+    config_path: str  # the driver's; an executor whose environment sets $GLOBALD_CONFIG uses that instead
     table: str
     wait_timeout_s: float = 30.0
     policy: str = Policy.FAIL.value
     lease_s: float = 600.0
     batch_size: int = 1024
+    # A snapshot that fits is read whole into each Python worker's memory (globald.spark.memindex); 0: never.
+    memory_index_mb: int = DEFAULT_MEMORY_INDEX_MB
 
 
 class Handle(Protocol):
@@ -51,51 +58,68 @@ class Handle(Protocol):
     exact: bool
     note: str | None
 
-    def multi_get(self, keys: list[bytes]) -> list[Value | None]: ...
+    def columns(self, keys: pa.Array) -> tuple[pa.Array, pa.Array]:
+        """(value: binary, timestamp: int64) for a binary array of keys; null in both where absent or null."""
+        ...
 
     def close(self) -> None: ...
 
 
 class SnapshotHandle:
-    """A RocksDB snapshot opened read-only on this host, pinned by this worker's lease while in use."""
+    """A snapshot of this host's sidecar: read whole into memory when it fits ``budget`` bytes (then closed, its
+    lease released), else kept open read-only, pinned by this worker's lease, and read by batched multi-gets."""
 
-    def __init__(self, snap: Snapshot, res: Resolution) -> None:
-        self._snap = snap
+    def __init__(self, snap: Snapshot, res: Resolution, note: str | None, budget: int) -> None:
         self.snapshot: str | None = snap.id
         self.exact = res.exact
-        self.note = res.note
+        self.note = note
+        self._snap: Snapshot | None = snap
+        # The manifest's key count is RocksDB's estimate: a table clearly over budget is not read at all.
+        fits = budget > 0 and snap.manifest.records * ENTRY_OVERHEAD <= budget
+        self._index = MemoryIndex.load(snap.items(), budget) if fits else None
+        if self._index is not None:
+            snap.close(release=True)
+            self._snap = None
+        self._multi_get = stored_columns(self._fetch)
 
-    def multi_get(self, keys: list[bytes]) -> list[Value | None]:
+    @property
+    def in_memory(self) -> bool:
+        return self._index is not None
+
+    def _fetch(self, keys: list[bytes]) -> list[bytes | None]:
+        assert self._snap is not None
         self._snap.renew()
-        return self._snap.multi_get(keys)
+        return self._snap.multi_get_stored(keys)
+
+    def columns(self, keys: pa.Array) -> tuple[pa.Array, pa.Array]:
+        return self._multi_get(keys) if self._index is None else self._index.lookup(keys)
 
     def close(self) -> None:
-        self._snap.close(release=True)
+        if self._snap is not None:
+            self._snap.close(release=True)
 
 
 class DictHandle:
-    """Small-table mode: the content came with the broadcast."""
+    """Small-table mode where Spark's own join does not apply (the UDF, RDDs): the content came with the
+    broadcast (key -> stored value), indexed once per worker."""
 
-    def __init__(self, data: dict[bytes, Value], snapshot: str | None) -> None:
-        self._data = data
+    def __init__(self, data: dict[bytes, bytes], snapshot: str | None) -> None:
+        value, ts = split_stored(pa.array(list(data.values()), pa.binary()))
+        self._index = MemoryIndex(list(data), value, ts.to_numpy(zero_copy_only=False))
         self.snapshot = snapshot
         self.exact = True
         self.note: str | None = None
 
-    def multi_get(self, keys: list[bytes]) -> list[Value | None]:
-        get = self._data.get
-        return [get(k) for k in keys]
+    def columns(self, keys: pa.Array) -> tuple[pa.Array, pa.Array]:
+        return self._index.lookup(keys)
 
     def close(self) -> None:
         pass
 
 
-_HANDLES: dict[tuple[str, str], tuple[str, Handle]] = {}
-
-
-@lru_cache(maxsize=8)
-def _config(path: str) -> Config:
-    return load(path)
+# One handle per view's settings (views of one table with different options keep their own), with the signature
+# of the descriptor it was opened for.
+_HANDLES: dict[Settings, tuple[str, Handle]] = {}
 
 
 def signature(desc: dict[str, Any]) -> str:
@@ -106,7 +130,7 @@ def signature(desc: dict[str, Any]) -> str:
 
 def handle(settings: Settings, desc: dict[str, Any], data: Any = None, fallbacks: Any = None) -> Handle:
     """This worker's handle for ``desc``; opened (resolving, requesting, waiting) only when ``desc`` changed."""
-    key = (settings.config_path, settings.table)
+    key = settings
     sig = signature(desc)
     cached = _HANDLES.get(key)
     if cached is not None and cached[0] == sig:
@@ -126,22 +150,34 @@ def handle(settings: Settings, desc: dict[str, Any], data: Any = None, fallbacks
 def _open(settings: Settings, desc: dict[str, Any], data: Any) -> Handle:
     if desc.get("mode") == MODE_BROADCAST:
         return DictHandle(data.value, desc.get("snapshot"))
-    cfg = _config(settings.config_path)
+    # This host's own sidecar ($GLOBALD_CONFIG, else the driver's path); the table and topic are the driver's.
+    side = sidecar(settings.config_path, settings.table, desc.get("topic"))
     target = offsets_from_json(desc["offsets"])
-    last: Exception | None = None
-    for _ in range(3):  # the snapshot found may be collected before it is opened: resolve again
-        res = resolve(cfg.state_dir, settings.table, target, hint=desc.get("snapshot"),
-                      timeout=settings.wait_timeout_s, policy=Policy(settings.policy),
-                      serve_stale=cfg.snapshots.serve_stale)
-        try:
-            snap = Snapshot(cfg.state_dir, settings.table, res.snapshot,
-                            OpenOptions(serve_stale=cfg.snapshots.serve_stale, lease_s=settings.lease_s))
-        except SnapshotNotFoundError as e:
-            last = e
-            continue
-        return SnapshotHandle(snap, res)
-    assert last is not None
-    raise last
+    last: SnapshotError | None = None
+    try:
+        for _ in range(3):  # the snapshot found may be collected before it is opened: resolve again
+            res = resolve(side.state_dir, settings.table, target, hint=desc.get("snapshot"),
+                          timeout=settings.wait_timeout_s, policy=Policy(settings.policy),
+                          serve_stale=side.serve_stale)
+            try:
+                snap = Snapshot(side.state_dir, settings.table, res.snapshot,
+                                OpenOptions(serve_stale=side.serve_stale, lease_s=settings.lease_s))
+            except SnapshotNotFoundError as e:
+                last = e
+                continue
+            return SnapshotHandle(snap, res, None if res.note is None else f"{side.where()}: {res.note}",
+                                  settings.memory_index_mb << 20)
+        assert last is not None
+        raise last
+    except SnapshotError as e:
+        raise located(e, side.where()) from None
+
+
+def located(e: SnapshotError, where: str) -> SnapshotError:
+    """``e`` with the host and sidecar it happened on in front of its message, as the same kind of error."""
+    if isinstance(e, SnapshotUnavailableError):
+        return SnapshotUnavailableError(e.code, f"{where}: {str(e).removeprefix(f'{e.code}: ')}")
+    return type(e)(f"{where}: {e}")
 
 
 def close_all() -> None:
@@ -151,25 +187,10 @@ def close_all() -> None:
     _HANDLES.clear()
 
 
-def encode_key(key: object) -> bytes | None:
-    """Keys are bytes as stored; strings are looked up by their UTF-8 encoding; None matches nothing."""
-    if key is None or isinstance(key, bytes):
-        return key
-    if isinstance(key, str):
-        return key.encode("utf-8")
-    if isinstance(key, bytearray | memoryview):
-        return bytes(key)
-    raise TypeError(f"lookup keys must be bytes or str, not {type(key).__name__}")
-
-
 def lookup(h: Handle, keys: list[bytes | None]) -> list[Value | None]:
-    """One batched multi-get; null keys get None without touching the store."""
-    if None not in keys:
-        # No None in keys, checked just above: the cast spares a copy of every batch on the hot path.
-        return h.multi_get(cast("list[bytes]", keys))
-    present = [k for k in keys if k is not None]
-    found = iter(h.multi_get(present))
-    return [None if k is None else next(found) for k in keys]
+    """One batch of keys looked up at once, as (value, timestamp) per key (the RDD path); None where absent."""
+    value, ts = h.columns(pa.array(keys, pa.binary()))
+    return [None if v is None else (v, t) for v, t in zip(value.to_pylist(), ts.to_pylist(), strict=True)]
 
 
 def _chunks(items: Iterable[Any], size: int) -> Iterator[list[Any]]:
@@ -202,16 +223,11 @@ def arrow_fn(settings: Settings, desc_bc: Any, data_bc: Any, fallbacks: Any, on:
     def run(batches: Batches) -> Batches:
         h = handle(settings, desc_bc.value, data_bc, fallbacks)
         for batch in batches:
-            column = batch.column(on)
-            if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
-                column = column.cast(pa.binary())  # UTF-8 bytes, without a Python encode per key
-            found = lookup(h, column.to_pylist())
-            arrays = [*batch.columns,
-                      pa.array([None if v is None else v[0] for v in found], type=pa.binary()),
-                      pa.array([None if v is None else v[1] for v in found], type=pa.int64())]
+            value, timestamp = lookup_arrow(h.columns, batch.column(on))
+            arrays = [*batch.columns, value, timestamp]
             names = [*batch.schema.names, value_col, timestamp_col]
             if snapshot_col is not None:
-                arrays.append(pa.array([h.snapshot] * batch.num_rows, type=pa.string()))
+                arrays.append(pa.repeat(pa.scalar(h.snapshot, pa.string()), batch.num_rows))
                 names.append(snapshot_col)
             yield pa.RecordBatch.from_arrays(arrays, names=names)
 
@@ -225,9 +241,6 @@ def pandas_fn(settings: Settings, desc_bc: Any, data_bc: Any,
     # Spark reads these type hints to pick a scalar (Series -> struct) pandas UDF.
     def run(keys: pd.Series) -> pd.DataFrame:
         h = handle(settings, desc_bc.value, data_bc, fallbacks)
-        # pandas stands in NaN/NA for null strings: those look nothing up.
-        found = lookup(h, [encode_key(k) for k in keys.astype(object).where(keys.notna(), None).tolist()])
-        return pd.DataFrame({"value": [None if v is None else v[0] for v in found],
-                             "timestamp": pd.array([None if v is None else v[1] for v in found], dtype="Int64")})
+        return lookup_pandas(h.columns, keys)  # pandas' NaN/NA for a null key looks nothing up
 
     return run

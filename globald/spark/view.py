@@ -22,8 +22,8 @@ from globald.config import load
 from globald.errors import GlobaldError
 from globald.kafka.clients import TransientKafkaError, make_consumer, partitions, watermarks
 from globald.snapshot.manifest import Offsets, offsets_to_json
-from globald.snapshot.reader import open_snapshot
 from globald.snapshot.resolve import Policy, resolve
+from globald.spark import small
 from globald.spark.executor import (
     MODE_BROADCAST,
     MODE_SNAPSHOT,
@@ -32,6 +32,7 @@ from globald.spark.executor import (
     pandas_fn,
     partitions_fn,
 )
+from globald.spark.memindex import DEFAULT_MEMORY_INDEX_MB
 
 log = logging.getLogger(__name__)
 
@@ -40,13 +41,23 @@ DEFAULT_SMALL_TABLE_MAX_KEYS = 2_000_000
 
 class GlobalTableView:
     """A global table as Spark jobs see it: ``refresh()`` moves it forward, ``join``/``udf``/``lookup_partitions``
-    read it. ``mode="broadcast"`` ships the content itself (small tables) instead of reading executor sidecars."""
+    read it. ``mode="broadcast"`` ships the content itself (small tables) instead of reading executor sidecars.
+
+    In snapshot mode each Python worker reads a snapshot of up to ``memory_index_mb`` (estimated) whole into
+    memory and looks keys up there; a larger one is read by batched multi-gets. Every worker holds its own copy.
+
+    ``config_path`` is the driver's config: its Kafka settings and the table's topic make the descriptor. Executors
+    read their own host's sidecar, through ``$GLOBALD_CONFIG`` in their environment when set, else this same path.
+    """
 
     def __init__(self, spark: Any, config_path: str | Path, table: str, *, mode: str = MODE_SNAPSHOT,
                  wait_timeout_s: float = 30.0, on_timeout: str = Policy.FAIL.value, lease_s: float = 600.0,
-                 batch_size: int = 1024, small_table_max_keys: int = DEFAULT_SMALL_TABLE_MAX_KEYS) -> None:
+                 batch_size: int = 1024, small_table_max_keys: int = DEFAULT_SMALL_TABLE_MAX_KEYS,
+                 memory_index_mb: int = DEFAULT_MEMORY_INDEX_MB) -> None:
         if mode not in (MODE_SNAPSHOT, MODE_BROADCAST):
             raise ValueError(f"mode must be {MODE_SNAPSHOT!r} or {MODE_BROADCAST!r}, not {mode!r}")
+        if memory_index_mb < 0:
+            raise ValueError(f"memory_index_mb must be 0 (never) or more, not {memory_index_mb}")
         self.spark = spark
         self._sc = spark.sparkContext
         self.config_path = str(Path(config_path).resolve())
@@ -54,7 +65,7 @@ class GlobalTableView:
         self.table = self.config.table(table)
         self.mode = mode
         self.settings = Settings(self.config_path, self.table.name, wait_timeout_s, Policy(on_timeout).value,
-                                 lease_s, batch_size)
+                                 lease_s, batch_size, memory_index_mb)
         self.small_table_max_keys = small_table_max_keys
         self.fallbacks = self._sc.accumulator(0)  # executors that had to read another snapshot than asked
         self.refreshes = 0
@@ -63,7 +74,7 @@ class GlobalTableView:
         self._lock = threading.Lock()
         self._desc: dict[str, Any] | None = None
         self._desc_bc: Any = None
-        self._data_bc: Any = None
+        self._small: small.SmallTable | None = None  # small-table mode: the content of the descriptor's snapshot
         self._seq = 0
         self._consumer: Consumer | None = None
         self._timer: threading.Thread | None = None
@@ -88,16 +99,18 @@ class GlobalTableView:
             started = time.perf_counter()
             target = dict(offsets) if offsets is not None else self.end_offsets()
             desc = self._describe(target, self.settings.wait_timeout_s if timeout is None else timeout)
-            data_bc = self._data_bc
-            if self.mode == MODE_BROADCAST and (self._desc is None or self._desc["snapshot"] != desc["snapshot"]):
-                data_bc = self._sc.broadcast(self._read_all(desc["snapshot"]))
+            table = self._small
+            if self.mode == MODE_BROADCAST and (table is None or table.snapshot != desc["snapshot"]):
+                table = small.load(self.spark, self.config.state_dir, self.table.name, desc["snapshot"],
+                                   self.small_table_max_keys)
             desc_bc = self._sc.broadcast(desc)
             with self._lock:
-                old = [self._desc_bc] + ([self._data_bc] if self._data_bc is not data_bc else [])
-                self._desc, self._desc_bc, self._data_bc = desc, desc_bc, data_bc
-            for bc in old:
-                if bc is not None:
-                    bc.unpersist(blocking=False)  # jobs still holding it re-fetch it from the driver
+                old_bc, old_table = self._desc_bc, (self._small if self._small is not table else None)
+                self._desc, self._desc_bc, self._small = desc, desc_bc, table
+            if old_bc is not None:
+                old_bc.unpersist(blocking=False)  # jobs still holding it re-fetch it from the driver
+            if old_table is not None:
+                old_table.release()
             self.refreshes += 1
             self.last_refresh_s = time.perf_counter() - started
             return dict(desc)
@@ -118,32 +131,35 @@ class GlobalTableView:
         return {**desc, "offsets": offsets_to_json(res.offsets), "snapshot": res.snapshot, "exact": res.exact,
                 "stale": res.stale, "note": res.note}
 
-    def _read_all(self, snapshot: str) -> dict[bytes, tuple[bytes, int]]:
-        with open_snapshot(self.config.state_dir, self.table.name, snapshot, lease_s=60.0) as snap:
-            if snap.manifest.records > self.small_table_max_keys:
-                raise GlobaldError(f"table {self.table.name} has ~{snap.manifest.records} keys, more than "
-                                   f"small_table_max_keys={self.small_table_max_keys}; use mode='snapshot'")
-            return snap.to_dict()
-
     @property
     def descriptor(self) -> dict[str, Any] | None:
         with self._lock:
             return None if self._desc is None else dict(self._desc)
 
-    def _broadcasts(self) -> tuple[Any, Any]:
+    def _current(self) -> tuple[Any, small.SmallTable | None]:
+        """The descriptor broadcast and (small-table mode) the content it names, refreshing first if none yet."""
         with self._lock:
             if self._desc_bc is not None:
-                return self._desc_bc, self._data_bc
+                return self._desc_bc, self._small
         self.refresh()
         with self._lock:
-            return self._desc_bc, self._data_bc
+            return self._desc_bc, self._small
+
+    def _broadcasts(self) -> tuple[Any, Any]:
+        """Descriptor and content broadcasts for the Python lookup paths (content only in small-table mode)."""
+        desc_bc, table = self._current()
+        with self._lock:
+            return desc_bc, None if table is None else table.content(self._sc)
 
     # -- lookups ------------------------------------------------------------------------------------------------
 
     def join(self, df: Any, on: str, value_col: str = "value", timestamp_col: str = "timestamp",
              snapshot_col: str | None = None) -> Any:
         """``df`` left-joined with the table as of the current descriptor: ``value_col`` (binary) and
-        ``timestamp_col`` (long) are null where the key is absent. ``on`` may be a binary or string column."""
+        ``timestamp_col`` (long) are null where the key is absent. ``on`` may be a binary or string column.
+
+        Snapshot mode: a mapInArrow looking each Arrow batch up at once in the executors' sidecar snapshots.
+        Small-table mode: Spark's own broadcast hash join against the snapshot's cached DataFrame (``small``)."""
         from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType
 
         if on not in df.columns:
@@ -159,6 +175,10 @@ class GlobalTableView:
                   StructField(timestamp_col, LongType(), True)]
         if snapshot_col is not None:
             fields.append(StructField(snapshot_col, StringType(), True))
+        if self.mode == MODE_BROADCAST:
+            _, table = self._current()
+            assert table is not None
+            return small.join(df, table, on, value_col, timestamp_col, snapshot_col)  # no Python per row
         desc_bc, data_bc = self._broadcasts()
         fn = arrow_fn(self.settings, desc_bc, data_bc, self.fallbacks, on, value_col, timestamp_col, snapshot_col)
         return df.mapInArrow(fn, StructType(fields))
@@ -234,10 +254,11 @@ class GlobalTableView:
     def close(self) -> None:
         self.stop_refresh_timer()
         with self._lock:
-            bcs, self._desc_bc, self._data_bc, self._desc = [self._desc_bc, self._data_bc], None, None, None
-        for bc in bcs:
-            if bc is not None:
-                bc.unpersist(blocking=False)
+            bc, table, self._desc_bc, self._small, self._desc = self._desc_bc, self._small, None, None, None
+        if bc is not None:
+            bc.unpersist(blocking=False)
+        if table is not None:
+            table.release()
         if self._consumer is not None:
             self._consumer.close()
             self._consumer = None

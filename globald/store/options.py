@@ -2,7 +2,10 @@
 
 Memory is bounded per table: one block cache shared by every column family (index and filter blocks charged to
 it) and at most ``max_write_buffers`` memtables of ``write_buffer_mb`` for the values. The bulk-load variant
-only changes how the values memtable is built (append now, sort at flush); what lands on disk is the same.
+changes how the values memtables are built (smaller ones within the same memory, appended to now and sorted at
+flush) and when compaction runs (not before ``bulk_l0_mb`` of flushed memtables have piled up in L0); what lands
+on disk is the same data in other files. Neither changes what a crash leaves: flushes stay atomic across
+families, and compactions only rewrite flushed files.
 """
 
 from __future__ import annotations
@@ -18,6 +21,15 @@ from globald.store.names import COLUMN_FAMILIES, VALUES_CF
 # Offsets and metadata hold a handful of keys: a small memtable keeps their arenas from costing memory.
 _SMALL_FAMILY_BUFFER_MB = 1
 _BULK_BACKGROUND_JOBS = 8
+# RocksDB's default, spelled out: outside bulk loads, L0 is merged down once it holds this many files.
+L0_COMPACTION_TRIGGER = 4
+# L0 files at which writes slow down / stop: RocksDB's margins (20, 36) above the files a bulk load may leave, so
+# the writes that follow a load never wait for its merge. During a load, past its bound, compaction of L0 lags
+# behind the flushes for a while: writes slow down at twice the bound and stop at three times.
+_L0_SLOWDOWN_MARGIN = 20
+_L0_STOP_MARGIN = 36
+_BULK_L0_SLOWDOWN_FACTOR = 2
+_BULK_L0_STOP_FACTOR = 3
 
 
 def write_options(disable_wal: bool = False, sync: bool = False) -> WriteOptions:
@@ -34,11 +46,31 @@ class StoreOptions:
     write_buffer_mb: int = 32
     max_write_buffers: int = 3
     bloom_bits_per_key: int = 10
+    # A bulk load's values memtables (at most write_buffer_mb), as many of them as fit the same memory. Flushing
+    # one sorts it, and a sort within a few MiB stays in the CPU's cache: at 8 MiB the flushes of a 10M-record
+    # load took a quarter less CPU. Not the default: with 8 MiB, a load on a full disk once left a write waiting
+    # in RocksDB for good (GIL held; tests/reliability/test_disk_phases.py, bulk-load case), not yet understood.
+    bulk_write_buffer_mb: int = 32
+    # A bulk load compacts only once this many MiB of flushed memtables have piled up in L0. Leveled compaction
+    # merges each handful of flushes into the levels below again and again, rewriting the whole table several
+    # times during a restore: at 10M records that was a third of the restore's CPU. After the load the store's
+    # usual compaction merges the files left behind in one pass, in the background while the table is served.
+    # The bound keeps the open files and a point read's filter probes of a very large load in check.
+    bulk_l0_mb: int = 2048
 
     @classmethod
     def from_config(cls, c: StoreConfig) -> StoreOptions:
         return cls(block_cache_mb=c.block_cache_mb, write_buffer_mb=c.write_buffer_mb,
                    max_write_buffers=c.max_write_buffers)
+
+    @property
+    def bulk_buffer_mb(self) -> int:
+        return min(self.write_buffer_mb, self.bulk_write_buffer_mb)
+
+    @property
+    def bulk_l0_files(self) -> int:
+        """L0 files at which a bulk load's first compaction starts."""
+        return max(L0_COMPACTION_TRIGGER, self.bulk_l0_mb // self.bulk_buffer_mb)
 
     def rocksdb(self, create: bool = True, cache: Cache | None = None) -> Options:
         """Database-wide options (also those of the default family, which this format leaves empty)."""
@@ -55,6 +87,9 @@ class StoreOptions:
         o.set_compression_type(DBCompressionType.lz4())
         o.set_keep_log_file_num(3)
         o.set_max_background_jobs(2)
+        o.set_level_zero_file_num_compaction_trigger(L0_COMPACTION_TRIGGER)
+        o.set_level_zero_slowdown_writes_trigger(self.bulk_l0_files + _L0_SLOWDOWN_MARGIN)
+        o.set_level_zero_stop_writes_trigger(self.bulk_l0_files + _L0_STOP_MARGIN)
         table = BlockBasedOptions()
         table.set_block_cache(cache if cache is not None else Cache(self.block_cache_mb << 20))
         table.set_bloom_filter(self.bloom_bits_per_key, False)
@@ -67,6 +102,7 @@ class StoreOptions:
 
         With ``bulk`` the values family appends to a vector memtable that is sorted once when flushed: a
         several-fold cheaper write while nothing reads the live memtable (a restore), and slow point reads.
+        Its flushed files then wait in L0 for one compaction (see ``bulk_l0_mb``).
         """
         cache = Cache(self.block_cache_mb << 20)
         families = {cf: self.rocksdb(cache=cache) for cf in COLUMN_FAMILIES}
@@ -75,7 +111,17 @@ class StoreOptions:
                 o.set_write_buffer_size(_SMALL_FAMILY_BUFFER_MB << 20)
         db = self.rocksdb(cache=cache)
         if bulk:
-            families[VALUES_CF].set_memtable_factory(MemtableFactory.vector())
+            values = families[VALUES_CF]
+            values.set_memtable_factory(MemtableFactory.vector())
+            values.set_write_buffer_size(self.bulk_buffer_mb << 20)
+            values.set_max_write_buffer_number(
+                max(2, self.max_write_buffers * self.write_buffer_mb // self.bulk_buffer_mb))
+            values.set_level_zero_file_num_compaction_trigger(self.bulk_l0_files)
+            values.set_level_zero_slowdown_writes_trigger(_BULK_L0_SLOWDOWN_FACTOR * self.bulk_l0_files)
+            values.set_level_zero_stop_writes_trigger(_BULK_L0_STOP_FACTOR * self.bulk_l0_files)
+            # L0's compaction score also counts its bytes against the base level's: raised with the file
+            # trigger, or the size alone would start the compactions the trigger puts off.
+            values.set_max_bytes_for_level_base(self.bulk_l0_mb << 20)
             # Sorting and writing the memtables is then the work left behind the writer: two flush threads (a
             # quarter of the background jobs) halve the backlog a restore waits for at its end.
             db.set_max_background_jobs(_BULK_BACKGROUND_JOBS)

@@ -42,16 +42,20 @@ def fetch_many(db: Rdict, keys: list[bytes]) -> list[bytes | None]:
 
 
 def multi_get(values: Rdict | None, plain: Rdict | None, keys: list[bytes]) -> list[tuple[bytes, int] | None]:
-    found: list[tuple[bytes, int] | None] = (
-        [None] * len(keys) if values is None
-        else [None if r is None else decode_value(r) for r in fetch_many(values, keys)])
+    return [None if r is None else decode_value(r) for r in multi_get_stored(values, plain, keys)]
+
+
+def multi_get_stored(values: Rdict | None, plain: Rdict | None, keys: list[bytes]) -> list[bytes | None]:
+    """Like ``multi_get`` but values stay in their stored form (8-byte big-endian timestamp, then the value), for
+    callers that split a whole batch at once; plain values get the surrogate timestamp prefix."""
+    found: list[bytes | None] = [None] * len(keys) if values is None else fetch_many(values, keys)
     if plain is None:
         return found
     missing = [i for i, f in enumerate(found) if f is None]
     if missing:
         for i, value in zip(missing, fetch_many(plain, [keys[i] for i in missing]), strict=True):
             if value is not None:
-                found[i] = (value, SURROGATE_TIMESTAMP)
+                found[i] = encode_value(SURROGATE_TIMESTAMP, value)
     return found
 
 

@@ -12,13 +12,14 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from rocksdict import AccessType, Options, Rdict
+from rocksdict import AccessType, BlockBasedOptions, Cache, Options, Rdict
 
 from globald.errors import StoreFormatError, StoreUnavailableError
 from globald.store import plain
 from globald.store.codec import decode_format, decode_offset, unreadable_format
 from globald.store.names import (
     COMPLETE_YES,
+    DEFAULT_CF,
     FORMAT_MIXED,
     FORMAT_PLAIN,
     META_CF,
@@ -27,9 +28,12 @@ from globald.store.names import (
     OFFSETS_CF,
     VALUES_CF,
 )
+from globald.store.options import StoreOptions
+
+READ_BLOCK_CACHE_MB = 64  # uncompressed blocks a reader keeps (allocated as used): a 100k-key table fits
 
 
-def _read_only_options(path: Path) -> Options:
+def _read_only_options(path: Path, cache: Cache) -> Options:
     o = Options(raw_mode=True)
     o.create_if_missing(False)
     # Open every table file up front: the live owner may delete compacted files while we read.
@@ -41,7 +45,22 @@ def _read_only_options(path: Path) -> Options:
     except OSError:
         files = 0
     o.set_max_file_opening_threads(max(1, min(16, files // 64)))
+    # Point lookups (Spark executors) read blocks from this cache; the bloom filters the store writes are only
+    # consulted when the reader names the same filter policy, so an absent key skips the data blocks.
+    table = BlockBasedOptions()
+    table.set_block_cache(cache)
+    table.set_bloom_filter(StoreOptions.bloom_bits_per_key, False)
+    o.set_block_based_table_factory(table)
     return o
+
+
+def _open_read_only(path: Path) -> Rdict:
+    """Every column family is named with the options above: a family opened implicitly would get RocksDB's
+    8 MB default block cache and no filter policy (measured: half the lookup rate on a 100k-key table)."""
+    cache = Cache(READ_BLOCK_CACHE_MB << 20)
+    families = {cf: _read_only_options(path, cache) for cf in Rdict.list_cf(str(path)) if cf != DEFAULT_CF}
+    return Rdict(str(path), _read_only_options(path, cache), column_families=families,
+                 access_type=AccessType.read_only())
 
 
 class StoreReader:
@@ -52,7 +71,7 @@ class StoreReader:
         last: Exception | None = None
         for i in range(attempts):
             try:
-                self._db = Rdict(str(path), _read_only_options(path), access_type=AccessType.read_only())
+                self._db = _open_read_only(path)
                 break
             except Exception as e:  # the owner may be rotating files under us; retry briefly
                 last = e
@@ -103,6 +122,10 @@ class StoreReader:
 
     def multi_get(self, keys: list[bytes]) -> list[tuple[bytes, int] | None]:
         return plain.multi_get(self._values, self._plain, keys)
+
+    def multi_get_stored(self, keys: list[bytes]) -> list[bytes | None]:
+        """Values in their stored form (timestamp prefix, then the value): see ``plain.multi_get_stored``."""
+        return plain.multi_get_stored(self._values, self._plain, keys)
 
     def items(self, start: bytes | None = None, end: bytes | None = None) -> Iterator[tuple[bytes, bytes, int]]:
         """(key, value, timestamp) for keys in [start, end), in key order."""

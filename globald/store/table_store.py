@@ -4,8 +4,10 @@ Consistency contract: record data and the partition next-offsets that cover it a
 so every state a reader can observe (a read-only open, a checkpoint, the state after a crash) holds exactly the
 fold of the topic below its stored offsets. A store that is corrupt or of a format this globald cannot read is never
 served: it is wiped and rebuilt from the topic. A plain-layout store is kept and upgraded lazily (see ``plain``).
-A bulk load (a long restore) writes without the WAL; an atomic flush of every column family ends it, so a crash
-loses restore progress, never the pairing of data and offsets.
+A bulk load (a long restore) writes without the WAL and leaves its flushes uncompacted in L0 (see
+``StoreOptions.bulk_l0_mb``); an atomic flush of every column family ends it, so a crash loses restore
+progress, never the pairing of data and offsets. Compactions, during the load or after it, only rewrite flushed
+files.
 """
 
 from __future__ import annotations
@@ -420,6 +422,11 @@ class TableStore:
         """A consistent, hard-linked copy of the database at ``dest`` (which must not exist)."""
         with store_io(f"table {self.table}: checkpoint to {dest}"):
             Checkpoint(self.db).create_checkpoint(str(dest))
+
+    def files_per_level(self) -> list[int]:
+        """SST files of the values family per level, L0 first (a bulk load leaves its flushes in L0)."""
+        assert self._values_cf is not None
+        return [int(self._values_cf.property_int_value(f"rocksdb.num-files-at-level{n}") or 0) for n in range(7)]
 
     def estimate_keys(self) -> int:
         # Through the family's long-lived handle: a temporary one would flush the family alone when dropped.

@@ -171,19 +171,19 @@ def test_import_kafka_streams_validates_before_switching(broker: Broker, topic: 
         return tmp_path / name
 
     code, _, err = _import(d, ks_store("beyond", {**ends, 0: ends[0] + 1_000}))
-    assert code == 1 and f"partition 0 offset {ends[0] + 1_000} is outside the log" in err
+    assert code == 4 and f"partition 0 offset {ends[0] + 1_000} is outside the log" in err
     code, _, err = _import(d, ks_store("partial", {p: o for p, o in ends.items() if p != 2}))
-    assert code == 1 and "partition 2 is not in the checkpoint" in err
+    assert code == 4 and "partition 2 is not in the checkpoint" in err
     assert not tables_dir(d.state_dir).exists() or not any(tables_dir(d.state_dir).iterdir())
 
     d.start()
     d.wait_running({"customers": ends})
     good = ks_store("good", ends)
     code, _, err = _import(d, good)
-    assert code == 1 and "owned by another globald" in err  # never under a running daemon
+    assert code == 4 and "owned by another globald" in err  # never under a running daemon
     assert d.stop() == 0
     code, _, err = _import(d, good)
-    assert code == 1 and "already has a store; pass --replace" in err
+    assert code == 4 and "already has a store; pass --replace" in err
     code, _, err = _import(d, good, "--replace")
     assert code == 0, err
     d.start()

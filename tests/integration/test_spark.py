@@ -11,9 +11,12 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import pyarrow as pa
 import pytest
 
 from globald.errors import SnapshotUnavailableError
+from globald.snapshot.reader import Snapshot
+from globald.snapshot.resolve import Resolution
 from globald.spark import GlobalTableView
 from globald.spark import executor as spark_executor
 from tests.harness import Broker, DaemonProcess, oracle_at, random_records
@@ -71,18 +74,27 @@ def check_rows(rows: list[Any], expected: dict[bytes, bytes]) -> int:
     return found
 
 
+# Executors read a snapshot that fits memory_index_mb whole into memory; 0 keeps them on RocksDB multi-gets.
+@pytest.mark.parametrize("memory_index_mb", [256, 0], ids=["memory_index", "multi_get"])
 def test_enrichment_job_sees_new_values_after_refresh(spark: Any, broker: Broker, topic: Callable[..., str],
-                                                      daemon: Daemon) -> None:
+                                                      daemon: Daemon, memory_index_mb: int) -> None:
     t = topic()
     broker.admin.produce(t, random_records(3_000, keys=400, seed=61, tombstones=0.1))
     d = daemon({"tbl": t}, snapshots={"interval_ms": 200, "retain": 3})
     wait_snapshot_at(d, "tbl", broker.admin.end_offsets(t))
-    view = GlobalTableView(spark, d.config, "tbl")
+    view = GlobalTableView(spark, d.config, "tbl", memory_index_mb=memory_index_mb)
     desc = view.refresh()
     assert {"table", "snapshot", "offsets"} <= set(desc) and desc["table"] == "tbl"
     ends = broker.admin.end_offsets(t)
     assert desc["offsets"] == {str(p): o for p, o in ends.items()} and desc["exact"] is True
     expected = oracle_at(broker, t, desc["offsets"])
+    # The handle an executor opens takes the path the budget allows, and answers as the oracle does.
+    res = Resolution(desc["snapshot"], ends, True, False)
+    h = spark_executor.SnapshotHandle(Snapshot(d.state_dir, "tbl", desc["snapshot"]), res, None, memory_index_mb << 20)
+    probe = [*expected, b"absent", None]
+    value, _ = h.columns(pa.array(probe, pa.binary()))
+    h.close()
+    assert h.in_memory is (memory_index_mb > 0) and value.to_pylist() == [expected.get(k) for k in probe]
 
     keys: list[bytes | None] = [b"key-%06d" % i for i in range(450)] + [None, "ключ".encode()]
     rows = view.join(keys_df(spark, keys), "k", snapshot_col="snap").collect()
@@ -258,3 +270,52 @@ def test_small_table_mode_timer_and_policies(spark: Any, broker: Broker, topic: 
     lenient.close()
     small.close()
     strict.close()
+
+
+def plan_of(df: Any) -> str:
+    return str(df._jdf.queryExecution().executedPlan().toString())
+
+
+def test_small_table_join_is_spark_native_and_equals_the_snapshot(spark: Any, broker: Broker,
+                                                                  topic: Callable[..., str], daemon: Daemon) -> None:
+    t, d = table_on_topic(broker, topic, daemon, 1_500, seed=95, keys=300)
+    small = GlobalTableView(spark, d.config, "tbl", mode="broadcast")
+    desc = small.refresh()
+    view = GlobalTableView(spark, d.config, "tbl")  # snapshot mode at the same offsets: the reference
+    view.refresh(offsets={int(p): o for p, o in desc["offsets"].items()})
+    expected = oracle_at(broker, t, desc["offsets"])
+    keys: list[bytes | None] = [b"key-%06d" % i for i in range(320)] + [None, "ключ".encode(), b"key-000007"]
+    for binary in (False, True):
+        frame = keys_df(spark, keys, binary=binary)
+        joined = small.join(frame, "k", value_col="v", timestamp_col="ts", snapshot_col="snap")
+        plan = plan_of(joined)
+        assert "BroadcastHashJoin" in plan and not any(p in plan for p in ("MapInArrow", "EvalPython")), plan
+        assert joined.columns == ["id", "k", "v", "ts", "snap"]
+        rows = {r["id"]: r for r in joined.collect()}
+        reference = {r["id"]: r for r in view.join(frame, "k", value_col="v", timestamp_col="ts").collect()}
+        assert len(rows) == len(keys) and rows.keys() == reference.keys()
+        for i, r in rows.items():
+            assert (r["k"], r["v"], r["ts"]) == (reference[i]["k"], reference[i]["v"], reference[i]["ts"])
+            assert r["snap"] == desc["snapshot"]
+            k = keys[i]
+            want = None if k is None else expected.get(k)
+            assert (bytes(r["v"]) if r["v"] is not None else None) == want and (r["ts"] is None) == (want is None)
+    assert sum(r["v"] is not None for r in rows.values()) == sum(k in expected for k in keys if k is not None)
+
+    # Where Spark's join does not apply, the broadcast content answers the same.
+    udf_rows = keys_df(spark, keys).select("id", small.udf()("k").alias("r")).collect()
+    assert {r["id"]: (r["r"]["value"], r["r"]["timestamp"]) for r in udf_rows} == \
+        {i: (r["v"], r["ts"]) for i, r in rows.items()}
+    triples = small.lookup_partitions(spark.sparkContext.parallelize(keys, 3)).collect()
+    assert [(bytes(v) if v is not None else None) for _, v, _ in triples] == \
+        [None if k is None else expected.get(k) for k in keys]
+
+    # One descriptor per DataFrame: a join built before a refresh keeps answering from its snapshot.
+    before = small.join(keys_df(spark, keys), "k")
+    broker.admin.produce(t, [(b"key-%06d" % i, b"new-%d" % i) for i in range(0, 300, 7)])
+    new_desc = small.refresh()
+    assert new_desc["snapshot"] != desc["snapshot"]
+    check_rows(before.collect(), expected)
+    check_rows(small.join(keys_df(spark, keys), "k").collect(), oracle_at(broker, t, new_desc["offsets"]))
+    small.close()
+    view.close()

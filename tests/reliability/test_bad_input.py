@@ -147,7 +147,7 @@ def test_garbage_status_file_is_never_trusted(broker: Broker, topic: Topic, daem
 def test_second_daemon_with_another_config_touches_nothing(broker: Broker, topic: Topic, daemon: Daemon,
                                                            tmp_path: Path,
                                                            fault: Callable[[str, str], FaultRow]) -> None:
-    row = fault("second daemon, other tables, same state_dir", "refused (exit 1, names the owner); first untouched")
+    row = fault("second daemon, other tables, same state_dir", "refused (exit 4, names the owner); first untouched")
     t, other = topic(), topic()
     broker.admin.produce(t, random_records(1_000, keys=100, seed=82))
     first = daemon({"tbl": t})
@@ -157,7 +157,7 @@ def test_second_daemon_with_another_config_touches_nothing(broker: Broker, topic
     cfg = write_config(tmp_path / "globald-other.toml", state, broker.settings, {"other": other},
                        http={"enabled": False})
     second = DaemonProcess(cfg, tmp_path / "second.log").start()
-    assert second.proc is not None and second.proc.wait(30) == 1
+    assert second.proc is not None and second.proc.wait(30) == 4  # refused (globald.exitcodes.REFUSED)
     row.injected += 1
     said = second.log.read_text().strip().splitlines()
     assert len(said) == 1 and f"pid {first.pid}" in said[0], said

@@ -18,7 +18,10 @@ from typing import Any
 
 import pytest
 
-from tests.harness import Broker, DaemonProcess, random_records
+from globald.snapshot import exact_requests
+from globald.snapshot.exact_requests import Code
+from tests.harness import Broker, DaemonProcess, oracle_at, random_records
+from tests.integration.snapshot_helpers import snapshot_values, wait_snapshot_at
 from tests.reliability.checks import check_store, same_process, watch
 from tests.reliability.conftest import FULL, new_topic, running
 from tests.reliability.ledger import FaultRow
@@ -147,3 +150,33 @@ def test_broker_refusing_connections_from_the_start(own: Own, fault: Callable[[s
     assert all(doc["state"] == "RESTORING" for doc in docs if doc.get("pid") == pid)
     assert any(_degraded(doc) and doc.get("pid") == pid for doc in docs)
     finish(broker, d, t, row, pid)
+
+
+def test_exact_build_waits_out_a_broker_outage(own: Own, fault: Callable[[str, str], FaultRow]) -> None:
+    """Chaos campaign seeds 2 #12 and 6 #4: an exact build asked for while the broker was down gave up after 15 s
+    (and its consumer could stay disconnected after the broker came back). It must keep asking, with a new consumer
+    if need be, until the request's own deadline, and then build exactly the target."""
+    broker, make = own
+    row = fault("broker SIGKILLed 20 s during an exact build", "build answered after the restart, equal to the oracle")
+    t = new_topic(broker)
+    d = running(broker, make, t, random_records(3_000, keys=500, seed=41), **CONFIG,
+                snapshots={"interval_ms": 200, "retain": 2})
+    ends_a = broker.admin.end_offsets(t)
+    wait_snapshot_at(d, "tbl", ends_a)
+    broker.admin.produce(t, random_records(3_000, keys=500, seed=42))
+    ends_b = broker.admin.end_offsets(t)
+    wait_snapshot_at(d, "tbl", ends_b)
+    target = {p: (ends_a[p] + ends_b[p]) // 2 for p in ends_b}  # no snapshot there: only a build answers it
+    kafka = broker.embedded
+    assert kafka is not None
+    kafka.stop_broker(signal.SIGKILL)
+    try:
+        req = exact_requests.submit(d.state_dir, "tbl", target)
+        time.sleep(20)  # longer than the 15 s the builder used to wait for the cluster
+    finally:
+        kafka.start_broker()
+    resp = exact_requests.wait(d.state_dir, req, timeout=120)
+    row.injected += 1
+    assert resp.code == Code.READY and resp.snapshot is not None, resp
+    assert snapshot_values(d, "tbl", resp.snapshot) == oracle_at(broker, t, {str(p): o for p, o in target.items()})
+    assert d.alive()

@@ -170,7 +170,10 @@ def test_sigkill_at_random_points(broker: Broker, tmp_path: Path, fault: Callabl
     extra = {"snapshots": {"interval_ms": 100}} if snaps else {}
     try:
         with daemon_factory(broker, tmp_path) as make:
-            d = make({TABLE: topic}, start=False, consume_batch_size=500, commit_interval_ms=100, **extra)
+            # 1 MiB memtables: a bulk-load restore of these records leaves a dozen flushes in L0, merged after
+            # RUNNING, so kills also land while that merge runs (and during the load, with its flushes piled up).
+            d = make({TABLE: topic}, start=False, consume_batch_size=500, commit_interval_ms=100,
+                     store={"write_buffer_mb": 1}, **extra)
             d.module = "tests.reliability.killpoints"
             rig = Rig(broker, topic, d, rnd, rows)
             cycles = schedule(rnd, snaps)

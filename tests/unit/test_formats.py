@@ -205,7 +205,7 @@ def test_migrate_command_imports_and_reports(tmp_path: Path) -> None:
     lock = lock_state_dir(state)  # as a running daemon holds it
     try:
         r = globald("migrate", "--config", str(cfg))
-        assert r.returncode == 1 and "owned by another globald" in r.stderr
+        assert r.returncode == 4 and "owned by another globald" in r.stderr  # refused
     finally:
         lock.close()
 
@@ -216,7 +216,7 @@ def test_migrate_reports_an_unreadable_store_and_leaves_it(tmp_path: Path) -> No
     TableStore.open(state, "tbl", "topic", StoreOptions()).store.close()
     _bump_format(db_dir(state, "tbl"), FORMAT_VERSION + 1)
     r = globald("migrate", "--config", str(cfg), "--table", "tbl")
-    assert r.returncode == 1 and "newer than this globald reads" in r.stdout
+    assert r.returncode == 5 and "newer than this globald reads" in r.stdout  # runtime failure
     with pytest.raises(StoreFormatError):  # still there, untouched
         StoreReader(db_dir(state, "tbl"))
 
@@ -230,17 +230,17 @@ def test_import_kafka_streams_refusals_before_any_change(tmp_path: Path) -> None
     r = globald(*args, "--application-id", "../escape")
     assert r.returncode == 2 and "--application-id" in r.stderr
     r = globald(*args, "--application-id", "app")
-    assert r.returncode == 1 and "no offsets in" in r.stderr
+    assert r.returncode == 4 and "no offsets in" in r.stderr  # refused
 
     path = write_kafka_streams_store(ks, "app", "store", {b"k": (b"v", 7)}, {("elsewhere", 0): 1})
     r = globald(*args, "--application-id", "app")
-    assert r.returncode == 1 and "no offsets of topic topic" in r.stderr and "elsewhere" in r.stderr
+    assert r.returncode == 4 and "no offsets of topic topic" in r.stderr and "elsewhere" in r.stderr
 
     checkpoint_file.write(ks / "app" / "global" / ".checkpoint", {("topic", 0): 1})
     held = Rdict(str(path), Options(raw_mode=True))  # the Kafka Streams application still has its store open
     try:
         r = globald(*args, "--application-id", "app")
-        assert r.returncode == 1 and "open in another process" in r.stderr
+        assert r.returncode == 4 and "open in another process" in r.stderr
     finally:
         held.close()
     assert not (tmp_path / "state").exists()  # nothing was created or changed

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import tracemalloc
 from pathlib import Path
 
@@ -116,3 +119,14 @@ def test_heap_trimmer_runs_soon_after_a_restore_and_then_by_interval(monkeypatch
     assert not trimmer.maybe_trim(start + 31)
     assert trimmer.maybe_trim(start + 91)
     assert calls == [0, 0] and trimmer.trims == 2
+
+
+def test_allocator_tuning_yields_to_the_operators_environment() -> None:
+    """glibc takes mallopt's word unless MALLOC_ARENA_MAX / MALLOC_MMAP_THRESHOLD_ were set for it already."""
+    code = "from globald.ops.memory import tune_allocator; print(sorted(tune_allocator()))"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    mine = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert mine.stdout.split() == ["['arena_max',", "'mmap_threshold']"]
+    theirs = subprocess.run([sys.executable, "-c", code], env={**env, "MALLOC_ARENA_MAX": "4"},
+                            capture_output=True, text=True, check=True)
+    assert theirs.stdout.strip() == "['mmap_threshold']"

@@ -75,6 +75,14 @@ def test_the_consumer_never_asks_brokers_to_create_topics() -> None:
         parse(_raw({"allow.auto.create.topics": True}))
 
 
+def test_the_consumer_reads_committed_records_only() -> None:
+    """Records of aborted or open transactions never reach a table, and a restore ends at the last stable offset."""
+    assert parse(_raw({})).consumer_settings()["isolation.level"] == "read_committed"
+    assert parse(_raw({"isolation.level": "read_committed"})).kafka["isolation.level"] == "read_committed"
+    with pytest.raises(ConfigError, match=re.escape("kafka.isolation.level")):
+        parse(_raw({"isolation.level": "read_uncommitted"}))
+
+
 def test_known_harmless_librdkafka_lines_are_logged_at_debug(caplog: pytest.LogCaptureFixture) -> None:
     """The 0.9 compatibility settings make librdkafka warn at every start and every metadata request."""
     from globald.kafka.clients import kafka_log

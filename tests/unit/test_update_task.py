@@ -80,6 +80,30 @@ def test_end_of_partition_advances_only_within_known_ends(tmp_path: Path) -> Non
     rt.store.close()
 
 
+def test_an_end_past_the_known_ends_moves_positions_once_the_broker_confirms_it(tmp_path: Path) -> None:
+    rt, task = _task(tmp_path)
+    # Records up to 19, then the end of partition past a transaction's commit marker at 20, after the plan's end.
+    r = task.update([Event(0, 19), Event(0, 21, KafkaError._PARTITION_EOF)])
+    assert r.tables["tbl"].positions == {0: 20} and rt.store.offsets() == {0: 20}
+    assert task.unconfirmed_ends == {"tbl": {0: 21}}
+    task.committed("tbl")
+    assert task.confirm_ends("tbl", {0: 21}) == {0: 21}  # the broker's end (last stable offset) reached it
+    assert rt.store.offsets() == {0: 21} == task.positions("tbl") and "tbl" in task.dirty
+    assert task.unconfirmed_ends == {"tbl": {}}
+
+    task.update([Event(0, 67_000, KafkaError._PARTITION_EOF)])  # the end of a topic since deleted
+    assert task.confirm_ends("tbl", {0: 30}) == {} and task.unconfirmed_ends == {"tbl": {}}
+    assert rt.store.offsets() == {0: 21}
+
+    task.update([Event(0, 25, KafkaError._PARTITION_EOF)])
+    task.update([Event(0, 24)])  # records reached it: nothing is left to confirm
+    assert task.unconfirmed_ends == {"tbl": {}} and rt.store.offsets() == {0: 25}
+    task.update([Event(0, 40, KafkaError._PARTITION_EOF)])
+    task.start("tbl", {})  # wiped: what was seen before is forgotten
+    assert task.unconfirmed_ends == {"tbl": {}}
+    rt.store.close()
+
+
 def test_a_failed_write_moves_no_position(tmp_path: Path) -> None:
     rt, task = _task(tmp_path)
     rt.store.close()  # every write now fails, as on a disk that refuses

@@ -1,0 +1,184 @@
+"""``globald dev``: a local Kafka to try globald by hand, with a seeded compacted topic and a ready config.
+
+It starts the bundled Kafka 0.9 broker (and ZooKeeper) on free loopback ports, creates and seeds a compacted
+``customers`` topic, writes ``<dir>/globald.toml`` (state_dir ``state``, relative to that file) and prints the
+commands to try next. With ``--run`` it also runs ``globald run`` on that config as a child process. It stays up
+until Ctrl-C or SIGTERM, then stops what it started and removes ``<dir>`` (``--keep`` keeps it). A state_dir that
+another globald still holds is left in place, and said so: it is that daemon's.
+
+Nothing here is used by the daemon; it is the hands-on counterpart of ``globald demo``, which runs a fixed script.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import FrameType
+
+from globald import exitcodes
+from globald.embedded.broker import stop_process
+from globald.errors import RefusedError
+
+TOPIC = TABLE = "customers"
+PARTITIONS = 3
+READY_LINE = "Stop with Ctrl-C"  # the last line of the set-up: scripts (and the tutorial's test) wait for it
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dir", default="globald-dev", metavar="DIR",
+                   help="where the broker's data, the config and the state_dir go (default: ./globald-dev); "
+                   "must not exist yet, or be empty")
+    p.add_argument("--customers", type=int, default=1000, metavar="N",
+                   help="customers to seed the topic with, two records each on average (default 1000)")
+    p.add_argument("--run", action="store_true", help="also run the daemon on the config (globald run) until Ctrl-C")
+    p.add_argument("--keep", action="store_true", help="keep DIR (config, state_dir, broker logs) when stopping")
+
+
+def write_config(directory: Path, bootstrap_settings: dict[str, str], http_port: int) -> Path:
+    path = directory / "globald.toml"
+    kafka = "\n".join(f"{json.dumps(k)} = {json.dumps(v)}" for k, v in bootstrap_settings.items())
+    path.write_text(
+        "# Written by `globald dev` for its local Kafka 0.9 broker; every key is documented in config/globald.toml.\n"
+        "# A relative state_dir resolves against this file's directory, not the working directory.\n"
+        'state_dir = "state"\n'
+        "commit_interval_ms = 200\n"
+        "metadata_refresh_ms = 1000\n\n"
+        f"[http]\nport = {http_port}\n\n"
+        f"[kafka]\n{kafka}\n\n"
+        f"[[tables]]\nname = {json.dumps(TABLE)}\ntopic = {json.dumps(TOPIC)}\n")
+    return path
+
+
+def next_steps(config: Path, sample_key: str, run: bool) -> list[str]:
+    c = str(config)
+    lines = ["", "Try, in another terminal (with the project's venv active: source .venv/bin/activate):"]
+    if not run:
+        lines.append(f"  globald run --config {c}                 # the daemon, in the foreground")
+    lines += [
+        f"  globald status --config {c}",
+        f"  globald get --config {c} --table {TABLE} {sample_key}",
+        f"  globald dump --config {c} --table {TABLE} --format text | head -3",
+        f"  globald reset --config {c} --table {TABLE} --yes      # wipe it: the daemon rebuilds it",
+        "",
+        f"{READY_LINE} (SIGTERM too): the broker stops and {config.parent} is removed (--keep keeps it).",
+    ]
+    return lines
+
+
+class _Stop(Exception):
+    pass
+
+
+def _stop(signum: int, frame: FrameType | None) -> None:
+    raise _Stop
+
+
+def main(args: argparse.Namespace) -> int:
+    work = Path(args.dir)
+    if work.exists() and (not work.is_dir() or any(work.iterdir())):
+        raise RefusedError(f"{work} exists and is not an empty directory (another `globald dev`, or one stopped "
+                           "with --keep?): remove it, or pass --dir")
+    if args.customers < 1:
+        from globald.errors import UsageError
+
+        raise UsageError(f"--customers must be at least 1, not {args.customers}")
+    # librdkafka's lines (the set-up's own clients) go through globald's filters: harmless 0.9 lines at DEBUG,
+    # a repeated problem once and then counted.
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s")
+    old = {s: signal.signal(s, _stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    session = _Session(work, args)
+    code = exitcodes.OK
+    try:
+        session.start()
+        session.wait()
+    except (_Stop, KeyboardInterrupt):
+        pass
+    except Exception as e:
+        print(f"globald dev: failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        code = exitcodes.FAILED
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not leave the broker's JVMs behind
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        try:
+            session.close()
+        finally:
+            for s, h in old.items():
+                signal.signal(s, h)
+    return code
+
+
+class _Session:
+    def __init__(self, work: Path, args: argparse.Namespace) -> None:
+        from globald.embedded.broker import EmbeddedKafka
+
+        self.work = work
+        self.args = args
+        self.created_dir = not work.exists()
+        self.kafka = EmbeddedKafka(work / "kafka")
+        self.daemon: subprocess.Popen[bytes] | None = None
+        self.config: Path | None = None
+
+    def say(self, text: str) -> None:
+        print(text, flush=True)
+
+    def start(self) -> None:
+        from globald.embedded.admin import TopicAdmin
+        from globald.embedded.broker import free_port
+        from globald.embedded.demo import customer_records
+
+        t0 = time.monotonic()
+        self.say(f"globald dev: starting a local Kafka 0.9 broker and ZooKeeper in {self.work}/kafka (127.0.0.1)")
+        self.kafka.start()
+        admin = TopicAdmin.for_broker(self.kafka.client_settings, self.kafka.zookeeper)
+        try:
+            admin.create(TOPIC, partitions=PARTITIONS, compact=True)
+            records = customer_records(self.args.customers, 2, seed=1)
+            admin.produce(TOPIC, records)
+        finally:
+            admin.close()
+        self.config = config = write_config(self.work, self.kafka.client_settings, free_port())
+        last = dict(records)  # the table a daemon will hold: the last value per key, tombstones delete
+        keys = sorted(k for k, v in last.items() if k is not None and v is not None)
+        self.say(f"  Kafka {self.kafka.bootstrap} (ZooKeeper {self.kafka.zookeeper}), topic seeded in "
+                 f"{time.monotonic() - t0:.1f}s")
+        self.say(f"  topic {TOPIC}: compacted, {PARTITIONS} partitions, {len(records):,} records "
+                 f"({self.args.customers:,} customers, updates and tombstones)")
+        self.say(f"  config: {config} (state_dir {self.work / 'state'})")
+        if self.args.run:
+            self.daemon = subprocess.Popen([sys.executable, "-m", "globald", "run", "--config", str(config)])
+            self.say(f"  daemon: globald run --config {config} (pid {self.daemon.pid}); its log follows")
+        for line in next_steps(config, keys[min(42, len(keys) - 1)].decode(), self.args.run):
+            self.say(line)
+
+    def wait(self) -> None:
+        while True:  # until Ctrl-C or SIGTERM (raised here by the handler main installed)
+            time.sleep(0.5)
+            if self.daemon is not None and self.daemon.poll() is not None:
+                self.say(f"globald dev: the daemon exited with {self.daemon.returncode}; stopping")
+                return
+
+    def close(self) -> None:
+        stop_process(self.daemon, timeout=60)
+        self.kafka.stop()
+        self.say(self._remove())
+
+    def _remove(self) -> str:
+        from globald.statedir import lock_holder
+
+        if self.args.keep or not self.created_dir:
+            return f"globald dev: stopped; {self.work} kept"
+        holder = lock_holder(self.work / "state")
+        if holder is not None:
+            shutil.rmtree(self.work / "kafka", ignore_errors=True)
+            return (f"globald dev: stopped; {self.work / 'state'} kept: a globald (pid {holder}) still uses it, "
+                    "stop it, then remove the directory")
+        shutil.rmtree(self.work, ignore_errors=True)
+        return f"globald dev: stopped; {self.work} removed"
