@@ -28,6 +28,10 @@ from globald.embedded.oracle import Table, fold
 from globald.embedded.tansu import EmbeddedTansu
 
 REPO = Path(__file__).resolve().parent.parent
+# Client properties under which a restore lasts seconds (8 KiB per partition per fetch, 32 KiB queued), for tests
+# that must act while one is under way: with librdkafka's defaults, tens of thousands of records restore faster than
+# a status poll, and records fetched before a broker outage could finish the restore on their own.
+SLOW_FETCH = {"fetch.message.max.bytes": 8192, "queued.max.messages.kbytes": 32}
 
 
 @dataclass

@@ -61,12 +61,17 @@ def test_metrics_health_status_get_and_reset(broker: Broker, topic: Callable[...
     doc = d.wait_running({"tbl": ends})
     assert doc["ready"] is True
 
-    # /status is the document `globald status --json` prints (taken a moment apart: drop the timestamps).
-    status, body = fetch(port, "/status")
-    assert status == 200
-    live, cli = json.loads(body), d.status()
-    for x in (live, cli):
-        x.pop("updated")
+    # /status is the document `globald status --json` prints. Both are republished every second with a fresh memory
+    # sample, so compare a CLI read with /status read on both sides of it, once those two agree.
+    for _ in range(20):
+        status, body = fetch(port, "/status")
+        assert status == 200
+        cli = d.status()
+        live, again = json.loads(body), json.loads(fetch(port, "/status")[1])
+        for x in (live, cli, again):
+            x.pop("updated")
+        if live == again:
+            break
     assert live == cli
 
     samples = scrape(port)

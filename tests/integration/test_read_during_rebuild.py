@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from globald.embedded.oracle import Table
-from tests.harness import Broker, DaemonProcess, globald, oracle_at, random_records
+from tests.harness import SLOW_FETCH, Broker, DaemonProcess, globald, oracle_at, random_records
 from tests.integration.snapshot_helpers import stale, wait_snapshot_at, wait_status
 
 pytestmark = pytest.mark.kafka
@@ -98,7 +98,7 @@ def test_get_and_dump_never_answer_from_a_half_rebuilt_table(broker: Broker, top
     # Enough records that the rebuild takes seconds; the probe comes last in the new topic, so a reader of the
     # half-rebuilt store would miss it for the whole rebuild.
     broker.admin.produce(t, [*random_records(150_000, keys=40_000, seed=61), (PROBE, V1)])
-    d = daemon({"tbl": t}, snapshots={"interval_ms": 200, "retain": 2}, metadata_refresh_ms=500)
+    d = daemon({"tbl": t}, snapshots={"interval_ms": 200, "retain": 2}, metadata_refresh_ms=500, kafka=SLOW_FETCH)
     v1_ends = broker.admin.end_offsets(t)
     before = wait_snapshot_at(d, "tbl", v1_ends, timeout=120)
     old = oracle_at(broker, t, before["offsets"])
@@ -128,11 +128,12 @@ def test_get_and_dump_never_answer_from_a_half_rebuilt_table(broker: Broker, top
             d.proc.send_signal(signal.SIGCONT)
         v2_ends = broker.admin.end_offsets(t)
         assert all(v2_ends[p] < v1_ends[p] for p in v1_ends)  # fewer records: the stored offsets are invalid
-        doc = wait_status(d, stale("tbl"), timeout=90)
+        wait_status(d, stale("tbl"), timeout=90)
         # Frozen mid-rebuild, the live store is certainly half-built: these calls must not see it.
         d.proc.send_signal(signal.SIGSTOP)
         try:
-            assert doc["tables"]["tbl"]["state"] == "RESTORING", doc["tables"]["tbl"]
+            doc = wait_status(d, lambda _: True, timeout=5)  # as the daemon last published it, before the freeze
+            assert doc["tables"]["tbl"]["state"] == "RESTORING", f"rebuilt before the freeze: {doc['tables']['tbl']}"
             for as_json in (True, False, True):
                 args = get_args(d, as_json)
                 r = globald(*args)

@@ -14,7 +14,7 @@ from globald.errors import SnapshotStaleError
 from globald.snapshot import exact_requests, leases, open_snapshot
 from globald.snapshot.exact_requests import Code
 from globald.store.names import snapshots_dir
-from tests.harness import Broker, DaemonProcess, globald, oracle_at, random_records, write_config
+from tests.harness import SLOW_FETCH, Broker, DaemonProcess, globald, oracle_at, random_records, write_config
 from tests.integration.snapshot_helpers import (
     manifest_of,
     recreate_smaller_while_paused,
@@ -174,15 +174,17 @@ def test_request_needing_compacted_records_is_refused(broker: Broker, topic: Cal
 
 
 def test_stale_while_rebuilding(broker: Broker, topic: Callable[..., str], daemon: Daemon) -> None:
-    t, d = table_on_topic(broker, topic, daemon, 45_000, seed=51, consume_batch_size=500)
+    # Slow fetches: the rebuild lasts seconds, so that the daemon can be frozen in the middle of it.
+    t, d = table_on_topic(broker, topic, daemon, 45_000, seed=51, consume_batch_size=500, kafka=SLOW_FETCH)
     before = wait_snapshot_at(d, "tbl", broker.admin.end_offsets(t))
     old = oracle_at(broker, t, before["offsets"])
 
     recreate_smaller_while_paused(broker, d, t, 30_000, seed=52)
-    doc = wait_status(d, stale("tbl"))
+    wait_status(d, stale("tbl"))
     assert d.proc is not None
     d.proc.send_signal(signal.SIGSTOP)  # freeze the daemon mid-rebuild to look at it
     try:
+        doc = wait_status(d, lambda _: True, timeout=5)  # as the daemon last published it, before the freeze
         snap = doc["tables"]["tbl"]["snapshot"]
         assert snap["current"] == before["id"] and "invalid_offset" in snap["stale_reason"]
         assert doc["tables"]["tbl"]["state"] == "RESTORING"

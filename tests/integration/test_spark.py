@@ -19,7 +19,7 @@ from globald.snapshot.reader import Snapshot
 from globald.snapshot.resolve import Resolution
 from globald.spark import GlobalTableView
 from globald.spark import executor as spark_executor
-from tests.harness import Broker, DaemonProcess, oracle_at, random_records
+from tests.harness import SLOW_FETCH, Broker, DaemonProcess, oracle_at, random_records
 from tests.integration.snapshot_helpers import (
     recreate_smaller_while_paused,
     stale,
@@ -170,7 +170,7 @@ def test_streaming_batches_never_mix_snapshots(spark: Any, broker: Broker, topic
 
 def test_rebuild_keeps_job_on_stale_snapshot_with_no_failed_lookup(spark: Any, broker: Broker,
                                                                    topic: Callable[..., str], daemon: Daemon) -> None:
-    t, d = table_on_topic(broker, topic, daemon, 45_000, seed=81, consume_batch_size=500)
+    t, d = table_on_topic(broker, topic, daemon, 45_000, seed=81, consume_batch_size=500, kafka=SLOW_FETCH)
     view = GlobalTableView(spark, d.config, "tbl", wait_timeout_s=1.0, on_timeout="newest")
     first = view.refresh()
     old = oracle_at(broker, t, first["offsets"])
@@ -200,9 +200,14 @@ def test_rebuild_keeps_job_on_stale_snapshot_with_no_failed_lookup(spark: Any, b
         assert d.proc is not None
         d.proc.send_signal(signal.SIGSTOP)  # hold the rebuild while the job runs on
         n = len(batches)
-        time.sleep(4)
+        # Each batch waits out wait_timeout_s for the frozen daemon, then runs a Spark job: give it time on a slow
+        # machine, but it must get through while the daemon stays frozen.
+        held = time.monotonic() + 60
+        while len(batches) <= n and not errors and time.monotonic() < held:
+            time.sleep(0.1)
+        progressed = len(batches) > n
         d.proc.send_signal(signal.SIGCONT)
-        assert len(batches) > n, "the job stalled during the rebuild"
+        assert progressed and not errors, f"the job stalled during the rebuild: {errors}"
         ends = broker.admin.end_offsets(t)
         wait_snapshot_at(d, "tbl", ends, timeout=90)
         want = {str(p): o for p, o in ends.items()}

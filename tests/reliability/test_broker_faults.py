@@ -10,6 +10,7 @@ each outage here; today the check is the ``degraded`` field of status.json, whic
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -20,7 +21,8 @@ import pytest
 
 from globald.snapshot import exact_requests
 from globald.snapshot.exact_requests import Code
-from tests.harness import Broker, DaemonProcess, oracle_at, random_records
+from globald.store.names import STATUS_FILE
+from tests.harness import SLOW_FETCH, Broker, DaemonProcess, oracle_at, random_records
 from tests.integration.snapshot_helpers import snapshot_values, wait_snapshot_at
 from tests.reliability.checks import check_store, same_process, watch
 from tests.reliability.conftest import FULL, new_topic, running
@@ -30,8 +32,6 @@ pytestmark = pytest.mark.kafka
 
 Own = tuple[Broker, Callable[..., DaemonProcess]]
 OUTAGES = [10, 60] if FULL else [10]
-# A small prefetch queue, so that a restore cannot finish from records fetched before the broker went away.
-SMALL_PREFETCH = {"queued.max.messages.kbytes": 256, "fetch.message.max.bytes": 65536}
 CONFIG: dict[str, Any] = {"metadata_refresh_ms": 1000, "consume_batch_size": 500}
 
 
@@ -44,16 +44,14 @@ def _offsets(doc: dict[str, Any]) -> dict[str, int]:
 
 
 def outage(broker: Broker, d: DaemonProcess, seconds: float, how: int = signal.SIGTERM) -> list[dict[str, Any]]:
-    """Stop the broker for ``seconds``, watching the daemon; restart it with the same data and port."""
+    """Stop the broker for ``seconds``, watching the daemon; restart it with the same data and port. A broker frozen
+    beforehand (``freeze``) serves nothing between the moment it was frozen and its graceful stop."""
     kafka = broker.embedded
     assert kafka is not None
     pid = kafka.broker_pid
     assert pid is not None
     if how == signal.SIGTERM:
-        # A graceful stop takes seconds, and the broker serves fetches meanwhile (in CI a restore could finish
-        # before the outage began). Frozen first, it serves nothing once the outage starts, then shuts down cleanly.
-        os.kill(pid, signal.SIGSTOP)
-        os.kill(pid, signal.SIGTERM)
+        os.kill(pid, signal.SIGTERM)  # pending until SIGCONT when frozen
         os.kill(pid, signal.SIGCONT)
     kafka.stop_broker(how)
     try:
@@ -61,6 +59,35 @@ def outage(broker: Broker, d: DaemonProcess, seconds: float, how: int = signal.S
     finally:
         kafka.start_broker()
     return docs
+
+
+def freeze(broker: Broker) -> None:
+    kafka = broker.embedded
+    assert kafka is not None and kafka.broker_pid is not None
+    os.kill(kafka.broker_pid, signal.SIGSTOP)
+
+
+def _status_file(d: DaemonProcess) -> dict[str, Any]:
+    try:
+        doc = json.loads((d.state_dir / STATUS_FILE).read_bytes())
+    except (OSError, ValueError):  # absent, or caught between its write and rename
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def wait_partway(d: DaemonProcess, total: int, timeout: float = 60.0) -> None:
+    """Until the restore has stored some records but under half of ``total``. Reads status.json itself every 20 ms:
+    `globald status` takes up to a second on a loaded machine, long enough to miss the window."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        doc = _status_file(d)
+        done = sum(_offsets(doc).values())
+        if doc.get("pid") == d.pid and doc.get("state") == "RESTORING" and 0 < done < total // 2:
+            return
+        if not d.alive():
+            raise AssertionError(f"daemon exited; log:\n{d.tail()}")
+        time.sleep(0.02)
+    raise AssertionError(f"never saw the restore between 0 and {total // 2} records; log:\n{d.tail()}")
 
 
 def finish(broker: Broker, d: DaemonProcess, topic: str, row: FaultRow, pid: int, more: int = 500) -> dict[str, Any]:
@@ -83,11 +110,14 @@ def test_broker_stopped_during_restore(own: Own, fault: Callable[[str, str], Fau
     broker, make = own
     row = fault(f"broker stopped {seconds} s during restore", "degraded meanwhile; resumed by itself, no wipe")
     t = new_topic(broker)
-    broker.admin.produce(t, random_records(80_000, keys=20_000, seed=1, value_size=64))
-    d = make({"tbl": t}, kafka=SMALL_PREFETCH, **CONFIG)
+    total = 80_000
+    broker.admin.produce(t, random_records(total, keys=20_000, seed=1, value_size=64))
+    d = make({"tbl": t}, kafka=SLOW_FETCH, **CONFIG)
     pid = d.pid
-    d.wait_for(lambda s: s.get("pid") == pid and s["state"] == "RESTORING"
-               and sum(_offsets(s).values()) > 0, what="restore under way")
+    wait_partway(d, total)
+    freeze(broker)
+    frozen = d.status()
+    assert frozen["state"] == "RESTORING", f"the restore ended before the broker was frozen: {frozen}"
     docs = outage(broker, d, seconds)
     row.injected += 1
     states = [(doc["state"], sum(_offsets(doc).values())) for doc in docs]
@@ -149,10 +179,19 @@ def test_broker_refusing_connections_from_the_start(own: Own, fault: Callable[[s
     kafka = broker.embedded
     assert kafka is not None
     kafka.stop_broker()
+    docs: list[dict[str, Any]] = []
+
+    def seen(doc: dict[str, Any]) -> bool:
+        docs.append(doc)
+        return doc.get("pid") == pid and _degraded(doc)
+
     try:
         d = make({"tbl": t}, **CONFIG)
         pid = d.pid
-        docs = watch(d, 8)
+        # Degraded shows only after the first metadata request times out (5 s), counted from a start that takes
+        # seconds of its own on a loaded machine: wait for it rather than for a fixed time.
+        d.wait_for(seen, what="degraded while the broker refuses connections")
+        docs += watch(d, 3)
     finally:
         kafka.start_broker()
     row.injected += 1

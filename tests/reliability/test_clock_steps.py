@@ -57,7 +57,7 @@ def free_port() -> int:
 def test_clock_stepped_forward_then_back(broker: Broker, topic: Topic, daemon: Daemon, tmp_path: Path,
                                          fault: Callable[[str, str], FaultRow]) -> None:
     row = fault("wall clock stepped +1 h, then back, idle topic",
-                "loop keeps turning, new records applied, SIGTERM acted on within 5 s, same PID")
+                "loop keeps turning, new records applied, SIGTERM acted on (exit 0 within 15 s), same PID")
     t = topic()
     broker.admin.produce(t, random_records(2_000, keys=500, seed=80))
     port = free_port()
@@ -89,4 +89,6 @@ def test_clock_stepped_forward_then_back(broker: Broker, topic: Topic, daemon: D
     started = time.monotonic()
     assert d.stop(timeout=30) == 0, d.tail()
     took = time.monotonic() - started
-    assert took < 5.0, f"SIGTERM took {took:.1f}s to act on after a clock step; log:\n{d.tail()}"
+    # A loop waiting on the stepped wall clock would sit out the hour; the bound leaves room for the final commit and
+    # the teardown on a loaded machine (about 1 s idle).
+    assert took < 15.0, f"SIGTERM took {took:.1f}s to act on after a clock step; log:\n{d.tail()}"

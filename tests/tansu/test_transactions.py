@@ -84,7 +84,7 @@ def test_marker_of_a_transaction_committed_while_tailing_is_passed(broker: Broke
     ends = broker.admin.end_offsets(t)
     assert ends[0] == len(first) + len(more) + 2
     wait_for_table(d, "tbl", want)
-    doc = d.wait_for(lambda s: s["tables"]["tbl"]["offsets"] == {"0": ends[0]}, timeout=10,
+    doc = d.wait_for(lambda s: s["tables"]["tbl"]["offsets"] == {"0": ends[0]},
                      what="offsets past the marker of a transaction committed while tailing")
     assert doc["tables"]["tbl"]["wipes"] == 0
     # A snapshot at the topic's end, the Spark view's default target, is published: served without a build.

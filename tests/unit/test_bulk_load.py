@@ -28,10 +28,11 @@ WRITER = textwrap.dedent(f"""
     from globald.store.table_store import TableStore
 
     state, delay, batches, l0_files = Path(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-    if delay >= 0:
-        threading.Thread(target=lambda: (time.sleep(delay), os._exit(9)), daemon=True).start()
     options = StoreOptions(write_buffer_mb=2, bulk_l0_mb=2 * l0_files)
     store = TableStore.open(state, "tbl", "topic", options).store
+    # The clock starts once the store exists: creating it can take longer than the shortest delay on a slow disk.
+    if delay >= 0:
+        threading.Thread(target=lambda: (time.sleep(delay), os._exit(9)), daemon=True).start()
     store.begin_bulk_load()
     done = store.offsets().get(0, 0)
     for i in range(batches):

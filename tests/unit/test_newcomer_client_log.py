@@ -6,6 +6,7 @@ Pure logic on real ``logging`` records; ``tests/integration/test_newcomer_kafka.
 from __future__ import annotations
 
 import logging
+import re
 import time
 
 import pytest
@@ -48,8 +49,9 @@ def test_a_problem_is_logged_once_then_counted_then_cleared(caplog: pytest.LogCa
     assert "(50 more time(s) in the last" in said[2][1]
     assert said[3] == ("INFO", "not a problem: always through")
     cleared = [m for _, m in said[4:6]]
-    assert any(m.startswith("librdkafka problem cleared after 0s (51 time(s) in all): " + REFUSED.format(0))
-               for m in cleared), said
+    # ~0.35 s went by; a loaded machine may round it up to 1 s
+    assert any(re.match(r"librdkafka problem cleared after [01]s \(51 time\(s\) in all\): ", m)
+               and m.endswith(REFUSED.format(0)) for m in cleared), said
     assert any("another problem" in m for m in cleared)
     assert said[6:] == [("ERROR", REFUSED.format(101))]
 
