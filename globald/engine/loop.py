@@ -176,9 +176,10 @@ class Loop:
             self._idle_wait = min(self._idle_wait * 2, _IDLE_WAIT_MAX_S)
 
     def _account(self, result: PollResult) -> None:
-        if result.records:  # records arrived and were written: both the cluster and the disk work
+        if result.records:  # records arrived and were written: the cluster works
             self.problems.resolved(KAFKA)
-            self.problems.resolved(STORE)
+            if any(tb.positions and not self.manager.tables[n].store.bulk for n, tb in result.tables.items()):
+                self._disk_proven()  # a write through the WAL
         if result.errors:
             self.stats.consumer_errors += len(result.errors)
             log.warning("consumer: %s", "; ".join(sorted(set(result.errors))[:5]))
@@ -198,9 +199,17 @@ class Loop:
         except STORE_FAULTS as e:
             self.rewind_all(f"commit failed: {e}")
             return
-        for name in list(self.task.dirty):
-            if not self.manager.tables[name].store.bulk:
-                self.task.committed(name)
+        committed = [name for name in self.task.dirty if not self.manager.tables[name].store.bulk]
+        for name in committed:
+            self.task.committed(name)
+        if committed or not any(rt.store.bulk for rt in self.manager.tables.values()):
+            self._disk_proven()
+
+    def _disk_proven(self) -> None:
+        """A durable write went through: the store problem is over, and its backoff starts again from the shortest
+        delay. Not on a bulk load's writes, which reach only memtables: the disk's word on them comes when the
+        load ends. Taking them as proof reset the backoff at every attempt, and a disk that stayed full had the
+        restore redone from its stored offsets every second or two, for as long as it stayed full."""
         self.problems.resolved(STORE)
 
     # -- restores -----------------------------------------------------------------------------------------------
@@ -247,6 +256,7 @@ class Loop:
             return
         self.manager.finish_restore(rt, positions)  # raises, and the table stays RESTORING, unless durable
         self.task.committed(rt.name)
+        self._disk_proven()
         self.stats.recoveries.append(time.monotonic() - restore.started)
         rt.machine.to(State.RUNNING, "restored to the log end")
 

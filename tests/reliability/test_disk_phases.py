@@ -9,6 +9,7 @@ every snapshot equal the oracle fold at their own offsets.
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -67,7 +68,8 @@ def test_disk_full_during_bulk_load_restore(broker: Broker, topic: Topic, daemon
     """The load writes without a WAL into memtables, so the disk's refusal surfaces when the load ends (its flush):
     the table must not go RUNNING on offsets the disk never took."""
     row = fault("disk full during a bulk-load restore (150k records, ~8 MB free)",
-                "degraded, never RUNNING on lost data; restored once space returned, same PID")
+                "degraded, never RUNNING on lost data; retried less and less often; restored once space returned, "
+                "same PID")
     t = topic()
     broker.admin.produce(t, random_records(150_000, keys=150_000, seed=70, tombstones=0.0, value_size=300))
     ends = broker.admin.end_offsets(t)
@@ -89,6 +91,12 @@ def test_disk_full_during_bulk_load_restore(broker: Broker, topic: Topic, daemon
         while not (any(doc.get("degraded") for doc in docs) or "degraded" in d.log.read_text()):
             assert time.monotonic() < until, f"never degraded on a full disk; log:\n{d.tail()}"
             docs += watch(d, 2, check=never_running_on_nothing)
+        # The backoff grows while the disk stays full. A load's writes only reach memtables: taken as proof that
+        # the disk works, they reset it, and the restore was redone every 0.2-0.7 s for as long as the disk was full.
+        until = time.monotonic() + 120
+        while max(retry_delays(d), default=0.0) < 3.0:
+            assert time.monotonic() < until, f"retry delays never grew: {retry_delays(d)}; log:\n{d.tail()}"
+            docs += watch(d, 2, check=never_running_on_nothing)
         no_false_claims(broker, d.state_dir, "tbl", t, row)
         filler.unlink()
         doc = resumed(d, pid, "tbl", ends)
@@ -98,6 +106,10 @@ def test_disk_full_during_bulk_load_restore(broker: Broker, topic: Topic, daemon
         held, data = read_store(db_dir(d.state_dir, "tbl"))
         assert held == ends and len(data) > 0
         assert d.stop() == 0
+
+
+def retry_delays(d: DaemonProcess) -> list[float]:
+    return [float(x) for x in re.findall(r"re-reading from the stored offsets in ([0-9.]+)s", d.log.read_text())]
 
 
 @pytest.mark.parametrize("phase", ["fresh start", "restart"])
