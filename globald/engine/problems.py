@@ -1,7 +1,8 @@
 """What keeps the daemon from mirroring its topics right now, by source, and when to try each source again.
 
 A source (the cluster, the disk, one table) has at most one problem at a time; the first success of the thing that
-failed clears it, so ``degraded`` always describes the present. A problem is logged when it starts and when it ends.
+failed clears it, so ``degraded`` always describes the present (for the disk, the first durable write: the loop
+decides). A problem is logged when it starts and when it ends; clearing it also resets its backoff.
 """
 
 from __future__ import annotations
