@@ -179,8 +179,11 @@ class DaemonProcess:
             if self.proc is not None and self.proc.poll() is not None:
                 raise AssertionError(f"daemon exited with {self.proc.returncode}; log:\n{self.tail()}")
             doc = self.status()
-            if predicate(doc):
-                return doc
+            try:
+                if predicate(doc):
+                    return doc
+            except KeyError:  # a document from before the daemon listed its tables (starting): not yet
+                pass
             time.sleep(0.2)
         raise AssertionError(f"timed out waiting for {what}; last status {doc}; log:\n{self.tail()}")
 
