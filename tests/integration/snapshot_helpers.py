@@ -76,6 +76,8 @@ def wait_status(d: DaemonProcess, pred: Callable[[dict[str, Any]], bool], timeou
             doc = {}
         if doc.get("pid") == d.pid and doc.get("tables") and pred(doc):
             return doc
+        if not d.alive():
+            raise AssertionError(f"daemon exited; log:\n{d.tail()}")
         time.sleep(poll)
     raise AssertionError(f"timed out; last status {doc}; log:\n{d.tail()}")
 

@@ -10,7 +10,6 @@ each outage here; today the check is the ``degraded`` field of status.json, whic
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
@@ -21,9 +20,8 @@ import pytest
 
 from globald.snapshot import exact_requests
 from globald.snapshot.exact_requests import Code
-from globald.store.names import STATUS_FILE
 from tests.harness import SLOW_FETCH, Broker, DaemonProcess, oracle_at, random_records
-from tests.integration.snapshot_helpers import snapshot_values, wait_snapshot_at
+from tests.integration.snapshot_helpers import snapshot_values, wait_snapshot_at, wait_status
 from tests.reliability.checks import check_store, same_process, watch
 from tests.reliability.conftest import FULL, new_topic, running
 from tests.reliability.ledger import FaultRow
@@ -67,29 +65,6 @@ def freeze(broker: Broker) -> None:
     os.kill(kafka.broker_pid, signal.SIGSTOP)
 
 
-def _status_file(d: DaemonProcess) -> dict[str, Any]:
-    try:
-        doc = json.loads((d.state_dir / STATUS_FILE).read_bytes())
-    except (OSError, ValueError):  # absent, or caught between its write and rename
-        return {}
-    return doc if isinstance(doc, dict) else {}
-
-
-def wait_partway(d: DaemonProcess, total: int, timeout: float = 60.0) -> None:
-    """Until the restore has stored some records but under half of ``total``. Reads status.json itself every 20 ms:
-    `globald status` takes up to a second on a loaded machine, long enough to miss the window."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        doc = _status_file(d)
-        done = sum(_offsets(doc).values())
-        if doc.get("pid") == d.pid and doc.get("state") == "RESTORING" and 0 < done < total // 2:
-            return
-        if not d.alive():
-            raise AssertionError(f"daemon exited; log:\n{d.tail()}")
-        time.sleep(0.02)
-    raise AssertionError(f"never saw the restore between 0 and {total // 2} records; log:\n{d.tail()}")
-
-
 def finish(broker: Broker, d: DaemonProcess, topic: str, row: FaultRow, pid: int, more: int = 500) -> dict[str, Any]:
     """New records after the fault; the daemon must reach them, undegraded, without a wipe, equal to the oracle."""
     broker.admin.produce(topic, random_records(more, keys=2_000, seed=int(time.time())))
@@ -114,7 +89,8 @@ def test_broker_stopped_during_restore(own: Own, fault: Callable[[str, str], Fau
     broker.admin.produce(t, random_records(total, keys=20_000, seed=1, value_size=64))
     d = make({"tbl": t}, kafka=SLOW_FETCH, **CONFIG)
     pid = d.pid
-    wait_partway(d, total)
+    # The window is short: status.json is read every 20 ms, not through `globald status`.
+    wait_status(d, lambda s: s["state"] == "RESTORING" and 0 < sum(_offsets(s).values()) < total // 2)
     freeze(broker)
     frozen = d.status()
     assert frozen["state"] == "RESTORING", f"the restore ended before the broker was frozen: {frozen}"
