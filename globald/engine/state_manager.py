@@ -136,9 +136,7 @@ class StateManager:
         """Store the first offset of partitions the store holds nothing of: with no record below it that the log
         still has, the empty partition is the fold there, and the store's offsets then cover every partition."""
         if starts:
-            batch = rt.store.new_batch()
-            rt.store.put_offsets(batch, starts)
-            rt.store.write(batch)
+            rt.store.write_offsets(starts)
 
     # -- wipes and recovery -------------------------------------------------------------------------------------
 

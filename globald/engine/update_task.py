@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, KafkaError, Message
 from rocksdict import WriteBatch
@@ -136,17 +137,19 @@ class UpdateTask:
                 target.tb.null_keys += 1
         if run and target is not None and last is not None:
             target.close_run(partition, last, run)
-        self._write(result, batches)
+        self._write(result, batches, messages)
         return result
 
-    def _write(self, result: PollResult, batches: dict[str, WriteBatch | UpgradingBatch]) -> None:
+    def _write(self, result: PollResult, batches: dict[str, WriteBatch | UpgradingBatch],
+               messages: Sequence[Message] = ()) -> None:
         for name, tb in result.tables.items():
             if tb.invalid_offset is not None or not tb.positions:
                 continue
             rt = self._tables[name]
             batch = batches.get(name) or rt.store.new_batch()
             rt.store.put_offsets(batch, tb.positions)
-            rt.store.write(batch)  # raises on a store fault: no position moves
+            # raises on a store fault: no position moves
+            rt.store.write(batch, rebuild=partial(self._refold, rt, messages, tb.positions))
             self._positions[name].update(tb.positions)
             pending = self.unconfirmed_ends[name]
             for p, position in tb.positions.items():
@@ -156,6 +159,16 @@ class UpdateTask:
             totals = self.applied[name]
             totals.records += sum(tb.counts.values())
             totals.null_keys += tb.null_keys
+
+    def _refold(self, rt: TableRuntime, messages: Sequence[Message], positions: dict[int, int]
+                ) -> WriteBatch | UpgradingBatch:
+        """The batch ``update`` built for ``rt`` from ``messages``, made again (a write RocksDB held back)."""
+        batch = rt.store.new_batch()
+        for m in messages:
+            if m.error() is None and (self._only_topic or m.topic()) == rt.topic:
+                apply_record(m, batch.put, batch.delete)
+        rt.store.put_offsets(batch, positions)
+        return batch
 
     def confirm_ends(self, table: str, ends: Mapping[int, int]) -> dict[int, int]:
         """Settle ``table``'s unconfirmed ends with ``ends``, the partitions' ends the broker gave when asked after

@@ -24,6 +24,7 @@ from globald.kafka.clients import TransientKafkaError, make_consumer, partitions
 from globald.snapshot.exact_requests import Code
 from globald.snapshot.manifest import Offsets
 from globald.store.codec import encode_offset, partition_key
+from globald.store.failures import write, write_options
 from globald.store.names import (
     COLUMN_FAMILIES,
     FORMAT_VERSION,
@@ -140,15 +141,19 @@ class Builder:
                 meta[META_TOPIC] = table.topic.encode()
                 del meta
             consumed = self._apply(db, table.topic, start, target, deadline)
-            batch = WriteBatch(raw_mode=True)
-            offsets_cf = db.get_column_family_handle(OFFSETS_CF)
-            for p, o in target.items():
-                batch.put(partition_key(p), encode_offset(o), offsets_cf)
-            db.write(batch)
+
+            def batch() -> WriteBatch:
+                b = WriteBatch(raw_mode=True)
+                offsets_cf = db.get_column_family_handle(OFFSETS_CF)  # a handle held past close pins the database
+                for p, o in target.items():
+                    b.put(partition_key(p), encode_offset(o), offsets_cf)
+                return b
+
+            write(db, batch(), write_options(), "exact snapshot build: offsets", rebuild=batch)
             db.flush()
             values = db.get_column_family(VALUES_CF)
             records = int(values.property_int_value("rocksdb.estimate-num-keys") or 0)
-            del values, offsets_cf
+            del values
         finally:
             db.close()
         return Built(dict(target), records, consumed)
@@ -170,13 +175,21 @@ class Builder:
                     raise BuildRefused(Code.STOPPING, "the daemon is stopping")
                 if time.monotonic() > deadline:
                     raise BuildRefused(Code.TIMEOUT, f"build did not reach the target in time; left {todo}")
-                batch = WriteBatch(raw_mode=True)
-                batch.set_default_column_family(values)
+                applied: list[Message] = []
                 for m in c.consume(self.config.consume_batch_size, 0.2):
                     p = m.partition()
-                    if p is not None and p in todo:
-                        consumed += self._one(m, p, batch, todo, target)
-                db.write(batch)
+                    if p is not None and p in todo and self._one(m, p, todo, target):
+                        applied.append(m)
+                consumed += len(applied)
+
+                def batch(applied: list[Message] = applied) -> WriteBatch:
+                    b = WriteBatch(raw_mode=True)
+                    b.set_default_column_family(values)
+                    for m in applied:
+                        apply_record(m, b.put, b.delete)  # the same fold as the live store's
+                    return b
+
+                write(db, batch(), write_options(), "exact snapshot build", rebuild=batch)
                 done = [tp for tp in assignment if tp.partition not in todo]
                 if done:  # stop fetching what is no longer needed
                     c.pause(done)
@@ -186,7 +199,9 @@ class Builder:
         return consumed
 
     @staticmethod
-    def _one(m: Message, p: int, batch: WriteBatch, todo: dict[int, int], target: Offsets) -> int:
+    def _one(m: Message, p: int, todo: dict[int, int], target: Offsets) -> bool:
+        """Whether ``m`` is the next record the fold of partition ``p`` needs (then counted in ``todo``); raises
+        BuildRefused when the log can no longer give the records below ``target``."""
         offset = m.offset()
         expected, goal = todo[p], target[p]
         err = m.error()
@@ -196,16 +211,15 @@ class Builder:
             if err.code() == KafkaError._PARTITION_EOF and offset is not None and offset >= goal:
                 # The end is past the target, yet records below it never came (p is still to do).
                 raise BuildRefused(Code.COMPACTED, f"partition {p}: records in [{expected}, {goal}) are gone")
-            return 0
+            return False
         if offset is None:  # librdkafka gives every record its offset: a record without one cannot be placed
             raise RuntimeError(f"partition {p}: a record without an offset")
         if offset < expected:  # delivered twice (a fetch retried): already applied
-            return 0
+            return False
         if offset > expected:  # expected < goal here, so records the fold needs are missing
             raise BuildRefused(Code.COMPACTED,
                                f"partition {p}: expected offset {expected}, got {offset}; records were compacted")
-        apply_record(m, batch.put, batch.delete)  # the same fold as the live store's
         todo[p] = offset + 1
         if offset + 1 >= goal:
             del todo[p]
-        return 1
+        return True

@@ -1,16 +1,24 @@
-"""RocksDB and file-system errors mapped to globald's exception types, in one place.
+"""RocksDB and file-system errors mapped to globald's exception types, in one place, and the one way to write.
 
 rocksdict raises a bare ``Exception`` carrying RocksDB's status text. Text naming damaged or unreadable files
 means the store cannot be trusted (it is wiped and rebuilt); everything else (no space, I/O error, a lock) is a
-disk that may heal, which a wipe would not fix and which must never cost data.
+disk that may heal, which a wipe would not fix and which must never cost data. A write either lands whole or
+raises; it never waits on RocksDB for longer than ``WRITE_STALL_PATIENCE_S``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import logging
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
+
+from rocksdict import Rdict, WriteBatch, WriteOptions
 
 from globald.errors import GlobaldError, StoreCorruptError, StoreIOError, StoreUnavailableError
+
+log = logging.getLogger(__name__)
 
 # Errors of the disk or of a store, which the loop answers by rewinding to the stored offsets, never by ending.
 STORE_FAULTS = (StoreUnavailableError, StoreCorruptError, OSError)
@@ -43,3 +51,72 @@ def store_io(context: str) -> Iterator[None]:
         raise
     except Exception as e:
         raise classify(e, context) from e
+
+
+# RocksDB's answer to a write made with ``no_slowdown`` that it would otherwise hold back.
+WRITE_STALL = "Write stall"
+# How long a write may wait for RocksDB to make room (flushes and compactions catching up) before it counts as a
+# store fault. A healthy disk clears a stall in well under a second; a full disk clears it only once space returns.
+WRITE_STALL_PATIENCE_S = 30.0
+_STALL_SLEEP_S = (0.001, 0.05)  # first and longest sleep between looks at RocksDB's write controller
+_STALL_REPORTED_S = 1.0
+_HELD_BACK = ("rocksdb.is-write-stopped", "rocksdb.actual-delayed-write-rate")
+
+
+def write_options(disable_wal: bool = False, sync: bool = False) -> WriteOptions:
+    """Options for ``write``: ``no_slowdown`` always, so that a stall comes back as an error instead of a wait."""
+    o = WriteOptions()
+    # Properties at run time; rocksdict's type stub declares them as methods.
+    opts: Any = o
+    opts.disable_wal = disable_wal
+    opts.sync = sync
+    opts.no_slowdown = True
+    return o
+
+
+def write(db: Rdict, batch: WriteBatch, opts: WriteOptions, context: str,
+          rebuild: Callable[[], WriteBatch] | None = None, patience: float = WRITE_STALL_PATIENCE_S) -> None:
+    """Write ``batch`` atomically with ``opts`` (from ``write_options``), waiting out write stalls here.
+
+    RocksDB holds a write back while its flushes or compactions are behind, and rocksdict waits for it with the
+    GIL held: on a full disk every thread of the daemon (HTTP, status file, signal handling) froze until space
+    returned. Here a held-back write comes back at once; the wait for room is a Python sleep, and the write is
+    made again from ``rebuild()`` (rocksdict consumes a batch even when RocksDB refuses it). Without ``rebuild``
+    a held-back write fails. Raises StoreIOError once a stall outlasts ``patience`` (the loop treats it as any
+    store fault), or the classified error of any other failure. A write that raised left nothing behind.
+    """
+    stalled_at: float | None = None
+    sleep = _STALL_SLEEP_S[0]
+    while True:
+        try:
+            db.write(batch, opts)
+        except Exception as e:
+            if WRITE_STALL not in str(e):
+                raise classify(e, context) from e
+            if stalled_at is None:
+                stalled_at = time.monotonic()
+            sleep = _wait_for_room(db, sleep, stalled_at, patience, context)
+            if rebuild is None:
+                raise StoreIOError(f"{context}: RocksDB held the write back (flushes behind) and it cannot be made "
+                                   "again") from e
+            batch = rebuild()
+            continue
+        if stalled_at is not None and time.monotonic() - stalled_at >= _STALL_REPORTED_S:
+            log.info("%s: waited %.1fs for RocksDB to catch up with flushes and compactions", context,
+                     time.monotonic() - stalled_at)
+        return
+
+
+def _wait_for_room(db: Rdict, sleep: float, stalled_at: float, patience: float, context: str) -> float:
+    """Sleep until RocksDB's write controller neither stops nor delays writes, at least once (the controller may
+    hold back the very next write again); the sleeps grow from ``sleep`` and the next one is returned."""
+    while True:
+        time.sleep(sleep)
+        sleep = min(sleep * 2, _STALL_SLEEP_S[1])
+        waited = time.monotonic() - stalled_at
+        if waited >= patience:  # also when room shows up but each write made again is held back at once
+            raise StoreIOError(f"{context}: RocksDB held writes back for {waited:.0f}s (flushes or compactions not "
+                               "catching up: is the disk full or failing?)")
+        with store_io(context):
+            if not any(db.property_int_value(name) for name in _HELD_BACK):
+                return sleep

@@ -11,9 +11,8 @@ families, and compactions only rewrite flushed files.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, cast
 
-from rocksdict import BlockBasedOptions, Cache, DBCompressionType, MemtableFactory, Options, WriteOptions
+from rocksdict import BlockBasedOptions, Cache, DBCompressionType, MemtableFactory, Options
 
 from globald.config import StoreConfig
 from globald.store.names import COLUMN_FAMILIES, VALUES_CF
@@ -30,14 +29,6 @@ _L0_SLOWDOWN_MARGIN = 20
 _L0_STOP_MARGIN = 36
 _BULK_L0_SLOWDOWN_FACTOR = 2
 _BULK_L0_STOP_FACTOR = 3
-
-
-def write_options(disable_wal: bool = False, sync: bool = False) -> WriteOptions:
-    o = WriteOptions()
-    # Properties at run time; rocksdict's type stub declares them as methods.
-    cast(Any, o).disable_wal = disable_wal
-    cast(Any, o).sync = sync
-    return o
 
 
 @dataclass(frozen=True)

@@ -14,10 +14,11 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol, cast
 
-from rocksdict import Rdict, WriteBatch, WriteOptions
+from rocksdict import Rdict, WriteBatch
 
 from globald.errors import StoreUnavailableError
 from globald.store.codec import NO_TIMESTAMP, decode_value, encode_value
+from globald.store.failures import write, write_options
 from globald.store.names import DEFAULT_CF, VALUES_CF
 
 SURROGATE_TIMESTAMP = NO_TIMESTAMP  # what a plain value is served with: its record timestamp was never stored
@@ -141,7 +142,7 @@ class PlainMigration:
         self._values = db.get_column_family(VALUES_CF)
         self._values_handle = db.get_column_family_handle(VALUES_CF)
         self.plain_handle = db.get_column_family_handle(DEFAULT_CF)
-        self._write_opts = WriteOptions()
+        self._write_opts = write_options()
         self._cursor: bytes | None = None
         self._read: set[bytes] = set()
         self._lock = threading.Lock()
@@ -187,13 +188,17 @@ class PlainMigration:
     def _move(self, pairs: list[tuple[bytes, bytes]]) -> None:
         if not pairs:
             return
-        present = fetch_many(self._values, [k for k, _ in pairs])
-        batch = WriteBatch(raw_mode=True)
-        for (key, value), newer in zip(pairs, present, strict=True):
-            if newer is None:
-                batch.put(key, encode_value(SURROGATE_TIMESTAMP, value), self._values_handle)
-            batch.delete(key, self.plain_handle)
-        self._db.write(batch, self._write_opts)
+
+        def batch() -> WriteBatch:
+            present = fetch_many(self._values, [k for k, _ in pairs])
+            b = WriteBatch(raw_mode=True)
+            for (key, value), newer in zip(pairs, present, strict=True):
+                if newer is None:
+                    b.put(key, encode_value(SURROGATE_TIMESTAMP, value), self._values_handle)
+                b.delete(key, self.plain_handle)
+            return b
+
+        write(self._db, batch(), self._write_opts, "plain values upgrade", rebuild=batch)
         self.moved += len(pairs)
 
     def _empty(self) -> bool:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from rocksdict import Checkpoint, ColumnFamily, Rdict, WriteBatch
 from globald.errors import StoreCorruptError, StoreFormatError, StoreIOError, StoreUnavailableError
 from globald.store import checkpoint_file, plain
 from globald.store.codec import decode_format, decode_offset, encode_offset, partition_key, unreadable_format
-from globald.store.failures import store_io
+from globald.store.failures import store_io, write, write_options
 from globald.store.names import (
     COMPLETE_YES,
     FORMAT_MIXED,
@@ -42,10 +43,12 @@ from globald.store.names import (
     db_dir,
     table_dir,
 )
-from globald.store.options import StoreOptions, write_options
+from globald.store.options import StoreOptions
 from globald.store.plain import SURROGATE_TIMESTAMP, PlainMigration, UpgradingBatch
 
 log = logging.getLogger(__name__)
+
+Batch = WriteBatch | UpgradingBatch  # what ``new_batch`` gives
 
 @dataclass
 class OpenResult:
@@ -232,14 +235,17 @@ class TableStore:
         return self._has_data(None) or self._has_data(VALUES_CF)
 
     def _put_meta(self, entries: dict[bytes, bytes], sync: bool = False) -> None:
-        assert self._db is not None
-        batch = WriteBatch(raw_mode=True)
-        handle = self._db.get_column_family_handle(META_CF)
-        for k, v in entries.items():
-            batch.put(k, v, handle)
-        opts = write_options(sync=sync)
-        with store_io(f"table {self.table}: metadata write"):
-            self._db.write(batch, opts)
+        db = self._db
+        assert db is not None
+
+        def batch() -> WriteBatch:
+            b = WriteBatch(raw_mode=True)
+            handle = db.get_column_family_handle(META_CF)
+            for k, v in entries.items():
+                b.put(k, v, handle)
+            return b
+
+        write(db, batch(), write_options(sync=sync), f"table {self.table}: metadata write", rebuild=batch)
 
     def _import_checkpoint_file(self) -> tuple[dict[int, int], str]:
         """KIP-1035 interop: a store holding data but no offsets adopts those of a Kafka-format .checkpoint.
@@ -260,9 +266,7 @@ class TableStore:
             log.warning("table %s: ignoring offsets %s in %s: the store is empty, so it restores from the log start",
                         self.table, imported, path)
             return {}, "checkpoint offsets ignored: the store holds no data, so it restores from the log start"
-        batch = self.new_batch()
-        self.put_offsets(batch, imported)
-        self.write(batch)
+        self.write_offsets(imported)
         log.info("table %s: imported offsets %s from %s", self.table, imported, path)
         return imported, f"imported from {path}"
 
@@ -340,13 +344,24 @@ class TableStore:
 
     def put_offsets(self, batch: WriteBatch | UpgradingBatch, offsets: dict[int, int]) -> None:
         handle = self.db.get_column_family_handle(OFFSETS_CF)
-        inner = batch.inner if isinstance(batch, UpgradingBatch) else batch
+        inner = _inner(batch)
         for partition, offset in offsets.items():
             inner.put(partition_key(partition), encode_offset(offset), handle)
 
-    def write(self, batch: WriteBatch | UpgradingBatch) -> None:
-        with store_io(f"table {self.table}: write"):
-            self.db.write(batch.inner if isinstance(batch, UpgradingBatch) else batch, self._write_opts)
+    def write(self, batch: Batch, rebuild: Callable[[], Batch]) -> None:
+        """Write ``batch`` atomically. ``rebuild`` makes the same batch again, offsets included: a write that
+        RocksDB holds back (flushes behind) is made again from it once there is room (see ``failures.write``)."""
+        write(self.db, _inner(batch), self._write_opts, f"table {self.table}: write", rebuild=lambda: _inner(rebuild()))
+
+    def write_offsets(self, offsets: dict[int, int]) -> None:
+        """Store ``offsets`` alone (partitions whose next record the store holds no data below)."""
+
+        def batch() -> Batch:
+            b = self.new_batch()
+            self.put_offsets(b, offsets)
+            return b
+
+        self.write(batch(), rebuild=batch)
 
     def get(self, key: bytes) -> tuple[bytes, int] | None:
         """(value, timestamp) of ``key``. Safe from any thread; a plain value found is queued for its move."""
@@ -435,3 +450,7 @@ class TableStore:
         if self._migration is not None:
             n += int(self.db.property_int_value("rocksdb.estimate-num-keys") or 0)
         return n
+
+
+def _inner(batch: WriteBatch | UpgradingBatch) -> WriteBatch:
+    return batch.inner if isinstance(batch, UpgradingBatch) else batch

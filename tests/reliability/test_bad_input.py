@@ -21,6 +21,7 @@ from globald.store.table_store import TableStore
 from tests.harness import Broker, DaemonProcess, globald, random_records, write_config
 from tests.reliability.checks import check_store, live, same_process
 from tests.reliability.ledger import FaultRow
+from tests.stores import write_records
 
 pytestmark = pytest.mark.kafka
 
@@ -92,9 +93,7 @@ def test_garbage_checkpoint_file_is_never_trusted(broker: Broker, topic: Topic, 
     state = d.state_dir
     # A store with data but no offsets: the one case where the daemon imports a .checkpoint file.
     store = TableStore.open(state, "tbl", t, StoreOptions()).store
-    batch = store.new_batch()
-    batch.put(b"stale-key", encode_value(-1, b"from another tool"))
-    store.write(batch)
+    write_records(store, {b"stale-key": encode_value(-1, b"from another tool")}, {})
     store.close()
     checkpoint_path(state, "tbl").write_bytes(content.replace(b"TOPIC", t.encode()))
     row.injected += 1

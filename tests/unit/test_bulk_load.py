@@ -15,6 +15,7 @@ from globald.errors import StoreUnavailableError
 from globald.store.options import StoreOptions
 from globald.store.reader import StoreReader
 from globald.store.table_store import TableStore
+from tests.stores import write_records
 
 BATCH = 5_000
 
@@ -36,17 +37,21 @@ WRITER = textwrap.dedent(f"""
     store.begin_bulk_load()
     done = store.offsets().get(0, 0)
     for i in range(batches):
-        batch = store.new_batch()
         # Incompressible values when the compaction is the target: it then lasts long enough to be seen running.
         payload = os.urandom(100 * {BATCH}) if delay < 0 else b"v" * (100 * {BATCH})
-        for n, k in enumerate(range(done, done + {BATCH})):
-            batch.put(b"k%09d" % k, payload[n * 100:(n + 1) * 100])
-        # Key 0 again: every flushed file then spans the same range, as a restore's files do, and the compaction
-        # after the load rewrites them (files with disjoint ranges would only be moved down, in an instant).
-        batch.put(b"k%09d" % 0, payload[:100])
+
+        def batch(start=done, payload=payload):
+            b = store.new_batch()
+            for n, k in enumerate(range(start, start + {BATCH})):
+                b.put(b"k%09d" % k, payload[n * 100:(n + 1) * 100])
+            # Key 0 again: every flushed file then spans the same range, as a restore's files do, and the
+            # compaction after the load rewrites them (files with disjoint ranges would only be moved down).
+            b.put(b"k%09d" % 0, payload[:100])
+            store.put_offsets(b, {{0: start + {BATCH}}})
+            return b
+
+        store.write(batch(), rebuild=batch)
         done += {BATCH}
-        store.put_offsets(batch, {{0: done}})
-        store.write(batch)
         if i % 7 == 0:
             store.estimate_keys()
     store.end_bulk_load()
@@ -112,12 +117,8 @@ def _wait_for(condition: Callable[[], bool], timeout: float) -> bool:
 def _write_keys(store: TableStore, start: int, batches: int) -> int:
     done = start
     for _ in range(batches):
-        batch = store.new_batch()
-        for k in range(done, done + BATCH):
-            batch.put(b"k%09d" % k, b"v" * 100)
+        write_records(store, {b"k%09d" % k: b"v" * 100 for k in range(done, done + BATCH)}, {0: done + BATCH})
         done += BATCH
-        store.put_offsets(batch, {0: done})
-        store.write(batch)
     return done
 
 
@@ -151,11 +152,7 @@ def test_bulk_load_end_makes_everything_durable_and_reopens_for_serving(tmp_path
     store = TableStore.open(tmp_path, "tbl", "topic", StoreOptions()).store
     store.begin_bulk_load()
     assert store.bulk
-    batch = store.new_batch()
-    for k in range(1000):
-        batch.put(b"k%09d" % k, b"v" * 9)
-    store.put_offsets(batch, {0: 1000})
-    store.write(batch)
+    write_records(store, {b"k%09d" % k: b"v" * 9 for k in range(1000)}, {0: 1000})
     with pytest.raises(StoreUnavailableError):  # nothing is durable yet, so no commit may claim it
         store.sync()
     store.end_bulk_load()

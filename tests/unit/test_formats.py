@@ -32,6 +32,7 @@ from globald.store.reader import StoreReader
 from globald.store.table_store import TableStore
 from tests.harness import globald, write_config
 from tests.layouts import write_kafka_streams_store, write_plain_store
+from tests.stores import write_records
 
 Expected = dict[bytes, tuple[bytes, int]]
 
@@ -76,12 +77,8 @@ def test_plain_store_is_served_with_timestamp_minus_one_and_upgraded_lazily(tmp_
     assert store.upgrading and _read_all(store.path)[0] == FORMAT_MIXED
 
     # Overwrites and tombstones go to the timestamped layout and take the plain copy with them, in one batch.
-    batch = store.new_batch()
-    batch.put(b"key-00001", encode_value(1234, b"new"))
-    batch.delete(b"key-00002")
-    batch.put(b"key-99999", encode_value(5, b"fresh"))
-    store.put_offsets(batch, {0: 103})
-    store.write(batch)
+    write_records(store, {b"key-00001": encode_value(1234, b"new"), b"key-00002": None,
+                          b"key-99999": encode_value(5, b"fresh")}, {0: 103})
     expected.update({b"key-00001": (b"new", 1234), b"key-99999": (b"fresh", 5)})
     del expected[b"key-00002"]
     assert {b"key-00001", b"key-00002"}.isdisjoint(_default_family_keys(store))
@@ -143,10 +140,7 @@ def _bump_format(path: Path, version: int) -> None:
 
 def test_newer_format_is_refused_by_readers_and_rebuilt_by_the_owner(tmp_path: Path) -> None:
     store = TableStore.open(tmp_path, "tbl", "topic", StoreOptions()).store
-    batch = store.new_batch()
-    batch.put(b"k", encode_value(1, b"v"))
-    store.put_offsets(batch, {0: 1})
-    store.write(batch)
+    write_records(store, {b"k": encode_value(1, b"v")}, {0: 1})
     store.close()
     _bump_format(db_dir(tmp_path, "tbl"), FORMAT_VERSION + 1)  # as a newer globald would leave it
 

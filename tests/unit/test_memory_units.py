@@ -14,16 +14,13 @@ import pytest
 from globald.ops import memory
 from globald.store.options import StoreOptions
 from globald.store.table_store import TableStore
+from tests.stores import write_records
 
 
 def test_memory_doc_reports_rss_and_each_open_store(tmp_path: Path) -> None:
     store = TableStore.open(tmp_path, "t", "topic", StoreOptions(block_cache_mb=1, write_buffer_mb=1)).store
     try:
-        batch = store.new_batch()
-        for i in range(1000):
-            batch.put(b"key-%05d" % i, b"v" * 100)
-        store.put_offsets(batch, {0: 1000})
-        store.write(batch)
+        write_records(store, {b"key-%05d" % i: b"v" * 100 for i in range(1000)}, {0: 1000})
         store.checkpoint(tmp_path / "copy")  # flushes: the new table file's index and filter go to the cache
         doc = memory.memory_doc({"t": store})
         t = doc["tables"]["t"]

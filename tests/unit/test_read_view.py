@@ -26,6 +26,7 @@ from globald.store.options import StoreOptions
 from globald.store.reader import StoreReader
 from globald.store.table_store import TableStore
 from tests.harness import globald, open_store_db, write_config
+from tests.stores import write_records
 
 SID = "1700000000000042"
 OLD = {b"both": b"old-both", b"gone": b"old-gone", b"other": b"old-other"}  # the version before the wipe
@@ -37,11 +38,7 @@ EXIT_UNAVAILABLE = 3
 
 def fill(state: Path, values: dict[bytes, bytes], offsets: dict[int, int]) -> TableStore:
     store = TableStore.open(state, "tbl", "topic", StoreOptions()).store
-    batch = store.new_batch()
-    for k, v in values.items():
-        batch.put(k, encode_value(1_700_000_000_000, v), store.values_handle)
-    store.put_offsets(batch, offsets)
-    store.write(batch)
+    write_records(store, {k: encode_value(1_700_000_000_000, v) for k, v in values.items()}, offsets)
     return store
 
 

@@ -14,6 +14,7 @@ from globald.store.options import StoreOptions
 from globald.store.reader import StoreReader
 from globald.store.table_store import TableStore
 from tests.layouts import write_plain_store
+from tests.stores import write_records
 
 
 def test_value_encoding_round_trip() -> None:
@@ -55,10 +56,7 @@ def test_offsets_are_written_with_data_and_checkpoint_imported_on_first_open(tmp
     opened = TableStore.open(tmp_path, "tbl", "topic", StoreOptions())
     assert opened.imported == {0: 42} and opened.wiped_reason is None and not opened.crashed
     store = opened.store
-    batch = store.new_batch()
-    batch.put(b"k", encode_value(-1, b"v"))
-    store.put_offsets(batch, {0: 43})
-    store.write(batch)
+    write_records(store, {b"k": encode_value(-1, b"v")}, {0: 43})
     with StoreReader(store.path) as r:  # a read-only open beside the live owner
         assert r.offsets() == {0: 43} and r.get(b"k") == (b"v", -1)
     store.close(clean=False)  # as after a crash

@@ -110,3 +110,22 @@ def test_a_failed_write_moves_no_position(tmp_path: Path) -> None:
     with pytest.raises(StoreUnavailableError):
         task.update([Event(0, 10), Event(0, 11)])
     assert task.positions("tbl") == {0: 10} and not task.dirty
+
+
+def test_a_held_back_write_is_made_again_with_the_same_records_and_offsets(tmp_path: Path) -> None:
+    """When RocksDB holds a write back, the batch (consumed by rocksdict) is made again from the poll's records:
+    the store it leaves must equal the one the poll's own batch leaves, tombstones, null keys and errors included."""
+    poll = [Event(0, 10, _key=b"a", _value=b"1"), Event(0, 11, _key=b"b", _value=b"2"),
+            Event(0, 12, _key=None, _value=b"null key"), Event(0, 13, _key=b"a", _value=None),
+            Event(0, 14, KafkaError._PARTITION_EOF), Event(0, 14, _key=b"c", _value=b"3"),
+            Event(0, 15, _key=b"b", _value=b"4")]
+    rt, task = _task(tmp_path / "once")
+    task.update(poll)
+    again, other = _task(tmp_path / "again")
+    again.store.write(other._refold(again, poll, {0: 16}), rebuild=lambda: pytest.fail("no stall expected"))
+    assert rt.store.offsets() == again.store.offsets() == {0: 16}
+    expected = {b"b": (b"4", -1), b"c": (b"3", -1)}  # -1: the events carry no timestamp
+    assert {k: rt.store.get(k) for k in (b"a", b"b", b"c")} == {b"a": None, **expected}
+    assert {k: again.store.get(k) for k in (b"a", b"b", b"c")} == {b"a": None, **expected}
+    rt.store.close()
+    again.store.close()
