@@ -16,7 +16,7 @@ import logging
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rocksdict import Checkpoint, ColumnFamily, Rdict, WriteBatch
@@ -24,7 +24,7 @@ from rocksdict import Checkpoint, ColumnFamily, Rdict, WriteBatch
 from globald.errors import StoreCorruptError, StoreFormatError, StoreIOError, StoreUnavailableError
 from globald.store import checkpoint_file, plain
 from globald.store.codec import decode_format, decode_offset, encode_offset, partition_key, unreadable_format
-from globald.store.failures import store_io, write, write_options
+from globald.store.failures import STALLS, Stalls, store_io, write, write_options
 from globald.store.names import (
     COMPLETE_YES,
     FORMAT_MIXED,
@@ -77,6 +77,7 @@ class TableStore:
         self._migration: PlainMigration | None = None  # set while the store is FORMAT_MIXED
         self._write_opts = write_options()
         self._bulk = False
+        self._stalls_at_load = Stalls()
 
     # -- lifecycle ------------------------------------------------------------------------------------------
 
@@ -186,6 +187,7 @@ class TableStore:
         if not self._bulk and self._migration is None:  # a store being upgraded keeps its usual write path
             self._disconnect()
             self._connect(bulk=True)
+            self._stalls_at_load = replace(STALLS)
             log.info("table %s: bulk load started (WAL off until the restore ends)", self.table)
 
     def end_bulk_load(self) -> None:
@@ -203,7 +205,9 @@ class TableStore:
         if durable != written:
             raise StoreIOError(f"table {self.table}: the bulk load's flush did not reach the disk: offsets {durable} "
                                f"are durable, {written} were written (no space, or an I/O error)")
-        log.info("table %s: bulk load ended: flushed, WAL on", self.table)
+        was = self._stalls_at_load
+        log.info("table %s: bulk load ended: flushed, WAL on; writes held back by RocksDB: %d (%.1fs), made again: %d",
+                 self.table, STALLS.waited - was.waited, STALLS.seconds - was.seconds, STALLS.remade - was.remade)
 
     def _adopt(self, fresh: bool, version: bytes | None) -> int:
         """The store's format, after stamping a fresh or plain store. Raises StoreCorruptError when unreadable."""
