@@ -7,6 +7,8 @@ from __future__ import annotations
 import errno
 import os
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -16,6 +18,20 @@ def mount_tmpfs(path: Path, size_mb: int) -> str | None:
     r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_mb}m,mode=0700", "tmpfs", str(path)],
                        capture_output=True, text=True)
     return None if r.returncode == 0 else (r.stderr.strip() or f"mount exited {r.returncode}")
+
+
+@contextmanager
+def tmpfs(path: Path, size_mb: int) -> Iterator[Path]:
+    """A tmpfs of ``size_mb`` mounted at ``path`` for a test, unmounted after; skips the test where it cannot be."""
+    why = mount_tmpfs(path, size_mb)
+    if why is not None:
+        import pytest  # only tests call this; the soak decides for itself
+
+        pytest.skip(f"cannot mount a {size_mb} MB tmpfs to fill up (needs root or CAP_SYS_ADMIN): {why}")
+    try:
+        yield path
+    finally:
+        unmount(path)
 
 
 def bind_read_only(path: Path) -> str | None:

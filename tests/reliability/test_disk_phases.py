@@ -11,8 +11,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,24 +21,13 @@ from globald.store import checkpoint_file
 from globald.store.names import checkpoint_path, db_dir
 from tests.harness import Broker, DaemonProcess, random_records
 from tests.reliability.checks import check_snapshots, check_store, read_store, same_process, watch
-from tests.reliability.disk import fill, mount_tmpfs, unmount
+from tests.reliability.disk import fill, tmpfs
 from tests.reliability.ledger import FaultRow
 
 pytestmark = pytest.mark.kafka
 
 Daemon = Callable[..., DaemonProcess]
 Topic = Callable[..., str]
-
-
-@contextmanager
-def tmpfs(path: Path, size_mb: int) -> Iterator[Path]:
-    why = mount_tmpfs(path, size_mb)
-    if why is not None:
-        pytest.skip(f"cannot mount a {size_mb} MB tmpfs to fill up (needs root or CAP_SYS_ADMIN): {why}")
-    try:
-        yield path
-    finally:
-        unmount(path)
 
 
 def no_false_claims(broker: Broker, state_dir: Path, table: str, topic: str, row: FaultRow) -> None:

@@ -19,7 +19,7 @@ import pytest
 from globald.store.names import db_dir
 from tests.harness import Broker, DaemonProcess, globald, random_records, write_config
 from tests.reliability.checks import check_snapshots, check_store, same_process, snapshots_available, watch
-from tests.reliability.disk import bind_read_only, fill, mount_tmpfs, unmount
+from tests.reliability.disk import bind_read_only, fill, tmpfs, unmount
 from tests.reliability.ledger import FaultRow
 
 pytestmark = pytest.mark.kafka
@@ -84,17 +84,6 @@ def test_damaged_store_is_wiped_and_rebuilt(broker: Broker, topic: Topic, daemon
     check = check_store(broker, d.state_dir, "tbl", t)
     assert row.diverged(check.divergences) == 0 and check.readable, check
     assert "WIPE" in d.log.read_text() and doc["degraded"] is None
-
-
-@contextmanager
-def tmpfs(path: Path, size_mb: int) -> Iterator[Path]:
-    why = mount_tmpfs(path, size_mb)
-    if why is not None:
-        pytest.skip(f"cannot mount a {size_mb} MB tmpfs to fill up (needs root or CAP_SYS_ADMIN): {why}")
-    try:
-        yield path
-    finally:
-        unmount(path)
 
 
 def test_disk_full_then_space_returns(broker: Broker, topic: Topic, daemon: Daemon, tmp_path: Path,
