@@ -121,19 +121,44 @@ def consume_only(job: Job) -> Run:
                 if m.error() is not None:
                     n -= 1
             # Records are not even looked at: the end is found from the last message of each partition.
-            unseen = set(ends.todo)
-            for m in reversed(messages):
-                p = m.partition()
-                if p not in unseen:
+            _reach_ends(messages, ends)
+        return Run(time.monotonic() - started, n, time.process_time() - cpu)
+
+
+def _reach_ends(messages: list[Any], ends: _Ends) -> None:
+    """Mark the partitions whose end ``messages`` reach, from the last message of each."""
+    unseen = set(ends.todo)
+    for m in reversed(messages):
+        p = m.partition()
+        if p not in unseen:
+            continue
+        unseen.discard(p)
+        err = m.error()
+        if err is None:
+            ends.reached(p, m.offset() + 1)
+        elif err.code() == _EOF:
+            ends.reached(p, m.offset())
+        if not unseen:
+            break
+
+
+def read_fields(job: Job) -> Run:
+    """consume-only plus reading each record's key, value and timestamp, nothing written: the floor of any restore
+    that takes records through confluent-kafka's Message objects (globald's per-record work minus the store)."""
+    started, cpu = time.monotonic(), time.process_time()
+    n = 0
+    with _reading(job, with_store=False) as (c, ends, _):
+        while ends.todo:
+            messages = _batch(c, job.batch)
+            for m in messages:  # what globald's update loop reads of each record
+                if m.error() is not None:
                     continue
-                unseen.discard(p)
-                err = m.error()
-                if err is None:
-                    ends.reached(p, m.offset() + 1)
-                elif err.code() == _EOF:
-                    ends.reached(p, m.offset())
-                if not unseen:
-                    break
+                n += 1
+                m.partition()
+                m.key()
+                m.value()
+                m.timestamp()
+            _reach_ends(messages, ends)
         return Run(time.monotonic() - started, n, time.process_time() - cpu)
 
 
@@ -294,6 +319,7 @@ PIPELINES: dict[str, Callable[[Job], Run]] = {
     "globald": globald_restore,
     "raw_batch": raw_batch,
     "consume_only": consume_only,
+    "read_fields": read_fields,
     "per_record": per_record,
     "raw_batch_librdkafka_fetch": raw_batch_librdkafka_fetch,
 }

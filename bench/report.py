@@ -14,6 +14,7 @@ RESTORE_LABELS = {
     "globald": "globald (GlobalThread, to RUNNING)",
     "raw_batch": "raw batch pipeline",
     "consume_only": "consume only (limit)",
+    "read_fields": "consume + read each record's fields, no store",
     "per_record": "per-record (quix/faust design)",
     "raw_batch_librdkafka_fetch": "raw batch, librdkafka fetch defaults",
 }
