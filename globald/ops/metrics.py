@@ -18,6 +18,7 @@ from globald import __version__
 from globald.ops.progress import RestoreStats
 from globald.states import State
 from globald.status import DaemonStatus
+from globald.store.failures import Stalls
 
 PREFIX = "globald"
 
@@ -40,6 +41,7 @@ class Sample:
     consumer_errors: int = 0
     restores: dict[str, RestoreStats] = field(default_factory=dict)
     snapshots: dict[str, SnapshotStats] = field(default_factory=dict)
+    write_stalls: Stalls = field(default_factory=Stalls)
 
 
 class DaemonCollector(Collector):
@@ -132,6 +134,13 @@ def _counters(s: Sample) -> Iterator[Metric]:
         hooks.add_metric([kind], n)
     yield hooks
     yield CounterMetricFamily(f"{PREFIX}_consumer_errors", "Transient consumer errors", value=s.consumer_errors)
+    stalls = s.write_stalls
+    yield CounterMetricFamily(f"{PREFIX}_write_stalls", "Store writes that waited for RocksDB to make room",
+                              value=stalls.waited)
+    yield CounterMetricFamily(f"{PREFIX}_write_stall_seconds", "Time store writes waited for RocksDB to make room",
+                              value=stalls.seconds)
+    yield CounterMetricFamily(f"{PREFIX}_writes_remade", "Write batches RocksDB refused and that were made again",
+                              value=stalls.remade)
 
 
 def _snapshots(s: Sample) -> Iterator[Metric]:

@@ -34,6 +34,7 @@ from globald.ops.progress import ProgressDisplay, ProgressOptions, RestoreTracke
 from globald.ops.sdnotify import Notifier
 from globald.states import State
 from globald.status import DaemonStatus, HttpAddress, RestoreStatus
+from globald.store.failures import STALLS
 
 log = logging.getLogger(__name__)
 
@@ -155,7 +156,8 @@ class Operations:
         self._sample = Sample(
             doc=doc, wipes=dict(self.manager.wipes), commits=self._commits,
             callback_failures=self.stats.service_failures, hook_failures=failures,
-            consumer_errors=self.stats.consumer_errors, restores=self.tracker.stats(), snapshots=snapshots)
+            consumer_errors=self.stats.consumer_errors, restores=self.tracker.stats(), snapshots=snapshots,
+            write_stalls=dataclasses.replace(STALLS))
         return doc
 
     def _live_readiness(self) -> Readiness:

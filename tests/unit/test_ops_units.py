@@ -21,9 +21,12 @@ from globald.logs import JsonFormatter, PlainFormatter, Redactor
 from globald.ops import operator_requests
 from globald.ops.health import liveness, readiness
 from globald.ops.hooks import HookRunner
+from globald.ops.metrics import Metrics, Sample
 from globald.ops.progress import ProgressDisplay, ProgressOptions, RestoreTracker
 from globald.ops.sdnotify import Notifier
 from globald.states import State
+from globald.status import DaemonStatus
+from globald.store.failures import Stalls
 
 
 class Servable:
@@ -273,3 +276,12 @@ def test_request_inbox_claims_each_request_once(tmp_path: Path) -> None:
     with pytest.raises(Exception, match="request cancelled, nothing was wiped"):
         operator_requests.ask_daemon_to_reset(tmp_path, "customers", timeout=0.3)
     assert list((tmp_path / "requests").iterdir()) == [] and len(resets) == 1
+
+
+def test_write_stall_counters_reach_metrics() -> None:
+    sample = Sample(doc=DaemonStatus(state=State.RUNNING, pid=1, tables={}),
+                    write_stalls=Stalls(waited=3, remade=2, seconds=1.5))
+    text = Metrics(lambda: sample, lambda: (0.0, 0.0)).render().decode()
+    assert "globald_write_stalls_total 3.0" in text
+    assert "globald_write_stall_seconds_total 1.5" in text
+    assert "globald_writes_remade_total 2.0" in text
