@@ -18,6 +18,7 @@ from globald.store.table_store import TableStore
 from tests.stores import write_records
 
 BATCH = 5_000
+REPO = Path(__file__).resolve().parents[2]
 
 # Writes batches whose offset is the number of keys written so far, then ends the bulk load; a timer thread
 # kills the process (os._exit skips every close and flush) after the given delay, or, with a negative delay, the
@@ -27,6 +28,7 @@ WRITER = textwrap.dedent(f"""
     from pathlib import Path
     from globald.store.options import StoreOptions
     from globald.store.table_store import TableStore
+    from tests.stores import write_records
 
     state, delay, batches, l0_files = Path(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
     options = StoreOptions(write_buffer_mb=2, bulk_l0_mb=2 * l0_files)
@@ -39,18 +41,11 @@ WRITER = textwrap.dedent(f"""
     for i in range(batches):
         # Incompressible values when the compaction is the target: it then lasts long enough to be seen running.
         payload = os.urandom(100 * {BATCH}) if delay < 0 else b"v" * (100 * {BATCH})
-
-        def batch(start=done, payload=payload):
-            b = store.new_batch()
-            for n, k in enumerate(range(start, start + {BATCH})):
-                b.put(b"k%09d" % k, payload[n * 100:(n + 1) * 100])
-            # Key 0 again: every flushed file then spans the same range, as a restore's files do, and the
-            # compaction after the load rewrites them (files with disjoint ranges would only be moved down).
-            b.put(b"k%09d" % 0, payload[:100])
-            store.put_offsets(b, {{0: start + {BATCH}}})
-            return b
-
-        store.write(batch(), rebuild=batch)
+        records = {{b"k%09d" % k: payload[n * 100:(n + 1) * 100] for n, k in enumerate(range(done, done + {BATCH}))}}
+        # Key 0 again: every flushed file then spans the same range, as a restore's files do, and the compaction
+        # after the load rewrites them (files with disjoint ranges would only be moved down, in an instant).
+        records[b"k%09d" % 0] = payload[:100]
+        write_records(store, records, {{0: done + {BATCH}}})
         done += {BATCH}
         if i % 7 == 0:
             store.estimate_keys()
@@ -69,6 +64,7 @@ WRITER = textwrap.dedent(f"""
 
 def _kill_during_bulk_load(state: Path, delay: float, batches: int, l0_files: int = 64) -> None:
     proc = subprocess.run([sys.executable, "-c", WRITER, str(state), str(delay), str(batches), str(l0_files)],
+                          cwd=REPO,  # where the writer finds tests.stores
                           timeout=60, capture_output=True, text=True)
     assert proc.returncode == 9, proc.stderr
 
