@@ -17,11 +17,10 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, KafkaError, Message
-from rocksdict import WriteBatch
 
 from globald.engine.table import TableRuntime
 from globald.store.codec import NO_TIMESTAMP, encode_value
-from globald.store.plain import UpgradingBatch
+from globald.store.table_store import Batch
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +103,7 @@ class UpdateTask:
         # The restore's hot loop. A fetch delivers long runs of one partition, so the table lookup, the record
         # count and the next-offset are settled once per run; per record only the record itself is read.
         result = PollResult()
-        batches: dict[str, WriteBatch | UpgradingBatch] = {}
+        batches: dict[str, Batch] = {}
         topic: str | None = None
         partition = -1
         target: _Target | None = None
@@ -140,7 +139,7 @@ class UpdateTask:
         self._write(result, batches, messages)
         return result
 
-    def _write(self, result: PollResult, batches: dict[str, WriteBatch | UpgradingBatch],
+    def _write(self, result: PollResult, batches: dict[str, Batch],
                messages: Sequence[Message] = ()) -> None:
         for name, tb in result.tables.items():
             if tb.invalid_offset is not None or not tb.positions:
@@ -160,8 +159,7 @@ class UpdateTask:
             totals.records += sum(tb.counts.values())
             totals.null_keys += tb.null_keys
 
-    def _refold(self, rt: TableRuntime, messages: Sequence[Message], positions: dict[int, int]
-                ) -> WriteBatch | UpgradingBatch:
+    def _refold(self, rt: TableRuntime, messages: Sequence[Message], positions: dict[int, int]) -> Batch:
         """The batch ``update`` built for ``rt`` from ``messages``, made again (a write RocksDB held back)."""
         batch = rt.store.new_batch()
         for m in messages:
@@ -186,7 +184,7 @@ class UpdateTask:
         return tb.positions
 
     def _target(self, topic: str | None, result: PollResult,
-                batches: dict[str, WriteBatch | UpgradingBatch]) -> _Target | None:
+                batches: dict[str, Batch]) -> _Target | None:
         """Where records of ``topic`` go in this poll; None when they are to be skipped."""
         rt = self._by_topic.get(topic or "")
         if rt is None:
@@ -240,7 +238,7 @@ class _Target:
 
     __slots__ = ("delete", "put", "tb")
 
-    def __init__(self, tb: TableBatch, batch: WriteBatch | UpgradingBatch) -> None:
+    def __init__(self, tb: TableBatch, batch: Batch) -> None:
         self.tb = tb
         self.put: Put = batch.put
         self.delete: Delete = batch.delete

@@ -50,6 +50,7 @@ log = logging.getLogger(__name__)
 
 Batch = WriteBatch | UpgradingBatch  # what ``new_batch`` gives
 
+
 @dataclass
 class OpenResult:
     store: TableStore
@@ -331,7 +332,7 @@ class TableStore:
     def values_handle(self) -> object:
         return self._values
 
-    def new_batch(self) -> WriteBatch | UpgradingBatch:
+    def new_batch(self) -> Batch:
         """A batch whose put/delete address the values (offsets go through ``put_offsets``)."""
         batch = WriteBatch(raw_mode=True)
         batch.set_default_column_family(self._values)
@@ -346,7 +347,7 @@ class TableStore:
             raise StoreUnavailableError(f"table {self.table}: store is closed or holds no plain values")
         return self._migration.plain_handle
 
-    def put_offsets(self, batch: WriteBatch | UpgradingBatch, offsets: dict[int, int]) -> None:
+    def put_offsets(self, batch: Batch, offsets: dict[int, int]) -> None:
         handle = self.db.get_column_family_handle(OFFSETS_CF)
         inner = _inner(batch)
         for partition, offset in offsets.items():
@@ -456,5 +457,5 @@ class TableStore:
         return n
 
 
-def _inner(batch: WriteBatch | UpgradingBatch) -> WriteBatch:
+def _inner(batch: Batch) -> WriteBatch:
     return batch.inner if isinstance(batch, UpgradingBatch) else batch
