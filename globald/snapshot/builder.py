@@ -19,7 +19,7 @@ from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 from rocksdict import Rdict, WriteBatch
 
 from globald.config import Config, TableConfig
-from globald.engine.update_task import apply_record
+from globald.engine.update_task import fold
 from globald.kafka.clients import TransientKafkaError, make_consumer, partitions, watermarks
 from globald.snapshot.exact_requests import Code
 from globald.snapshot.manifest import Offsets
@@ -185,8 +185,7 @@ class Builder:
                 def batch(applied: list[Message] = applied) -> WriteBatch:
                     b = WriteBatch(raw_mode=True)
                     b.set_default_column_family(values)
-                    for m in applied:
-                        apply_record(m, b.put, b.delete)  # the same fold as the live store's
+                    fold(applied, b.put, b.delete)  # the same fold as the live store's
                     return b
 
                 write(db, batch(), write_options(), "exact snapshot build", rebuild=batch)

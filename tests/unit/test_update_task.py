@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,12 +27,14 @@ class Event:
     _code: int | None = None
     _key: bytes | None = b"k"
     _value: bytes | None = b"v"
+    _topic: str = "t"
+    _ts: int = 0
 
     def error(self) -> KafkaError | None:
         return None if self._code is None else KafkaError(self._code)
 
     def topic(self) -> str:
-        return "t"
+        return self._topic
 
     def partition(self) -> int:
         return self._partition
@@ -46,7 +49,7 @@ class Event:
         return self._value
 
     def timestamp(self) -> tuple[int, int]:
-        return (0, 0)
+        return (1, self._ts) if self._ts else (0, 0)  # (TIMESTAMP_CREATE_TIME, ts), or none given
 
 
 def _task(tmp_path: Path) -> tuple[TableRuntime, UpdateTask]:
@@ -129,3 +132,61 @@ def test_a_held_back_write_is_made_again_with_the_same_records_and_offsets(tmp_p
     assert {k: again.store.get(k) for k in (b"a", b"b", b"c")} == {b"a": None, **expected}
     rt.store.close()
     again.store.close()
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_polls_of_interleaved_runs_leave_each_table_equal_to_the_fold_of_its_records(tmp_path: Path,
+                                                                                      seed: int) -> None:
+    """Two tables, three partitions each, polls mixing runs of every length with end-of-partition and transient
+    error events in the middle of a run, records of a topic no table reads, null keys and tombstones: after each
+    poll every table holds the last value per key of its records so far, and positions just past its last records."""
+    rnd = random.Random(seed)
+    runtimes = {}
+    for name, topic in (("one", "t1"), ("two", "t2")):
+        store = TableStore.open(tmp_path / name, name, topic, StoreOptions()).store
+        runtimes[name] = TableRuntime(config=TableConfig(name, topic), store=store,
+                                      machine=StateMachine(lambda *a: None, name))
+    task = UpdateTask(runtimes)
+    for name in runtimes:
+        task.start(name, {})
+    next_offset = {(t, p): 0 for t in ("t1", "t2", "other") for p in range(3)}
+    oracle: dict[str, dict[bytes, tuple[bytes, int]]] = {"one": {}, "two": {}}
+    applied = {"one": 0, "two": 0}
+    for _ in range(12):
+        poll: list[Event] = []
+        while len(poll) < rnd.randrange(1, 300):
+            topic, p = rnd.choice(["t1", "t2", "other"]), rnd.randrange(3)
+            for _ in range(rnd.choice([1, 1, 2, 5, 40])):
+                roll = rnd.random()
+                o = next_offset[topic, p]
+                if roll < 0.04:
+                    poll.append(Event(p, o, KafkaError._PARTITION_EOF, _topic=topic))
+                    continue
+                if roll < 0.06:
+                    poll.append(Event(p, o, KafkaError._TRANSPORT, _topic=topic))
+                    continue
+                key = None if roll < 0.1 else b"k%d" % rnd.randrange(60)
+                value = None if roll < 0.25 else rnd.randbytes(rnd.randrange(0, 12))
+                ts = rnd.choice([0, 1_700_000_000_000 + o])
+                poll.append(Event(p, o, _key=key, _value=value, _topic=topic, _ts=ts))
+                next_offset[topic, p] = o + 1
+                table = {"t1": "one", "t2": "two"}.get(topic)
+                if table is None or key is None:
+                    applied[table] = applied.get(table, 0) + (table is not None)
+                    continue
+                applied[table] += 1
+                if value is None:
+                    oracle[table].pop(key, None)
+                else:
+                    oracle[table][key] = (value, ts or -1)
+        result = task.update(poll)
+        assert len(result.errors) == sum(e._code == KafkaError._TRANSPORT for e in poll)
+        for name, topic in (("one", "t1"), ("two", "t2")):
+            store = runtimes[name].store
+            expected = {p: next_offset[topic, p] for p in range(3) if next_offset[topic, p]}
+            assert store.offsets() == expected == task.positions(name)
+            held = {k: store.get(k) for k in (b"k%d" % i for i in range(60))}
+            assert {k: v for k, v in held.items() if v is not None} == oracle[name]
+            assert task.applied[name].records == applied[name]
+    for rt in runtimes.values():
+        rt.store.close()
