@@ -46,6 +46,7 @@ class Dataset:
     produced: int
     produce_seconds: float
     offsets: dict[int, tuple[int, int]]  # partition -> (log start, log end) right after producing
+    seed: int = 42  # records(produced, seed) gives the topic's records again
 
     @property
     def in_log(self) -> int:
@@ -63,4 +64,5 @@ def create(admin: TopicAdmin, topic: str, n: int, partitions: int = 3, seed: int
     started = time.monotonic()
     produced = admin.produce(topic, records(n, seed))
     took = time.monotonic() - started
-    return Dataset(topic=topic, produced=produced, produce_seconds=took, offsets=admin.watermarks(topic))
+    return Dataset(topic=topic, produced=produced, produce_seconds=took, offsets=admin.watermarks(topic),
+                   seed=seed)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -19,6 +19,7 @@ from typing import Any
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaError, TopicPartition
 from rocksdict import Rdict, WriteBatch
 
+from bench.data import Record
 from globald.config import Config
 from globald.engine.events import EventBus, deliver
 from globald.engine.loop import LoopService
@@ -30,6 +31,7 @@ from globald.states import Listeners, State
 from globald.store.codec import NO_TIMESTAMP, encode_offset, pack_i64, partition_key
 from globald.store.names import OFFSETS_CF, VALUES_CF
 from globald.store.options import L0_COMPACTION_TRIGGER, StoreOptions
+from globald.store.table_store import TableStore
 
 _EOF = KafkaError._PARTITION_EOF
 
@@ -44,6 +46,7 @@ class Job:
     config: Callable[[Path], Config]  # globald's config for a state_dir
     batch: int = 10_000
     options: StoreOptions = field(default_factory=StoreOptions)
+    records: Callable[[], Iterable[Record]] | None = None  # the topic's records, made again in memory
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,7 @@ class Run:
     # globald only: from RUNNING until the files its bulk load left in L0 are merged (in the background, served)
     settle_seconds: float | None = None
     settle_cpu_seconds: float | None = None
+    broker_cpu_seconds: float | None = None  # the embedded broker's CPU meanwhile (it shares the machine's cores)
 
     @property
     def rate(self) -> float:
@@ -226,6 +230,34 @@ def per_record(job: Job) -> Run:
         return Run(time.monotonic() - started, n, time.process_time() - cpu)
 
 
+def store_only(job: Job) -> Run:
+    """The store's share of a restore, without Kafka: the topic's records, made in memory beforehand, written as
+    globald's bulk load writes them (a WriteBatch of ``batch`` timestamped values and the offsets per write) and
+    flushed durable. Its CPU plus consume-only's is the CPU that no restore into RocksDB avoids."""
+    assert job.records is not None, "store_only needs the records"
+    stamp = pack_i64(NO_TIMESTAMP)
+    made = [(k, None if v is None else stamp + v) for k, v in job.records() if k is not None]
+    store = TableStore.open(job.workdir, "bench", job.topic, job.options).store
+    try:
+        store.begin_bulk_load()
+        started, cpu = time.monotonic(), time.process_time()
+        for start in range(0, len(made), job.batch):
+            def batch(start: int = start) -> Any:
+                b = store.new_batch()
+                for k, v in made[start:start + job.batch]:
+                    if v is None:
+                        b.delete(k)
+                    else:
+                        b.put(k, v)
+                store.put_offsets(b, {0: start + job.batch})
+                return b
+            store.write(batch(), rebuild=batch)
+        store.end_bulk_load()
+        return Run(time.monotonic() - started, len(made), time.process_time() - cpu)
+    finally:
+        store.close()
+
+
 class _Probes:
     def __init__(self, probes: list[Callable[[], None]]) -> None:
         self._probes = probes
@@ -320,6 +352,7 @@ PIPELINES: dict[str, Callable[[Job], Run]] = {
     "raw_batch": raw_batch,
     "consume_only": consume_only,
     "read_fields": read_fields,
+    "store_only": store_only,
     "per_record": per_record,
     "raw_batch_librdkafka_fetch": raw_batch_librdkafka_fetch,
 }

@@ -8,13 +8,15 @@ restore that restores the wrong thing would be worth nothing.
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import statistics
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from bench.data import Dataset
+from bench.data import Dataset, records
 from bench.env import BenchEnv
 from bench.pipelines import PIPELINES, Job, Run
 from globald.embedded.oracle import fold
@@ -37,6 +39,7 @@ def summary(runs: list[Run]) -> dict[str, Any]:
         "records": records,
         "records_per_second": round(records / med) if med else 0,
         "cpu_seconds_median": round(statistics.median(r.cpu_seconds for r in runs), 3),
+        "broker_cpu_seconds_median": round(statistics.median(r.broker_cpu_seconds or 0.0 for r in runs), 3),
         "runs": [{"seconds": round(r.seconds, 4), "records": r.records, "cpu_seconds": round(r.cpu_seconds, 3)}
                  for r in runs],
     }
@@ -50,6 +53,28 @@ def summary(runs: list[Run]) -> dict[str, Any]:
 def ratio(a: dict[str, Any], b: dict[str, Any]) -> float:
     """Throughput of ``a`` over throughput of ``b`` (same records, so the inverse ratio of median times)."""
     return round(b["median_seconds"] / a["median_seconds"], 3) if a["median_seconds"] else 0.0
+
+
+def _cpu_of(pid: int | None) -> float:
+    """CPU seconds a process has used so far (0 when it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
+
+def ceiling(stats: dict[str, Any]) -> dict[str, Any] | None:
+    """The best restore-to-consume-only ratio this machine allows: the CPU no restore avoids (consume-only's, the
+    broker's while serving it, and the store's) spread perfectly over the cores; None unless both were measured."""
+    c, s = stats.get("consume_only"), stats.get("store_only")
+    if c is None or s is None:
+        return None
+    cores = os.cpu_count() or 1
+    cpu = c["cpu_seconds_median"] + c["broker_cpu_seconds_median"] + s["cpu_seconds_median"]
+    floor = max(c["median_seconds"], cpu / cores)
+    return {"cores": cores, "cpu_seconds": round(cpu, 3), "floor_seconds": round(floor, 3),
+            "ratio_to_consume_only": round(c["median_seconds"] / floor, 3)}
 
 
 def verify_store(env: BenchEnv, state_dir: Path, topic: str) -> dict[str, Any]:
@@ -79,7 +104,10 @@ def compare(env: BenchEnv, ds: Dataset, names: list[str], repeats: int, batch: i
         order = names[rep % len(names):] + names[:rep % len(names)]
         for name in order:
             workdir = env.fresh_dir(name)
-            run = PIPELINES[name](Job(ds.topic, settings, workdir, config, batch))
+            broker = _cpu_of(env.kafka.broker_pid)
+            run = PIPELINES[name](Job(ds.topic, settings, workdir, config, batch,
+                                      records=lambda: records(ds.produced, ds.seed)))
+            run = replace(run, broker_cpu_seconds=round(_cpu_of(env.kafka.broker_pid) - broker, 3))
             runs[name].append(run)
             settle = "" if run.settle_seconds is None else (
                 f"  L0 merged {run.settle_seconds:.2f}s after RUNNING (cpu {run.settle_cpu_seconds or 0:.2f}s)")
@@ -99,6 +127,7 @@ def compare(env: BenchEnv, ds: Dataset, names: list[str], repeats: int, batch: i
                 paired[f"globald/{other}"] = [round(o.seconds / g.seconds, 3)
                                               for g, o in zip(runs["globald"], runs[other], strict=True)]
     return {
+        "ceiling": ceiling(stats),
         "repeats": repeats,
         "consume_batch_size": batch,
         "records_read_by_warmup": warm.records,
