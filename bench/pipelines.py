@@ -8,6 +8,7 @@ settings and RocksDB options, so a ratio against them measures globald's design,
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -59,9 +60,49 @@ class Run:
     settle_cpu_seconds: float | None = None
     broker_cpu_seconds: float | None = None  # the embedded broker's CPU meanwhile (it shares the machine's cores)
 
+    # CPU seconds per kind of thread of this process (see ``thread_cpu``), up to "restored"
+    threads: dict[str, float] = field(default_factory=dict)
+
     @property
     def rate(self) -> float:
         return self.records / self.seconds if self.seconds > 0 else 0.0
+
+
+def proc_cpu(stat: Path) -> float:
+    """CPU seconds (user + system) of the process or thread whose /proc ``stat`` file this is; 0 once it is gone."""
+    try:
+        fields = stat.read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def thread_cpu() -> dict[str, float]:
+    """CPU seconds so far of this process's live threads, per kind: the thread's name without its number
+    (rdk:broker, rocksdb:high for flushes, rocksdb:low for compactions; Python threads are all "python")."""
+    out: dict[str, float] = {}
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            kind = (task / "comm").read_text().strip().rstrip("0123456789-") or "?"
+        except OSError:
+            continue
+        out[kind] = out.get(kind, 0.0) + proc_cpu(task / "stat")
+    return out
+
+
+@dataclass
+class _Clock:
+    """Wall time, process CPU and CPU per kind of thread, from a pipeline's first action."""
+
+    wall: float = field(default_factory=time.monotonic)
+    cpu: float = field(default_factory=time.process_time)
+    threads: dict[str, float] = field(default_factory=thread_cpu)
+
+    def run(self, records: int) -> Run:
+        # A thread that ended meanwhile takes its CPU with it: such a kind's figure is clipped at 0.
+        now = thread_cpu()
+        return Run(time.monotonic() - self.wall, records, time.process_time() - self.cpu,
+                   threads={k: round(max(0.0, v - self.threads.get(k, 0.0)), 3) for k, v in sorted(now.items())})
 
 
 class _Ends:
@@ -115,7 +156,7 @@ def _stored(m: Any) -> bytes:
 
 def consume_only(job: Job) -> Run:
     """The single-consumer limit: ``consume(n)``, records discarded unread."""
-    started, cpu = time.monotonic(), time.process_time()
+    clock = _Clock()
     n = 0
     with _reading(job, with_store=False) as (c, ends, _):
         while ends.todo:
@@ -126,7 +167,7 @@ def consume_only(job: Job) -> Run:
                     n -= 1
             # Records are not even looked at: the end is found from the last message of each partition.
             _reach_ends(messages, ends)
-        return Run(time.monotonic() - started, n, time.process_time() - cpu)
+        return clock.run(n)
 
 
 def _reach_ends(messages: list[Any], ends: _Ends) -> None:
@@ -149,7 +190,7 @@ def _reach_ends(messages: list[Any], ends: _Ends) -> None:
 def read_fields(job: Job) -> Run:
     """consume-only plus reading each record's key, value and timestamp, nothing written: the floor of any restore
     that takes records through confluent-kafka's Message objects (globald's per-record work minus the store)."""
-    started, cpu = time.monotonic(), time.process_time()
+    clock = _Clock()
     n = 0
     with _reading(job, with_store=False) as (c, ends, _):
         while ends.todo:
@@ -163,12 +204,12 @@ def read_fields(job: Job) -> Run:
                 m.value()
                 m.timestamp()
             _reach_ends(messages, ends)
-        return Run(time.monotonic() - started, n, time.process_time() - cpu)
+        return clock.run(n)
 
 
 def raw_batch(job: Job) -> Run:
     """``consume(n)`` plus one WriteBatch per poll holding the records and the offsets; no daemon logic."""
-    started, cpu = time.monotonic(), time.process_time()
+    clock = _Clock()
     n = 0
     with _reading(job, with_store=True) as (c, ends, db):
         assert db is not None
@@ -195,7 +236,7 @@ def raw_batch(job: Job) -> Run:
                 ends.reached(p, o)
             if last:
                 db.write(wb)
-        return Run(time.monotonic() - started, n, time.process_time() - cpu)
+        return clock.run(n)
 
 
 def raw_batch_librdkafka_fetch(job: Job) -> Run:
@@ -205,7 +246,7 @@ def raw_batch_librdkafka_fetch(job: Job) -> Run:
 
 def per_record(job: Job) -> Run:
     """The recovery loop of quix-streams and faust: ``poll()`` one message, one put and one offset put each."""
-    started, cpu = time.monotonic(), time.process_time()
+    clock = _Clock()
     n = 0
     with _reading(job, with_store=True) as (c, ends, db):
         assert db is not None
@@ -227,7 +268,7 @@ def per_record(job: Job) -> Run:
                 values[m.key()] = _stored(m)
             offsets[partition_key(m.partition())] = encode_offset(m.offset() + 1)
             ends.reached(m.partition(), m.offset() + 1)
-        return Run(time.monotonic() - started, n, time.process_time() - cpu)
+        return clock.run(n)
 
 
 def store_only(job: Job) -> Run:
@@ -240,7 +281,7 @@ def store_only(job: Job) -> Run:
     store = TableStore.open(job.workdir, "bench", job.topic, job.options).store
     try:
         store.begin_bulk_load()
-        started, cpu = time.monotonic(), time.process_time()
+        clock = _Clock()
         for start in range(0, len(made), job.batch):
             def batch(start: int = start) -> Any:
                 b = store.new_batch()
@@ -253,7 +294,7 @@ def store_only(job: Job) -> Run:
                 return b
             store.write(batch(), rebuild=batch)
         store.end_bulk_load()
-        return Run(time.monotonic() - started, len(made), time.process_time() - cpu)
+        return clock.run(len(made))
     finally:
         store.close()
 
@@ -288,10 +329,13 @@ class RunningGlobald:
         self.error: BaseException | None = None
         self.started = 0.0
         self.cpu_started = 0.0
+        self.clock = _Clock()
+        self.at_running: Run | None = None  # seconds and CPU from start to RUNNING
 
     def _on_state(self, new: State, old: State, reason: str) -> None:
         if new == State.RUNNING and self.running_at is None:
             self.running_at = time.monotonic()
+            self.at_running = self.clock.run(0)
             self._running.set()
         elif new == State.ERROR:
             self._running.set()
@@ -305,6 +349,7 @@ class RunningGlobald:
 
     def start(self) -> RunningGlobald:
         self.started, self.cpu_started = time.monotonic(), time.process_time()
+        self.clock = _Clock()
         self._runner.start()
         return self
 
@@ -339,8 +384,9 @@ def globald_restore(job: Job) -> Run:
     """A cold restore by globald's GlobalThread, from start to RUNNING."""
     g = RunningGlobald(job.config(job.workdir / "state")).start()
     try:
-        seconds = g.wait()
-        run = Run(seconds, g.records(), time.process_time() - g.cpu_started)
+        g.wait()
+        assert g.at_running is not None
+        run = replace(g.at_running, records=g.records())
         settle, settle_cpu = g.settled()
         return replace(run, settle_seconds=settle, settle_cpu_seconds=settle_cpu)
     finally:

@@ -78,6 +78,19 @@ def targets(r: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def _thread_table(pipelines: dict[str, Any]) -> list[str]:
+    """Where each pipeline's CPU went, per kind of thread (median CPU s), with the broker's alongside."""
+    per = {n: pipelines[n].get("thread_cpu_seconds_median", {}) for n in _ordered(pipelines)}
+    kinds = sorted({k for t in per.values() for k, v in t.items() if v >= 0.01})
+    if not kinds:
+        return []
+    rows = [[RESTORE_LABELS.get(n, n), *[t.get(k, 0.0) for k in kinds],
+             pipelines[n].get("broker_cpu_seconds_median", "")] for n, t in per.items()]
+    return ["CPU by thread, median CPU s (python: the loop and every other Python thread; rocksdb:high: flushes; "
+            "rocksdb:low: compactions; the broker runs on the same cores):",
+            _md_table(["pipeline", *kinds, "broker"], rows)]
+
+
 def _md_table(header: list[str], rows: list[list[Any]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
@@ -111,6 +124,7 @@ def markdown(r: dict[str, Any], chart: str | None) -> str:
                   _md_table(["pipeline", "records/s", "median s", "range s", "CPU s", "broker CPU s", "globald is"],
                             rows),
                   f"globald's restored store against the oracle fold: {restore['verified']}."]
+        parts += _thread_table(restore["pipelines"])
         g = restore["pipelines"].get("globald", {})
         if "settle_seconds_median" in g:
             parts.append(f"After RUNNING, the bulk load's L0 files were merged (served meanwhile) "

@@ -18,7 +18,7 @@ from typing import Any
 
 from bench.data import Dataset, records
 from bench.env import BenchEnv
-from bench.pipelines import PIPELINES, Job, Run
+from bench.pipelines import PIPELINES, Job, Run, proc_cpu
 from globald.embedded.oracle import fold
 from globald.store.names import db_dir
 from globald.store.reader import StoreReader
@@ -40,6 +40,8 @@ def summary(runs: list[Run]) -> dict[str, Any]:
         "records_per_second": round(records / med) if med else 0,
         "cpu_seconds_median": round(statistics.median(r.cpu_seconds for r in runs), 3),
         "broker_cpu_seconds_median": round(statistics.median(r.broker_cpu_seconds or 0.0 for r in runs), 3),
+        "thread_cpu_seconds_median": {k: round(statistics.median(r.threads.get(k, 0.0) for r in runs), 3)
+                                      for k in sorted({k for r in runs for k in r.threads})},
         "runs": [{"seconds": round(r.seconds, 4), "records": r.records, "cpu_seconds": round(r.cpu_seconds, 3)}
                  for r in runs],
     }
@@ -55,13 +57,8 @@ def ratio(a: dict[str, Any], b: dict[str, Any]) -> float:
     return round(b["median_seconds"] / a["median_seconds"], 3) if a["median_seconds"] else 0.0
 
 
-def _cpu_of(pid: int | None) -> float:
-    """CPU seconds a process has used so far (0 when it is gone)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+def _broker_cpu(env: BenchEnv) -> float:
+    return proc_cpu(Path(f"/proc/{env.kafka.broker_pid}/stat"))
 
 
 def ceiling(stats: dict[str, Any]) -> dict[str, Any] | None:
@@ -104,15 +101,17 @@ def compare(env: BenchEnv, ds: Dataset, names: list[str], repeats: int, batch: i
         order = names[rep % len(names):] + names[:rep % len(names)]
         for name in order:
             workdir = env.fresh_dir(name)
-            broker = _cpu_of(env.kafka.broker_pid)
+            broker = _broker_cpu(env)
             run = PIPELINES[name](Job(ds.topic, settings, workdir, config, batch,
                                       records=lambda: records(ds.produced, ds.seed)))
-            run = replace(run, broker_cpu_seconds=round(_cpu_of(env.kafka.broker_pid) - broker, 3))
+            run = replace(run, broker_cpu_seconds=round(_broker_cpu(env) - broker, 3))
             runs[name].append(run)
             settle = "" if run.settle_seconds is None else (
                 f"  L0 merged {run.settle_seconds:.2f}s after RUNNING (cpu {run.settle_cpu_seconds or 0:.2f}s)")
+            threads = " ".join(f"{k} {v:.2f}" for k, v in run.threads.items() if v >= 0.01)
             progress(f"restore {rep + 1}/{repeats} {name:<28} {run.records:>10,} records {run.seconds:7.2f}s "
-                     f"{run.rate:>12,.0f}/s  cpu {run.cpu_seconds:6.2f}s{settle}")
+                     f"{run.rate:>12,.0f}/s  cpu {run.cpu_seconds:6.2f}s{settle}  [{threads}; broker "
+                     f"{run.broker_cpu_seconds:.2f}]")
             if name == "globald" and verified is None:
                 verified = verify_store(env, workdir / "state", ds.topic)
                 progress(f"restore: globald's store against the oracle: {verified}")
