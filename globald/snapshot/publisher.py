@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from globald.config import Config, TableConfig
-from globald.engine.events import Committed, Event, StateChanged, Wiped
+from globald.engine.events import Event, StateChanged, Wiped
 from globald.engine.state_manager import StateManager
 from globald.engine.table import TableRuntime
 from globald.errors import ManifestError, ManifestIOError
@@ -57,7 +57,6 @@ class _Table:
     current: Manifest | None = None
     published_offsets: Offsets | None = None  # offsets of the newest fresh periodic snapshot
     stale_reason: str | None = None
-    committed: Offsets | None = None  # the newest offsets a commit made durable (Committed events)
     generation: int = 0  # bumped by every wipe; builds started in an older generation are discarded
     busy: set[str] = field(default_factory=set)  # snapshots a build is copying from
     published: int = 0
@@ -130,11 +129,7 @@ class SnapshotPublisher:
             case Wiped():
                 tab = self._tables.get(event.table)
                 if tab is not None:
-                    tab.committed = None
                     self._mark_stale(tab, f"table wiped ({event.kind}) and rebuilding: {event.reason}")
-            case Committed():
-                if event.table in self._tables:
-                    self._tables[event.table].committed = dict(event.offsets)
             case StateChanged(table=None):
                 self._daemon_state = event.new
 
@@ -157,7 +152,7 @@ class SnapshotPublisher:
     def _try_publish(self, rt: TableRuntime, tab: _Table) -> None:
         """A failed publish (disk full, I/O error) leaves CURRENT as it was; the next interval tries again."""
         try:
-            offsets = tab.committed
+            offsets = self._live_offsets(rt)
             if offsets is not None and (tab.stale_reason is not None or offsets != tab.published_offsets):
                 self._publish_live(rt)
             tab.last_error = None
@@ -199,6 +194,14 @@ class SnapshotPublisher:
     def _next_id(self) -> str:
         self._last_id = manifests.new_id(self._last_id)
         return self._last_id
+
+    @staticmethod
+    def _live_offsets(rt: TableRuntime) -> Offsets | None:
+        """The offsets the live store holds now, which a checkpoint taken now holds too (this is the loop thread,
+        between two polls); None while they do not cover every partition. Not the last commit's: a checkpoint is
+        durable by itself, and waiting for the commit kept a refresh waiting up to commit_interval_ms for a build."""
+        stored = rt.store.offsets()
+        return stored if set(stored) == set(rt.partitions) else None
 
     def _publish_live(self, rt: TableRuntime) -> Manifest:
         """Checkpoint the live store (loop thread only: the store is not thread-safe) and make it CURRENT."""
@@ -263,7 +266,7 @@ class SnapshotPublisher:
                                                             f"topic {rt.topic} has {sorted(rt.partitions)}"))
             return
         found = find_exact(self.config.state_dir, tab.config.name, req.offsets)
-        live = tab.committed
+        live = None if self.manager.store_fault else self._live_offsets(rt)
         if found is None and live == req.offsets:
             found = self._publish_live(rt)
             if found.offsets != req.offsets:  # the loop thread publishes: nothing can move between, but be sure

@@ -137,6 +137,28 @@ def test_exact_offset_requests_are_identical_across_sidecars(broker: Broker, top
     assert d.alive()
 
 
+def test_a_request_at_the_live_offsets_is_answered_from_the_live_store_before_any_commit(
+        broker: Broker, topic: Callable[..., str], daemon: Daemon) -> None:
+    """Records applied but not yet committed are in the live store, and a checkpoint holds them durably: a reader
+    asking for exactly those offsets (a Spark refresh right after a produce) gets the live store's snapshot at once,
+    not an exact build that reads them from Kafka again."""
+    t = topic(partitions=2)
+    broker.admin.produce(t, random_records(300, keys=100, seed=61))
+    d = daemon({"tbl": t}, commit_interval_ms=600_000, snapshots={"interval_ms": 600_000, "retain": 2})
+    ends = broker.admin.end_offsets(t)
+    wait_status(d, lambda doc: doc["tables"]["tbl"]["state"] == "RUNNING")
+    broker.admin.produce(t, random_records(50, keys=100, seed=62))
+    target = broker.admin.end_offsets(t)
+    assert target != ends
+    want = {str(p): o for p, o in target.items()}
+    wait_status(d, lambda doc: doc["tables"]["tbl"]["offsets"] == want)  # applied; the next commit is minutes away
+    resp = exact_requests.request(d.state_dir, "tbl", target, timeout=60)
+    assert resp.code == Code.READY and resp.snapshot is not None, resp
+    m = manifest_of(d, "tbl", resp.snapshot)
+    assert m.offsets == target and m.kind == "periodic", m  # a checkpoint of the live store, not a build
+    assert snapshot_values(d, "tbl", resp.snapshot) == oracle_at(broker, t, want)
+
+
 def test_request_below_log_start_is_refused(broker: Broker, topic: Callable[..., str], daemon: Daemon) -> None:
     t = topic()
     broker.admin.produce(t, random_records(2_000, keys=300, seed=41))
