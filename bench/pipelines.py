@@ -58,6 +58,7 @@ class Run:
     # globald only: from RUNNING until the files its bulk load left in L0 are merged (in the background, served)
     settle_seconds: float | None = None
     settle_cpu_seconds: float | None = None
+    l0_files: int | None = None  # globald only: files the bulk load left in L0 at RUNNING, for the merge after it
     broker_cpu_seconds: float | None = None  # the embedded broker's CPU meanwhile (it shares the machine's cores)
 
     # CPU seconds per kind of thread of this process (see ``thread_cpu``), up to "restored"
@@ -386,7 +387,8 @@ def globald_restore(job: Job) -> Run:
     try:
         g.wait()
         assert g.at_running is not None
-        run = replace(g.at_running, records=g.records())
+        l0 = sum(rt.store.files_per_level()[0] for rt in g.thread.manager.tables.values())
+        run = replace(g.at_running, records=g.records(), l0_files=l0)
         settle, settle_cpu = g.settled()
         return replace(run, settle_seconds=settle, settle_cpu_seconds=settle_cpu)
     finally:

@@ -127,7 +127,8 @@ def markdown(r: dict[str, Any], chart: str | None) -> str:
         parts += _thread_table(restore["pipelines"])
         g = restore["pipelines"].get("globald", {})
         if "settle_seconds_median" in g:
-            parts.append(f"After RUNNING, the bulk load's L0 files were merged (served meanwhile) "
+            parts.append(f"After RUNNING, the {g.get('l0_files_at_running_median', '')} files the bulk load left in L0 "
+                         "were merged (served meanwhile) "
                          f"{g['settle_seconds_median']} s later (median), costing {g['settle_cpu_seconds_median']} "
                          "CPU s; that time is not in the restore's.")
     parts += _other_sections(r)

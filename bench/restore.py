@@ -47,6 +47,7 @@ def summary(runs: list[Run]) -> dict[str, Any]:
     }
     settles = [(r.settle_seconds, r.settle_cpu_seconds or 0.0) for r in runs if r.settle_seconds is not None]
     if settles:  # globald: the merge of the bulk load's L0 files, after RUNNING
+        out["l0_files_at_running_median"] = statistics.median(r.l0_files or 0 for r in runs)
         out["settle_seconds_median"] = round(statistics.median(s for s, _ in settles), 3)
         out["settle_cpu_seconds_median"] = round(statistics.median(c for _, c in settles), 3)
     return out
@@ -107,7 +108,8 @@ def compare(env: BenchEnv, ds: Dataset, names: list[str], repeats: int, batch: i
             run = replace(run, broker_cpu_seconds=round(_broker_cpu(env) - broker, 3))
             runs[name].append(run)
             settle = "" if run.settle_seconds is None else (
-                f"  L0 merged {run.settle_seconds:.2f}s after RUNNING (cpu {run.settle_cpu_seconds or 0:.2f}s)")
+                f"  {run.l0_files} L0 files merged {run.settle_seconds:.2f}s after RUNNING "
+                f"(cpu {run.settle_cpu_seconds or 0:.2f}s)")
             threads = " ".join(f"{k} {v:.2f}" for k, v in run.threads.items() if v >= 0.01)
             progress(f"restore {rep + 1}/{repeats} {name:<28} {run.records:>10,} records {run.seconds:7.2f}s "
                      f"{run.rate:>12,.0f}/s  cpu {run.cpu_seconds:6.2f}s{settle}  [{threads}; broker "
