@@ -32,7 +32,7 @@ from globald.states import Listeners, State
 from globald.store.codec import NO_TIMESTAMP, encode_offset, pack_i64, partition_key
 from globald.store.names import OFFSETS_CF, VALUES_CF
 from globald.store.options import L0_COMPACTION_TRIGGER, StoreOptions
-from globald.store.table_store import TableStore
+from globald.store.table_store import Batch, TableStore
 
 _EOF = KafkaError._PARTITION_EOF
 
@@ -284,7 +284,7 @@ def store_only(job: Job) -> Run:
         store.begin_bulk_load()
         clock = _Clock()
         for start in range(0, len(made), job.batch):
-            def batch(start: int = start) -> Any:
+            def batch(start: int = start) -> Batch:
                 b = store.new_batch()
                 for k, v in made[start:start + job.batch]:
                     if v is None:
@@ -328,9 +328,7 @@ class RunningGlobald:
         bus.connect(deliver(self.listeners), *([self.publisher.on_event] if self.publisher is not None else []))
         self._runner = threading.Thread(target=self._run, name="globald", daemon=True)
         self.error: BaseException | None = None
-        self.started = 0.0
-        self.cpu_started = 0.0
-        self.clock = _Clock()
+        self.clock = _Clock()  # from ``start``
         self.at_running: Run | None = None  # seconds and CPU from start to RUNNING
 
     def _on_state(self, new: State, old: State, reason: str) -> None:
@@ -349,10 +347,14 @@ class RunningGlobald:
             self._running.set()
 
     def start(self) -> RunningGlobald:
-        self.started, self.cpu_started = time.monotonic(), time.process_time()
         self.clock = _Clock()
         self._runner.start()
         return self
+
+    @property
+    def started(self) -> float:
+        """``time.monotonic()`` at ``start``."""
+        return self.clock.wall
 
     def wait(self, timeout: float = 3600.0) -> float:
         if not self._running.wait(timeout) or self.running_at is None:
