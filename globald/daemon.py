@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from types import FrameType
 from typing import IO
 
-from globald import statusfile
+from globald import statusfile, swallowed
 from globald.config import Config
 from globald.engine.events import Committed, Event, EventBus, RebuildRequests, StateChanged, Subscriber, deliver
 from globald.engine.loop import LoopStats
@@ -37,6 +37,20 @@ _DISK_RETRY_MAX_S = 10.0
 _STATUS_EVERY_S = 1.0
 
 
+def _guarded(fn: Subscriber) -> Subscriber:
+    """``fn``, with what it raises counted and logged at a bounded rate (``globald.swallowed``), never raised: the
+    bus would log each failure of a subscriber that fails on every event with its traceback."""
+
+    def call(event: Event) -> None:
+        try:
+            fn(event)
+        except Exception as e:
+            swallowed.record("event_subscriber", e, log, "subscriber %s raised on %s; ignored",
+                             getattr(fn, "__qualname__", fn), type(event).__name__)
+
+    return call
+
+
 class Daemon:
     def __init__(self, config: Config, listeners: Listeners | None = None,
                  progress: ProgressOptions | None = None, subscribers: Sequence[Subscriber] = ()) -> None:
@@ -53,8 +67,8 @@ class Daemon:
                                    rebuilds=rebuilds, stats=self.stats)
         # The order matters and is fixed here: user callbacks first (as registered), the publisher before status
         # (a status written on a wipe shows the stale mark), operations before status (readiness, metrics).
-        self.bus.connect(deliver(self.listeners), self.snapshots.on_event, self.ops.on_event, self.on_event,
-                         *subscribers)
+        self.bus.connect(*(_guarded(s) for s in (deliver(self.listeners), self.snapshots.on_event,
+                                                  self.ops.on_event, self.on_event, *subscribers)))
         self._last_status = 0.0
         self._last_degraded: str | None = None
         self._status_failing = False
@@ -89,9 +103,8 @@ class Daemon:
         self._last_degraded = doc.degraded
         try:
             statusfile.write(self.config.state_dir, doc)
-        except OSError as e:  # a full or failing disk: the loop handles its own writes; say it once, keep trying
-            if not self._status_failing:
-                log.warning("cannot publish status.json: %s; retrying with every update", e)
+        except OSError as e:  # a full or failing disk: the loop handles its own writes; counted, retried
+            swallowed.record("status_file", e, log, "cannot publish status.json: %s; retrying with every update", e)
             self._status_failing = True
             return
         if self._status_failing:

@@ -12,6 +12,8 @@ from collections.abc import Callable
 from enum import StrEnum
 from typing import Any, Protocol
 
+from globald import swallowed
+
 log = logging.getLogger(__name__)
 
 
@@ -69,9 +71,9 @@ class Listeners:
     def call(self, fn: Callable[..., Any], *args: Any) -> None:
         try:
             fn(*args)
-        except Exception:
+        except Exception as e:
             self.failures += 1
-            log.exception("callback %r raised; ignored", getattr(fn, "__qualname__", fn))
+            swallowed.record("user_callback", e, log, "callback %r raised; ignored", getattr(fn, "__qualname__", fn))
 
     def restore_event(self, method: str, *args: Any) -> None:
         for listener in list(self.restore):

@@ -93,6 +93,9 @@ class DaemonStatus:
     updated: float | None = None
     http: HttpAddress | None = None
     memory: dict[str, Any] | None = None  # RSS and each store's RocksDB memory (globald.ops.memory)
+    # Exceptions globald caught that are not expected I/O, store or Kafka errors (globald.swallowed): defects, shown
+    # until the process ends, each {"where", "error", "count", "first", "last"}.
+    bugs: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         doc: dict[str, Any] = {"state": self.state.value, "pid": self.pid,
@@ -104,6 +107,8 @@ class DaemonStatus:
                 doc[key] = getattr(self, key)
         if self.http is not None:
             doc["http"] = {"host": self.http.host, "port": self.http.port}
+        if self.bugs:
+            doc["bugs"] = [dict(b) for b in self.bugs]
         return doc
 
     @classmethod
@@ -114,7 +119,8 @@ class DaemonStatus:
                    reason=doc.get("reason"), degraded=doc.get("degraded"), ready=doc.get("ready"),
                    ready_detail=doc.get("ready_detail"), updated=doc.get("updated"),
                    http=HttpAddress(str(http["host"]), int(http["port"])) if isinstance(http, dict) else None,
-                   memory=doc.get("memory"))
+                   memory=doc.get("memory"),
+                   bugs=[b for b in doc.get("bugs") or [] if isinstance(b, dict)])
 
 
 def _table_json(t: TableStatus) -> dict[str, Any]:

@@ -106,6 +106,8 @@ def status_lines(doc: DaemonStatus) -> list[str]:
     lines = [head]
     if doc.degraded:
         lines.append(f"  degraded: {doc.degraded}")
+    for b in doc.bugs:  # caught and ridden out, but a defect: say so until the process ends
+        lines.append(f"  BUG at {b.get('where')}: {b.get('error')} ({b.get('count')}x, see the log)")
     if doc.http is not None:
         lines.append(f"  http: http://{doc.http.host}:{doc.http.port}/metrics")
     for name, t in doc.tables.items():

@@ -19,6 +19,7 @@ from typing import Protocol
 
 from confluent_kafka import Consumer, KafkaException, Message
 
+from globald import swallowed
 from globald.config import Config
 from globald.engine.events import OPERATOR_RESET, BatchRestored, Emit, RebuildRequests, RestoreEnded
 from globald.engine.problems import KAFKA, STORE, Problems
@@ -113,7 +114,8 @@ class Loop:
                 service.tick()
             except Exception:  # a bug in one service must not stop the mirror; it is logged and counted
                 self.stats.service_failures += 1
-                log.exception("%s failed; ignored", type(service).__name__)
+                swallowed.record(f"loop_service:{type(service).__name__}", e, log, "%s failed; ignored",
+                                 type(service).__name__)
         self._update_daemon_state()
 
     def _turn(self) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from globald import swallowed
 from globald.config import HttpConfig, is_loopback
 from globald.errors import ConfigError
 from globald.ops.health import Liveness
@@ -63,8 +64,8 @@ class _Handler(BaseHTTPRequestHandler):
                            status.to_json() if status is not None else {"state": "CREATED"})
             else:
                 self._json(404, {"error": f"no such endpoint {path}; try /metrics /healthz /readyz /status"})
-        except Exception:
-            log.exception("http %s failed", path)
+        except Exception as e:
+            swallowed.record("http", e, log, "http %s failed", path)
             self._json(500, {"error": "internal error; see the daemon log"})
 
     def do_HEAD(self) -> None:

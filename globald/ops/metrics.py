@@ -7,8 +7,10 @@ the loop's age and the commit-latency histogram are read live.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
@@ -42,6 +44,26 @@ class Sample:
     restores: dict[str, RestoreStats] = field(default_factory=dict)
     snapshots: dict[str, SnapshotStats] = field(default_factory=dict)
     write_stalls: Stalls = field(default_factory=Stalls)
+    swallowed: dict[str, int] = field(default_factory=dict)  # where -> exceptions caught there (globald.swallowed)
+    bugs: dict[str, int] = field(default_factory=dict)  # where -> those of them that were not I/O or Kafka errors
+    disk_free_bytes: tuple[int, int] | None = None  # (free to globald, size) of the state_dir's filesystem
+
+
+# The places whose swallowed exceptions are callbacks that raised (globald_callback_failures_total).
+CALLBACK_PLACES = ("user_callback", "event_subscriber", "loop_service:")
+
+
+def callback_failures(swallowed: dict[str, int]) -> int:
+    return sum(n for where, n in swallowed.items() if where.startswith(CALLBACK_PLACES))
+
+
+def disk_free_bytes(path: Path) -> tuple[int, int] | None:
+    """(bytes an unprivileged writer may still use, size) of the filesystem holding ``path``; None if unknown."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
 
 
 class DaemonCollector(Collector):
@@ -141,6 +163,21 @@ def _counters(s: Sample) -> Iterator[Metric]:
                               value=stalls.seconds)
     yield CounterMetricFamily(f"{PREFIX}_writes_remade", "Write batches RocksDB refused and that were made again",
                               value=stalls.remade)
+    caught = CounterMetricFamily(f"{PREFIX}_swallowed_failures", "Exceptions caught and ridden out, by place",
+                                 labels=["where"])
+    for where, n in sorted(s.swallowed.items()):
+        caught.add_metric([where], n)
+    yield caught
+    bugs = CounterMetricFamily(f"{PREFIX}_bugs", "Caught exceptions that were not I/O, store or Kafka errors: "
+                               "defects (status 'bugs' names them)", labels=["where"])
+    for where, n in sorted(s.bugs.items()):
+        bugs.add_metric([where], n)
+    yield bugs
+    if s.disk_free_bytes is not None:
+        free, size = s.disk_free_bytes
+        yield GaugeMetricFamily(f"{PREFIX}_state_dir_free_bytes", "Bytes globald may still write on the state_dir's "
+                                "filesystem", value=free)
+        yield GaugeMetricFamily(f"{PREFIX}_state_dir_size_bytes", "Size of the state_dir's filesystem", value=size)
 
 
 def _snapshots(s: Sample) -> Iterator[Metric]:

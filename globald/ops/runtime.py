@@ -11,6 +11,7 @@ import dataclasses
 import logging
 import time
 
+from globald import swallowed
 from globald.config import Config
 from globald.engine.events import (
     BatchRestored,
@@ -29,7 +30,7 @@ from globald.ops.health import Liveness, Readiness, SnapshotSource, liveness, re
 from globald.ops.hooks import HookRunner
 from globald.ops.http import Endpoints, HttpServer
 from globald.ops.memory import HeapTrimmer, TracemallocRecorder, memory_doc
-from globald.ops.metrics import Metrics, Sample, SnapshotStats
+from globald.ops.metrics import Metrics, Sample, SnapshotStats, callback_failures, disk_free_bytes
 from globald.ops.progress import ProgressDisplay, ProgressOptions, RestoreTracker
 from globald.ops.sdnotify import Notifier
 from globald.states import State
@@ -143,6 +144,7 @@ class Operations:
         address = self.http.address if self.http is not None else None
         doc = dataclasses.replace(
             doc, ready=r.ready, ready_detail=r.detail, updated=time.time(),
+            bugs=[b.to_json() for b in swallowed.SWALLOWED.bugs()],
             # RSS next to RocksDB's own accounting: a long run can tell caches filling to their bound from a leak.
             memory=memory_doc({name: rt.store for name, rt in self.manager.tables.items()}),
             http=HttpAddress(address[0], address[1]) if address is not None else None)
@@ -155,9 +157,10 @@ class Operations:
             failures["sd_notify"] = self.notifier.failures
         self._sample = Sample(
             doc=doc, wipes=dict(self.manager.wipes), commits=self._commits,
-            callback_failures=self.stats.service_failures, hook_failures=failures,
+            callback_failures=callback_failures(swallowed.SWALLOWED.counts()), hook_failures=failures,
             consumer_errors=self.stats.consumer_errors, restores=self.tracker.stats(), snapshots=snapshots,
-            write_stalls=dataclasses.replace(STALLS))
+            write_stalls=dataclasses.replace(STALLS), swallowed=swallowed.SWALLOWED.counts(),
+            bugs=swallowed.SWALLOWED.bug_counts(), disk_free_bytes=disk_free_bytes(self.config.state_dir))
         return doc
 
     def _live_readiness(self) -> Readiness:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from globald.config import Config, TableConfig
+from globald import swallowed
 from globald.engine.events import Event, StateChanged, Wiped
 from globald.engine.state_manager import StateManager
 from globald.engine.table import TableRuntime
@@ -156,10 +157,9 @@ class SnapshotPublisher:
             if offsets is not None and (tab.stale_reason is not None or offsets != tab.published_offsets):
                 self._publish_live(rt)
             tab.last_error = None
-        except Exception as e:
-            if tab.last_error is None:
-                log.exception("table %s: snapshot publish failed; CURRENT stays at %s", rt.name,
-                              tab.current.id if tab.current else None)
+        except Exception as e:  # counted; a repeat logged at a bounded rate; a bug shows in status
+            swallowed.record("snapshot_publish", e, log, "table %s: snapshot publish failed; CURRENT stays at %s",
+                             rt.name, tab.current.id if tab.current else None)
             tab.last_error = f"{type(e).__name__}: {e}"
 
     def _mark_stale(self, tab: _Table, reason: str) -> None:
@@ -185,8 +185,8 @@ class SnapshotPublisher:
                     if not m.stale:
                         manifests.write(tab.dir / m.id, m.marked_stale(reason))
             except OSError as e:
-                if tab.last_error is None:
-                    log.warning("table %s: cannot mark snapshots stale on disk yet (%s); retrying", tab.config.name, e)
+                swallowed.record("snapshot_stale_mark", e, log, "table %s: cannot mark snapshots stale on disk yet "
+                                 "(%s); retrying", tab.config.name, e)
                 tab.last_error = f"marking stale: {e}"
                 return
             tab.unmarked = None
@@ -249,7 +249,7 @@ class SnapshotPublisher:
                 else:
                     self._admit(tab, item)
             except Exception as e:  # never leave a reader waiting: answer, log, go on with the next request
-                log.exception("table %s: snapshot request failed", tab.config.name)
+                swallowed.record("snapshot_request", e, log, "table %s: snapshot request failed", tab.config.name)
                 self._answer(tab, Response(item.request if isinstance(item, Response) else item.id, Code.FAILED,
                                           f"{type(e).__name__}: {e}"))
 
@@ -292,7 +292,7 @@ class SnapshotPublisher:
         try:
             requests.respond(self.config.state_dir, tab.config.name, resp)
         except OSError as e:  # a full or failing disk: the reader times out and may ask again once it heals
-            log.warning("table %s: cannot answer snapshot request %s (%s)", tab.config.name, resp.request, e)
+            swallowed.record("snapshot_reply", e, log, "table %s: no reply to %s: %s", tab.config.name, resp.request, e)
 
     def _gc(self, tab: _Table) -> None:
         """Retention: newest K valid snapshots, CURRENT, leased and busy ones stay; everything else goes."""
@@ -339,8 +339,8 @@ class SnapshotPublisher:
                     continue
                 try:
                     self._serve(builder, job)
-                except Exception:  # the worker must outlive any one job, or no exact build is ever answered again
-                    log.exception("table %s: exact snapshot request %s failed", job.table, job.request.id)
+                except Exception as e:  # the worker must outlive any job, or no exact build is answered again
+                    swallowed.record("exact_build", e, log, "table %s: exact %s failed", job.table, job.request.id)
         finally:
             builder.close()
             while True:
@@ -358,7 +358,7 @@ class SnapshotPublisher:
         except BuildRefused as e:
             self._answer(tab, Response(job.request.id, e.code, str(e)))
         except Exception as e:
-            log.exception("table %s: exact snapshot build failed", job.table)
+            swallowed.record("exact_build", e, log, "table %s: exact snapshot build failed", job.table)
             self._answer(tab, Response(job.request.id, Code.FAILED, f"{type(e).__name__}: {e}"))
 
     def _build(self, builder: Builder, tab: _Table, job: _Job) -> Manifest:
