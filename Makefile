@@ -33,15 +33,22 @@ bench-10m: $(BIN)/.installed
 soak: $(BIN)/.installed
 	$(BIN)/python -m tests.soak $(SOAK_ARGS)
 
-# The chaos campaign's tools: libfiu (fiu-run, fiu-ctrl) and libfaketime, from Debian. Installed when missing and
-# root; otherwise this says why and the chaos tests skip, printing the same reason.
+# Tools the suite takes from Debian: libfiu (fiu-run, fiu-ctrl) and libfaketime for the chaos campaign and the clock
+# tests, systemd-analyze (package systemd) for the unit files, promtool (package prometheus) for the alert rules.
+# Installed when missing and root; otherwise this says why, and the tests that need them skip, or fail in CI
+# (CI=true: tests/ci.py).
 sysdeps:
-	@if command -v fiu-run >/dev/null && command -v fiu-ctrl >/dev/null && \
-	    ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1; then :; \
+	@missing=""; \
+	{ command -v fiu-run && command -v fiu-ctrl; } >/dev/null || missing="$$missing fiu-utils"; \
+	ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1 || missing="$$missing faketime"; \
+	command -v systemd-analyze >/dev/null || missing="$$missing systemd"; \
+	command -v promtool >/dev/null || missing="$$missing prometheus"; \
+	if [ -z "$$missing" ]; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fiu-utils faketime >/dev/null) \
-	    || echo "sysdeps: apt-get install fiu-utils faketime failed: the chaos tests will skip"; \
-	else echo "sysdeps: fiu-utils/faketime missing and not root (or no apt-get): the chaos tests will skip"; fi
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+	        $$missing >/dev/null) \
+	    || echo "sysdeps: apt-get install$$missing failed: the tests that need them skip (and fail in CI)"; \
+	else echo "sysdeps: missing$$missing, and not root (or no apt-get): the tests that need them skip (fail in CI)"; fi
 
 CHAOS_ARGS ?= --seeds 10 --faults-per-seed 22
 chaos: $(BIN)/.installed sysdeps

@@ -1,5 +1,6 @@
 """Disks that misbehave on demand: a small tmpfs to fill up, a read-only bind mount. Both need CAP_SYS_ADMIN;
-callers decide what to do without it (the suite skips with the reason, the soak leaves the fault out).
+callers decide what to do without it (the suite skips with the reason unless it runs as root or in CI, where it
+fails; the soak leaves the fault out).
 """
 
 from __future__ import annotations
@@ -22,12 +23,14 @@ def mount_tmpfs(path: Path, size_mb: int) -> str | None:
 
 @contextmanager
 def tmpfs(path: Path, size_mb: int) -> Iterator[Path]:
-    """A tmpfs of ``size_mb`` mounted at ``path`` for a test, unmounted after; skips the test where it cannot be."""
+    """A tmpfs of ``size_mb`` mounted at ``path`` for a test, unmounted after. Where it cannot be mounted the test
+    skips, except as root or in CI, where a mount that fails is a failure (``tests.ci.unavailable``)."""
     why = mount_tmpfs(path, size_mb)
     if why is not None:
-        import pytest  # only tests call this; the soak decides for itself
+        from tests.ci import unavailable  # only tests call this; the soak decides for itself
 
-        pytest.skip(f"cannot mount a {size_mb} MB tmpfs to fill up (needs root or CAP_SYS_ADMIN): {why}")
+        unavailable(f"cannot mount a {size_mb} MB tmpfs to fill up (needs root or CAP_SYS_ADMIN): {why}",
+                    fail_as_root=True)
     try:
         yield path
     finally:

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from tests.ci import unavailable
 from tests.harness import Broker, DaemonProcess, random_records
 from tests.reliability.checks import check_store, same_process
 from tests.reliability.ledger import FaultRow
@@ -30,7 +31,7 @@ Topic = Callable[..., str]
 def libfaketime() -> str:
     found = sorted(glob.glob("/usr/lib/*/faketime/libfaketime.so.1") + glob.glob("/usr/lib/faketime/libfaketime.so.1"))
     if not found:
-        pytest.skip("libfaketime is not installed (Debian package faketime; `make sysdeps` installs it)")
+        unavailable("libfaketime is not installed (Debian package faketime; `make sysdeps` installs it)")
     return found[0]
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from globald.store.names import db_dir
+from tests.ci import unavailable
 from tests.harness import Broker, DaemonProcess, globald, random_records, write_config
 from tests.reliability.checks import check_snapshots, check_store, same_process, snapshots_available, watch
 from tests.reliability.disk import bind_read_only, fill, tmpfs, unmount
@@ -136,7 +137,7 @@ def test_disk_full_then_space_returns(broker: Broker, topic: Topic, daemon: Daem
 def read_only(path: Path) -> Iterator[Path]:
     why = bind_read_only(path)
     if why is not None:
-        pytest.skip(f"cannot bind-mount a read-only directory (needs root or CAP_SYS_ADMIN): {why}")
+        unavailable(f"cannot bind-mount a read-only directory (needs root or CAP_SYS_ADMIN): {why}", fail_as_root=True)
     try:
         yield path
     finally:

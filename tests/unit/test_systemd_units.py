@@ -4,13 +4,13 @@ policy the issue asks for, and the offline security review rates them well."""
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.ci import require_tool, unavailable
 from tests.harness import REPO
 
 UNITS = REPO / "systemd"
@@ -18,12 +18,11 @@ INSTALLED_BINARY = "/opt/globald/bin/globald"
 
 
 def analyze() -> str:
-    tool = shutil.which("systemd-analyze")
-    if tool is None:
-        pytest.skip("systemd-analyze is not installed")
+    """systemd-analyze, from Debian's systemd package (`make sysdeps`); missing, the test skips, or fails in CI."""
+    tool = require_tool("systemd-analyze", "systemd")
     probe = subprocess.run([tool, "--version"], capture_output=True, text=True, timeout=30)
     if probe.returncode != 0:
-        pytest.skip(f"systemd-analyze cannot run here: {probe.stderr.strip()}")
+        unavailable(f"systemd-analyze cannot run here: {probe.stderr.strip()}")
     return tool
 
 
