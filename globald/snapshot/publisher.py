@@ -88,6 +88,7 @@ class SnapshotPublisher:
         self._jobs: queue.Queue[_Job] = queue.Queue()
         self._worker: threading.Thread | None = None
         self._tables = {t.name: _Table(t, snapshots_dir(config.state_dir, t.name)) for t in config.tables}
+        self._leases = {name: leases.LeaseClock(tab.dir) for name, tab in self._tables.items()}  # loop thread only
         self._last_id: str | None = None
         self._next_publish = 0.0
         self._next_sweep = 0.0
@@ -297,9 +298,8 @@ class SnapshotPublisher:
     def _gc(self, tab: _Table) -> None:
         """Retention: newest K valid snapshots, CURRENT, leased and busy ones stay; everything else goes."""
         with self._lock:
-            now = time.time()
-            found, leased = [], leases.read_all(tab.dir)[0]
-            keep = leases.pinned(leased, now) | tab.busy | ({tab.current.id} if tab.current else set())
+            found: list[str] = []
+            keep = self._leases[tab.config.name].refresh() | tab.busy | ({tab.current.id} if tab.current else set())
             doomed = []
             for e in os.scandir(tab.dir):
                 if not valid_id(e.name):
@@ -324,8 +324,8 @@ class SnapshotPublisher:
                 except OSError:
                     continue
                 shutil.rmtree(trash, ignore_errors=True)
-        leases.sweep(tab.dir, now)
-        requests.sweep_responses(self.config.state_dir, tab.config.name, now)
+        self._leases[tab.config.name].sweep()
+        requests.sweep_responses(self.config.state_dir, tab.config.name, time.time())
 
     # -- exact builds (worker thread) ---------------------------------------------------------------------------
 

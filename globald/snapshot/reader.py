@@ -105,7 +105,7 @@ class Snapshot:
                                      "serve_stale is off")
         self._options = options
         self._holder = options.holder or leases.default_holder(table)
-        self._lease_until = 0.0
+        self._renewed: float | None = None  # this process's monotonic clock at the last lease write
         self.renew()
         try:
             self._reader = StoreReader(path / SNAPSHOT_DB_DIR, attempts=2)
@@ -122,18 +122,20 @@ class Snapshot:
         return dict(self.manifest.offsets)
 
     def renew(self) -> None:
-        """Extend this reader's lease once half of it has run out (cheap to call often)."""
+        """Renew this reader's lease once half of it has run out (cheap to call often). Timed on the monotonic
+        clock, as the daemon times it: a wall-clock step neither hastens nor delays a renewal."""
         ttl = self._options.lease_s
         if ttl <= 0:
             return
-        now = time.time()
-        if self._lease_until - now < ttl / 2:
-            self._lease_until = leases.take(self.table_dir, self._holder, self.manifest.id, ttl).expires
+        now = time.monotonic()
+        if self._renewed is None or now - self._renewed >= ttl / 2:
+            leases.take(self.table_dir, self._holder, self.manifest.id, ttl)
+            self._renewed = now
 
     def release(self) -> None:
         if self._options.lease_s > 0:
             leases.release(self.table_dir, self._holder)
-            self._lease_until = 0.0
+            self._renewed = None
 
     def close(self, release: bool = False) -> None:
         self._reader.close()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -108,28 +107,124 @@ def test_new_ids_increase_even_when_the_clock_does_not() -> None:
 # -- leases and retention -----------------------------------------------------------------------------------------
 
 
+class Clocks:
+    """The daemon's two clocks, moved by hand: ``mono`` only forward, ``wall`` stepped either way."""
+
+    def __init__(self) -> None:
+        self.mono, self.wall = 1000.0, 1_700_000_000.0
+
+    def clock(self, table_dir: Path) -> leases.LeaseClock:
+        return leases.LeaseClock(table_dir, monotonic=lambda: self.mono, wall=lambda: self.wall)
+
+
 def test_leases_pin_until_they_expire(tmp_path: Path) -> None:
+    c = Clocks()
+    held = c.clock(tmp_path)
     leases.take(tmp_path, "reader-1", ID1, 60)
     leases.take(tmp_path, "reader-2", ID2, 0)
     found, garbage = leases.read_all(tmp_path)
     assert garbage == [] and {x.holder for x in found} == {"reader-1", "reader-2"}
-    assert leases.pinned(found, time.time()) == {ID1}
+    assert held.refresh() == {ID1}
     leases.take(tmp_path, "reader-1", ID3, 60)  # a holder pins one snapshot: the new one replaces the old
-    assert leases.pinned(leases.read_all(tmp_path)[0], time.time()) == {ID3}
+    assert held.refresh() == {ID3}
     leases.release(tmp_path, "reader-1")
-    assert leases.pinned(leases.read_all(tmp_path)[0], time.time()) == set()
+    assert held.refresh() == set()
+
+
+def test_a_lease_lives_on_the_daemons_monotonic_clock_whatever_the_wall_clocks_do(tmp_path: Path) -> None:
+    """Issue 21, item 4: a lease is a heartbeat timed from when the daemon saw it, not a wall-clock deadline."""
+    c = Clocks()
+    held = c.clock(tmp_path)
+    leases.take(tmp_path, "reader", ID1, 600)
+    assert held.refresh() == {ID1}
+    c.wall += 7200  # the daemon's wall clock stepped +2 h: nothing changes
+    c.mono += 599
+    assert held.refresh() == {ID1} and held.sweep() == 0
+    c.wall -= 7200
+    c.mono += 1  # 600 s of the daemon's own time since it saw the lease: expired, and its file goes
+    assert held.refresh() == set() and held.sweep() == 1
+    assert leases.read_all(tmp_path) == ([], [])
+
+
+def test_a_renewal_is_seen_even_when_the_readers_clock_went_back(tmp_path: Path) -> None:
+    c = Clocks()
+    held = c.clock(tmp_path)
+    first = leases.take(tmp_path, "reader", ID1, 100)
+    held.refresh()
+    c.mono += 90
+    path = tmp_path / "leases" / "reader.json"
+    doc = json.loads(path.read_text())
+    again = leases.take(tmp_path, "reader", ID1, 100)
+    # As written by a reader whose wall clock was stepped back an hour: an earlier expiry, the same content else.
+    manifests.write_json(path, {**doc, "expires": first.expires - 3600, "renewal": again.renewal}, durable=False)
+    assert held.refresh() == {ID1}
+    c.mono += 99  # 189 s after the first write, 99 s after the renewal
+    assert held.refresh() == {ID1}
+    c.mono += 1
+    assert held.refresh() == set()
+
+
+def test_a_daemon_that_starts_treats_every_lease_as_just_renewed(tmp_path: Path) -> None:
+    c = Clocks()
+    leases.take(tmp_path, "reader", ID1, 30)
+    c.mono += 10_000  # whatever happened before: the new daemon has no history
+    c.wall += 86_400
+    held = c.clock(tmp_path)
+    assert held.refresh() == {ID1}
+    c.mono += 30
+    assert held.refresh() == set()
+
+
+def test_a_lease_in_the_previous_format_holds_for_what_was_left_of_it_when_seen(tmp_path: Path) -> None:
+    """Readers before the ttl_s format wrote only an absolute expiry: it is read once on the daemon's wall clock,
+    then counted on its monotonic clock, so a later step does not move it."""
+    c = Clocks()
+    held = c.clock(tmp_path)
+    folder = tmp_path / "leases"
+    folder.mkdir()
+    (folder / "old-reader.json").write_text(json.dumps(
+        {"holder": "old-reader", "snapshot": ID1, "expires": c.wall + 120}))
+    (folder / "old-expired.json").write_text(json.dumps(
+        {"holder": "old-expired", "snapshot": ID2, "expires": c.wall - 1}))
+    assert held.refresh() == {ID1}
+    assert held.sweep() == 1
+    c.wall += 7200
+    c.mono += 119
+    assert held.refresh() == {ID1}
+    c.mono += 1
+    assert held.refresh() == set()
 
 
 def test_lease_sweep_removes_expired_and_old_garbage_only(tmp_path: Path) -> None:
-    leases.take(tmp_path, "live", ID1, 60)
+    c = Clocks()
+    held = c.clock(tmp_path)
+    leases.take(tmp_path, "live", ID1, 600)
     leases.take(tmp_path, "dead", ID2, 0)
     folder = tmp_path / "leases"
+    (folder / "garbage.json").write_text('{"holder": "someone-else", "snapshot": "x"}')
+    (folder / ".writing.json.tmp").write_text("{half")
+    held.refresh()
+    assert held.sweep() == 1  # the expired lease; garbage gets a grace period on the daemon's clock
+    c.mono += leases.GARBAGE_GRACE_S - 1
     (folder / "fresh-garbage.json").write_text("{not json")
-    old = folder / "old-garbage.json"
-    old.write_text('{"holder": "someone-else", "snapshot": "x"}')
-    os.utime(old, (time.time() - 3600, time.time() - 3600))
-    assert leases.sweep(tmp_path, time.time() + 1) == 2
-    assert sorted(p.name for p in folder.iterdir()) == ["fresh-garbage.json", "live.json"]
+    held.refresh()
+    assert held.sweep() == 0
+    c.mono += 1
+    held.refresh()
+    assert held.sweep() == 1
+    assert sorted(p.name for p in folder.iterdir()) == [".writing.json.tmp", "fresh-garbage.json", "live.json"]
+
+
+def test_an_expired_lease_renewed_before_the_sweep_is_kept(tmp_path: Path) -> None:
+    c = Clocks()
+    held = c.clock(tmp_path)
+    leases.take(tmp_path, "reader", ID1, 10)
+    held.refresh()
+    c.mono += 10
+    assert held.refresh() == set()
+    leases.take(tmp_path, "reader", ID1, 10)  # renewed between the daemon's read and its sweep
+    assert held.sweep() == 0
+    assert held.refresh() == {ID1}
 
 
 @pytest.mark.parametrize("holder", ["", ".hidden", "a/b", "../x", "x" * 200])
