@@ -2,7 +2,8 @@
 
 Contract: nothing under the state_dir changes until the copy is complete, its offsets (from Kafka Streams' global
 ``.checkpoint``) are within the topic's log bounds and it opens as a globald store; the switch-over is then two
-renames. The Kafka Streams directory is only read: its immutable table files are hard-linked, everything else copied.
+renames, made once the copy is on disk and durable themselves (a power loss finds the old store or the new one). The
+Kafka Streams directory is only read: its immutable table files are hard-linked, everything else copied.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from globald.config import TOPIC_NAME_RE, Config
 from globald.errors import ConfigError, ImportRefusedError, StoreCorruptError
 from globald.kafka.clients import TransientKafkaError, partitions, watermarks
 from globald.statedir import lock_state_dir, prepare_state_dir
-from globald.store import checkpoint_file
+from globald.store import checkpoint_file, durable
 from globald.store.names import (
     COLUMN_FAMILIES,
     DEFAULT_CF,
@@ -138,7 +139,7 @@ def _validate_offsets(config: Config, topic: str, offsets: dict[int, int]) -> di
 
 def _build(config: Config, staging: str, source: Path, topic: str, offsets: dict[int, int]) -> dict[str, Any]:
     """A complete globald store for ``topic`` as table directory ``staging``, from a copy of ``source``."""
-    table_dir(config.state_dir, staging).mkdir(parents=True, mode=0o700)
+    durable.make_dirs(table_dir(config.state_dir, staging))  # and tables/, durably, when it is the first table
     path = db_dir(config.state_dir, staging)
     _copy_files(source, path)
     families = Rdict.list_cf(str(path))
@@ -225,14 +226,11 @@ def _switch(state_dir: Path, table: str, staging: Path) -> bool:
     live = table_dir(state_dir, table)
     old = tables_dir(state_dir) / f"{REPLACED_PREFIX}{table}"
     shutil.rmtree(old, ignore_errors=True)
+    # The copied files and what RocksDB wrote without a sync reach the disk before the table's name is on them.
+    durable.sync_tree(staging)
     replaced = live.exists()
     if replaced:
         os.rename(live, old)
-    os.rename(staging, live)
-    fd = os.open(tables_dir(state_dir), os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    durable.rename(staging, live)  # also makes the rename above durable: one directory
     shutil.rmtree(old, ignore_errors=True)
     return replaced

@@ -17,16 +17,16 @@ from globald.errors import StoreCorruptError, StoreUnavailableError
 from globald.states import State
 from globald.status import DaemonStatus, TableStatus
 from globald.store import checkpoint_file
+from globald.store.durable import replace_file
 from globald.store.names import STATUS_FILE, checkpoint_path, db_dir
 from globald.store.reader import StoreReader
 
 
 def write(state_dir: Path, doc: DaemonStatus) -> None:
     raw = {**doc.to_json(), "updated": time.time()}
-    path = state_dir / STATUS_FILE
-    tmp = path.with_name(f"{STATUS_FILE}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(raw, sort_keys=True))
-    os.replace(tmp, path)
+    # Not durable (it is replaced at every commit): after a power loss the file may be empty or old, which
+    # ``read_live`` takes for "no daemon" (unparsable, or a dead pid) until the next daemon writes it at start.
+    replace_file(state_dir / STATUS_FILE, json.dumps(raw, sort_keys=True), durable=False)
 
 
 def _alive(pid: int) -> bool:

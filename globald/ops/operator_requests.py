@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from globald.errors import GlobaldError
+from globald.store.durable import replace_file
 from globald.store.names import REQUESTS_DIR
 
 log = logging.getLogger(__name__)
@@ -30,14 +31,6 @@ RESET = "reset"
 
 def requests_dir(state_dir: Path) -> Path:
     return state_dir / REQUESTS_DIR
-
-
-def _write_atomic(path: Path, doc: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(doc, f, sort_keys=True)
-    os.replace(tmp, path)
 
 
 class RequestInbox:
@@ -80,7 +73,8 @@ class RequestInbox:
         finally:
             taken.unlink(missing_ok=True)
         if token.isalnum():
-            _write_atomic(self.dir / f"{token}.done", answer)
+            # Not durable: the asker waits on this machine and does not outlive a power loss; the wipe itself is.
+            replace_file(self.dir / f"{token}.done", json.dumps(answer, sort_keys=True), durable=False)
 
     def _act(self, path: Path) -> dict[str, Any]:
         raw = path.read_bytes()[:MAX_REQUEST_BYTES + 1]
@@ -110,8 +104,10 @@ def ask_daemon_to_reset(state_dir: Path, table: str, timeout: float = 30.0) -> d
     token = secrets.token_hex(8)
     request = d / f"{RESET}-{token}.json"
     done = d / f"{token}.done"
-    _write_atomic(request, {"action": RESET, "table": table, "requested": time.time(),
-                            "requested_by": {"uid": os.getuid(), "pid": os.getpid()}})
+    doc = {"action": RESET, "table": table, "requested": time.time(),
+           "requested_by": {"uid": os.getuid(), "pid": os.getpid()}}
+    # Not durable: a request lost in a power loss was never answered, and its asker is gone with the machine.
+    replace_file(request, json.dumps(doc, sort_keys=True), durable=False)
     deadline = time.monotonic() + timeout
     taken = False
     while True:

@@ -24,6 +24,7 @@ from globald.kafka.clients import TransientKafkaError, make_consumer, partitions
 from globald.snapshot.exact_requests import Code
 from globald.snapshot.manifest import Offsets
 from globald.store.codec import encode_offset, partition_key
+from globald.store.durable import sync_tree
 from globald.store.failures import write, write_options
 from globald.store.names import (
     COLUMN_FAMILIES,
@@ -126,7 +127,7 @@ class Builder:
 
     def build(self, table: TableConfig, target: Offsets, base: Offsets | None, base_dir: Path | None,
               work: Path, deadline: float) -> Built:
-        """Write the snapshot database into ``work/db``; raises BuildRefused."""
+        """Write the snapshot database into ``work/db``, durably; raises BuildRefused."""
         marks = self._marks(table.topic, deadline)
         start = check_target(target, marks, base)
         db_path = work / SNAPSHOT_DB_DIR
@@ -156,6 +157,9 @@ class Builder:
             del values
         finally:
             db.close()
+        # The files copied from the base and those RocksDB wrote without a sync (OPTIONS, the info log), and every
+        # directory entry, are on disk before the publisher's manifest and rename name them.
+        sync_tree(db_path)
         return Built(dict(target), records, consumed)
 
     def _apply(self, db: Rdict, topic: str, start: Offsets, target: Offsets, deadline: float) -> int:

@@ -101,7 +101,8 @@ def submit(state_dir: Path, table: str, offsets: Offsets, lease_s: float = DEFAU
     req = Request(f"r{uuid.uuid4().hex}", table, dict(offsets), lease_s)
     requests_dir, _ = _dirs(state_dir, table)
     requests_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    write_json(requests_dir / f"{req.id}.json", req.to_json())
+    # Not durable: the reader waiting for the answer does not outlive a power loss of this machine.
+    write_json(requests_dir / f"{req.id}.json", req.to_json(), durable=False)
     return req
 
 
@@ -175,7 +176,8 @@ def take_pending(state_dir: Path, table: str) -> list[Request | Response]:
 def respond(state_dir: Path, table: str, resp: Response) -> None:
     _, responses_dir = _dirs(state_dir, table)
     responses_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    write_json(responses_dir / f"{resp.request}.json", resp.to_json())
+    # Not durable: the reader waiting for it does not outlive a power loss; the snapshot it names is durable.
+    write_json(responses_dir / f"{resp.request}.json", resp.to_json(), durable=False)
 
 
 def sweep_responses(state_dir: Path, table: str, now: float) -> None:

@@ -1,15 +1,15 @@
 """Snapshot manifests: what one snapshot holds, as JSON beside its database, validated on every read.
 
-A manifest is written (and fsynced) before its snapshot directory is renamed into place, so a visible snapshot
-always has one; afterwards only its stale mark is ever rewritten, atomically. Anything read from disk is checked
-field by field: a truncated, foreign or garbage manifest raises ManifestError and is never trusted.
+A manifest is written durably, after the database beside it is durable and before its snapshot directory is renamed
+into place, so a visible snapshot always has one, even after a power loss; afterwards only its stale mark is ever
+rewritten, atomically and durably. Anything read from disk is checked field by field: a truncated, foreign or
+garbage manifest raises ManifestError and is never trusted.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
 import re
 import time
 from dataclasses import asdict, dataclass, replace
@@ -18,7 +18,7 @@ from typing import Any
 
 from globald.errors import ManifestError, ManifestIOError
 from globald.states import State
-from globald.store.checkpoint_file import fsync_dir
+from globald.store.durable import replace_file
 from globald.store.names import SNAPSHOT_MANIFEST
 
 MANIFEST_FORMAT = 1
@@ -72,20 +72,9 @@ def read_json(path: Path) -> dict[str, Any]:
     return doc
 
 
-def write_json(path: Path, doc: dict[str, Any], durable: bool = False) -> None:
-    """Replace ``path`` atomically; with ``durable``, fsync the file and its directory too."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    data = json.dumps(doc, sort_keys=True).encode()
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.write(fd, data)
-        if durable:
-            os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    if durable:
-        fsync_dir(path.parent)
+def write_json(path: Path, doc: dict[str, Any], *, durable: bool = True) -> None:
+    """Replace ``path`` atomically with ``doc``; ``durable`` as in ``durable.replace_file``."""
+    replace_file(path, json.dumps(doc, sort_keys=True), durable=durable)
 
 
 @dataclass(frozen=True)
@@ -174,4 +163,4 @@ def read(snapshot_dir: Path, table: str | None = None) -> Manifest:
 
 
 def write(snapshot_dir: Path, manifest: Manifest) -> None:
-    write_json(snapshot_dir / SNAPSHOT_MANIFEST, manifest.to_json(), durable=True)
+    write_json(snapshot_dir / SNAPSHOT_MANIFEST, manifest.to_json())

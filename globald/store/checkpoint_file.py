@@ -1,13 +1,15 @@
 """Kafka-format ``.checkpoint`` files (version line ``0``, a count line, then ``topic partition offset`` lines).
 
-They serve tools that must not open the store. A file is replaced atomically (tmp, fsync, rename), so a reader
-sees either the old or the new content. A file that does not parse is reported, never trusted.
+They serve tools that must not open the store. A file is replaced durably (``durable.replace_file``), so a reader
+sees either the old or the new content, even after a power loss. A file that does not parse is reported, never
+trusted.
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
+
+from globald.store.durable import replace_file
 
 VERSION = 0
 
@@ -19,13 +21,7 @@ class CheckpointFormatError(ValueError):
 def write(path: Path, offsets: dict[tuple[str, int], int]) -> None:
     lines = [str(VERSION), str(len(offsets))]
     lines += [f"{topic} {partition} {offset}" for (topic, partition), offset in sorted(offsets.items())]
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write("\n".join(lines) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
+    replace_file(path, "\n".join(lines) + "\n")
 
 
 def read(path: Path) -> dict[tuple[str, int], int]:
@@ -56,10 +52,3 @@ def read(path: Path) -> dict[tuple[str, int], int]:
             raise
         raise CheckpointFormatError(f"{path}: malformed: {e}") from None
 
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -22,7 +22,7 @@ from pathlib import Path
 from rocksdict import Checkpoint, ColumnFamily, Rdict, WriteBatch
 
 from globald.errors import StoreCorruptError, StoreFormatError, StoreIOError, StoreUnavailableError
-from globald.store import checkpoint_file, plain
+from globald.store import checkpoint_file, durable, plain
 from globald.store.codec import decode_format, decode_offset, encode_offset, partition_key, unreadable_format
 from globald.store.failures import STALLS, Stalls, store_io, write, write_options
 from globald.store.names import (
@@ -119,7 +119,7 @@ class TableStore:
 
     def _open_checked(self) -> bool:
         with store_io(f"table {self.table}: cannot create {table_dir(self.state_dir, self.table)}"):
-            table_dir(self.state_dir, self.table).mkdir(parents=True, exist_ok=True, mode=0o700)
+            durable.make_dirs(self.path)  # RocksDB fsyncs its own files, not the directories above them
         fresh = not (self.path / "CURRENT").exists()
         self._connect(bulk=False)
         try:
@@ -290,7 +290,10 @@ class TableStore:
             self._bulk = False
 
     def _delete_files(self) -> None:
-        shutil.rmtree(table_dir(self.state_dir, self.table), ignore_errors=True)
+        try:  # one durable rename first: a power loss never finds half a store (or its .checkpoint) in its place
+            durable.remove_tree(table_dir(self.state_dir, self.table))
+        except OSError:  # the rename was refused: delete in place, as a wipe must not leave the old store
+            shutil.rmtree(table_dir(self.state_dir, self.table), ignore_errors=True)
 
     def wipe(self) -> None:
         """Delete everything the table holds (data, offsets, checkpoint file) and reopen it empty."""
