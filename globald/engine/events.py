@@ -122,18 +122,39 @@ def deliver(listeners: Listeners) -> Subscriber:
 OPERATOR_RESET = "operator_reset"  # the wipe kind of a rebuild an operator asked for
 
 
+class RebuildRequest:
+    """One table an operator asked to rebuild. The loop settles it once it has run the wipe: ``error`` is None when
+    the store was wiped, else why the wipe failed. Settled from the loop thread, read from any."""
+
+    def __init__(self, table: str, detail: str) -> None:
+        self.table = table
+        self.detail = detail
+        self.error: str | None = None
+        self._settled = threading.Event()
+
+    @property
+    def settled(self) -> bool:
+        return self._settled.is_set()
+
+    def settle(self, error: str | None) -> None:
+        self.error = error
+        self._settled.set()  # after ``error``: whoever sees it settled reads the final error
+
+
 class RebuildRequests:
     """Tables an operator asked to rebuild (``globald reset``), from any thread; the loop takes them between polls."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._queue: deque[tuple[str, str]] = deque()
+        self._queue: deque[RebuildRequest] = deque()
 
-    def put(self, table: str, detail: str) -> None:
+    def put(self, table: str, detail: str) -> RebuildRequest:
+        request = RebuildRequest(table, detail)
         with self._lock:
-            self._queue.append((table, detail))
+            self._queue.append(request)
+        return request
 
-    def take(self) -> list[tuple[str, str]]:
+    def take(self) -> list[RebuildRequest]:
         with self._lock:
             items = list(self._queue)
             self._queue.clear()

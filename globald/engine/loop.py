@@ -119,8 +119,12 @@ class Loop:
         self._update_daemon_state()
 
     def _turn(self) -> None:
-        for table, detail in self.rebuilds.take():
-            self.rebuild(table, OPERATOR_RESET, detail)
+        for request in self.rebuilds.take():  # an operator's reset: its asker is answered once the wipe ran
+            try:
+                request.settle(self.rebuild(request.table, OPERATOR_RESET, request.detail))
+            except BaseException as e:
+                request.settle(f"{type(e).__name__}: {e}")
+                raise
         if self.probe_now or (self.problems.has(KAFKA) and self.problems.due(KAFKA)):
             self._probe_kafka()
         if not self.problems.has(KAFKA) and self._stores_ready():  # no point planning what cannot be fetched
@@ -262,8 +266,9 @@ class Loop:
         self.stats.recoveries.append(time.monotonic() - restore.started)
         rt.machine.to(State.RUNNING, "restored to the log end")
 
-    def rebuild(self, table: str, kind: str, detail: str) -> None:
-        """Wipe ``table`` (counted under ``kind``) and restore it from the log start."""
+    def rebuild(self, table: str, kind: str, detail: str) -> str | None:
+        """Wipe ``table`` (counted under ``kind``) and restore it from the log start. Returns None once the store
+        is wiped, else why the wipe failed (the stores then rewind, as after any store fault)."""
         rt = self.manager.tables[table]
         self._unassign(rt)
         # RESTORING before the wipe: status readers learn of the rebuild before the data goes.
@@ -276,6 +281,8 @@ class Loop:
             self.manager.wipe(rt, kind, detail)
         except STORE_FAULTS as e:  # the emptied store could not be reopened: recover_stores does, once it can
             self.rewind_all(f"table {table}: wipe: {e}")
+            return f"{type(e).__name__}: {e}"
+        return None
 
     def _unassign(self, rt: TableRuntime) -> None:
         if rt.assigned:

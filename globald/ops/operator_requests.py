@@ -2,8 +2,8 @@
 
 Only a user who may write the state_dir can ask, which is exactly who may wipe it offline. A request is
 ``reset-<token>.json``; the daemon claims it by renaming it (so a request is either cancelled or taken, never
-both), acts on the loop thread, and answers in ``<token>.done``. Files are JSON and size-capped; nothing read
-here is ever executed or unpickled.
+both), hands the wipe to its loop, and answers in ``<token>.done`` once the loop has run it: ``ok`` when the store
+was wiped, else the wipe's error. Files are JSON and size-capped; nothing read here is ever executed or unpickled.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import secrets
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from globald.errors import GlobaldError
 from globald.store.durable import replace_file
@@ -33,19 +33,31 @@ def requests_dir(state_dir: Path) -> Path:
     return state_dir / REQUESTS_DIR
 
 
+class Wipe(Protocol):
+    """A reset handed to the loop (``engine.events.RebuildRequest``): settled once the loop has run the wipe."""
+
+    table: str
+    error: str | None  # once settled: None when the store was wiped, else why not
+
+    @property
+    def settled(self) -> bool: ...
+
+
 class RequestInbox:
     """The daemon's side. ``poll`` runs on the loop thread (an after_poll hook) and is cheap when idle."""
 
-    def __init__(self, state_dir: Path, tables: set[str], reset: Callable[[str, str], None]) -> None:
+    def __init__(self, state_dir: Path, tables: set[str], reset: Callable[[str, str], Wipe]) -> None:
         self.dir = requests_dir(state_dir)
         self.tables = tables
         self.reset = reset
         self._next = 0.0
+        self._waiting: list[tuple[str, Wipe]] = []  # (token, wipe) of resets handed to the loop, not yet answered
 
     def open(self) -> None:
         self.dir.mkdir(mode=0o700, exist_ok=True)
 
     def poll(self) -> None:
+        self._answer_settled()  # at every turn: the loop runs a wipe at the start of the turn after its request
         now = time.monotonic()
         if now < self._next:
             return
@@ -67,16 +79,44 @@ class RequestInbox:
             return
         try:
             answer = self._act(taken)
-        except Exception as e:  # a failed wipe is reported to the asker; the loop carries on
+        except Exception as e:  # a request that cannot be read or handed on is answered; the loop carries on
             log.exception("reset request %s failed", token)
             answer = {"ok": False, "error": f"{type(e).__name__}: {e}"}
         finally:
             taken.unlink(missing_ok=True)
+        if isinstance(answer, dict):
+            self._reply(token, answer)
+        else:
+            self._waiting.append((token, answer))
+
+    def _answer_settled(self) -> None:
+        """Answer each reset whose wipe the loop has run: ok, or the wipe's error."""
+        settled = [(token, wipe) for token, wipe in self._waiting if wipe.settled]
+        self._waiting = [item for item in self._waiting if item not in settled]
+        for token, wipe in settled:
+            if wipe.error is None:
+                self._reply(token, {"ok": True, "table": wipe.table, "pid": os.getpid()})
+            else:
+                log.error("table %s: reset failed: %s", wipe.table, wipe.error)
+                self._reply(token, {"ok": False, "table": wipe.table, "pid": os.getpid(),
+                                    "error": f"the wipe of table {wipe.table} failed: {wipe.error}"})
+
+    def close(self) -> None:
+        """After the loop has ended: answer resets it never ran, so no asker waits out its timeout."""
+        with contextlib.suppress(OSError):  # a failing disk: the asker times out, saying to check the log
+            self._answer_settled()
+        for token, wipe in self._waiting:
+            with contextlib.suppress(OSError):
+                self._reply(token, {"ok": False, "table": wipe.table, "pid": os.getpid(),
+                                    "error": "the daemon stopped before it wiped the table; nothing was wiped"})
+        self._waiting = []
+
+    def _reply(self, token: str, answer: dict[str, Any]) -> None:
         if token.isalnum():
             # Not durable: the asker waits on this machine and does not outlive a power loss; the wipe itself is.
             replace_file(self.dir / f"{token}.done", json.dumps(answer, sort_keys=True), durable=False)
 
-    def _act(self, path: Path) -> dict[str, Any]:
+    def _act(self, path: Path) -> dict[str, Any] | Wipe:
         raw = path.read_bytes()[:MAX_REQUEST_BYTES + 1]
         if len(raw) > MAX_REQUEST_BYTES:
             return {"ok": False, "error": "request too large"}
@@ -91,8 +131,7 @@ class RequestInbox:
         detail = f"requested by globald reset (uid {who.get('uid')}, pid {who.get('pid')})" \
             if isinstance(who, dict) else "requested by globald reset"
         log.warning("table %s: reset %s", table, detail)
-        self.reset(table, detail)
-        return {"ok": True, "table": table, "pid": os.getpid()}
+        return self.reset(table, detail)
 
 
 def ask_daemon_to_reset(state_dir: Path, table: str, timeout: float = 30.0) -> dict[str, Any]:

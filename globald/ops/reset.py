@@ -2,7 +2,8 @@
 
 The state_dir lock decides who wipes: when no daemon holds it, the CLI takes it and wipes the store itself (a
 daemon cannot start meanwhile); when a daemon holds it, the wipe is asked of that daemon through the requests
-directory and done on its loop, counted as an ``operator_reset`` wipe. A store is never wiped behind a daemon.
+directory and done on its loop, counted as an ``operator_reset`` wipe, and the command returns once the daemon
+has wiped the store (or raises with the wipe's error). A store is never wiped behind a daemon.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ def reset_table(config: Config, table: str, timeout: float = 30.0) -> ResetResul
     except StateDirLockedError:
         answer = ask_daemon_to_reset(config.state_dir, name, timeout)
         if not answer.get("ok"):
-            raise GlobaldError(f"the running daemon refused the reset: {answer.get('error')}") from None
+            raise GlobaldError(f"the running daemon did not reset table {name}: {answer.get('error')}") from None
         pid = answer.get("pid")
         return ResetResult(name, "daemon", pid if isinstance(pid, int) else None, had_store=True)
     try:

@@ -84,6 +84,7 @@ class Operations:
                  redact(self.config.kafka), self.hooks.describe())
 
     def stop(self) -> None:
+        self.inbox.close()  # the loop has ended: a reset it never ran is answered, not left to time out
         if self.http is not None:
             self.http.stop()
         self.hooks.close()

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from globald.config import HooksConfig
+from globald.engine.events import RebuildRequests
 from globald.logs import JsonFormatter, PlainFormatter, Redactor
 from globald.ops import operator_requests
 from globald.ops.health import liveness, readiness
@@ -248,8 +249,9 @@ def test_log_lines_mask_secrets_in_messages_and_tracebacks(formatter: logging.Fo
 
 
 def test_request_inbox_claims_each_request_once(tmp_path: Path) -> None:
+    queue = RebuildRequests()
     resets: list[tuple[str, str]] = []
-    inbox = operator_requests.RequestInbox(tmp_path, {"customers"}, lambda t, d: resets.append((t, d)))
+    inbox = operator_requests.RequestInbox(tmp_path, {"customers"}, queue.put)
     inbox.open()
     assert (tmp_path / "requests").stat().st_mode & 0o777 == 0o700
     answers: list[dict] = []
@@ -257,8 +259,11 @@ def test_request_inbox_claims_each_request_once(tmp_path: Path) -> None:
         target=lambda: answers.append(operator_requests.ask_daemon_to_reset(tmp_path, "customers", 10)))
     asker.start()
     deadline = time.monotonic() + 10
-    while not resets and time.monotonic() < deadline:
+    while not answers and time.monotonic() < deadline:
         inbox.poll()
+        for request in queue.take():  # the loop's part: wipe, then settle
+            resets.append((request.table, request.detail))
+            request.settle(None)
         time.sleep(0.05)
     asker.join(10)
     assert resets and resets[0][0] == "customers" and f"pid {os.getpid()}" in resets[0][1]
@@ -276,6 +281,49 @@ def test_request_inbox_claims_each_request_once(tmp_path: Path) -> None:
     with pytest.raises(Exception, match="request cancelled, nothing was wiped"):
         operator_requests.ask_daemon_to_reset(tmp_path, "customers", timeout=0.3)
     assert list((tmp_path / "requests").iterdir()) == [] and len(resets) == 1
+
+
+def answer_file(tmp_path: Path) -> tuple[str, Path]:
+    """A reset request as the CLI queues it, and where its answer will appear."""
+    token = "abc123"
+    (tmp_path / "requests" / f"reset-{token}.json").write_text(json.dumps({"action": "reset", "table": "customers"}))
+    return token, tmp_path / "requests" / f"{token}.done"
+
+
+def test_a_reset_is_answered_once_the_wipe_ran_or_with_its_error(tmp_path: Path) -> None:
+    """Issue 21, item 5: the answer waits for the loop's wipe; it used to be ok as soon as the request was queued."""
+    queue = RebuildRequests()
+    inbox = operator_requests.RequestInbox(tmp_path, {"customers"}, queue.put)
+    inbox.open()
+    _, done = answer_file(tmp_path)
+    inbox.poll()
+    (request,) = queue.take()
+    for _ in range(3):  # queued, not yet wiped: no answer, however often the inbox looks
+        inbox.poll()
+    assert not done.exists()
+    request.settle("StoreIOError: IO error: No space left on device")
+    inbox.poll()
+    answer = json.loads(done.read_text())
+    assert answer["ok"] is False and "No space left on device" in answer["error"] and answer["table"] == "customers"
+    done.unlink()
+    _, done = answer_file(tmp_path)
+    inbox._next = 0.0  # the request directory is read at most every CHECK_INTERVAL
+    inbox.poll()
+    (request,) = queue.take()
+    request.settle(None)
+    inbox.poll()
+    assert json.loads(done.read_text()) == {"ok": True, "table": "customers", "pid": os.getpid()}
+
+
+def test_a_reset_the_loop_never_ran_is_answered_when_the_daemon_stops(tmp_path: Path) -> None:
+    queue = RebuildRequests()
+    inbox = operator_requests.RequestInbox(tmp_path, {"customers"}, queue.put)
+    inbox.open()
+    _, done = answer_file(tmp_path)
+    inbox.poll()
+    inbox.close()
+    answer = json.loads(done.read_text())
+    assert answer["ok"] is False and "nothing was wiped" in answer["error"]
 
 
 def test_write_stall_counters_reach_metrics() -> None:
