@@ -15,15 +15,14 @@ import argparse
 import json
 import logging
 import shutil
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
-from types import FrameType
 
 from globald import exitcodes
 from globald.embedded.broker import stop_process
+from globald.embedded.interrupts import Interrupts
 from globald.errors import RefusedError
 
 TOPIC = TABLE = "customers"
@@ -72,14 +71,6 @@ def next_steps(config: Path, sample_key: str, run: bool) -> list[str]:
     return lines
 
 
-class _Stop(Exception):
-    pass
-
-
-def _stop(signum: int, frame: FrameType | None) -> None:
-    raise _Stop
-
-
 def main(args: argparse.Namespace) -> int:
     work = Path(args.dir)
     if work.exists() and (not work.is_dir() or any(work.iterdir())):
@@ -93,25 +84,26 @@ def main(args: argparse.Namespace) -> int:
     # a repeated problem once and then counted.
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format="%(asctime)s %(levelname)-7s %(name)s: %(message)s")
-    old = {s: signal.signal(s, _stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    # Ctrl-C or SIGTERM stops it; a second one during the clean-up is ignored (it must not leave the broker's JVMs
+    # behind), and so is any later one until the process exits (see globald.embedded.interrupts).
+    interrupts = Interrupts().install()
     session = _Session(work, args)
     code = exitcodes.OK
     try:
         session.start()
         session.wait()
-    except (_Stop, KeyboardInterrupt):
+    except KeyboardInterrupt:
         pass
     except Exception as e:
+        interrupts.cleaning_up()
         print(f"globald dev: failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
         code = exitcodes.FAILED
     finally:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not leave the broker's JVMs behind
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        interrupts.cleaning_up()
         try:
             session.close()
         finally:
-            for s, h in old.items():
-                signal.signal(s, h)
+            interrupts.done()
     return code
 
 

@@ -13,7 +13,6 @@ import logging
 import os
 import random
 import shutil
-import signal
 import sys
 import tempfile
 import threading
@@ -22,13 +21,13 @@ import urllib.request
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
-from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from globald import config as configmod
 from globald import exitcodes
 from globald.embedded.admin import Record, TopicAdmin
 from globald.embedded.broker import EmbeddedKafka
+from globald.embedded.interrupts import Interrupts
 from globald.embedded.oracle import fold
 from globald.engine.events import Committed, Event, StateChanged, Wiped
 from globald.ops.progress import ProgressOptions
@@ -301,10 +300,6 @@ def _short(reason: str, limit: int = 110) -> str:
     return reason if len(reason) <= limit else reason[:limit - 1] + "…"
 
 
-def _interrupt(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt
-
-
 def main() -> int:
     clock = Clock()
     work = Path(tempfile.mkdtemp(prefix="globald-demo-"))
@@ -313,22 +308,23 @@ def main() -> int:
     print("globald demo: a local Kafka, a compacted topic, the daemon, an invalid offset healed in-process, "
           "and a Spark job.")
     print(f"  everything lives in {work} and is removed at the end (Ctrl-C cleans up too)\n", flush=True)
-    old_term = signal.signal(signal.SIGTERM, _interrupt)
+    # The first Ctrl-C (or SIGTERM) stops the demo; later ones are ignored until the process exits (see interrupts).
+    interrupts = Interrupts().install()
     demo = Demo(work, clock)
     code = 0
     try:
         demo.run()
     except KeyboardInterrupt:
-        # A second Ctrl-C must not cut the clean-up short and leave the broker's JVMs behind.
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        clock.say("interrupted; cleaning up")
+        clock.say("interrupted; cleaning up (further Ctrl-C is ignored until that is done)")
         code = exitcodes.INTERRUPTED
     except Exception as e:
+        interrupts.cleaning_up()
         clock.say(f"demo failed: {type(e).__name__}: {e}")
         log_tail = (work / "demo.log").read_text(errors="replace").splitlines()[-25:]
         print("last lines of the daemon log:\n  " + "\n  ".join(log_tail), file=sys.stderr)
         code = exitcodes.FAILED
     finally:
+        interrupts.cleaning_up()
         try:
             demo.close()
         finally:
@@ -338,8 +334,7 @@ def main() -> int:
                 handler.close()
             root.addHandler(logging.NullHandler())
             shutil.rmtree(work, ignore_errors=True)
-            signal.signal(signal.SIGTERM, old_term)
-            signal.signal(signal.SIGINT, signal.default_int_handler)
+            interrupts.done()
     if code == 0:
         print("\nsummary:")
         for line in demo.summary:
