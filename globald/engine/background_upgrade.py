@@ -3,11 +3,16 @@
 Contract: it writes only from the loop thread, between polls, for a bounded slice of time, so it never races the
 update task and never holds up readers (they read RocksDB directly). Tables still restoring are left alone until they
 are RUNNING: catching up with the topic comes first.
+
+For tests only: with ``GLOBALD_UPGRADE_HOLD_FILE`` naming a file, no step is taken while that file exists, so a test
+can hold an upgrade in its mixed layout for as long as it needs and release it by removing the file, instead of
+racing a pass whose speed depends on the machine.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import time
 
 from globald.engine.table import TableRuntime
@@ -18,6 +23,7 @@ log = logging.getLogger(__name__)
 
 UPGRADE_SLICE_SECONDS = 0.02  # per poll: at a 200 ms poll timeout an idle daemon spends ~10% of its time on it
 RETRY_AFTER_SECONDS = 10.0  # after a failed slice (disk error): the next poll would most likely fail the same way
+HOLD_ENV = "GLOBALD_UPGRADE_HOLD_FILE"
 
 
 class BackgroundUpgrade:
@@ -27,9 +33,10 @@ class BackgroundUpgrade:
         self._tables = tables  # the state manager's dict: tables opened later are seen too
         self.slice_s = slice_s
         self._not_before = 0.0
+        self._hold = os.environ.get(HOLD_ENV) or None  # read once: a daemon's environment does not change
 
     def tick(self) -> None:
-        if time.monotonic() < self._not_before:
+        if time.monotonic() < self._not_before or (self._hold is not None and os.path.exists(self._hold)):
             return
         for rt in self._tables.values():
             if not rt.store.upgrading or rt.machine.state != State.RUNNING:
