@@ -5,8 +5,9 @@ blocks swallow what they catch. Each goes through ``record``, whose contract is:
 
 - every call counts once under its ``where`` (a short fixed name, a metric label: never built from data), exported
   as ``globald_swallowed_failures_total{where}``;
-- the log gets the first failure of a place with its traceback, then at most one line per ``LOG_EVERY_S`` saying
-  how many happened meanwhile and the latest one: a failure that repeats stays visible without flooding the log;
+- the log gets the first failure of a place, then at most one line per ``LOG_EVERY_S`` saying how many happened
+  meanwhile and the latest one: a failure that repeats stays visible without flooding the log. An expected error is
+  one line with its text (a full disk is no reason for a traceback); a bug comes with its traceback;
 - an exception that is not an expected I/O, store or Kafka error is a bug: it is also counted in
   ``globald_bugs_total{where}`` and kept (type, message, count, first and last time) for the status document's
   ``bugs``, so a bug retried on every tick shows in ``globald status`` instead of being retried silently forever.
@@ -93,11 +94,11 @@ class Swallowed:
             skipped = place.unlogged - 1
             place.unlogged = 0
             place.next_log = now + self.log_every_s
-        kind = "bug" if bug else "failure"
         suffix = "" if first else f" ({skipped} more since the last report; {total} in all)"
-        # The traceback once per place and for every bug reported: what a developer needs; repeats of an expected
-        # failure get one line.
-        logger.error(f"{message} [{kind} at {where}]{suffix}", *args, exc_info=error if first or bug else None)
+        if bug:  # what a developer needs to fix it
+            logger.error(f"{message} [bug at {where}]{suffix}", *args, exc_info=error)
+        else:
+            logger.error(f"{message} [failure at {where}: %s: %s]{suffix}", *args, type(error).__name__, error)
 
     def counts(self) -> dict[str, int]:
         with self._lock:
