@@ -195,6 +195,58 @@ def test_a_lease_in_the_previous_format_holds_for_what_was_left_of_it_when_seen(
     assert held.refresh() == set()
 
 
+def test_a_reader_renews_at_half_life_on_its_monotonic_clock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reader whose wall clock steps back must still renew on time: the daemon times the lease from its writes."""
+    from globald.snapshot import reader as reader_module
+    from globald.store.options import StoreOptions
+    from globald.store.table_store import TableStore
+    from tests.stores import write_records
+
+    store = TableStore.open(tmp_path, "tbl", "topic", StoreOptions()).store
+    write_records(store, {b"k": b"\0" * 8 + b"v"}, {0: 10, 1: 0})
+    folder = snapshots_dir(tmp_path, "tbl") / ID1
+    folder.mkdir(parents=True)
+    store.checkpoint(folder / "db")
+    store.close(clean=True)
+    manifests.write(folder, make(ID1))
+
+    class Clock:
+        mono, wall = 100.0, 1_700_000_000.0
+
+        @classmethod
+        def monotonic(cls) -> float:
+            return cls.mono
+
+        @classmethod
+        def time(cls) -> float:
+            return cls.wall
+
+    monkeypatch.setattr(reader_module, "time", Clock)
+    lease_file = snapshots_dir(tmp_path, "tbl") / "leases" / "reader.json"
+
+    def renewal() -> str:
+        return str(json.loads(lease_file.read_text())["renewal"])
+
+    snap = reader_module.Snapshot(tmp_path, "tbl", ID1, reader_module.OpenOptions(lease_s=10, holder="reader"))
+    try:
+        first = renewal()
+        Clock.wall -= 86_400  # stepped back a day
+        Clock.mono += 4.9
+        snap.renew()
+        assert renewal() == first
+        Clock.mono += 0.1  # half of the lease has run out on the monotonic clock
+        snap.renew()
+        second = renewal()
+        assert second != first
+        Clock.wall += 2 * 86_400  # stepped forward: no early renewal either
+        Clock.mono += 1
+        snap.renew()
+        assert renewal() == second
+    finally:
+        snap.close(release=True)
+    assert not lease_file.exists()
+
+
 def test_lease_sweep_removes_expired_and_old_garbage_only(tmp_path: Path) -> None:
     c = Clocks()
     held = c.clock(tmp_path)
