@@ -22,7 +22,7 @@ from typing import Any
 
 from globald.embedded.admin import TopicAdmin
 from globald.embedded.broker import EmbeddedKafka
-from tests.chaos import plan, tools
+from tests.chaos import plan, powerloss, tools
 from tests.chaos.campaign import Outcome, Probe, SeedRun, Unrecoverable, summarize
 from tests.harness import REPO, Broker
 from tests.reliability.disk import mount_tmpfs, unmount
@@ -224,6 +224,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                    help="how clock steps reach the daemon: its Python wall clock (default), or libfaketime, which "
                         "makes librdkafka time out at any offset (see tests/chaos/tools.py)")
     p.add_argument("--report-dir", default=None, help=f"where report.md/json go (default build/chaos, ${REPORT_ENV})")
+    powerloss.add_arguments(p)
     return p.parse_args(argv)
 
 
@@ -246,11 +247,17 @@ def run(args: argparse.Namespace) -> Campaign:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
-    why = tools.missing(args.clock)
-    if why is not None:
-        say(f"cannot run: {why}")
-        return 2
-    return 0 if run(args).ok() else 1
+    ok = True
+    if args.seeds > 0:  # --seeds 0: the power-loss lane alone
+        why = tools.missing(args.clock)
+        if why is not None:
+            say(f"cannot run: {why}")
+            return 2
+        ok = run(args).ok()
+    if args.powerloss_seeds > 0:
+        out = Path(args.report_dir) if args.report_dir else report_dir()
+        ok = powerloss.run(args.seed, args.powerloss_seeds, args.powerloss_cuts, out).ok() and ok
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
