@@ -170,7 +170,8 @@ class Campaign:
         errors = [o for o in self.outcomes if o.campaign_errors]
         if errors:
             lines += ["", f"#### Campaign errors ({len(errors)}): faults the campaign failed to inject (tables reset "
-                      "after each, so that later faults start clean); not defects of the daemon", ""]
+                      "after each, so that later faults start clean). Each counts as failed: it proves nothing about "
+                      "the daemon, and a run meant to prove it does not pass without it", ""]
             lines += [f"- seed {o.fault.seed}, fault {o.fault.index}: {o.fault.describe()}: "
                       f"{'; '.join(o.campaign_errors)[:400]}" for o in errors]
         failed = [o for o in self.outcomes if o.failed]
@@ -197,7 +198,8 @@ def line(o: Outcome, seconds: float) -> str:
     f = o.fault
     head = f"seed {f.seed} #{f.index:<2} {f.describe()}: "
     if not o.injected:
-        return head + "not injected (" + "; ".join(o.notes + o.problems + o.campaign_errors)[:300] + ")"
+        why = "not injected (" + "; ".join(o.notes + o.problems + o.campaign_errors)[:300] + ")"
+        return head + why + (" — FAILED" if o.failed else "")
     rec = f"recovered in {o.recover_s:.1f}s" if o.recover_s is not None else "NOT RECOVERED"
     tail = f"{rec}, {o.divergences} divergences, {o.pid_changes} PID changes, {o.checks} checks ({seconds:.0f}s)"
     if o.failed:

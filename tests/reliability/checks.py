@@ -1,8 +1,11 @@
 """Checks the reliability suite makes after every fault: stores and snapshots against the oracle fold, PIDs.
 
 A store is compared at the offsets stored inside it, read in the same read-only open as its data, so the check
-is exact whether the daemon runs, was stopped, or was SIGKILLed a moment ago. A store that cannot be opened is
-not a divergence (nothing can read it; the daemon wipes it on start); one that opens must equal the oracle.
+is exact whether the daemon runs, was stopped, or was SIGKILLed a moment ago. A check that could not compare
+(no store, one that cannot be opened, offsets the log does not hold) fails with ``NotCompared``: "0 divergences"
+must mean the store was read and equals the oracle. A caller for whom such a store is a legitimate outcome (a
+kill in the middle of a wipe: nothing can read it, the daemon wipes it on start) says so with
+``allow_uncompared=True``, and must then look at ``StoreCheck.compared`` itself.
 """
 
 from __future__ import annotations
@@ -44,6 +47,15 @@ class StoreCheck:
     error: str | None = None
     invalid_offsets: bool = False  # offsets the log does not have: the daemon must wipe this store on start
 
+    @property
+    def compared(self) -> bool:
+        """The store was read and compared with the oracle: only then does ``divergences`` mean anything."""
+        return self.readable and not self.invalid_offsets
+
+
+class NotCompared(AssertionError):
+    """A store check that compared nothing: it must not pass as 0 divergences."""
+
 
 def read_store(path: Path) -> tuple[dict[int, int], Table]:
     """Offsets and values of the database at ``path``, from one read-only open."""
@@ -56,7 +68,19 @@ def live(d: DaemonProcess, table: str) -> Table:
     return read_store(db_dir(d.state_dir, table))[1]
 
 
-def check_store(broker: Broker, state_dir: Path, table: str, topic: str) -> StoreCheck:
+def check_store(broker: Broker, state_dir: Path, table: str, topic: str, *,
+                allow_uncompared: bool = False) -> StoreCheck:
+    """The store of ``table`` against the oracle fold of ``topic`` at the offsets stored in it.
+
+    Raises ``NotCompared`` when the store is missing, unreadable or at offsets outside the log, unless
+    ``allow_uncompared`` (the result then says which, and ``compared`` is False)."""
+    check = _check_store(broker, state_dir, table, topic)
+    if not check.compared and not allow_uncompared:
+        raise NotCompared(f"store of {table} not compared with the oracle: {check.error}; {check}")
+    return check
+
+
+def _check_store(broker: Broker, state_dir: Path, table: str, topic: str) -> StoreCheck:
     path = db_dir(state_dir, table)
     if not (path / "CURRENT").exists():
         return StoreCheck(readable=False, error="no store on disk")

@@ -31,10 +31,11 @@ Topic = Callable[..., str]
 
 
 def no_false_claims(broker: Broker, state_dir: Path, table: str, topic: str, row: FaultRow) -> None:
-    """The store equals the oracle at its own offsets; .checkpoint and every visible snapshot claim no more."""
+    """The store was read and equals the oracle at its own offsets (``check_store`` fails when it could not
+    compare); .checkpoint and every visible snapshot claim no more."""
     check = check_store(broker, state_dir, table, topic)
     assert row.diverged(check.divergences) == 0, check
-    durable = check.offsets if check.readable else {}
+    durable = check.offsets
     try:
         claimed = {p: o for (t, p), o in checkpoint_file.read(checkpoint_path(state_dir, table)).items() if t == topic}
     except (OSError, checkpoint_file.CheckpointFormatError):
