@@ -29,6 +29,7 @@ from globald.engine.update_task import PollResult, UpdateTask
 from globald.kafka.clients import TopicUnavailableError, TransientKafkaError, partitions, watermarks
 from globald.states import State, StateMachine
 from globald.store.failures import STORE_FAULTS
+from globald.store.fingerprint import Fingerprint, Ladder
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +42,8 @@ _IDLE_WAIT_MIN_S = 0.001
 # How often the broker is asked to confirm ends of partition past the known ends (transactions committed while
 # tailing); only while there are some, which topics without transactions never have.
 _END_CHECK_INTERVAL_S = 1.0
+# How often the cluster is listed while a table's topic is missing from it, to rebuild soon after it comes back.
+_VANISHED_REFRESH_S = 1.0
 
 
 class LoopService(Protocol):
@@ -112,7 +115,7 @@ class Loop:
         for service in self.services:
             try:
                 service.tick()
-            except Exception:  # a bug in one service must not stop the mirror; it is logged and counted
+            except Exception as e:  # a bug in one service must not stop the mirror; it is logged and counted
                 self.stats.service_failures += 1
                 swallowed.record(f"loop_service:{type(service).__name__}", e, log, "%s failed; ignored",
                                  type(service).__name__)
@@ -227,7 +230,7 @@ class Loop:
             rt = self.manager.tables[name]
             try:
                 plan = self.manager.plan(self.consumer, rt)
-                self.task.start(name, plan.starts)
+                self.task.start(name, plan.starts, plan.ladders)
                 self.consumer.incremental_assign(plan.assignment)
             except STORE_FAULTS:
                 raise  # the disk, not the table: every table rewinds
@@ -275,7 +278,7 @@ class Loop:
         rt.machine.to(State.RESTORING, f"{kind.replace('_', ' ')}, rebuilding: {detail}")
         self.pending.add(table)
         self.problems.resolved(table)
-        self.task.start(table, {})
+        self.task.start(table, {}, {})
         self.task.committed(table)
         try:
             self.manager.wipe(rt, kind, detail)
@@ -285,6 +288,9 @@ class Loop:
         return None
 
     def _unassign(self, rt: TableRuntime) -> None:
+        if rt.vanished:  # librdkafka keeps a pause across an unassign: the next assignment would never fetch
+            self.consumer.resume(rt.assignment())
+            rt.vanished = False
         if rt.assigned:
             self.consumer.incremental_unassign(rt.assignment())
             rt.assigned = False
@@ -330,7 +336,7 @@ class Loop:
             self.problems.failed(KAFKA, f"kafka unreachable: no broker answered within {_PROBE_TIMEOUT_S:.0f}s")
 
     def _refresh_metadata(self) -> None:
-        """Pick up partitions added to a topic."""
+        """Pick up partitions added to a topic; check that each topic is still the one its table mirrors."""
         if self.problems.has(KAFKA):
             return
         for rt in self.manager.tables.values():
@@ -343,11 +349,14 @@ class Loop:
             except TopicUnavailableError as e:  # deleted, or not yet recreated: keep serving, keep waiting
                 rt.last_error = str(e)
                 self.problems.report(rt.name, f"table {rt.name}: {e}; waiting for it")
+                self._vanished(rt)
                 continue
             except TransientKafkaError as e:  # the cluster did not answer: the other tables would not get one
                 self.problems.report(KAFKA, f"kafka: metadata refresh failed: {e}")
                 return
             self.problems.resolved(KAFKA)
+            if not self._same_topic(rt):
+                continue
             if self.problems.has(rt.name):
                 rt.last_error = None
                 self.problems.resolved(rt.name)
@@ -359,6 +368,43 @@ class Loop:
             self.consumer.incremental_assign(plan.assignment)
             if rt.restore is not None and rt.restore.targets and rt.machine.state == State.RUNNING:
                 rt.machine.to(State.RESTORING, f"partitions {added} added")
+
+    def _vanished(self, rt: TableRuntime) -> None:
+        """``rt``'s topic left the cluster's listing: fetch nothing more of it until the topic that comes back under
+        its name is shown to be the same (``_same_topic``), and look again soon."""
+        if not rt.vanished:
+            rt.vanished = True
+            self.consumer.pause(rt.assignment())
+            log.warning("table %s: topic %s is gone from the cluster; serving what the store holds, fetching nothing "
+                        "until a topic of that name is back and found to be the same one", rt.name, rt.topic)
+        self._next_metadata = min(self._next_metadata, time.monotonic() + _VANISHED_REFRESH_S)
+
+    def _same_topic(self, rt: TableRuntime) -> bool:
+        """Read the topic back at the fingerprints last verified, then at those applied since (kafka.identity).
+        Another topic under the same name is rebuilt (False). So is one that came back after it vanished when no
+        fingerprint could be compared: the daemon saw it go, and cannot show it is the same."""
+        applied = self.task.ladders(rt.name)
+        rungs = {p: _union(rt.verified.get(p), applied.get(p)) for p in rt.partitions}
+        rungs = {p: r for p, r in rungs.items() if r}
+        verdict = self.manager.verify(rt, rungs)
+        if verdict.unreachable:  # decided at a later refresh; a vanished topic stays paused meanwhile
+            if rt.vanished:
+                self._next_metadata = min(self._next_metadata, time.monotonic() + _VANISHED_REFRESH_S)
+            return True
+        if not verdict.recreated and rt.vanished and verdict.unverifiable:
+            verdict.mismatches.update({p: f"it vanished and came back, and {why}"
+                                       for p, why in verdict.unverifiable.items()})
+        if verdict.recreated:
+            self.rebuild(rt.name, "topic_recreated", f"topic {rt.topic} is not the one the store mirrors: "
+                         f"{verdict.describe()}")
+            return False
+        rt.verified = applied
+        if rt.vanished:
+            rt.vanished = False
+            self.consumer.resume(rt.assignment())
+            log.info("table %s: topic %s is back and holds the records the store applied; fetching again",
+                     rt.name, rt.topic)
+        return True
 
     def _confirm_ends(self) -> None:
         """Ask the broker for the end of each partition whose end of partition lay past the known ends. With
@@ -385,3 +431,10 @@ class Loop:
             self.machine.to(State.RESTORING, f"restoring {', '.join(restoring)}")
         else:
             self.machine.to(State.RUNNING, "every table restored")
+
+
+def _union(verified: Ladder | None, applied: Ladder | None) -> tuple[Fingerprint, ...]:
+    """The verified rungs first (see TableRuntime.verified), then the newer ones applied since."""
+    seen = list(verified.rungs if verified else ())
+    offsets = {f.offset for f in seen}
+    return tuple(seen + [f for f in (applied.rungs if applied else ()) if f.offset not in offsets])

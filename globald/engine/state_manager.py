@@ -23,9 +23,11 @@ from globald.config import Config
 from globald.engine.events import Committed, Emit, RestoreStarted, StateChanged, Wiped
 from globald.engine.table import Restore, TableRuntime
 from globald.errors import StoreCorruptError, StoreIOError, StoreUnavailableError
-from globald.kafka.clients import partitions, watermarks
+from globald.kafka.clients import TransientKafkaError, partitions, watermarks
+from globald.kafka.identity import Verdict, verify
 from globald.states import State, StateMachine
 from globald.store.failures import is_corruption
+from globald.store.fingerprint import Fingerprint, Ladder
 from globald.store.options import StoreOptions
 from globald.store.table_store import TableStore
 
@@ -34,12 +36,15 @@ log = logging.getLogger(__name__)
 # A restore of at least this many records runs as a bulk load (WAL off, append-only memtable); smaller ones are
 # not worth the two reopens of the store.
 BULK_LOAD_MIN_RECORDS = 100_000
+# How long reading the topic back at a store's fingerprints may take before the check is left for later.
+VERIFY_TIMEOUT_S = 10.0
 
 
 @dataclass(frozen=True)
 class Plan:
     assignment: list[TopicPartition]
     starts: dict[int, int]  # the positions the update task starts from (what the store holds)
+    ladders: dict[int, Ladder]  # the fingerprints stored with them
 
 
 class StateManager:
@@ -50,6 +55,7 @@ class StateManager:
         self.tables: dict[str, TableRuntime] = {}
         self.wipes: Counter[tuple[str, str]] = Counter()  # (table, kind) -> count
         self._suspect = False
+        self._unverifiable: set[tuple[str, int]] = set()  # (table, partition) whose last check could not be made
 
     @property
     def store_fault(self) -> bool:
@@ -99,6 +105,17 @@ class StateManager:
             rt.machine.to(State.RESTORING, f"invalid offset, rebuilding: {detail}")  # even a RUNNING table
             self.wipe(rt, "invalid_offset", detail)
             stored = {}
+        ladders = rt.store.fingerprints() if stored else {}
+        if stored:
+            verdict = self.verify(rt, {p: ladder.rungs for p, ladder in ladders.items() if p in marks})
+            if verdict.unreachable:  # resuming unchecked could mirror another topic: ask again later
+                raise TransientKafkaError(f"cannot check that topic {rt.topic} is the one the store mirrors: "
+                                          f"{'; '.join(verdict.unreachable.values())}")
+            if verdict.recreated:
+                self.rebuild_recreated(rt, verdict)
+                stored, ladders = {}, {}
+        rt.verified = dict(ladders)
+        rt.vanished = False
         start = {p: stored.get(p, low) for p, (low, _) in marks.items()}
         self._store_starts(rt, {p: o for p, o in start.items() if p not in stored})
         rt.partitions = parts
@@ -109,7 +126,7 @@ class StateManager:
                 sum(end - start[p] for p, end in targets.items()) >= BULK_LOAD_MIN_RECORDS:
             # Only a restoring table: a RUNNING one catching up (after a disk fault) must stay durable by commits.
             rt.store.begin_bulk_load()
-        return Plan([TopicPartition(rt.topic, p, start[p]) for p in parts], start)
+        return Plan([TopicPartition(rt.topic, p, start[p]) for p in parts], start, ladders)
 
     def add_partitions(self, rt: TableRuntime, marks: Mapping[int, tuple[int, int]]) -> Plan:
         """Partitions added to the topic while ``rt`` is assigned: each starts at its log start, stored at once."""
@@ -120,7 +137,7 @@ class StateManager:
         targets = {p: high for p, (low, high) in marks.items() if low < high}
         if targets:
             self._begin_restore(rt, start, targets)
-        return Plan([TopicPartition(rt.topic, p, o) for p, o in start.items()], start)
+        return Plan([TopicPartition(rt.topic, p, o) for p, o in start.items()], start, {})
 
     def _begin_restore(self, rt: TableRuntime, start: dict[int, int], targets: dict[int, int]) -> None:
         if rt.restore is None:
@@ -137,6 +154,25 @@ class StateManager:
         still has, the empty partition is the fold there, and the store's offsets then cover every partition."""
         if starts:
             rt.store.write_offsets(starts)
+
+    # -- the topic's identity -----------------------------------------------------------------------------------
+
+    def verify(self, rt: TableRuntime, rungs: Mapping[int, tuple[Fingerprint, ...]]) -> Verdict:
+        """Read ``rt``'s topic back at ``rungs`` (see kafka.identity); says plainly what could not be checked."""
+        verdict = verify(self.config.consumer_settings(), rt.topic, rungs, VERIFY_TIMEOUT_S)
+        for p, why in sorted(verdict.unverifiable.items()):
+            if (rt.name, p) not in self._unverifiable:  # said once until a check succeeds again
+                log.warning("table %s: cannot check that partition %d of %s is the topic the store mirrors: %s",
+                            rt.name, p, rt.topic, why)
+        checked = {(rt.name, p) for p in rungs if p not in verdict.unreachable}
+        self._unverifiable = (self._unverifiable - checked) | {(rt.name, p) for p in verdict.unverifiable}
+        return verdict
+
+    def rebuild_recreated(self, rt: TableRuntime, verdict: Verdict) -> None:
+        """Wipe ``rt``, whose topic was found to be another one of the same name; the caller restores it."""
+        detail = f"topic {rt.topic} is not the one the store mirrors: {verdict.describe()}"
+        rt.machine.to(State.RESTORING, f"topic recreated, rebuilding: {detail}")
+        self.wipe(rt, "topic_recreated", detail)
 
     # -- wipes and recovery -------------------------------------------------------------------------------------
 

@@ -19,7 +19,9 @@ from functools import partial
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, KafkaError, Message
 
 from globald.engine.table import TableRuntime
+from globald.kafka.identity import record_fingerprint
 from globald.store.codec import NO_TIMESTAMP, pack_i64
+from globald.store.fingerprint import EMPTY, Fingerprint, Ladder
 from globald.store.table_store import Batch
 
 log = logging.getLogger(__name__)
@@ -58,6 +60,7 @@ class TableBatch:
     counts: dict[int, int] = field(default_factory=dict)  # records applied per partition
     null_keys: int = 0
     invalid_offset: str | None = None
+    newest: dict[int, Fingerprint] = field(default_factory=dict)  # the last record applied per partition
 
 
 @dataclass
@@ -87,6 +90,7 @@ class UpdateTask:
         # The consumer is assigned only the tables' topics: with one table, every record is of its topic.
         self._only_topic = next(iter(self._by_topic)) if len(self._by_topic) == 1 else None
         self._positions: dict[str, dict[int, int]] = {name: {} for name in tables}
+        self._ladders: dict[str, dict[int, Ladder]] = {name: {} for name in tables}
         self.applied = {name: Applied() for name in tables}
         self.dirty: set[str] = set()  # tables written since their last commit
         # Per table, ends of partition past the known ends, waiting for the broker's word (see _on_error).
@@ -95,9 +99,16 @@ class UpdateTask:
     def positions(self, table: str) -> dict[int, int]:
         return dict(self._positions[table])
 
-    def start(self, table: str, positions: Mapping[int, int]) -> None:
-        """Take ``positions`` as the table's (what its store holds, after a plan, a wipe or a reopen)."""
+    def ladders(self, table: str) -> dict[int, Ladder]:
+        """The fingerprints of the records applied to ``table``, as stored with its positions."""
+        return dict(self._ladders[table])
+
+    def start(self, table: str, positions: Mapping[int, int], ladders: Mapping[int, Ladder] | None = None) -> None:
+        """Take ``positions`` (and the fingerprint ``ladders`` stored with them) as the table's: what its store
+        holds, after a plan, a wipe or a reopen."""
         self._positions[table] = dict(positions)
+        if ladders is not None:
+            self._ladders[table] = dict(ladders)
         self.unconfirmed_ends[table] = {}
 
     def committed(self, table: str) -> None:
@@ -144,10 +155,13 @@ class UpdateTask:
                 continue
             rt = self._tables[name]
             batch = batches.get(name) or rt.store.new_batch()
-            rt.store.put_offsets(batch, tb.positions)
+            held = self._ladders[name]
+            ladders = {p: held.get(p, EMPTY).climb(f) for p, f in tb.newest.items()}
+            rt.store.put_offsets(batch, tb.positions, ladders)
             # raises on a store fault: no position moves
-            rt.store.write(batch, rebuild=partial(self._refold, rt, messages, tb.positions))
+            rt.store.write(batch, rebuild=partial(self._refold, rt, messages, tb.positions, ladders))
             self._positions[name].update(tb.positions)
+            held.update(ladders)
             pending = self.unconfirmed_ends[name]
             for p, position in tb.positions.items():
                 if pending.get(p, position) <= position:  # records reached it: nothing left to confirm
@@ -157,12 +171,13 @@ class UpdateTask:
             totals.records += sum(tb.counts.values())
             totals.null_keys += tb.null_keys
 
-    def _refold(self, rt: TableRuntime, messages: Sequence[Message], positions: dict[int, int]) -> Batch:
+    def _refold(self, rt: TableRuntime, messages: Sequence[Message], positions: dict[int, int],
+                ladders: dict[int, Ladder]) -> Batch:
         """The batch ``update`` built for ``rt`` from ``messages``, made again (a write RocksDB held back)."""
         batch = rt.store.new_batch()
         fold((m for m in messages if m.error() is None and (self._only_topic or m.topic()) == rt.topic),
              batch.put, batch.delete)
-        rt.store.put_offsets(batch, positions)
+        rt.store.put_offsets(batch, positions, ladders)
         return batch
 
     def confirm_ends(self, table: str, ends: Mapping[int, int]) -> dict[int, int]:
@@ -244,7 +259,9 @@ class _Target:
         """Fold ``run``, consecutive records of ``partition``, into the batch and account for them."""
         tb = self.tb
         tb.null_keys += fold(run, self.put, self.delete)
-        offset = run[-1].offset()
+        last = run[-1]
+        offset = last.offset()
         assert offset is not None  # librdkafka gives every record its offset
         tb.positions[partition] = offset + 1
+        tb.newest[partition] = record_fingerprint(last)
         tb.counts[partition] = tb.counts.get(partition, 0) + len(run)

@@ -39,6 +39,10 @@ def partition_key(partition: int) -> bytes:
     return str(partition).encode()
 
 
+def fingerprint_key(partition: int) -> bytes:
+    return names.META_FINGERPRINT_PREFIX + partition_key(partition)
+
+
 def decode_format(raw: bytes) -> int:
     """The format number stored under META_FORMAT; -1 when it is not a number."""
     return int(raw) if raw.isdigit() else -1

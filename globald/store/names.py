@@ -39,6 +39,9 @@ META_UPGRADED = b"upgraded_at"  # when the last plain value left the default fam
 # store may hold a half-rebuilt table, and they answer from the current snapshot instead.
 META_COMPLETE = b"complete"
 COMPLETE_YES = b"1"
+# Per partition, ``META_FINGERPRINT_PREFIX + partition`` holds the fingerprint ladder of the records applied (see
+# ``fingerprint``), written in the batch that moves the partition's offset.
+META_FINGERPRINT_PREFIX = b"fingerprint/"
 
 TABLES_DIR = "tables"
 DB_DIR = "db"

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -23,14 +23,23 @@ from rocksdict import Checkpoint, ColumnFamily, Rdict, WriteBatch
 
 from globald.errors import StoreCorruptError, StoreFormatError, StoreIOError, StoreUnavailableError
 from globald.store import checkpoint_file, durable, plain
-from globald.store.codec import decode_format, decode_offset, encode_offset, partition_key, unreadable_format
+from globald.store.codec import (
+    decode_format,
+    decode_offset,
+    encode_offset,
+    fingerprint_key,
+    partition_key,
+    unreadable_format,
+)
 from globald.store.failures import STALLS, Stalls, store_io, write, write_options
+from globald.store.fingerprint import Ladder
 from globald.store.names import (
     COMPLETE_YES,
     FORMAT_MIXED,
     FORMAT_TIMESTAMPED,
     META_CF,
     META_COMPLETE,
+    META_FINGERPRINT_PREFIX,
     META_FORMAT,
     META_STATUS,
     META_TOPIC,
@@ -350,11 +359,32 @@ class TableStore:
             raise StoreUnavailableError(f"table {self.table}: store is closed or holds no plain values")
         return self._migration.plain_handle
 
-    def put_offsets(self, batch: Batch, offsets: dict[int, int]) -> None:
+    def put_offsets(self, batch: Batch, offsets: Mapping[int, int],
+                    ladders: Mapping[int, Ladder] | None = None) -> None:
+        """Add ``offsets`` (and the fingerprint ladders of the records below them) to ``batch``."""
         handle = self.db.get_column_family_handle(OFFSETS_CF)
         inner = _inner(batch)
         for partition, offset in offsets.items():
             inner.put(partition_key(partition), encode_offset(offset), handle)
+        if ladders:
+            meta = self.db.get_column_family_handle(META_CF)
+            for partition, ladder in ladders.items():
+                inner.put(fingerprint_key(partition), ladder.encode(), meta)
+
+    def fingerprints(self) -> dict[int, Ladder]:
+        """The stored fingerprint ladder of each partition that has one (see ``fingerprint``)."""
+        if self._meta is None:
+            raise StoreUnavailableError(f"table {self.table}: store is closed")
+        found: dict[int, Ladder] = {}
+        with store_io(f"table {self.table}: read fingerprints"):
+            for k, v in self._meta.items(from_key=META_FINGERPRINT_PREFIX):
+                if not isinstance(k, bytes) or not isinstance(v, bytes) or not k.startswith(META_FINGERPRINT_PREFIX):
+                    break
+                try:
+                    found[int(k[len(META_FINGERPRINT_PREFIX):])] = Ladder.decode(v)
+                except ValueError as e:  # a damaged ladder only costs the check it would have allowed
+                    log.warning("table %s: ignoring fingerprint %r: %s", self.table, k, e)
+        return found
 
     def write(self, batch: Batch, rebuild: Callable[[], Batch]) -> None:
         """Write ``batch`` atomically. ``rebuild`` makes the same batch again, offsets included: a write that

@@ -125,7 +125,7 @@ def test_a_held_back_write_is_made_again_with_the_same_records_and_offsets(tmp_p
     rt, task = _task(tmp_path / "once")
     task.update(poll)
     again, other = _task(tmp_path / "again")
-    again.store.write(other._refold(again, poll, {0: 16}), rebuild=lambda: pytest.fail("no stall expected"))
+    again.store.write(other._refold(again, poll, {0: 16}, {}), rebuild=lambda: pytest.fail("no stall expected"))
     assert rt.store.offsets() == again.store.offsets() == {0: 16}
     expected = {b"b": (b"4", -1), b"c": (b"3", -1)}  # -1: the events carry no timestamp
     assert {k: rt.store.get(k) for k in (b"a", b"b", b"c")} == {b"a": None, **expected}

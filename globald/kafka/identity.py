@@ -1,0 +1,138 @@
+"""Is the topic in the cluster still the one a store mirrors? Its records read back at the store's fingerprints.
+
+Offsets alone cannot tell a topic from another of the same name that reaches past them (deleted and recreated
+with more records): the store would resume in the middle of the new topic and keep keys it never had. So the
+records the store fingerprinted (``store.fingerprint``) are read back, newest first, with a consumer of their own:
+
+- the record is there and hashes the same: the same topic (``MATCH``);
+- the record is there and hashes differently, or the log ends before it: another topic (``MISMATCH``);
+- a later record is found instead (compaction or retention removed it): the next older rung is tried; when none
+  is left the check could not be made, and the verdict says so rather than guess.
+
+A consumer that cannot answer in time decides nothing (``unreachable``); callers ask again later.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaError, KafkaException, Message, TopicPartition
+
+from globald.kafka.client_log import kafka_log
+from globald.store.codec import NO_TIMESTAMP
+from globald.store.fingerprint import Fingerprint, digest
+
+_EOF = KafkaError._PARTITION_EOF
+_OUT_OF_RANGE = KafkaError._AUTO_OFFSET_RESET
+_WAIT_S = 0.005  # between non-blocking polls (a blocking poll is timed on the wall clock, see engine.loop)
+
+
+def record_fingerprint(m: Message) -> Fingerprint:
+    """The fingerprint of a record as consumed: what the update task stores and what a check compares."""
+    ts_type, ts = m.timestamp()
+    offset = m.offset()
+    assert offset is not None  # librdkafka gives every record its offset
+    return Fingerprint(offset, digest(m.key(), m.value(), NO_TIMESTAMP if ts_type == TIMESTAMP_NOT_AVAILABLE else ts))
+
+
+@dataclass
+class Verdict:
+    """What reading ``topic`` back at the fingerprints found."""
+
+    topic: str
+    mismatches: dict[int, str] = field(default_factory=dict)  # partition -> why it is another topic
+    unverifiable: dict[int, str] = field(default_factory=dict)  # partition -> why no rung could be compared
+    unreachable: dict[int, str] = field(default_factory=dict)  # partition -> no answer in time
+
+    @property
+    def recreated(self) -> bool:
+        return bool(self.mismatches)
+
+    def describe(self) -> str:
+        return "; ".join(f"partition {p}: {why}" for p, why in sorted(self.mismatches.items()))
+
+
+def verify(settings: Mapping[str, Any], topic: str, rungs: Mapping[int, Sequence[Fingerprint]],
+           timeout_s: float) -> Verdict:
+    """Read ``topic`` back at ``rungs`` (per partition, newest first) and say whether it holds those records.
+
+    Only for a topic just listed in the cluster: assigning a topic the cluster lacks makes a broker that
+    auto-creates topics create it (see ``kafka.clients.partitions``)."""
+    verdict = Verdict(topic)
+    pending = {p: list(fs) for p, fs in rungs.items() if fs}
+    for p in sorted(set(rungs) - set(pending)):
+        verdict.unverifiable[p] = "no record fingerprinted yet"
+    deadline = time.monotonic() + timeout_s
+    while pending:
+        # One consumer per round: a record fetched for a newer rung must not answer for an older one.
+        asked = {p: fs.pop(0) for p, fs in pending.items()}
+        found = _read(settings, topic, {p: f.offset for p, f in asked.items()}, deadline)
+        for p, f in asked.items():
+            outcome = found.get(p)
+            if outcome is None:
+                verdict.unreachable[p] = f"no answer about offset {f.offset} within {timeout_s:.0f}s"
+            elif isinstance(outcome, str):  # no record at or past the rung
+                if outcome == "end":
+                    verdict.mismatches[p] = f"the log ends before offset {f.offset}, a record the store applied"
+                else:
+                    _gone(verdict, pending, p, f, outcome)
+                continue
+            elif outcome[0] != f.offset:
+                _gone(verdict, pending, p, f, f"compacted away (next record at {outcome[0]})")
+                continue
+            elif outcome[1] != f.digest:
+                verdict.mismatches[p] = f"the record at offset {f.offset} is not the one the store applied"
+            pending.pop(p, None)
+        for p in [p for p in pending if p in verdict.unreachable or p in verdict.mismatches]:
+            pending.pop(p)
+    return verdict
+
+
+def _gone(verdict: Verdict, pending: dict[int, list[Fingerprint]], p: int, f: Fingerprint, why: str) -> None:
+    if not pending.get(p):
+        pending.pop(p, None)
+        verdict.unverifiable[p] = f"every record fingerprinted is gone (offset {f.offset}: {why})"
+
+
+Found = tuple[int, bytes] | str  # (offset, digest) of the first record at or past the offset asked, or why none
+
+
+def _read(settings: Mapping[str, Any], topic: str, offsets: Mapping[int, int], deadline: float) -> dict[int, Found]:
+    conf = {**settings, "enable.partition.eof": True, "auto.offset.reset": "error", "enable.auto.commit": False,
+            "logger": kafka_log}
+    consumer = Consumer(conf)
+    found: dict[int, Found] = {}
+    try:
+        consumer.assign([TopicPartition(topic, p, o) for p, o in offsets.items()])
+        while len(found) < len(offsets) and time.monotonic() < deadline:
+            m = consumer.poll(0)
+            if m is None:
+                time.sleep(_WAIT_S)
+                continue
+            p = m.partition()
+            if p is None or p not in offsets or p in found or m.topic() != topic:
+                continue
+            _take(m, p, offsets[p], found)
+    except KafkaException:
+        pass  # whatever was not found is unreachable
+    finally:
+        consumer.close()
+    return found
+
+
+def _take(m: Message, p: int, asked: int, found: dict[int, Found]) -> None:
+    err = m.error()
+    if err is None:
+        offset = m.offset()
+        if offset is not None and offset >= asked:
+            found[p] = (offset, record_fingerprint(m).digest)
+        return
+    end = m.offset()
+    if err.code() == _EOF and end is not None:
+        found[p] = "end" if end <= asked else f"no record left between it and the log end {end}"
+    elif err.code() == _OUT_OF_RANGE:
+        found[p] = "out of the log's range (retention moved its start past it, or the log ends before it)"
+
