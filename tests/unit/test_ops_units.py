@@ -283,20 +283,26 @@ def test_request_inbox_claims_each_request_once(tmp_path: Path) -> None:
     assert list((tmp_path / "requests").iterdir()) == [] and len(resets) == 1
 
 
-def answer_file(tmp_path: Path) -> tuple[str, Path]:
-    """A reset request as the CLI queues it, and where its answer will appear."""
+def ask(tmp_path: Path, inbox: operator_requests.RequestInbox) -> Path:
+    """Queue a reset request as the CLI does and let the inbox take it; returns where its answer will appear."""
     token = "abc123"
     (tmp_path / "requests" / f"reset-{token}.json").write_text(json.dumps({"action": "reset", "table": "customers"}))
-    return token, tmp_path / "requests" / f"{token}.done"
+    inbox._next = 0.0  # the request directory is read at most every CHECK_INTERVAL
+    inbox.poll()
+    return tmp_path / "requests" / f"{token}.done"
+
+
+def inbox_on(tmp_path: Path) -> tuple[RebuildRequests, operator_requests.RequestInbox]:
+    queue = RebuildRequests()
+    inbox = operator_requests.RequestInbox(tmp_path, {"customers"}, queue.put)
+    inbox.open()
+    return queue, inbox
 
 
 def test_a_reset_is_answered_once_the_wipe_ran_or_with_its_error(tmp_path: Path) -> None:
     """Issue 21, item 5: the answer waits for the loop's wipe; it used to be ok as soon as the request was queued."""
-    queue = RebuildRequests()
-    inbox = operator_requests.RequestInbox(tmp_path, {"customers"}, queue.put)
-    inbox.open()
-    _, done = answer_file(tmp_path)
-    inbox.poll()
+    queue, inbox = inbox_on(tmp_path)
+    done = ask(tmp_path, inbox)
     (request,) = queue.take()
     for _ in range(3):  # queued, not yet wiped: no answer, however often the inbox looks
         inbox.poll()
@@ -306,9 +312,7 @@ def test_a_reset_is_answered_once_the_wipe_ran_or_with_its_error(tmp_path: Path)
     answer = json.loads(done.read_text())
     assert answer["ok"] is False and "No space left on device" in answer["error"] and answer["table"] == "customers"
     done.unlink()
-    _, done = answer_file(tmp_path)
-    inbox._next = 0.0  # the request directory is read at most every CHECK_INTERVAL
-    inbox.poll()
+    done = ask(tmp_path, inbox)
     (request,) = queue.take()
     request.settle(None)
     inbox.poll()
@@ -316,11 +320,8 @@ def test_a_reset_is_answered_once_the_wipe_ran_or_with_its_error(tmp_path: Path)
 
 
 def test_a_reset_the_loop_never_ran_is_answered_when_the_daemon_stops(tmp_path: Path) -> None:
-    queue = RebuildRequests()
-    inbox = operator_requests.RequestInbox(tmp_path, {"customers"}, queue.put)
-    inbox.open()
-    _, done = answer_file(tmp_path)
-    inbox.poll()
+    _, inbox = inbox_on(tmp_path)
+    done = ask(tmp_path, inbox)
     inbox.close()
     answer = json.loads(done.read_text())
     assert answer["ok"] is False and "nothing was wiped" in answer["error"]
