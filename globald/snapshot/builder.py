@@ -159,7 +159,7 @@ class Builder:
             db.close()
         # The files copied from the base and those RocksDB wrote without a sync (OPTIONS, the info log), and every
         # directory entry, are on disk before the publisher's manifest and rename name them.
-        sync_tree(db_path)
+        sync_tree(db_path, synced_suffixes=(".sst",))  # the base's, linked, were durable; RocksDB syncs its own
         return Built(dict(target), records, consumed)
 
     def _apply(self, db: Rdict, topic: str, start: Offsets, target: Offsets, deadline: float) -> int:

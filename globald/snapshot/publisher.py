@@ -222,7 +222,8 @@ class SnapshotPublisher:
                 rt.store.checkpoint(tmp / SNAPSHOT_DB_DIR)
                 with StoreReader(tmp / SNAPSHOT_DB_DIR) as copy:
                     offsets = copy.offsets()
-                durable.sync_tree(tmp)  # RocksDB's copies (MANIFEST, OPTIONS) and links, before a manifest names them
+                # RocksDB's copies and links (not all of them synced) are on disk before a manifest names them.
+                durable.sync_tree(tmp, synced_suffixes=(".sst",))
                 if set(offsets) != set(rt.partitions):
                     raise ManifestError(f"checkpoint holds offsets {offsets}, not of every partition {rt.partitions}")
                 m = Manifest(table=rt.name, topic=rt.topic, id=sid, offsets=dict(offsets), created=time.time(),

@@ -93,15 +93,21 @@ def rename(src: Path, dst: Path) -> None:
         fsync_dir(src.parent)
 
 
-def sync_tree(path: Path) -> None:
+def sync_tree(path: Path, *, synced_suffixes: tuple[str, ...] = ()) -> None:
     """fsync every file and directory under ``path`` and ``path`` itself, contents before their directory.
 
-    For a directory tree written without fsyncs (a copy, a checkpoint, a build) before it is renamed into place."""
+    For a directory tree written without fsyncs (a copy, a checkpoint, a build) before it is renamed into place.
+    A file named ``*<suffix>`` for a suffix in ``synced_suffixes`` is taken as durable already and only its directory
+    is fsynced: RocksDB fsyncs each table file (``.sst``) it writes before naming it, and a hard link to one adds only
+    a directory entry (with the link count, in the same journal transaction)."""
+
     def fail(e: OSError) -> None:  # os.walk skips what it cannot list; an unsynced subtree must not pass silently
         raise e
 
     for root, _dirs, files in os.walk(path, topdown=False, onerror=fail):
         for name in files:
+            if synced_suffixes and name.endswith(synced_suffixes):
+                continue
             fd = os.open(os.path.join(root, name), os.O_RDONLY)
             try:
                 os.fsync(fd)

@@ -99,3 +99,20 @@ def test_remove_tree_renames_to_trash_first_and_clears_an_earlier_leftover(tmp_p
     assert durable.remove_tree(doomed) is True
     assert names(tmp_path) == set()
     assert durable.remove_tree(doomed) is False
+
+
+def test_sync_tree_leaves_table_files_rocksdb_synced_to_their_directory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "db").mkdir()
+    for name in ("000007.sst", "MANIFEST-000005", "OPTIONS-000009"):
+        (tmp_path / "db" / name).write_bytes(b"x")
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}").rsplit("/", 1)[1])
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    durable.sync_tree(tmp_path, synced_suffixes=(".sst",))
+    assert sorted(synced) == sorted(["MANIFEST-000005", "OPTIONS-000009", "db", tmp_path.name])
