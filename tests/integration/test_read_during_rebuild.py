@@ -12,11 +12,13 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from globald.embedded.oracle import Table
+from tests import midway
 from tests.harness import SLOW_FETCH, Broker, DaemonProcess, globald, oracle_at, random_records
 from tests.integration.snapshot_helpers import stale, wait_snapshot_at, wait_status
 
@@ -93,12 +95,17 @@ def check_dump(r: Any, fold_at: Callable[[dict[str, int]], Table]) -> dict[str, 
 
 
 def test_get_and_dump_never_answer_from_a_half_rebuilt_table(broker: Broker, topic: Callable[..., str],
-                                                             daemon: Callable[..., DaemonProcess]) -> None:
+                                                             daemon: Callable[..., DaemonProcess],
+                                                             tmp_path: Path) -> None:
     t = topic()
     # Enough records that the rebuild takes seconds; the probe comes last in the new topic, so a reader of the
     # half-rebuilt store would miss it for the whole rebuild.
     broker.admin.produce(t, [*random_records(150_000, keys=40_000, seed=61), (PROBE, V1)])
-    d = daemon({"tbl": t}, snapshots={"interval_ms": 200, "retain": 2}, metadata_refresh_ms=500, kafka=SLOW_FETCH)
+    d = daemon({"tbl": t}, start=False, snapshots={"interval_ms": 200, "retain": 2}, metadata_refresh_ms=500,
+               kafka=SLOW_FETCH)
+    arm_file = tmp_path / "arm.json"
+    midway.arm(d, arm_file)  # the daemon will stop itself mid-rebuild, however fast this machine rebuilds
+    d.start()
     v1_ends = broker.admin.end_offsets(t)
     before = wait_snapshot_at(d, "tbl", v1_ends, timeout=120)
     old = oracle_at(broker, t, before["offsets"])
@@ -119,6 +126,7 @@ def test_get_and_dump_never_answer_from_a_half_rebuilt_table(broker: Broker, top
         w.start()
     try:
         assert d.proc is not None
+        midway.freeze_at_restore(arm_file, "tbl", 0.4)
         d.proc.send_signal(signal.SIGSTOP)
         try:
             broker.admin.delete(t)
@@ -129,8 +137,9 @@ def test_get_and_dump_never_answer_from_a_half_rebuilt_table(broker: Broker, top
         v2_ends = broker.admin.end_offsets(t)
         assert all(v2_ends[p] < v1_ends[p] for p in v1_ends)  # fewer records: the stored offsets are invalid
         wait_status(d, stale("tbl"), timeout=90)
-        # Frozen mid-rebuild, the live store is certainly half-built: these calls must not see it.
-        d.proc.send_signal(signal.SIGSTOP)
+        # Frozen mid-rebuild (by the daemon itself, at 40 % of it), the live store is certainly half-built: these
+        # calls must not see it.
+        midway.wait_frozen(d, arm_file)
         try:
             doc = wait_status(d, lambda _: True, timeout=5)  # as the daemon last published it, before the freeze
             assert doc["tables"]["tbl"]["state"] == "RESTORING", f"rebuilt before the freeze: {doc['tables']['tbl']}"

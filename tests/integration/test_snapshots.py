@@ -14,6 +14,7 @@ from globald.errors import SnapshotStaleError
 from globald.snapshot import exact_requests, leases, open_snapshot
 from globald.snapshot.exact_requests import Code
 from globald.store.names import snapshots_dir
+from tests import midway
 from tests.harness import SLOW_FETCH, Broker, DaemonProcess, globald, oracle_at, random_records, write_config
 from tests.integration.snapshot_helpers import (
     manifest_of,
@@ -21,7 +22,6 @@ from tests.integration.snapshot_helpers import (
     snapshot_values,
     snapshots_json,
     stale,
-    table_on_topic,
     wait_snapshot_at,
     wait_status,
 )
@@ -195,16 +195,22 @@ def test_request_needing_compacted_records_is_refused(broker: Broker, topic: Cal
     assert resp.code == Code.COMPACTED, resp
 
 
-def test_stale_while_rebuilding(broker: Broker, topic: Callable[..., str], daemon: Daemon) -> None:
-    # Slow fetches: the rebuild lasts seconds, so that the daemon can be frozen in the middle of it.
-    t, d = table_on_topic(broker, topic, daemon, 45_000, seed=51, consume_batch_size=500, kafka=SLOW_FETCH)
-    before = wait_snapshot_at(d, "tbl", broker.admin.end_offsets(t))
+def test_stale_while_rebuilding(broker: Broker, topic: Callable[..., str], daemon: Daemon, tmp_path: Path) -> None:
+    t = topic()
+    broker.admin.produce(t, random_records(45_000, keys=45_000, seed=51))
+    d = daemon({"tbl": t}, start=False, snapshots={"interval_ms": 200, "retain": 3}, consume_batch_size=500,
+               kafka=SLOW_FETCH)
+    # The daemon stops itself a third into the rebuild, to be looked at: however fast this machine rebuilds.
+    arm_file = tmp_path / "arm.json"
+    midway.arm(d, arm_file)
+    d.start()
+    before = wait_snapshot_at(d, "tbl", broker.admin.end_offsets(t), timeout=90)
     old = oracle_at(broker, t, before["offsets"])
 
+    midway.freeze_at_restore(arm_file, "tbl", 0.3)
     recreate_smaller_while_paused(broker, d, t, 30_000, seed=52)
-    wait_status(d, stale("tbl"))
+    midway.wait_frozen(d, arm_file)
     assert d.proc is not None
-    d.proc.send_signal(signal.SIGSTOP)  # freeze the daemon mid-rebuild to look at it
     try:
         doc = wait_status(d, lambda _: True, timeout=5)  # as the daemon last published it, before the freeze
         snap = doc["tables"]["tbl"]["snapshot"]

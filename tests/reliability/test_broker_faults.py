@@ -20,8 +20,9 @@ import pytest
 
 from globald.snapshot import exact_requests
 from globald.snapshot.exact_requests import Code
+from tests import midway
 from tests.harness import SLOW_FETCH, Broker, DaemonProcess, oracle_at, random_records
-from tests.integration.snapshot_helpers import snapshot_values, wait_snapshot_at, wait_status
+from tests.integration.snapshot_helpers import snapshot_values, wait_snapshot_at
 from tests.reliability.checks import check_store, same_process, watch
 from tests.reliability.conftest import FULL, new_topic, running
 from tests.reliability.ledger import FaultRow
@@ -87,11 +88,17 @@ def test_broker_stopped_during_restore(own: Own, fault: Callable[[str, str], Fau
     t = new_topic(broker)
     total = 80_000
     broker.admin.produce(t, random_records(total, keys=20_000, seed=1, value_size=64))
-    d = make({"tbl": t}, kafka=SLOW_FETCH, **CONFIG)
+    d = make({"tbl": t}, start=False, kafka=SLOW_FETCH, **CONFIG)
+    # The daemon stops itself a fifth into its restore and the broker is frozen while it stands there: the restore
+    # is cut however fast this machine restores (a restore seen half done from outside may end before the freeze).
+    arm_file = d.config.with_name(d.config.name + ".arm")
+    midway.arm(d, arm_file)
+    midway.freeze_at_restore(arm_file, "tbl", 0.2)
+    d.start()
     pid = d.pid
-    # The window is short: status.json is read every 20 ms, not through `globald status`.
-    wait_status(d, lambda s: s["state"] == "RESTORING" and 0 < sum(_offsets(s).values()) < total // 2)
+    midway.wait_frozen(d, arm_file)
     freeze(broker)
+    os.kill(pid, signal.SIGCONT)
     frozen = d.status()
     assert frozen["state"] == "RESTORING", f"the restore ended before the broker was frozen: {frozen}"
     docs = outage(broker, d, seconds)
