@@ -23,6 +23,7 @@ from globald.snapshot import leases, open_snapshot
 from globald.snapshot.reader import OpenOptions, Snapshot
 from globald.store.names import snapshots_dir
 from tests.chaos.entry import SLEEP_FIX_ENV
+from tests.chaos.tools import Clock
 from tests.harness import Broker, DaemonProcess, oracle_at, random_records
 from tests.integration.snapshot_helpers import snapshots_json, wait_status
 from tests.reliability.checks import diff
@@ -72,8 +73,10 @@ def listed(d: DaemonProcess) -> set[str]:
     return {s["id"] for s in snapshots_json(d, "tbl")}
 
 
-def assert_held(row: FaultRow, d: DaemonProcess, sid: str, expected: Table, when: str) -> None:
+def assert_held(row: FaultRow, d: DaemonProcess, reader: Snapshot, expected: Table, when: str) -> None:
     """The held snapshot is on disk, listed, and a new reader opening it now reads the fold at its offsets."""
+    reader.renew()  # as a task does while it reads: a no-op until half the lease has run out on our clock
+    sid = reader.id
     assert (snapshots_dir(d.state_dir, "tbl") / sid).is_dir(), f"held snapshot {sid} deleted {when}; log:\n{d.tail()}"
     assert sid in listed(d), f"held snapshot {sid} not listed {when}"
     with open_snapshot(d.state_dir, "tbl", sid) as again:  # as another task of the same job would, after the step
@@ -93,6 +96,7 @@ def test_a_held_snapshot_survives_wall_clock_steps_and_goes_once_released(
     # libfaketime 0.9.10 fails Python's time.sleep with EINVAL (tests/chaos/tools.py), which a write stall after the
     # restart met as a store fault: the chaos entry point swaps in a relative sleep and is globald's CLI otherwise.
     d.env = {**faketime_env(control), SLEEP_FIX_ENV: "1"}
+    clock = Clock(control)  # replaced by rename: libfaketime never reads a half-written offset
     d.module = "tests.chaos.entry"
     d.start()
     state = d.state_dir
@@ -108,20 +112,19 @@ def test_a_held_snapshot_survives_wall_clock_steps_and_goes_once_released(
         until("retention down to the newest and the leased snapshot", d,
               lambda: listed(d) == {first["id"], newest["id"]})
 
-        control.write_text(f"+{STEP_S}\n")  # NTP correcting a clock, a VM resumed
+        clock.set(STEP_S)  # NTP correcting a clock, a VM resumed
         row.injected += 1
         publish_stepped(broker, d, t, 94, STEP_S)
         stepped = publish_stepped(broker, d, t, 95, STEP_S)
         wait_status(d, lambda s: s["updated"] >= stepped["created"] + 3, timeout=TIMEOUT_S)  # more sweeps
-        assert_held(row, d, first["id"], expected, f"after the daemon's clock stepped +{STEP_S} s")
+        assert_held(row, d, reader, expected, f"after the daemon's clock stepped +{STEP_S} s")
 
-        control.write_text("+0\n")
+        clock.set(0)
         row.injected += 1
         back = publish_stepped(broker, d, t, 96, 0)
         wait_status(d, lambda s: abs(s["updated"] - back["created"]) < 600 and s["updated"] >= back["created"] + 3,
                     timeout=TIMEOUT_S)
-        assert_held(row, d, first["id"], expected, "after the daemon's clock stepped back")
-        reader.renew()  # a no-op well within its first half: the lease is still the one taken before the steps
+        assert_held(row, d, reader, expected, "after the daemon's clock stepped back")
 
         # A daemon that starts has no history of the lease: it counts it from its start, so a step after it changes
         # nothing either. (Started with its clock already stepped, librdkafka under libfaketime stalls: tools.py.)
@@ -129,15 +132,15 @@ def test_a_held_snapshot_survives_wall_clock_steps_and_goes_once_released(
         d.start()
         pid = d.pid
         publish_stepped(broker, d, t, 99, 0)
-        control.write_text(f"+{STEP_S}\n")
+        clock.set(STEP_S)
         row.injected += 1
         restarted = publish_stepped(broker, d, t, 100, STEP_S)
         wait_status(d, lambda s: s["updated"] >= restarted["created"] + 3, timeout=TIMEOUT_S)
-        assert_held(row, d, first["id"], expected, "after a restart and a +2 h step")
+        assert_held(row, d, reader, expected, "after a restart and a +2 h step")
 
         # An unrenewed short lease, taken while the daemon's clock runs 2 h behind ours, still ends after its
         # duration of the daemon's time: retention stays bounded.
-        control.write_text(f"-{STEP_S}\n")
+        clock.set(-STEP_S)
         row.injected += 1
         short = publish_stepped(broker, d, t, 97, -STEP_S)
         taken = time.monotonic()
@@ -147,10 +150,10 @@ def test_a_held_snapshot_survives_wall_clock_steps_and_goes_once_released(
               lambda: short["id"] not in listed(d))
         held_for = time.monotonic() - taken
         assert held_for >= SHORT_LEASE_S, f"a {SHORT_LEASE_S} s lease was dropped after {held_for:.1f} s"
-        assert_held(row, d, first["id"], expected, "while the daemon's clock ran 2 h behind")
+        assert_held(row, d, reader, expected, "while the daemon's clock ran 2 h behind")
     finally:
         reader.close(release=True)
-    control.write_text("+0\n")
+    clock.set(0)
     until(f"snapshot {first['id']} deleted once its lease was released", d, lambda: first["id"] not in listed(d))
     assert not (snapshots_dir(state, "tbl") / first["id"]).exists()
     assert d.pid == pid and d.alive()
