@@ -9,7 +9,8 @@ page cache is gone. Mounting the copy replays its journal, as the reboot would.
 ``check_cut`` then inspects the copy before any daemon opens it: every live store equals the oracle fold at its own
 offsets, every ``.checkpoint`` is whole and claims nothing beyond its store, every listed snapshot opens and equals
 the fold at its manifest's offsets, and CURRENT names one of them. A check that could not compare is a problem,
-never a pass. Needs root (loop devices); every mount is unmounted and every loop device detached on the way out.
+never a pass. It also serves on a running daemon's state_dir (load paused): a snapshot retired while it is read is
+skipped. Needs root (loop devices); every mount is unmounted and every loop device detached on the way out.
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ must be whole and claim nothing beyond the store, and every listed snapshot and 
 at its manifest's offsets. Then a daemon started on the copy must reach RUNNING by itself and equal the oracle.
 
 Before every replace went through ``globald/store/durable.py``, the steady-state cut found CURRENT empty: it was
-renamed into place without an fsync. Needs root (CI runs as root): skipped, saying so, otherwise; as root, an image
-that cannot be made or mounted fails the test. ``GLOBALD_POWERLOSS_SEED=N`` replays the moments of the cuts.
+renamed into place without an fsync. Needs root (CI runs as root): skipped, saying so, otherwise (failed in CI);
+as root, an image that cannot be made or mounted fails the test. ``GLOBALD_POWERLOSS_SEED=N`` replays the cuts.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from tests.ci import unavailable
 from tests.harness import SLOW_FETCH, Broker, DaemonProcess, daemon_factory, random_records
 from tests.reliability.conftest import new_topic
 from tests.reliability.load import Load
@@ -38,11 +39,9 @@ FAST = {"commit_interval_ms": 200, "snapshots": {"interval_ms": 200}}
 
 @pytest.fixture
 def disk(tmp_path: Path) -> Iterator[LoopImage]:
-    if os.geteuid() != 0:
-        pytest.skip("power loss is simulated with a loop-mounted file system image, which needs root (CI is root)")
     why = can_mount()
-    if why is not None:
-        pytest.fail(f"running as root, yet cannot simulate a power loss: {why}")
+    if why is not None:  # skipped when not root, failed in CI or as root (a machine that cannot is broken)
+        unavailable(f"power loss is simulated on a loop-mounted file system image: {why}", fail_as_root=True)
     image = LoopImage(tmp_path / "disk")
     try:
         image.__enter__()
