@@ -149,7 +149,8 @@ def test_get_and_dump_never_answer_from_a_half_rebuilt_table(broker: Broker, top
                 assert check_get(args, r, before["id"]) == "snapshot", (r.stdout, r.stderr)
             meta = check_dump(globald(*dump_args(d), timeout=120), fold_at)
             assert meta["source"] == "snapshot" and meta["snapshot"] == before["id"], meta
-            assert "invalid" in meta["reason"] and meta["state"] == "RESTORING", meta
+            # Either check may see the smaller topic first: the fetch's invalid offset, or the fingerprint's mismatch.
+            assert ("invalid" in meta["reason"] or "recreated" in meta["reason"]) and meta["state"] == "RESTORING", meta
         finally:
             d.proc.send_signal(signal.SIGCONT)
         fresh = wait_snapshot_at(d, "tbl", v2_ends, timeout=120)
