@@ -383,10 +383,16 @@ class Loop:
         """Read the topic back at the fingerprints last verified, then at those applied since (kafka.identity).
         Another topic under the same name is rebuilt (False). So is one that came back after it vanished when no
         fingerprint could be compared: the daemon saw it go, and cannot show it is the same."""
+        changed = self.manager.changed_id(rt)
+        if changed:
+            self.rebuild(rt.name, "topic_recreated", f"topic {rt.topic} is not the one the store mirrors: {changed}")
+            return False
         applied = self.task.ladders(rt.name)
         rungs = {p: _union(rt.verified.get(p), applied.get(p)) for p in rt.partitions}
         rungs = {p: r for p, r in rungs.items() if r}
         verdict = self.manager.verify(rt, rungs)
+        log.debug("table %s: identity check of %s: %s", rt.name, {p: [f.offset for f in r] for p, r in rungs.items()},
+                  verdict)
         if verdict.unreachable:  # decided at a later refresh; a vanished topic stays paused meanwhile
             if rt.vanished:
                 self._next_metadata = min(self._next_metadata, time.monotonic() + _VANISHED_REFRESH_S)

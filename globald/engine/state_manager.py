@@ -24,7 +24,7 @@ from globald.engine.events import Committed, Emit, RestoreStarted, StateChanged,
 from globald.engine.table import Restore, TableRuntime
 from globald.errors import StoreCorruptError, StoreIOError, StoreUnavailableError
 from globald.kafka.clients import TransientKafkaError, partitions, watermarks
-from globald.kafka.identity import Verdict, verify
+from globald.kafka.identity import TopicIds, Verdict, verify
 from globald.states import State, StateMachine
 from globald.store.failures import is_corruption
 from globald.store.fingerprint import Fingerprint, Ladder
@@ -56,6 +56,7 @@ class StateManager:
         self.wipes: Counter[tuple[str, str]] = Counter()  # (table, kind) -> count
         self._suspect = False
         self._unverifiable: set[tuple[str, int]] = set()  # (table, partition) whose last check could not be made
+        self.topic_ids = TopicIds(config.consumer_settings())
 
     @property
     def store_fault(self) -> bool:
@@ -97,6 +98,10 @@ class StateManager:
         parts = partitions(consumer, rt.topic)
         marks = {p: watermarks(consumer, rt.topic, p) for p in parts}
         stored = rt.store.offsets()
+        changed = self.changed_id(rt) if stored else None
+        if changed:  # said before the offsets, which a new topic can only make look invalid
+            self.rebuild_recreated(rt, changed)
+            stored = {}
         invalid = [f"partition {p} stored {o} outside [{marks[p][0]}, {marks[p][1]}]"
                    for p, o in stored.items() if p in marks and not marks[p][0] <= o <= marks[p][1]]
         invalid += [f"partition {p} no longer exists" for p in stored if p not in marks]
@@ -107,13 +112,14 @@ class StateManager:
             stored = {}
         ladders = rt.store.fingerprints() if stored else {}
         if stored:
-            verdict = self.verify(rt, {p: ladder.rungs for p, ladder in ladders.items() if p in marks})
+            verdict = self.verify(rt, {p: f.rungs for p, f in ladders.items() if p in marks})
             if verdict.unreachable:  # resuming unchecked could mirror another topic: ask again later
                 raise TransientKafkaError(f"cannot check that topic {rt.topic} is the one the store mirrors: "
                                           f"{'; '.join(verdict.unreachable.values())}")
             if verdict.recreated:
-                self.rebuild_recreated(rt, verdict)
+                self.rebuild_recreated(rt, verdict.describe())
                 stored, ladders = {}, {}
+        self._record_id(rt)
         rt.verified = dict(ladders)
         rt.vanished = False
         start = {p: stored.get(p, low) for p, (low, _) in marks.items()}
@@ -168,9 +174,20 @@ class StateManager:
         self._unverifiable = (self._unverifiable - checked) | {(rt.name, p) for p in verdict.unverifiable}
         return verdict
 
-    def rebuild_recreated(self, rt: TableRuntime, verdict: Verdict) -> None:
+    def changed_id(self, rt: TableRuntime) -> str | None:
+        """Why ``rt``'s topic is another one by its ID (KIP-516); None when it is the same or either is unknown."""
+        stored = rt.store.topic_id
+        now = self.topic_ids.get(rt.topic, VERIFY_TIMEOUT_S) if stored else None
+        return None if now is None or now == stored else f"its topic ID is {now}, the store mirrors {stored}"
+
+    def _record_id(self, rt: TableRuntime) -> None:
+        topic_id = self.topic_ids.get(rt.topic, VERIFY_TIMEOUT_S)
+        if topic_id is not None:
+            rt.store.record_topic_id(topic_id)
+
+    def rebuild_recreated(self, rt: TableRuntime, why: str) -> None:
         """Wipe ``rt``, whose topic was found to be another one of the same name; the caller restores it."""
-        detail = f"topic {rt.topic} is not the one the store mirrors: {verdict.describe()}"
+        detail = f"topic {rt.topic} is not the one the store mirrors: {why}"
         rt.machine.to(State.RESTORING, f"topic recreated, rebuilding: {detail}")
         self.wipe(rt, "topic_recreated", detail)
 

@@ -10,6 +10,9 @@ records the store fingerprinted (``store.fingerprint``) are read back, newest fi
   is left the check could not be made, and the verdict says so rather than guess.
 
 A consumer that cannot answer in time decides nothing (``unreachable``); callers ask again later.
+
+Where the cluster has topic IDs (KIP-516: DescribeTopics, brokers from 2.8 on), ``TopicIds`` gives them too: a
+changed ID is a recreation even when no fingerprint could be compared.
 """
 
 from __future__ import annotations
@@ -19,15 +22,27 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import (
+    TIMESTAMP_NOT_AVAILABLE,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    TopicCollection,
+    TopicPartition,
+)
+from confluent_kafka.admin import AdminClient
 
 from globald.kafka.client_log import kafka_log
+from globald.kafka.properties import CONSUMER_DEFAULTS, MANAGED_KAFKA_PROPERTIES
 from globald.store.codec import NO_TIMESTAMP
 from globald.store.fingerprint import Fingerprint, digest
 
 _EOF = KafkaError._PARTITION_EOF
 _OUT_OF_RANGE = KafkaError._AUTO_OFFSET_RESET
 _WAIT_S = 0.005  # between non-blocking polls (a blocking poll is timed on the wall clock, see engine.loop)
+_NO_ID = "AAAAAAAAAAAAAAAAAAAAAA"  # the all-zero UUID: a broker that has no ID for the topic
+_ID_RETRY_S = 300.0  # after a cluster failed to give an ID, how long the check goes by fingerprints alone
 
 
 def record_fingerprint(m: Message) -> Fingerprint:
@@ -136,3 +151,32 @@ def _take(m: Message, p: int, asked: int, found: dict[int, Found]) -> None:
     elif err.code() == _OUT_OF_RANGE:
         found[p] = "out of the log's range (retention moved its start past it, or the log ends before it)"
 
+
+class TopicIds:
+    """Topic IDs, asked of the cluster with an admin client of their own (see the module docstring)."""
+
+    def __init__(self, settings: Mapping[str, Any]) -> None:
+        self._settings = {k: v for k, v in settings.items()
+                          if k not in MANAGED_KAFKA_PROPERTIES and k not in CONSUMER_DEFAULTS and k != "group.id"}
+        # Without the version handshake librdkafka speaks the fallback version's protocol, which has no
+        # DescribeTopics: asking would only wait for a controller that old metadata never names.
+        self._supported = str(settings.get("api.version.request", "true")).lower() != "false"
+        self._admin: AdminClient | None = None
+        self._retry_at = 0.0
+
+    def get(self, topic: str, timeout_s: float) -> str | None:
+        """``topic``'s ID, or None where the cluster has none or did not answer (then, for a while, not asked)."""
+        if not self._supported or time.monotonic() < self._retry_at:
+            return None
+        try:
+            if self._admin is None:
+                conf: dict[str, Any] = {**self._settings, "logger": kafka_log}
+                self._admin = AdminClient(conf)
+            found = self._admin.describe_topics(TopicCollection([topic]), request_timeout=timeout_s)[topic]
+            topic_id = str(found.result(timeout=timeout_s + 1).topic_id or "")
+        except Exception as e:  # a KafkaException, or the future's own timeout
+            err = e.args[0] if isinstance(e, KafkaException) and e.args else None
+            if not (isinstance(err, KafkaError) and err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART):
+                self._retry_at = time.monotonic() + _ID_RETRY_S
+            return None
+        return topic_id if topic_id and topic_id != _NO_ID else None

@@ -30,6 +30,7 @@ COLUMN_FAMILIES = (VALUES_CF, OFFSETS_CF, META_CF)
 
 META_FORMAT = b"format_version"
 META_TOPIC = b"topic"
+META_TOPIC_ID = b"topic_id"  # the topic's ID (KIP-516) when the cluster gives one; absent otherwise
 META_STATUS = b"status"
 STATUS_OPEN = b"open"
 STATUS_CLEAN = b"clean"

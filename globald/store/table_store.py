@@ -43,6 +43,7 @@ from globald.store.names import (
     META_FORMAT,
     META_STATUS,
     META_TOPIC,
+    META_TOPIC_ID,
     META_UPGRADED,
     OFFSETS_CF,
     STATUS_CLEAN,
@@ -458,6 +459,18 @@ class TableStore:
         with store_io(f"table {self.table}: write {checkpoint_path(self.state_dir, self.table)}"):
             checkpoint_file.write(checkpoint_path(self.state_dir, self.table),
                                   {(self.topic, p): o for p, o in offsets.items()})
+
+    @property
+    def topic_id(self) -> str | None:
+        """The ID of the topic the store mirrors, where the cluster gave one (``record_topic_id``)."""
+        if self._meta is None:
+            raise StoreUnavailableError(f"table {self.table}: store is closed")
+        raw = self._meta.get(META_TOPIC_ID)
+        return raw.decode() if isinstance(raw, bytes) else None
+
+    def record_topic_id(self, topic_id: str) -> None:
+        if self.topic_id != topic_id:
+            self._put_meta({META_TOPIC_ID: topic_id.encode()})
 
     @property
     def complete(self) -> bool:
