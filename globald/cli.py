@@ -216,11 +216,21 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--table", required=True, metavar="TABLE", help="the globald table that mirrors its topic")
     k.add_argument("--replace", action="store_true", help="replace the table's existing store")
     add("demo", cmd_demo, "run the self-contained demo on an embedded Kafka", config=False)
-    from globald.dev import add_arguments as add_dev_arguments
-
-    add_dev_arguments(add("dev", cmd_dev, "start a local Kafka with a seeded topic and a ready config, for trying "
-                          "globald by hand", config=False))
+    _add_dev_arguments(add("dev", cmd_dev, "start a local Kafka with a seeded topic and a ready config, for trying "
+                           "globald by hand", config=False))
     return p
+
+
+def _add_dev_arguments(p: argparse.ArgumentParser) -> None:
+    """``globald dev``'s options, declared here so that building the parser imports none of the dev machinery (an
+    embedded broker) that only ``globald dev`` itself needs."""
+    p.add_argument("--dir", default="globald-dev", metavar="DIR",
+                   help="where the broker's data, the config and the state_dir go (default: ./globald-dev); "
+                   "must not exist yet, or be empty")
+    p.add_argument("--customers", type=int, default=1000, metavar="N",
+                   help="customers to seed the topic with, two records each on average (default 1000)")
+    p.add_argument("--run", action="store_true", help="also run the daemon on the config (globald run) until Ctrl-C")
+    p.add_argument("--keep", action="store_true", help="keep DIR (config, state_dir, broker logs) when stopping")
 
 
 def _os_error_line(e: OSError) -> str:

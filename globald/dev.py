@@ -30,16 +30,6 @@ PARTITIONS = 3
 READY_LINE = "Stop with Ctrl-C"  # the last line of the set-up: scripts (and the tutorial's test) wait for it
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--dir", default="globald-dev", metavar="DIR",
-                   help="where the broker's data, the config and the state_dir go (default: ./globald-dev); "
-                   "must not exist yet, or be empty")
-    p.add_argument("--customers", type=int, default=1000, metavar="N",
-                   help="customers to seed the topic with, two records each on average (default 1000)")
-    p.add_argument("--run", action="store_true", help="also run the daemon on the config (globald run) until Ctrl-C")
-    p.add_argument("--keep", action="store_true", help="keep DIR (config, state_dir, broker logs) when stopping")
-
-
 def write_config(directory: Path, bootstrap_settings: dict[str, str], http_port: int) -> Path:
     path = directory / "globald.toml"
     kafka = "\n".join(f"{json.dumps(k)} = {json.dumps(v)}" for k, v in bootstrap_settings.items())

@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 # not worth the two reopens of the store.
 BULK_LOAD_MIN_RECORDS = 100_000
 # How long reading the topic back at a store's fingerprints may take before the check is left for later.
-VERIFY_TIMEOUT_S = 10.0
+VERIFY_TIMEOUT_S = 5.0
 
 
 @dataclass(frozen=True)

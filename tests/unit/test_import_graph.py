@@ -131,3 +131,21 @@ def test_checker_finds_cycles_through_function_level_and_package_imports(tmp_pat
     assert graph["pkg.c"] == {"pkg.sub.leaf"}
     assert cycles(graph) == [["pkg.a", "pkg.b"]]
     assert cycles({"x": {"y"}, "y": {"z"}, "z": {"x"}, "w": {"x"}}) == [["x", "y", "z"]]
+
+
+def test_globald_run_imports_no_dev_demo_or_test_machinery(tmp_path: Path) -> None:
+    """The daemon's command loads only what the daemon uses: not the embedded broker of ``dev`` and ``demo``, the
+    Spark helpers or anything of the test and benchmark support."""
+    import subprocess
+    import sys
+
+    probe = ("import runpy, sys\n"
+             "sys.argv = ['globald', 'run', '--config', sys.argv[1]]\n"
+             "try:\n    runpy.run_module('globald', run_name='__main__')\nexcept SystemExit:\n    pass\n"
+             "print('\\n'.join(sorted(sys.modules)))\n")
+    loaded = subprocess.run([sys.executable, "-c", probe, str(tmp_path / "missing.toml")], capture_output=True,
+                            text=True, timeout=60, check=True).stdout.split()
+    assert "globald.cli" in loaded and "globald.config" in loaded, loaded  # the probe did run the command
+    unwanted = [m for m in loaded if m.startswith(("globald.dev", "globald.embedded", "globald.spark", "tests",
+                                                   "bench", "pyspark"))]
+    assert unwanted == []
