@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -19,13 +20,12 @@ from globald.snapshot.reader import Snapshot
 from globald.snapshot.resolve import Resolution
 from globald.spark import GlobalTableView
 from globald.spark import executor as spark_executor
+from tests import midway
 from tests.harness import SLOW_FETCH, Broker, DaemonProcess, oracle_at, random_records
 from tests.integration.snapshot_helpers import (
     recreate_smaller_while_paused,
-    stale,
     table_on_topic,
     wait_snapshot_at,
-    wait_status,
 )
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
@@ -169,8 +169,18 @@ def test_streaming_batches_never_mix_snapshots(spark: Any, broker: Broker, topic
 
 
 def test_rebuild_keeps_job_on_stale_snapshot_with_no_failed_lookup(spark: Any, broker: Broker,
-                                                                   topic: Callable[..., str], daemon: Daemon) -> None:
-    t, d = table_on_topic(broker, topic, daemon, 45_000, seed=81, consume_batch_size=500, kafka=SLOW_FETCH)
+                                                                   topic: Callable[..., str], daemon: Daemon,
+                                                                   tmp_path: Path) -> None:
+    t = topic()
+    broker.admin.produce(t, random_records(45_000, keys=45_000, seed=81))
+    d = daemon({"tbl": t}, start=False, snapshots={"interval_ms": 200, "retain": 3}, consume_batch_size=500,
+               kafka=SLOW_FETCH)
+    # The daemon stops itself a third into the rebuild, so that the job runs on the stale snapshot meanwhile, however
+    # fast this machine rebuilds (frozen once the rebuild was seen starting, it could have finished already).
+    arm_file = tmp_path / "arm.json"
+    midway.arm(d, arm_file)
+    d.start()
+    wait_snapshot_at(d, "tbl", broker.admin.end_offsets(t), timeout=90)
     view = GlobalTableView(spark, d.config, "tbl", wait_timeout_s=1.0, on_timeout="newest")
     first = view.refresh()
     old = oracle_at(broker, t, first["offsets"])
@@ -195,10 +205,10 @@ def test_rebuild_keeps_job_on_stale_snapshot_with_no_failed_lookup(spark: Any, b
     runner = threading.Thread(target=job)
     runner.start()
     try:
+        midway.freeze_at_restore(arm_file, "tbl", 0.3)
         recreate_smaller_while_paused(broker, d, t, 30_000, seed=82)
-        wait_status(d, stale("tbl"))
+        midway.wait_frozen(d, arm_file)  # the rebuild held while the job runs on
         assert d.proc is not None
-        d.proc.send_signal(signal.SIGSTOP)  # hold the rebuild while the job runs on
         n = len(batches)
         # Each batch waits out wait_timeout_s for the frozen daemon, then runs a Spark job: give it time on a slow
         # machine, but it must get through while the daemon stays frozen.
