@@ -24,7 +24,7 @@ from globald.engine.events import Committed, Emit, RestoreStarted, StateChanged,
 from globald.engine.table import Restore, TableRuntime
 from globald.errors import StoreCorruptError, StoreIOError, StoreUnavailableError
 from globald.kafka.clients import TransientKafkaError, partitions, watermarks
-from globald.kafka.identity import TopicIds, Verdict, verify
+from globald.kafka.identity import VERIFY_TIMEOUT_S, TopicIds, Verdict, verify
 from globald.states import State, StateMachine
 from globald.store.failures import is_corruption
 from globald.store.fingerprint import Fingerprint, Ladder
@@ -36,8 +36,6 @@ log = logging.getLogger(__name__)
 # A restore of at least this many records runs as a bulk load (WAL off, append-only memtable); smaller ones are
 # not worth the two reopens of the store.
 BULK_LOAD_MIN_RECORDS = 100_000
-# How long reading the topic back at a store's fingerprints may take before the check is left for later.
-VERIFY_TIMEOUT_S = 5.0
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,9 @@ from globald.store.fingerprint import Fingerprint, digest
 _EOF = KafkaError._PARTITION_EOF
 _OUT_OF_RANGE = KafkaError._AUTO_OFFSET_RESET
 _WAIT_S = 0.005  # between non-blocking polls (a blocking poll is timed on the wall clock, see engine.loop)
+# How long reading a topic back at its fingerprints may take before the check is left for later: within the
+# loop's documented stop bound, since plans and refreshes make it on the loop thread.
+VERIFY_TIMEOUT_S = 5.0
 _NO_ID = "AAAAAAAAAAAAAAAAAAAAAA"  # the all-zero UUID: a broker that has no ID for the topic
 _ID_RETRY_S = 300.0  # after a cluster failed to give an ID, how long the check goes by fingerprints alone
 

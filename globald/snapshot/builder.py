@@ -21,15 +21,18 @@ from rocksdict import Rdict, WriteBatch
 from globald.config import Config, TableConfig
 from globald.engine.update_task import fold
 from globald.kafka.clients import TransientKafkaError, make_consumer, partitions, watermarks
+from globald.kafka.identity import VERIFY_TIMEOUT_S, verify
 from globald.snapshot.exact_requests import Code
 from globald.snapshot.manifest import Offsets
 from globald.store.codec import encode_offset, partition_key
 from globald.store.durable import sync_tree
 from globald.store.failures import write, write_options
+from globald.store.fingerprint import Ladder, ladders_in
 from globald.store.names import (
     COLUMN_FAMILIES,
     FORMAT_VERSION,
     META_CF,
+    META_FINGERPRINT_PREFIX,
     META_FORMAT,
     META_TOPIC,
     OFFSETS_CF,
@@ -136,11 +139,14 @@ class Builder:
         opts = self.options.rocksdb()
         db = Rdict(str(db_path), opts, column_families={cf: self.options.rocksdb() for cf in COLUMN_FAMILIES})
         try:
+            meta = db.get_column_family(META_CF)
             if base_dir is None:
-                meta = db.get_column_family(META_CF)
                 meta[META_FORMAT] = str(FORMAT_VERSION).encode()
                 meta[META_TOPIC] = table.topic.encode()
-                del meta
+            else:
+                self._check_same_topic(table.topic, ladders_in(meta.items(from_key=META_FINGERPRINT_PREFIX))[0],
+                                       deadline)
+            del meta
             consumed = self._apply(db, table.topic, start, target, deadline)
 
             def batch() -> WriteBatch:
@@ -161,6 +167,17 @@ class Builder:
         # directory entry, are on disk before the publisher's manifest and rename name them.
         sync_tree(db_path, synced_suffixes=(".sst",))  # the base's, linked, were durable; RocksDB syncs its own
         return Built(dict(target), records, consumed)
+
+    def _check_same_topic(self, topic: str, ladders: dict[int, Ladder], deadline: float) -> None:
+        """Refuse to add records to a base snapshot of another topic of the same name (see kafka.identity)."""
+        timeout = max(0.5, min(VERIFY_TIMEOUT_S, deadline - time.monotonic()))
+        verdict = verify(self.config.consumer_settings(), topic, {p: f.rungs for p, f in ladders.items()}, timeout)
+        if verdict.recreated:
+            raise BuildRefused(Code.REBUILDING, f"topic {topic} was recreated since the base snapshot "
+                                                f"({verdict.describe()}): the table rebuilds")
+        if verdict.unreachable:
+            raise BuildRefused(Code.FAILED, f"cannot check that topic {topic} is the base snapshot's: "
+                                            f"{'; '.join(verdict.unreachable.values())}")
 
     def _apply(self, db: Rdict, topic: str, start: Offsets, target: Offsets, deadline: float) -> int:
         todo = {p: s for p, s in start.items() if s < target[p]}  # partition -> next offset expected

@@ -11,8 +11,11 @@ or a log that has no record there any more although it still reaches past it, na
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterable
 from dataclasses import dataclass
 from hashlib import blake2b
+
+from globald.store.names import META_FINGERPRINT_PREFIX
 
 _ENTRY = struct.Struct(">q8s")
 _ABSENT = b"\xff\xff\xff\xff"
@@ -69,6 +72,21 @@ class Ladder:
 
 
 EMPTY = Ladder(())
+
+
+def ladders_in(meta_items: Iterable[tuple[object, object]]) -> tuple[dict[int, Ladder], list[str]]:
+    """The ladders among a store's metadata entries, iterated from META_FINGERPRINT_PREFIX on, and the problems of
+    those that do not decode (a damaged ladder only costs the check it would have allowed)."""
+    found: dict[int, Ladder] = {}
+    problems: list[str] = []
+    for k, v in meta_items:
+        if not isinstance(k, bytes) or not isinstance(v, bytes) or not k.startswith(META_FINGERPRINT_PREFIX):
+            break
+        try:
+            found[int(k[len(META_FINGERPRINT_PREFIX):])] = Ladder.decode(v)
+        except ValueError as e:
+            problems.append(f"{k!r}: {e}")
+    return found, problems
 
 
 def _distinct(rungs: list[Fingerprint]) -> list[Fingerprint]:

@@ -32,7 +32,7 @@ from globald.store.codec import (
     unreadable_format,
 )
 from globald.store.failures import STALLS, Stalls, store_io, write, write_options
-from globald.store.fingerprint import Ladder
+from globald.store.fingerprint import Ladder, ladders_in
 from globald.store.names import (
     COMPLETE_YES,
     FORMAT_MIXED,
@@ -376,15 +376,10 @@ class TableStore:
         """The stored fingerprint ladder of each partition that has one (see ``fingerprint``)."""
         if self._meta is None:
             raise StoreUnavailableError(f"table {self.table}: store is closed")
-        found: dict[int, Ladder] = {}
         with store_io(f"table {self.table}: read fingerprints"):
-            for k, v in self._meta.items(from_key=META_FINGERPRINT_PREFIX):
-                if not isinstance(k, bytes) or not isinstance(v, bytes) or not k.startswith(META_FINGERPRINT_PREFIX):
-                    break
-                try:
-                    found[int(k[len(META_FINGERPRINT_PREFIX):])] = Ladder.decode(v)
-                except ValueError as e:  # a damaged ladder only costs the check it would have allowed
-                    log.warning("table %s: ignoring fingerprint %r: %s", self.table, k, e)
+            found, problems = ladders_in(self._meta.items(from_key=META_FINGERPRINT_PREFIX))
+        for problem in problems:
+            log.warning("table %s: ignoring fingerprint %s", self.table, problem)
         return found
 
     def write(self, batch: Batch, rebuild: Callable[[], Batch]) -> None:

@@ -10,10 +10,18 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
+import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
+from globald.config import load
+from globald.snapshot.builder import Builder, BuildRefused
+from globald.snapshot.exact_requests import Code
+from globald.snapshot.reader import manifests_of
+from globald.store.names import snapshots_dir
 from tests.harness import Broker, DaemonProcess, random_records
 from tests.reliability.checks import check_store, live, same_process
 from tests.reliability.conftest import running
@@ -96,3 +104,25 @@ def test_recreated_with_more_records_unseen(broker: Broker, topic: Topic, daemon
         os.kill(pid, signal.SIGCONT)
     row.injected += 1
     rebuilt_equal(broker, d, t, row, pid)
+
+
+def test_an_exact_build_never_adds_a_new_topic_to_an_old_base(broker: Broker, topic: Topic, daemon: Daemon,
+                                                               tmp_path: Path) -> None:
+    """The exact-snapshot builder starts from a published snapshot and reads the records past it: after a
+    recreation those records are the new topic's, and the result would hold both. It must refuse instead."""
+    t = topic()
+    d = running(broker, daemon, t, random_records(OLD, keys=300, seed=66))
+    d.wait_for(lambda s: s["tables"]["tbl"]["snapshot"]["offsets"] == s["tables"]["tbl"]["offsets"],
+               what="a snapshot at the log end")
+    assert d.stop() == 0
+    base = manifests_of(d.state_dir, "tbl")[0]
+    replace_topic(broker, t, seed=67)
+    config = load(d.config)
+    builder = Builder(config, threading.Event())
+    try:
+        with pytest.raises(BuildRefused) as refused:
+            builder.build(config.tables[0], broker.admin.end_offsets(t), base.offsets,
+                          snapshots_dir(d.state_dir, "tbl") / base.id, tmp_path / "work", time.monotonic() + 60)
+    finally:
+        builder.close()
+    assert refused.value.code == Code.REBUILDING and "recreated" in str(refused.value), refused.value
