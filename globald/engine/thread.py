@@ -20,7 +20,6 @@ from globald.config import Config
 from globald.engine.background_upgrade import BackgroundUpgrade
 from globald.engine.events import (
     Emit,
-    Event,
     EventBus,
     RebuildRequests,
     StateChanged,
@@ -70,17 +69,6 @@ class GlobalThread:
         thread = cls(config, StateManager(config, bus.emit), bus.emit, services)
         bus.connect(deliver(listeners or Listeners()), *subscribers)
         return thread
-
-    @property
-    def services(self) -> tuple[LoopService, ...]:
-        return self._services
-
-    @property
-    def rebuilds(self) -> RebuildRequests:
-        return self._rebuilds
-
-    def emit(self, event: Event) -> None:
-        self._emit(event)
 
     @property
     def state(self) -> State:
