@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
 import shutil
@@ -26,32 +27,42 @@ from pathlib import Path
 
 from globald.embedded.admin import TopicAdmin
 from globald.embedded.broker import EmbeddedKafka
+from globald.ops.memory import process_memory
 from globald.store.names import STATUS_FILE, db_dir
 from tests.harness import Broker, DaemonProcess, random_records, write_config
 from tests.reliability.checks import check_snapshots, check_store
 from tests.reliability.disk import fill, mount_tmpfs, unmount
 from tests.reliability.ledger import FaultRow, Ledger, report_dir
 from tests.reliability.load import Load
+from tests.soak_report import (
+    MALLOC_KINDS,
+    ROCKSDB_KINDS,
+    component_slopes,
+    memory_table,
+    quarters,
+    reached_md,
+    reached_vs_default,
+    rocksdb_bound,
+    rss_mb,
+    slope_after_warmup,
+    slope_mb_per_hour,
+    tracemalloc_growth,
+    verdict,
+)
 
 TABLES = ("customers", "products")
 MAX_PARTITIONS = 6
 PARTIAL_EVERY_S = 300.0  # how often a run writes its memory figures so far
-
-
-# What the daemon's status reports of RocksDB's memory (globald.ops.memory), summed over the tables, in MB.
-ROCKSDB_KINDS = ("block_cache_mb", "memtables_mb", "table_readers_mb")
-# glibc's heap (globald.ops.memory.malloc_bytes): handed out, and free but kept (fragmentation).
-MALLOC_KINDS = ("in_use_mb", "free_mb")
-
-
-def rss_mb(pid: int) -> float | None:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        return None
-    return None
+SMAPS_EVERY_S = 30.0  # how often the daemon's smaps is read (a walk of every mapping)
+KAFKA_STATS_MS = 10_000  # librdkafka's statistics interval in the daemon (its buffers in the status's memory)
+# Three hours at the default load (--rate 2000, a publication a second per table, a fault every 45 s), and what
+# the accelerated form runs to reach as much in 45 minutes: 4x the rate, the publications and the faults.
+DEFAULT_HOURS = 3.0
+# Larger, fewer batches: each costs three flushes' latency whatever its size.
+ACCELERATED = {"minutes": 45.0, "rate": 8000, "fault_every": 11.25, "snapshot_interval_ms": 250,
+               "fault_scale": 0.3, "check_every": 4, "block_cache_mb": 16, "tracemalloc": True, "batches_per_s": 2}
+DEFAULTS = {"minutes": 30.0, "rate": 2000, "fault_every": 45.0, "snapshot_interval_ms": 1000, "fault_scale": 1.0,
+            "check_every": 1, "block_cache_mb": None, "tracemalloc": False, "batches_per_s": 5}
 
 
 @dataclass
@@ -67,8 +78,12 @@ class Soak:
     ledger: Ledger = field(default_factory=Ledger)
     rows: dict[str, FaultRow] = field(default_factory=dict)
     memory: list[tuple[float, float]] = field(default_factory=list)  # (seconds since start, RSS MB)
-    # (seconds, {ROCKSDB_KINDS and malloc_ + MALLOC_KINDS: MB}), from the daemon's status
+    # (seconds, {component: MB}): rocksdb_/malloc_/python_/kafka_ from the daemon's status, proc_ from its smaps
     rocksdb: list[tuple[float, dict[str, float]]] = field(default_factory=list)
+    injections: list[float] = field(default_factory=list)  # seconds since start at which each fault began
+    published: dict[str, int] = field(default_factory=dict)  # snapshot publications per table, from the status
+    _last_published: dict[str, int] = field(default_factory=dict)
+    next_smaps: float = 0.0
     recoveries: list[float] = field(default_factory=list)
     restarts: int = 0
     unrecovered: int = 0
@@ -91,23 +106,29 @@ class Soak:
             self.broker.admin.create(topic, partitions=3)
             self.broker.admin.produce(topic, random_records(50_000, keys=20_000, seed=self.args.seed + i))
             rate = self.args.rate // len(TABLES)
-            self.loads[table] = Load(self.broker.admin, topic, rate=rate, keys=20_000, seed=self.args.seed + 10 + i,
-                                     pin_partitions=3)
+            # A producer per load: a flush waits for every record its producer holds, the other load's too.
+            admin = TopicAdmin.for_broker({**settings, "logger": _quiet()}, self.kafka.zookeeper)
+            self.loads[table] = Load(admin, topic, rate=rate, keys=20_000, seed=self.args.seed + 10 + i,
+                                     pin_partitions=3, batches_per_s=self.args.batches_per_s)
         store = {} if self.args.block_cache_mb is None else {"store": {"block_cache_mb": self.args.block_cache_mb}}
-        cfg = write_config(self.root / "globald-soak.toml", state, settings, self.topics, commit_interval_ms=1000,
-                           metadata_refresh_ms=2000, http={"enabled": False}, snapshots={"interval_ms": 1000}, **store)
+        # The daemon's own consumer reports librdkafka's buffers (status memory.kafka); the harness's clients don't.
+        stats = {**settings, "statistics.interval.ms": KAFKA_STATS_MS}
+        cfg = write_config(self.root / "globald-soak.toml", state, stats, self.topics, commit_interval_ms=1000,
+                           metadata_refresh_ms=2000, http={"enabled": False},
+                           snapshots={"interval_ms": self.args.snapshot_interval_ms}, **store)
         env = None
         if self.args.tracemalloc:
             shutil.rmtree(self.tracemalloc_dir, ignore_errors=True)  # an earlier run's dumps would be compared
-            # A dump every eighth of the run: the quarters' boundaries all fall near one.
-            env = {"GLOBALD_TRACEMALLOC_DIR": str(self.tracemalloc_dir),
-                   "GLOBALD_TRACEMALLOC_INTERVAL_S": str(max(30, round(self.args.minutes * 60 / 8)))}
+            # A dump every sixteenth of the run: the quarters' and the warm-up's ends fall near one.
+            env = {"GLOBALD_TRACEMALLOC_DIR": str(self.tracemalloc_dir), "GLOBALD_TRACEMALLOC_FRAMES": "6",
+                   "GLOBALD_TRACEMALLOC_INTERVAL_S": str(max(30, round(self.args.minutes * 60 / 16)))}
         self.daemon = DaemonProcess(cfg, self.root / "daemon.log", env=env).start()
         self.status_path = state / STATUS_FILE
         self.pid = self.daemon.pid
         self.settle("initial restore")
         for load in self.loads.values():
             load.start()
+        self.started = time.monotonic()  # the run's minutes and quarters begin with the load, after the restore
 
     @staticmethod
     def _mount_tmpfs(path: Path, size_mb: int) -> Path | None:
@@ -123,6 +144,8 @@ class Soak:
         if self.daemon.alive():
             self.daemon.stop()
         self.broker.admin.close()
+        for load in self.loads.values():
+            load.admin.close()
         self.kafka.stop()
         if self.disk is not None:
             unmount(self.disk)
@@ -144,14 +167,26 @@ class Soak:
             return
         memory = doc.get("memory") or {}
         tables, heap = memory.get("tables") or {}, memory.get("malloc") or {}
-        if doc.get("pid") == self.daemon.pid and tables:
-            sample = {k: sum(m.get(k, 0.0) for m in tables.values()) for k in ROCKSDB_KINDS}
-            sample.update({f"malloc_{k}": heap[k] for k in MALLOC_KINDS if k in heap})
-            self.rocksdb.append((t, sample))
+        if doc.get("pid") != self.daemon.pid or not tables:
+            return
+        sample = {f"rocksdb_{k}": sum(m.get(k, 0.0) for m in tables.values()) for k in ROCKSDB_KINDS}
+        sample.update({f"malloc_{k}": heap[k] for k in MALLOC_KINDS if k in heap})
+        for part in ("python", "kafka"):
+            sample.update({f"{part}_{k}": float(v) for k, v in (memory.get(part) or {}).items()})
+        if time.monotonic() >= self.next_smaps:
+            self.next_smaps = time.monotonic() + SMAPS_EVERY_S
+            sample.update({f"proc_{k}": v for k, v in (process_memory(self.daemon.pid) or {}).items()})
+        self.rocksdb.append((t, sample))
+        for table, s in doc.get("tables", {}).items():
+            # The daemon's count restarts with the table's publisher (a wipe, a reopen): add what is new since.
+            now, last = (s.get("snapshot") or {}).get("published", 0), self._last_published.get(table, 0)
+            self.published[table] = self.published.get(table, 0) + (now - last if now >= last else now)
+            self._last_published[table] = now
 
-    def settle(self, what: str, timeout: float = 300.0) -> dict[str, int]:
+    def settle(self, what: str, timeout: float = 300.0, compare: bool = True) -> dict[str, int]:
         """Pause the load, wait for an undegraded RUNNING daemon at every log end, compare every table with the
-        oracle; returns divergences per table. A daemon that died is counted and replaced."""
+        oracle (unless not ``compare``); returns divergences per table. A daemon that died is counted and
+        replaced."""
         for load in self.loads.values():
             load.pause()
         try:
@@ -174,8 +209,8 @@ class Soak:
                     self.pid = self.daemon.pid
                     self.daemon.wait_for(ok, timeout=timeout, what="a replacement daemon")
             self.recoveries.append(time.monotonic() - t0)
-            out = {}
-            for table, topic in self.topics.items():
+            out: dict[str, int] = {}
+            for table, topic in self.topics.items() if compare else ():
                 check = check_store(self.broker, self.daemon.state_dir, table, topic, allow_uncompared=True)
                 snaps = check_snapshots(self.broker, self.daemon.state_dir, table, topic)
                 out[table] = check.divergences + sum(s.divergences for s in snaps) + (0 if check.compared else 1)
@@ -193,13 +228,19 @@ class Soak:
     # -- faults -----------------------------------------------------------------------------------------------
 
     def faults(self) -> list[tuple[str, Callable[[], None]]]:
-        out = [("broker stopped 10 s", self.broker_outage), ("broker paused (SIGSTOP) 8 s", self.broker_pause),
+        k = self.args.fault_scale
+        out = [(f"broker stopped {10 * k:g} s", self.broker_outage),
+               (f"broker paused (SIGSTOP) {8 * k:g} s", self.broker_pause),
                ("broker SIGKILLed and restarted", self.broker_kill),
                ("log start advanced (retention)", self.retention), ("topic deleted and recreated", self.recreate),
                ("partition added", self.add_partition)]
         if self.disk is not None:
-            out.append(("state_dir disk full 10 s", self.disk_full))
+            out.append((f"state_dir disk full {10 * k:g} s", self.disk_full))
         return out
+
+    def _sleep(self, seconds: float) -> None:
+        """How long a fault lasts, scaled by --fault-scale (the accelerated form's faults are shorter)."""
+        time.sleep(seconds * self.args.fault_scale)
 
     def _quiet_loads(self) -> None:
         for load in self.loads.values():
@@ -208,7 +249,7 @@ class Soak:
     def broker_outage(self) -> None:
         self._quiet_loads()
         self.kafka.stop_broker()
-        time.sleep(10)
+        self._sleep(10)
         self.kafka.start_broker()
 
     def broker_pause(self) -> None:
@@ -217,14 +258,14 @@ class Soak:
         assert pid is not None
         os.kill(pid, signal.SIGSTOP)
         try:
-            time.sleep(8)
+            self._sleep(8)
         finally:
             os.kill(pid, signal.SIGCONT)
 
     def broker_kill(self) -> None:
         self._quiet_loads()
         self.kafka.stop_broker(signal.SIGKILL)
-        time.sleep(3)
+        self._sleep(3)
         self.kafka.start_broker()
 
     def _table(self) -> str:
@@ -244,7 +285,7 @@ class Soak:
         self._quiet_loads()
         topic = self.topics[self._table()]
         self.broker.admin.delete(topic)
-        time.sleep(5)
+        self._sleep(5)
         self.broker.admin.create(topic, partitions=3)
 
     def add_partition(self) -> None:
@@ -260,13 +301,15 @@ class Soak:
         assert self.disk is not None
         filler = fill(self.disk, leave=16 * 1024)  # the load keeps running: the daemon's next writes hit ENOSPC
         try:
-            time.sleep(10)
+            self._sleep(10)
         finally:
             filler.unlink()
 
     # -- the run ----------------------------------------------------------------------------------------------
 
     def run(self) -> None:
+        """Faults at --fault-every seconds from one injection to the next; a fault whose recovery outlasts the gap
+        is followed by the next one at once (the rate reached is reported)."""
         self.rnd = random.Random(self.args.seed)
         deadline = self.started + self.args.minutes * 60
         faults = self.faults()
@@ -285,17 +328,27 @@ class Soak:
             name, inject = faults[i % len(faults)]
             i += 1
             row = self.rows.get(name) or self.rows.setdefault(name, self.ledger.row(name, "soak", ""))
-            print(f"soak: {time.monotonic() - self.started:7.0f}s  {name}", flush=True)
+            injected_at = time.monotonic()
+            self.injections.append(injected_at - self.started)
+            print(f"soak: {injected_at - self.started:7.0f}s  {name}", flush=True)
             restarts = self.restarts
             inject()
             row.injected += 1
-            diverged = self.settle(name)
+            # Every fault is waited out; the stores are compared with the oracle after every check_every-th.
+            diverged = self.settle(name, compare=i % self.args.check_every == 0)
             row.diverged(sum(diverged.values()))
             row.pid_changes += self.restarts - restarts
             self.sample_memory()
-            next_fault = time.monotonic() + self.args.fault_every
+            next_fault = injected_at + self.args.fault_every
         final = self.settle("the end of the run")
         self.ledger.row("none (final check)", "soak", "").diverged(sum(final.values()))
+
+    def reached(self, elapsed: float) -> dict[str, float]:
+        """Faults, updates and publications reached, beside three hours at the default load."""
+        gaps = [b - a for a, b in zip(self.injections, self.injections[1:], strict=False)]
+        return reached_vs_default(elapsed, len(self.injections), statistics.fmean(gaps) if gaps else math.nan,
+                                  sum(load.sent for load in self.loads.values()), sum(self.published.values()),
+                                  len(TABLES), sum(load.failed_batches for load in self.loads.values()))
 
     def write_partial(self) -> None:
         """The memory figures so far (``partial.json``), so a run cut short still tells its trend."""
@@ -304,8 +357,10 @@ class Soak:
         elapsed = time.monotonic() - self.started
         partial = {"minutes": round(elapsed / 60, 1), "faults": sum(r.injected for r in self.ledger.rows),
                    "divergences": sum(r.divergences for r in self.ledger.rows), "restarts": self.restarts,
-                   "quarters": _quarters(self.memory, self.rocksdb, elapsed),
-                   "slope_mb_per_hour": round(_slope_mb_per_hour(self.memory), 1)}
+                   "reached": self.reached(elapsed), "after_warmup": slope_after_warmup(self.memory, elapsed),
+                   "component_slopes": component_slopes(self.rocksdb, elapsed),
+                   "quarters": quarters(self.memory, self.rocksdb, elapsed),
+                   "slope_mb_per_hour": round(slope_mb_per_hour(self.memory), 1)}
         out = Path(self.args.report_dir)
         out.mkdir(parents=True, exist_ok=True)
         (out / "partial.json").write_text(json.dumps(partial, indent=2))
@@ -316,117 +371,49 @@ class Soak:
             if not row.injected:
                 row.outcome = "checked" if row.divergences == 0 else "FAILED"
         wipes = sum(t.get("wipes", 0) for t in self.daemon.status().get("tables", {}).values())
+        elapsed = time.monotonic() - self.started
         mem = [mb for _, mb in self.memory]
-        quarters = _quarters(self.memory, self.rocksdb, time.monotonic() - self.started)
-        first, last = quarters[0]["rss_median_mb"], quarters[-1]["rss_median_mb"]
-        slope = _slope_mb_per_hour(self.memory)
+        qs = quarters(self.memory, self.rocksdb, elapsed)
+        first, last = qs[0]["rss_median_mb"], qs[-1]["rss_median_mb"]
+        slope = slope_mb_per_hour(self.memory)
         half = self.memory[-1][0] / 2 if self.memory else 0.0
-        slope_last_half = _slope_mb_per_hour([s for s in self.memory if s[0] >= half])
+        slope_last_half = slope_mb_per_hour([s for s in self.memory if s[0] >= half])
+        after = slope_after_warmup(self.memory, elapsed)
+        components = component_slopes(self.rocksdb, elapsed)
+        reached = self.reached(elapsed)
         divergences = sum(r.divergences for r in self.ledger.rows)
         summary = {
-            "minutes": round((time.monotonic() - self.started) / 60, 1), "seed": self.args.seed,
-            "rate": self.args.rate, "faults": sum(r.injected for r in self.ledger.rows), "divergences": divergences,
-            "restarts": self.restarts, "unrecovered": self.unrecovered, "wipes": wipes,
+            "minutes": round(elapsed / 60, 1), "seed": self.args.seed, "args": vars(self.args),
+            "faults": sum(r.injected for r in self.ledger.rows), "divergences": divergences,
+            "restarts": self.restarts, "unrecovered": self.unrecovered, "wipes": wipes, "reached": reached,
             "rss_mb": {"first_quarter": round(first, 1), "last_quarter": round(last, 1), "max": round(max(mem), 1),
-                       "slope_mb_per_hour": round(slope, 1), "slope_last_half_mb_per_hour": round(slope_last_half, 1)},
-            "quarters": quarters,
+                       "slope_mb_per_hour": round(slope, 1), "slope_last_half_mb_per_hour": round(slope_last_half, 1),
+                       "after_warmup": after},
+            "component_slopes_mb_per_hour": components, "quarters": qs,
             "recovery_s": {"median": round(statistics.median(self.recoveries), 1),
                            "max": round(max(self.recoveries), 1)},
             "memory": [(round(t), round(mb, 1)) for t, mb in self.memory],
-            "rocksdb_mb": [(round(t), {k: round(v, 2) for k, v in m.items()}) for t, m in self.rocksdb],
+            "components_mb": [(round(t), {k: round(v, 2) for k, v in m.items()}) for t, m in self.rocksdb],
         }
         out = Path(self.args.report_dir)
         self.ledger.write(out, f"Soak, {summary['minutes']} min")
         (out / "summary.json").write_text(json.dumps(summary, indent=2))
-        memory_md = _memory_table(quarters, slope, slope_last_half) + _rocksdb_bound(self.daemon.config)
+        memory_md = (reached_md(reached) + memory_table(qs, slope, slope_last_half) + verdict(after, components)
+                     + rocksdb_bound(self.daemon.config, len(TABLES)))
         if self.args.tracemalloc:
-            memory_md += _tracemalloc_growth(self.tracemalloc_dir)
+            memory_md += tracemalloc_growth(self.tracemalloc_dir)
         (out / "memory.md").write_text(memory_md)
         lines = [f"soak: {summary['minutes']} min, {summary['faults']} faults, {divergences} divergences, "
                  f"{self.restarts} restarts, {self.unrecovered} not recovered within 300 s, {wipes} wipes",
                  f"soak: daemon RSS MB first quarter {first:.0f}, last quarter {last:.0f}, max {max(mem):.0f}, "
-                 f"trend {slope:+.0f} MB/h ({slope_last_half:+.0f} MB/h over the last half); recovery median "
-                 f"{summary['recovery_s']['median']} s, max {summary['recovery_s']['max']} s",
+                 f"trend {slope:+.1f} MB/h ({slope_last_half:+.1f} MB/h over the last half; after warm-up "
+                 f"{after['slope_mb_per_hour']:+.2f}, 95 % [{after['ci95_low']:+.2f}, {after['ci95_high']:+.2f}]); "
+                 f"recovery median {summary['recovery_s']['median']} s, max {summary['recovery_s']['max']} s",
                  f"soak: report in {out}"]
         print("\n".join(lines), flush=True)
         print(memory_md, flush=True)
         print((out / "report.md").read_text(), flush=True)
         return divergences == 0 and self.restarts == 0 and self.unrecovered == 0
-
-
-def _slope_mb_per_hour(samples: list[tuple[float, float]]) -> float:
-    if len(samples) < 2:
-        return 0.0
-    ts, ms = [t for t, _ in samples], [m for _, m in samples]
-    mt, mm = statistics.fmean(ts), statistics.fmean(ms)
-    var = sum((t - mt) ** 2 for t in ts)
-    return 0.0 if var == 0 else sum((t - mt) * (m - mm) for t, m in samples) / var * 3600
-
-
-def _quarters(rss: list[tuple[float, float]], rocksdb: list[tuple[float, dict[str, float]]],
-              duration: float) -> list[dict[str, float]]:
-    """RSS median and maximum, and the median of each RocksDB kind, in each quarter of the run's time (faults make
-    sampling uneven, so quarters of the samples would not be quarters of the run)."""
-    out = []
-    for q in range(4):
-        lo, hi = duration * q / 4, duration * (q + 1) / 4
-        mem = [mb for t, mb in rss if lo <= t < hi]
-        row = {"quarter": q + 1, "from_min": round(lo / 60, 1), "to_min": round(hi / 60, 1), "samples": len(mem),
-               "rss_median_mb": round(statistics.median(mem), 1) if mem else float("nan"),
-               "rss_max_mb": round(max(mem), 1) if mem else float("nan")}
-        db = [m for t, m in rocksdb if lo <= t < hi]
-        for kind in (*ROCKSDB_KINDS, *(f"malloc_{k}" for k in MALLOC_KINDS)):
-            values = [m[kind] for m in db if kind in m]
-            row[f"rocksdb_{kind}"] = round(statistics.median(values), 1) if values else float("nan")
-        out.append(row)
-    return out
-
-
-def _memory_table(quarters: list[dict[str, float]], slope: float, slope_last_half: float) -> str:
-    lines = ["## Daemon memory by quarter (MB; RocksDB: medians summed over the tables; malloc: glibc heap medians)",
-             "", "| quarter | minutes | samples | RSS median | RSS max | block cache | memtables | table readers | "
-             "malloc in use | malloc free |", "|---|---|---|---|---|---|---|---|---|---|"]
-    for q in quarters:
-        lines.append(f"| {q['quarter']} | {q['from_min']}-{q['to_min']} | {q['samples']} | {q['rss_median_mb']} | "
-                     f"{q['rss_max_mb']} | {q['rocksdb_block_cache_mb']} | {q['rocksdb_memtables_mb']} | "
-                     f"{q['rocksdb_table_readers_mb']} | {q['rocksdb_malloc_in_use_mb']} | "
-                     f"{q['rocksdb_malloc_free_mb']} |")
-    lines += ["", f"RSS trend: {slope:+.1f} MB/hour over the whole run, {slope_last_half:+.1f} MB/hour over the last "
-              "half.", ""]
-    return "\n".join(lines) + "\n"
-
-
-def _rocksdb_bound(config: Path) -> str:
-    """What the [store] settings allow RocksDB per table (see globald.store.options): the block cache, and the
-    memtables of the values family plus those of the two small families."""
-    from globald.config import load
-    from globald.store.options import _SMALL_FAMILY_BUFFER_MB
-
-    s = load(config).store
-    memtables = (s.write_buffer_mb + 2 * _SMALL_FAMILY_BUFFER_MB) * s.max_write_buffers
-    per_table = s.block_cache_mb + memtables
-    return (f"RocksDB bound per table from [store]: block cache {s.block_cache_mb} MB + memtables "
-            f"({s.write_buffer_mb} + 2 x {_SMALL_FAMILY_BUFFER_MB}) MB x {s.max_write_buffers} = {per_table} MB; "
-            f"{len(TABLES)} tables: {per_table * len(TABLES)} MB (the block cache alone: "
-            f"{s.block_cache_mb * len(TABLES)} MB).\n")
-
-
-def _tracemalloc_growth(directory: Path, top: int = 25) -> str:
-    """The lines whose Python allocations grew most from the dump nearest the end of the first quarter to the last
-    dump (dumps come every eighth of the run: the third is the first quarter's end)."""
-    import tracemalloc
-
-    dumps = sorted(directory.glob("tracemalloc-*.bin"))
-    if len(dumps) < 3:
-        return f"\nFewer than 3 tracemalloc dumps in {directory}: no comparison.\n"
-    early, late = tracemalloc.Snapshot.load(str(dumps[2])), tracemalloc.Snapshot.load(str(dumps[-1]))
-    keep = [tracemalloc.Filter(False, tracemalloc.__file__)]
-    early, late = early.filter_traces(keep), late.filter_traces(keep)
-    total = sum(s.size for s in late.statistics("filename")) - sum(s.size for s in early.statistics("filename"))
-    lines = [f"## Python allocations (tracemalloc), {dumps[2].name} -> {dumps[-1].name}: {total / 2**20:+.2f} MB",
-             "", "```"]
-    lines += [str(d) for d in late.compare_to(early, "lineno")[:top]]
-    return "\n".join(["", *lines, "```", ""])
 
 
 def _quiet() -> object:
@@ -440,18 +427,32 @@ def _quiet() -> object:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tests.soak", description=__doc__.split("\n\n")[0])
-    p.add_argument("--minutes", type=float, default=30.0, help="how long to run (default 30)")
-    p.add_argument("--rate", type=int, default=2000, help="records per second over all tables (default 2000)")
-    p.add_argument("--fault-every", type=float, default=45.0, help="seconds between faults (default 45)")
+    p.add_argument("--accelerated", action="store_true",
+                   help="three hours of the default load's updates, publications and faults in 45 minutes: "
+                        f"{ACCELERATED} unless given")
+    p.add_argument("--minutes", type=float, help="how long to run (default 30)")
+    p.add_argument("--rate", type=int, help="records per second over all tables (default 2000)")
+    p.add_argument("--fault-every", type=float,
+                   help="seconds from one fault's injection to the next's (default 45; sooner is impossible "
+                        "while a recovery lasts: the rate reached is reported)")
+    p.add_argument("--snapshot-interval-ms", type=int, help="[snapshots] interval_ms (default 1000)")
+    p.add_argument("--fault-scale", type=float, help="multiplies how long each fault lasts (default 1)")
+    p.add_argument("--check-every", type=int,
+                   help="compare the stores with the oracle after every Nth fault (default 1; and at the end)")
+    p.add_argument("--batches-per-s", type=int, help="produce batches a second per table (default 5)")
     p.add_argument("--seed", type=int, default=int(time.time()) % 100_000)
     p.add_argument("--report-dir", default=str(report_dir() / "soak"))
-    p.add_argument("--block-cache-mb", type=int, default=None,
+    p.add_argument("--block-cache-mb", type=int,
                    help="[store] block_cache_mb per table; a small one shows RSS levelling off within a short run")
-    p.add_argument("--tracemalloc", action="store_true",
+    p.add_argument("--tracemalloc", action="store_true", default=None,
                    help="profile the daemon's Python allocations (slower daemon); top growth in memory.md")
     args = p.parse_args(argv)
+    for key, default in (ACCELERATED if args.accelerated else DEFAULTS).items():
+        if getattr(args, key) is None:
+            setattr(args, key, default)
+    args.tracemalloc = bool(args.tracemalloc)
     root = Path(tempfile.mkdtemp(prefix="globald-soak-"))
-    print(f"soak: {args.minutes} min, seed {args.seed}, working in {root}", flush=True)
+    print(f"soak: {args.minutes} min, seed {args.seed}, {vars(args)}, working in {root}", flush=True)
     soak = Soak(args, root)
     try:
         soak.start()

@@ -15,6 +15,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from globald.config import Config
 from globald.kafka.client_log import kafka_log
 from globald.kafka.properties import redact
+from globald.ops.memory import KAFKA_STATS
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +33,8 @@ def make_consumer(config: Config, on_error: Callable[[KafkaError], None] | None 
     settings = config.consumer_settings()
     log.info("consumer settings: %s", redact(settings))
     extra: dict[str, Any] = {"error_cb": on_error} if on_error is not None else {}
+    if int(settings.get("statistics.interval.ms") or 0) > 0:  # the operator asked: its buffers go in status memory
+        extra["stats_cb"] = KAFKA_STATS
     return Consumer({**settings, "logger": kafka_log, **extra})
 
 

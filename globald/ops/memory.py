@@ -14,6 +14,7 @@ import gc
 import json
 import logging
 import os
+import sys
 import threading
 import time
 import tracemalloc
@@ -178,8 +179,56 @@ def store_memory(store: Any) -> dict[str, int] | None:
     return out
 
 
+def python_memory() -> dict[str, float]:
+    """Python's own allocator: blocks alive (pymalloc and larger), and what tracemalloc traces when it is on.
+
+    ``sys._debugmallocstats`` would give pymalloc's arena bytes but writes to the C stderr, which is the daemon's
+    log; the block count is free and moves with the same objects."""
+    out: dict[str, float] = {"allocated_blocks": sys.getallocatedblocks()}
+    if tracemalloc.is_tracing():
+        current, peak = tracemalloc.get_traced_memory()
+        # tracemalloc's own tables are resident too: a profiled run's RSS slope must be read net of them.
+        out.update(traced_mb=round(current / 2**20, 2), traced_peak_mb=round(peak / 2**20, 2),
+                   tracemalloc_self_mb=round(tracemalloc.get_tracemalloc_memory() / 2**20, 2))
+    return out
+
+
+class KafkaStats:
+    """The last statistics librdkafka emitted (``statistics.interval.ms``), reduced to the buffers it holds.
+
+    librdkafka allocates through malloc, so its buffers are inside glibc's "in use"; this says how much of that is
+    its fetch queues (bounded by ``queued.max.messages.kbytes`` per partition) and its request queues. Off unless
+    the operator sets ``statistics.interval.ms``: each emission is a JSON document parsed on the polling thread."""
+
+    def __init__(self) -> None:
+        self.last: dict[str, float] | None = None
+        self.emitted = 0
+
+    def __call__(self, raw: str) -> None:
+        try:
+            doc = json.loads(raw)
+        except ValueError:
+            return
+        parts = [p for t in (doc.get("topics") or {}).values() for p in (t.get("partitions") or {}).values()]
+        brokers = list((doc.get("brokers") or {}).values())
+        self.emitted += 1
+        self.last = {
+            "fetchq_mb": round(sum(int(p.get("fetchq_size", 0)) for p in parts) / 2**20, 2),
+            "fetchq_msgs": sum(int(p.get("fetchq_cnt", 0)) for p in parts),
+            "replyq": int(doc.get("replyq", 0)),
+            "broker_bufs": sum(int(b.get("outbuf_cnt", 0)) + int(b.get("waitresp_cnt", 0)) for b in brokers),
+            "brokers": len(brokers),
+            "partitions": len(parts),
+            "metadata_cache": int(doc.get("metadata_cache_cnt", 0)),
+        }
+
+
+KAFKA_STATS = KafkaStats()  # the daemon has one consumer; its stats_cb is this object
+
+
 def memory_doc(stores: dict[str, Any]) -> dict[str, Any]:
-    """The status document's ``memory`` section: RSS and each open store's RocksDB memory, in MB."""
+    """The status document's ``memory`` section: RSS, each open store's RocksDB memory, glibc's heap (MB), Python's
+    allocator, and librdkafka's buffers when its statistics are on."""
     tables: dict[str, dict[str, float]] = {}
     for name, store in stores.items():
         m = store_memory(store)
@@ -187,7 +236,8 @@ def memory_doc(stores: dict[str, Any]) -> dict[str, Any]:
             tables[name] = {f"{k}_mb": round(v / 2**20, 2) for k, v in m.items()}
     rss, heap = rss_bytes(), malloc_bytes()
     return {"rss_mb": None if rss is None else round(rss / 2**20, 1), "tables": tables,
-            "malloc": None if heap is None else {f"{k}_mb": round(v / 2**20, 2) for k, v in heap.items()}}
+            "malloc": None if heap is None else {f"{k}_mb": round(v / 2**20, 2) for k, v in heap.items()},
+            "python": python_memory(), "kafka": KAFKA_STATS.last}
 
 
 class TracemallocRecorder:
@@ -251,3 +301,50 @@ class TracemallocRecorder:
         if self._thread is not None:
             self._thread.join(timeout=5)
             self.dump()  # the last state, for the comparison with the baseline
+
+
+def process_memory(pid: int | str = "self") -> dict[str, float] | None:
+    """Where a process's RSS lives, in MB, from ``/proc/PID/smaps``: glibc's main heap (``[heap]``), thread stacks,
+    other anonymous memory (glibc's other arenas and mmapped blocks, Python's 1 MiB arenas, RocksDB), and
+    file-backed pages (libraries, mapped files); with the thread count. None where /proc has no such process.
+
+    A thread stack is a private anonymous mapping right above the guard page glibc puts below it (a small
+    ``---p``); an arena's reserve is a large ``---p`` mapping *above* its used part. ``pymalloc``
+    counts anonymous mappings of exactly 1 MiB, the size of Python's arenas (3.10+), which glibc's own mmapped
+    blocks rarely match. Reading smaps walks every mapping: a few ms, for a sampler outside the daemon."""
+    try:
+        text = Path(f"/proc/{pid}/smaps").read_text()
+        threads = next(int(line.split()[1]) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                       if line.startswith("Threads:"))
+    except (OSError, StopIteration, ValueError):
+        return None
+    kb: Counter[str] = Counter()
+    pymalloc_arenas = stacks = 0
+    prev_end, prev_guard = -1, False
+    kind = ""
+    for line in text.splitlines():
+        head = line.split(None, 5)
+        if "-" in head[0] and not head[0].endswith(":"):  # a mapping's first line: range perms offset dev inode path
+            lo, hi = (int(x, 16) for x in head[0].split("-"))
+            perms, path = head[1], head[5] if len(head) > 5 else ""
+            anon = head[4] == "0" and not path.startswith("/")
+            if path == "[heap]":
+                kind = "heap"
+            elif path == "[stack]" or (anon and perms.startswith("rw") and prev_guard and prev_end == lo):
+                kind = "stacks"
+                stacks += 1
+            elif anon:
+                kind = "pymalloc" if hi - lo == 2**20 and perms.startswith("rw") else "anon"
+                pymalloc_arenas += kind == "pymalloc"
+            else:
+                kind = "file"
+            # A guard page is a page or a few; an arena's reserve is megabytes.
+            prev_end, prev_guard = hi, anon and perms.startswith("---") and hi - lo <= 64 * 1024
+        elif head[0] == "Rss:":
+            kb[kind] += int(head[1])
+            kb["rss"] += int(head[1])
+    out = {f"{k}_mb": round(v / 1024, 2) for k, v in kb.items()}
+    out.update(threads=threads, stack_mappings=stacks, pymalloc_arenas=pymalloc_arenas)
+    for k in ("heap", "stacks", "pymalloc", "anon", "file"):
+        out.setdefault(f"{k}_mb", 0.0)
+    return out

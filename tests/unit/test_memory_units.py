@@ -127,3 +127,39 @@ def test_allocator_tuning_yields_to_the_operators_environment() -> None:
     theirs = subprocess.run([sys.executable, "-c", code], env={**env, "MALLOC_ARENA_MAX": "4"},
                             capture_output=True, text=True, check=True)
     assert theirs.stdout.strip() == "['mmap_threshold']"
+
+
+def test_process_memory_finds_each_thread_stack_and_the_heap() -> None:
+    import threading
+
+    before = memory.process_memory()
+    assert before is not None and before["heap_mb"] > 0 and before["file_mb"] > 0
+    release = threading.Event()
+    threads = [threading.Thread(target=release.wait) for _ in range(4)]
+    for t in threads:
+        t.start()
+    try:
+        during = memory.process_memory()
+    finally:
+        release.set()
+        for t in threads:
+            t.join()
+    assert during is not None
+    assert during["threads"] == before["threads"] + 4
+    # Every live thread's stack is found (told from an arena by its guard page); glibc keeps the stacks of ended
+    # threads for reuse, so there may be more than there are threads.
+    assert during["stack_mappings"] >= during["threads"] >= 5
+    parts = sum(during[f"{k}_mb"] for k in ("heap", "anon", "pymalloc", "stacks", "file"))
+    assert abs(parts - during["rss_mb"]) < 0.1  # every resident page is in one part
+
+
+def test_kafka_stats_sum_the_fetch_queues_of_every_partition() -> None:
+    stats = memory.KafkaStats()
+    stats(json.dumps({"replyq": 2, "brokers": {"b1": {"outbuf_cnt": 1, "waitresp_cnt": 3}},
+                      "topics": {"a": {"partitions": {"0": {"fetchq_size": 3 << 20, "fetchq_cnt": 10},
+                                                      "-1": {"fetchq_size": 0, "fetchq_cnt": 0}}},
+                                 "b": {"partitions": {"0": {"fetchq_size": 1 << 20, "fetchq_cnt": 5}}}}}))
+    assert stats.last is not None
+    assert (stats.last["fetchq_mb"], stats.last["fetchq_msgs"], stats.last["broker_bufs"]) == (4.0, 15, 4)
+    stats("not json")  # a malformed emission keeps the last good one
+    assert stats.last["fetchq_mb"] == 4.0 and stats.emitted == 1

@@ -1,0 +1,45 @@
+"""tests.soak_report: the RSS slope's interval must cover the true slope, and not claim a slope where there is none."""
+
+from __future__ import annotations
+
+import random
+
+from tests import soak_report
+
+
+def _series(slope_mb_per_hour: float, minutes: int, noise: float, seed: int) -> list[tuple[float, float]]:
+    rnd = random.Random(seed)
+    return [(t, 60 + slope_mb_per_hour * t / 3600 + rnd.gauss(0, noise)) for t in range(0, minutes * 60, 5)]
+
+
+def test_t_quantile_matches_the_table() -> None:
+    for df, table in ((5, 2.571), (10, 2.228), (28, 2.048), (1000, 1.962)):
+        assert abs(soak_report.t975(df) - table) < 0.015
+
+
+def test_the_interval_after_warmup_covers_the_slope_and_excludes_zero() -> None:
+    fit = soak_report.slope_after_warmup(_series(6.0, 45, 0.3, seed=1), 45 * 60)
+    assert fit["warmup_min"] == 15 and fit["minutes_fitted"] == 30
+    assert fit["ci95_low"] < 6.0 < fit["ci95_high"] and fit["ci95_low"] > 0
+
+
+def test_a_flat_series_with_a_warmup_ramp_gives_an_interval_around_zero() -> None:
+    samples = [(t, m + (20 * (1 - t / 900) if t < 900 else 0)) for t, m in _series(0.0, 45, 0.3, seed=2)]
+    fit = soak_report.slope_after_warmup(samples, 45 * 60)
+    assert fit["ci95_low"] < 0 < fit["ci95_high"] < 2  # the ramp is warm-up, not a trend
+
+
+def test_autocorrelated_noise_widens_the_interval() -> None:
+    rnd = random.Random(3)
+    walk, level = [], 0.0
+    for t in range(0, 45 * 60, 60):
+        level = 0.9 * level + rnd.gauss(0, 0.5)
+        walk.append((float(t), 60 + level))
+    shuffled = [(t, m) for (t, _), (_, m) in zip(walk, random.Random(4).sample(walk, len(walk)), strict=True)]
+    assert soak_report.fit(walk)[1] > soak_report.fit(shuffled)[1]
+
+
+def test_component_slopes_name_the_part_that_grows() -> None:
+    series = [(float(t), {"proc_heap_mb": 10 + 4 * t / 3600, "proc_file_mb": 20.0}) for t in range(0, 2700, 30)]
+    slopes = soak_report.component_slopes(series, 2700)
+    assert abs(slopes["proc_heap_mb"] - 4) < 0.01 and abs(slopes["proc_file_mb"]) < 0.01
