@@ -711,6 +711,8 @@ class SeedRun:
                 started = time.monotonic()
                 seen += self._watch(reach.GRACE_S, stop_when=lambda texts: evidence.met(d, texts) is not None)
                 how = evidence.met(d, seen)
+                if how is None and k == plan.IO_ERROR and p["mode"] == "once" and d.alive():
+                    how = reach.once_fired(d, self.arm_path, FIU_SITES[p["site"]], evidence.log_mark)
                 out.notes.append(f"held {time.monotonic() - started:.1f}s beyond its duration for the daemon to meet")
             out.hit = how is not None
             out.notes.append(f"reached the daemon: {how}" if how else "never reached the daemon")

@@ -10,6 +10,10 @@ could never time that). A hook never raises into the daemon. Everything else is 
 
 The hooks wrap globald functions by name, the first of a few candidates that exists; a phase with none is
 reported on stderr at start (``CHAOS-HOOKS … missing: …``) and its faults end as not reached, never as injected.
+
+SIGUSR2 asks whether a failure point armed ``once`` has fired: the campaign names it in ``<arm>.probe`` and the
+answer goes to ``<arm>.probe-<id>``. libfiu disables a onetime point when it fails a call, so a point still
+enabled has not: ``fiu_fail`` on it says which (and spends it, which is harmless: the fault is being healed).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from collections.abc import Callable
 from typing import Any, SupportsIndex
 
 ARM_ENV = "GLOBALD_CHAOS_ARM"
+PROBE_SIGNAL = signal.SIGUSR2
 SLEEP_FIX_ENV = "GLOBALD_CHAOS_SLEEP_FIX"
 CLOCK_ENV = "GLOBALD_CHAOS_CLOCK"  # a file holding the wall clock's offset in seconds, e.g. "+3600"
 FIU_ONETIME = 1
@@ -244,6 +249,22 @@ class SteppedClock:
         time.time_ns = self.time_ns
 
 
+def probe_once(path: str) -> None:
+    """Answer the campaign's ``<path>.probe`` (see the module docstring); never raises into the daemon."""
+    try:
+        with open(f"{path}.probe", "rb") as f:
+            req = json.loads(f.read())
+        lib = ctypes.CDLL(None)  # libfiu, loaded by fiu-run's preload library
+        lib.fiu_fail.argtypes = [ctypes.c_char_p]
+        lib.fiu_fail.restype = ctypes.c_int
+        # First, before any file call of ours: a onetime point still armed on open or write fails it otherwise.
+        still_armed = lib.fiu_fail(str(req["name"]).encode()) != 0
+        with open(f"{path}.probe-{req['id']}", "w") as f:
+            f.write(json.dumps({"fired": not still_armed}))
+    except Exception as e:
+        sys.stderr.write(f"CHAOS-PROBE failed: {e!r}\n")
+
+
 def relative_sleep(seconds: float | SupportsIndex) -> None:
     """time.sleep without an absolute CLOCK_MONOTONIC clock_nanosleep (see tools.py: libfaketime 0.9.10)."""
     secs = float(seconds)
@@ -260,6 +281,7 @@ def main() -> int:
     path = os.environ.get(ARM_ENV)
     if path:
         arm = Arm(path)
+        signal.signal(PROBE_SIGNAL, lambda signum, frame: probe_once(path))
         installed = install(arm)
         missing = [phase for phase, where in installed.items() if where is None]
         sys.stderr.write(f"CHAOS-HOOKS installed: {installed}" + (f"; missing: {missing}" if missing else "") + "\n")

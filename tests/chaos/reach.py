@@ -10,21 +10,25 @@ Evidence, any one of, since the fault began:
 
 While none is there, the campaign keeps the fault in place (failure point armed, disk full) for up to ``GRACE_S``
 beyond its planned duration, so that a fault on a rarely used call (``ftruncate``, ``rename``) still meets the
-daemon instead of being reported as recovered without ever having happened.
+daemon instead of being reported as recovered without ever having happened. A failure point armed ``once`` that
+still shows nothing is asked directly (``once_fired``): libfiu disables it when it fails a call, so the daemon
+met it if it is no longer armed, even where the caller ignored the error without a word.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
+import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from globald.store.names import db_dir
-from tests.chaos import plan
+from tests.chaos import entry, plan
 
 if TYPE_CHECKING:
     from tests.chaos.daemon import ChaosDaemon
@@ -92,6 +96,28 @@ class Evidence:
             if line is not None:
                 return f"RocksDB LOG of {path.parent.parent.name}: {line[:160]}"
         return None
+
+
+def once_fired(daemon: ChaosDaemon, arm_path: Path, point: str, log_mark: int, timeout: float = 10.0) -> str | None:
+    """Whether the once-armed libfiu ``point`` failed a call in the daemon (``tests.chaos.entry.probe_once``): one
+    line saying so, or None (not fired, not armed at all, or no answer)."""
+    if "CHAOS-FIU not armed" in daemon.log_since(log_mark, 5000):
+        return None  # the hook could not arm it: a disabled point would look like a fired one
+    probe_id = time.monotonic_ns()
+    tmp = arm_path.with_name(arm_path.name + ".probe.tmp")
+    tmp.write_text(json.dumps({"id": probe_id, "name": point}))
+    tmp.replace(arm_path.with_name(arm_path.name + ".probe"))
+    answer = arm_path.with_name(f"{arm_path.name}.probe-{probe_id}")
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(daemon.pid, entry.PROBE_SIGNAL)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and daemon.alive():
+        with contextlib.suppress(OSError, ValueError):
+            if json.loads(answer.read_text()).get("fired"):
+                return f"libfiu: the once-armed {point} failed a call, which nothing reported"
+            return None
+        time.sleep(0.1)
+    return None
 
 
 def _new_error_line(path: Path, inode: int, size: int) -> str | None:

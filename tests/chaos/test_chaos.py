@@ -9,7 +9,10 @@ fails in CI).
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -20,6 +23,7 @@ from tests.chaos import plan, runner, tools
 from tests.chaos.campaign import Outcome
 from tests.chaos.entry import SteppedClock
 from tests.ci import unavailable
+from tests.harness import REPO
 
 SEED = int(os.environ.get("GLOBALD_CHAOS_SEED", "10"))
 FAULTS = 5
@@ -89,3 +93,36 @@ def test_a_fault_that_did_not_happen_is_not_a_recovered_one() -> None:
     assert Outcome(io, reached=False, injected=False).failed
     assert not Outcome(broker, reached=True, injected=True, recovered=True).failed
     assert Outcome(broker, campaign_errors=["TimeoutError: the admin call timed out"]).failed
+
+
+ONCE_PROBE = """
+import ctypes, json, os, sys
+from tests.chaos.entry import probe_once
+lib = ctypes.CDLL(None)
+lib.fiu_enable.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_uint]
+arm, name = sys.argv[1], b"posix/io/dir/unlink"
+for probe_id, call in ((1, False), (2, True)):
+    assert lib.fiu_enable(name, 1, ctypes.c_void_p(5), 1) == 0  # EIO, once
+    if call:
+        try:
+            os.unlink(arm + ".absent")
+        except OSError:
+            pass
+    with open(arm + ".probe", "w") as f:
+        f.write(json.dumps({"id": probe_id, "name": name.decode()}))
+    probe_once(arm)
+"""
+
+
+def test_the_once_probe_tells_a_point_that_failed_a_call_from_one_still_armed(tmp_path: Path) -> None:
+    """What reach.once_fired relies on, in a real process under fiu-run: a onetime point that failed a call is no
+    longer armed, one that did not still is."""
+    why = tools.missing()
+    if why is not None:
+        unavailable(why)
+    arm = tmp_path / "arm.json"
+    r = subprocess.run(["fiu-run", "-x", sys.executable, "-c", ONCE_PROBE, str(arm)], cwd=REPO, capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    answers = [json.loads(arm.with_name(f"arm.json.probe-{i}").read_text()) for i in (1, 2)]
+    assert answers == [{"fired": False}, {"fired": True}], r.stderr
