@@ -13,6 +13,8 @@ import socket
 import time
 from collections.abc import Mapping
 
+from globald import swallowed
+
 log = logging.getLogger(__name__)
 
 ENV_VARS = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")
@@ -32,7 +34,6 @@ class Notifier:
         self.watchdog_interval = watchdog_seconds / 2 if watchdog_seconds else None
         self._sock: socket.socket | None = None
         self._last_ping = 0.0
-        self._warned = False
         self.ready_sent = False
         self.failures = 0
 
@@ -63,12 +64,9 @@ class Notifier:
                 self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
             self._sock.sendto(payload, self.address)
             return True
-        except OSError as e:
+        except OSError as e:  # counted here and in globald_swallowed_failures_total; logged at a bounded rate
             self.failures += 1
-            if not self._warned:
-                self._warned = True
-                log.warning("sd_notify to %s failed: %s (further failures are counted, not logged)",
-                            self.address.replace("\0", "@"), e)
+            swallowed.record("sd_notify", e, log, "sd_notify to %s failed", self.address.replace("\0", "@"))
             return False
 
     def ready(self, status: str) -> None:
