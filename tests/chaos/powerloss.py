@@ -118,6 +118,7 @@ class PowerSeed:
         self._settle()
         for load in self.loads.values():
             load.start()
+            load.resume()  # _settle paused it before it started: commits and publishes need records coming
 
     def teardown(self) -> None:
         for load in self.loads.values():
