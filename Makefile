@@ -40,7 +40,8 @@ soak-accelerated: $(BIN)/.installed
 	nice -n 10 $(BIN)/python -m tests.soak --accelerated $(SOAK_ARGS)
 
 # Tools the suite takes from Debian: libfiu (fiu-run, fiu-ctrl) and libfaketime for the chaos campaign and the clock
-# tests, systemd-analyze (package systemd) for the unit files, promtool (package prometheus) for the alert rules.
+# tests, systemd-analyze (package systemd) for the unit files, promtool (package prometheus) for the alert rules,
+# setpriv (util-linux, essential in Debian) for the permission tests as root.
 # Installed when missing and root; otherwise this says why, and the tests that need them skip, or fail in CI
 # (CI=true: tests/ci.py).
 sysdeps:
@@ -49,6 +50,7 @@ sysdeps:
 	ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1 || missing="$$missing faketime"; \
 	command -v systemd-analyze >/dev/null || missing="$$missing systemd"; \
 	command -v promtool >/dev/null || missing="$$missing prometheus"; \
+	command -v setpriv >/dev/null || missing="$$missing util-linux"; \
 	if [ -z "$$missing" ]; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
