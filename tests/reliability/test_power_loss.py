@@ -13,6 +13,7 @@ as root, an image that cannot be made or mounted fails the test. ``GLOBALD_POWER
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -24,6 +25,7 @@ from typing import Any
 
 import pytest
 
+from globald.store.names import STATUS_FILE
 from tests.ci import unavailable
 from tests.harness import SLOW_FETCH, Broker, DaemonProcess, daemon_factory, random_records
 from tests.reliability.conftest import new_topic
@@ -121,6 +123,9 @@ def test_power_loss_during_restore(broker: Broker, disk: LoopImage, tmp_path: Pa
         time.sleep(rnd.uniform(0.0, 0.5))
         d.stop(signal.SIGKILL)
         with disk.cut() as copy:
+            # What the daemon last said (from the page cache, which the copy lost): the cut was during the restore.
+            said = json.loads((disk.mount / "state" / STATUS_FILE).read_bytes())
+            assert said["state"] == "RESTORING", f"the restore ended before the cut: {said}"
             report = check_cut(broker, copy / "state", TABLE, topic, require_store=False, require_current=False)
             assert_whole(report, "the disk after a power loss during a restore")
             recover_on_copy(broker, make, copy, topic)
