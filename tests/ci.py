@@ -8,8 +8,10 @@ the same for mounts: root may mount, so a mount that fails is a broken machine, 
 
 from __future__ import annotations
 
+import importlib
 import os
 import shutil
+from types import ModuleType
 from typing import NoReturn
 
 import pytest
@@ -34,3 +36,11 @@ def require_tool(name: str, package: str) -> str:
     if path is None:
         unavailable(f"{name} is not installed (Debian package {package}; `make sysdeps` installs it as root)")
     return path
+
+
+def require_module(name: str, extra: str) -> ModuleType:
+    """The module ``name``, or skip (fail in CI) naming the extra of pyproject.toml that `make` installs."""
+    try:
+        return importlib.import_module(name)
+    except ImportError as e:
+        unavailable(f"{name} cannot be imported (the [{extra}] extra, which `make` installs): {e}")

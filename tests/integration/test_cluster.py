@@ -26,6 +26,7 @@ from globald.embedded.spark_cluster import StandaloneCluster, Worker
 from globald.snapshot.reader import listing
 from globald.spark import GlobalTableView
 from globald.spark.host import CONFIG_ENV
+from tests.ci import require_module
 from tests.harness import Broker, DaemonProcess, daemon_factory, oracle_at, random_records, write_config
 from tests.integration.snapshot_helpers import wait_snapshot_at
 
@@ -86,7 +87,7 @@ def start_sidecar(make: Callable[..., DaemonProcess], topic: str, state_dir: Pat
 
 @pytest.fixture(scope="module")
 def cluster(broker: Broker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    pytest.importorskip("pyspark")
+    require_module("pyspark", "spark")
     tmp = tmp_path_factory.mktemp("cluster")
     topic = f"cluster{os.getpid()}"
     broker.admin.create(topic, partitions=3)

@@ -21,6 +21,7 @@ from globald.snapshot.resolve import Resolution
 from globald.spark import GlobalTableView
 from globald.spark import executor as spark_executor
 from tests import midway
+from tests.ci import require_module
 from tests.harness import SLOW_FETCH, Broker, DaemonProcess, oracle_at, random_records
 from tests.integration.snapshot_helpers import (
     recreate_smaller_while_paused,
@@ -35,7 +36,7 @@ Daemon = Callable[..., DaemonProcess]
 
 @pytest.fixture(scope="module")
 def spark() -> Iterator[Any]:
-    pytest.importorskip("pyspark")
+    require_module("pyspark", "spark")
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     from pyspark.sql import SparkSession
