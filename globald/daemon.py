@@ -27,6 +27,7 @@ from globald.engine.thread import GlobalThread
 from globald.ops.progress import ProgressOptions
 from globald.ops.runtime import Operations
 from globald.snapshot.publisher import SnapshotPublisher
+from globald.snapshot.space import disk_status
 from globald.statedir import DiskNotReady, lock_state_dir, prepare_state_dir
 from globald.states import Listeners, State
 from globald.status import DaemonStatus, TableStatus
@@ -94,7 +95,7 @@ class Daemon:
                 wipes=sum(n for (t, _), n in self.manager.wipes.items() if t == name),
                 restore=self.ops.restore_status(name), snapshot=self.snapshots.status(name))
         doc = DaemonStatus(state=self.thread.state, reason=self.thread.machine.reason, pid=os.getpid(),
-                           degraded=self.thread.degraded, tables=tables)
+                           degraded=self.thread.degraded, tables=tables, disk=disk_status(self.snapshots.disk))
         return self.ops.observe(doc)
 
     def publish_status(self) -> None:

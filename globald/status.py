@@ -76,6 +76,19 @@ class TableStatus:
 
 
 @dataclass(frozen=True)
+class DiskStatus:
+    """The state_dir's free bytes, and per table (each inode once): the live store, what its snapshots hold beyond
+    it, leftovers (trash, abandoned builds), the bytes its next step needs, and, when short, the one line saying
+    what holds the space and how much is missing (globald.snapshot.space)."""
+
+    free_bytes: int | None
+    tables: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"free_bytes": self.free_bytes, "tables": {n: dict(t) for n, t in self.tables.items()}}
+
+
+@dataclass(frozen=True)
 class HttpAddress:
     host: str
     port: int
@@ -96,6 +109,7 @@ class DaemonStatus:
     # Exceptions globald caught that are not expected I/O, store or Kafka errors (globald.swallowed): defects, shown
     # until the process ends, each {"where", "error", "count", "first", "last"}.
     bugs: list[dict[str, Any]] = field(default_factory=list)
+    disk: DiskStatus | None = None
 
     def to_json(self) -> dict[str, Any]:
         doc: dict[str, Any] = {"state": self.state.value, "pid": self.pid,
@@ -109,6 +123,8 @@ class DaemonStatus:
             doc["http"] = {"host": self.http.host, "port": self.http.port}
         if self.bugs:
             doc["bugs"] = [dict(b) for b in self.bugs]
+        if self.disk is not None:
+            doc["disk"] = self.disk.to_json()
         return doc
 
     @classmethod
@@ -120,7 +136,15 @@ class DaemonStatus:
                    ready_detail=doc.get("ready_detail"), updated=doc.get("updated"),
                    http=HttpAddress(str(http["host"]), int(http["port"])) if isinstance(http, dict) else None,
                    memory=doc.get("memory"),
-                   bugs=[b for b in doc.get("bugs") or [] if isinstance(b, dict)])
+                   bugs=[b for b in doc.get("bugs") or [] if isinstance(b, dict)], disk=_disk_from(doc.get("disk")))
+
+
+def _disk_from(raw: Any) -> DiskStatus | None:
+    if not isinstance(raw, dict):
+        return None
+    tables = raw.get("tables")
+    return DiskStatus(raw.get("free_bytes"), {str(n): dict(t) for n, t in (tables or {}).items()
+                                              if isinstance(t, dict)} if isinstance(tables, dict) else {})
 
 
 def _table_json(t: TableStatus) -> dict[str, Any]:

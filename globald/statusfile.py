@@ -128,4 +128,19 @@ def status_lines(doc: DaemonStatus) -> list[str]:
         if snap is not None and snap.current:
             stale = f"  STALE: {snap.stale_reason}" if snap.stale else ""
             lines.append(f"  {'':<20} snapshot {snap.current}{stale}")
+        lines += _disk_lines(doc, name)
     return lines
+
+
+def _disk_lines(doc: DaemonStatus, table: str) -> list[str]:
+    """The table's disk figures, each inode once, and when short the line saying what holds the space."""
+    d = (doc.disk.tables if doc.disk else {}).get(table)
+    if d is None or doc.disk is None:
+        return []
+    free = "?" if doc.disk.free_bytes is None else f"{doc.disk.free_bytes / 2**20:.1f} MB"
+    out = [f"  {'':<20} disk: live {d.get('live_bytes', 0) / 2**20:.1f} MB, snapshots "
+           f"{d.get('snapshot_bytes', 0) / 2**20:.1f} MB, next step needs {d.get('need_bytes', 0) / 2**20:.1f} MB, "
+           f"{free} free"]
+    if d.get("short"):
+        out.append(f"  {'':<20} {d['short']}")
+    return out

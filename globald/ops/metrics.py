@@ -178,6 +178,23 @@ def _counters(s: Sample) -> Iterator[Metric]:
         yield GaugeMetricFamily(f"{PREFIX}_state_dir_free_bytes", "Bytes globald may still write on the state_dir's "
                                 "filesystem", value=free)
         yield GaugeMetricFamily(f"{PREFIX}_state_dir_size_bytes", "Size of the state_dir's filesystem", value=size)
+    yield from _disk(s)
+
+
+def _disk(s: Sample) -> Iterator[Metric]:
+    """Per table, each inode once (globald.snapshot.space): the live store, its snapshots' own bytes, and what the
+    table's next step (a compaction rewriting the whole live store) needs free."""
+    tables = s.doc.disk.tables if s.doc.disk is not None else {}
+    table_bytes = GaugeMetricFamily(f"{PREFIX}_table_disk_bytes", "Bytes a table takes on the state_dir, by part "
+                                    "(live store; snapshots beyond it, hard links counted once; leftovers)",
+                                    labels=["table", "part"])
+    need = GaugeMetricFamily(f"{PREFIX}_table_disk_need_bytes", "Free bytes the table's next step needs (a compaction "
+                             "rewriting its whole live store)", labels=["table"])
+    for name, t in sorted(tables.items()):
+        for part in ("live", "snapshot", "leftover"):
+            table_bytes.add_metric([name, part], t.get(f"{part}_bytes", 0))
+        need.add_metric([name], t.get("need_bytes", 0))
+    yield from (table_bytes, need)
 
 
 def _snapshots(s: Sample) -> Iterator[Metric]:

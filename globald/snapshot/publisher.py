@@ -33,9 +33,10 @@ from globald.snapshot.builder import Builder, BuildRefused
 from globald.snapshot.exact_requests import Code, Request, Response
 from globald.snapshot.manifest import Manifest, Offsets, valid_id
 from globald.snapshot.reader import current_id, find_exact, manifests_of
+from globald.snapshot.space import DiskGuard
 from globald.states import State
 from globald.status import SnapshotStatus
-from globald.store import durable
+from globald.store import durable, space
 from globald.store.names import (
     SNAPSHOT_BUILD_PREFIX,
     SNAPSHOT_CURRENT,
@@ -92,6 +93,7 @@ class SnapshotPublisher:
         self._last_id: str | None = None
         self._next_publish = 0.0
         self._next_sweep = 0.0
+        self.disk = DiskGuard(config.state_dir)
 
     # -- lifecycle (daemon's main thread) ---------------------------------------------------------------------
 
@@ -104,13 +106,7 @@ class SnapshotPublisher:
                 log.warning("table %s: cannot create %s (%s); snapshots follow once the disk takes writes",
                             tab.config.name, tab.dir, e)
                 continue
-            for entry in os.scandir(tab.dir):
-                if entry.name.startswith((SNAPSHOT_TMP_PREFIX, SNAPSHOT_BUILD_PREFIX, SNAPSHOT_TRASH_PREFIX)):
-                    if entry.is_dir(follow_symlinks=False):
-                        shutil.rmtree(entry.path, ignore_errors=True)
-                    else:  # an atomic replace's temporary file
-                        with contextlib.suppress(OSError):
-                            os.unlink(entry.path)
+            space.remove_leftovers(tab.dir)  # what a crash left: nothing else runs yet
             found = manifests_of(self.config.state_dir, tab.config.name)
             if found and (self._last_id is None or found[0].id > self._last_id):
                 self._last_id = found[0].id
@@ -158,7 +154,9 @@ class SnapshotPublisher:
         """A failed publish (disk full, I/O error) leaves CURRENT as it was; the next interval tries again."""
         try:
             offsets = self._live_offsets(rt)
-            if offsets is not None and (tab.stale_reason is not None or offsets != tab.published_offsets):
+            cur = tab.current.id if tab.current else None
+            if offsets is not None and (tab.stale_reason is not None or offsets != tab.published_offsets
+                                        or self.disk.republish(rt.name, cur)):
                 self._publish_live(rt)
             tab.last_error = None
         except Exception as e:  # counted; a repeat logged at a bounded rate; a bug shows in status
@@ -301,7 +299,8 @@ class SnapshotPublisher:
         """Retention: newest K valid snapshots, CURRENT, leased and busy ones stay; everything else goes."""
         with self._lock:
             found: list[str] = []
-            keep = self._leases[tab.config.name].refresh() | tab.busy | ({tab.current.id} if tab.current else set())
+            held, cur = self._leases[tab.config.name].refresh() | tab.busy, tab.current.id if tab.current else None
+            keep = held | ({cur} if cur else set())
             doomed = []
             for e in os.scandir(tab.dir):
                 if not valid_id(e.name):
@@ -319,6 +318,9 @@ class SnapshotPublisher:
                     log.warning("table %s: deleting snapshot %s: %s", tab.config.name, e.name, err)
                     doomed.append(e.name)
             doomed += leases.doomed(found, self.config.snapshots.retain, keep)
+            short = self.disk.doomed(tab.config.name, tab.dir, found, held, cur, self.manager.store_fault or bool(
+                tab.last_error))  # a disk short of room for the next step: all but CURRENT and the held ones go
+            doomed += [i for i in short if i not in doomed]
             for sid in doomed:
                 with contextlib.suppress(OSError):  # kept for now: the next sweep tries again
                     # One durable rename first: readers, even after a power loss, never see a half-deleted snapshot.

@@ -1,0 +1,91 @@
+"""A state_dir sized close to the table: the daemon must never fill its own disk and then wedge on its own files.
+
+Issue 21, item 2: a bulk-load restore on a small disk, the disk filled by someone else during the load and freed
+again; the table recovers, but the L0 pile, the merge after RUNNING and snapshots holding the pre-merge files
+left no room for a snapshot's flush, and after a clean restart RocksDB's recovery had no room to open the store:
+RESTORING and degraded for good. Here it must reach RUNNING, publish again, and equal the oracle after a restart.
+
+``retain = 5`` keeps the snapshot that holds the pre-merge pile through the updates after the restart, whose L0
+compaction then needs the live store's size free: before globald freed its own snapshots when short of room and
+republished CURRENT once the merge left it holding the pile alone, every publish after the restart failed with
+"No space left on device" (the checkpoint's flush), and no fresh CURRENT ever appeared.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.harness import Broker, DaemonProcess, random_records
+from tests.integration.snapshot_helpers import wait_snapshot_at
+from tests.reliability.checks import check_snapshots, check_store, watch
+from tests.reliability.disk import fill, tmpfs
+from tests.reliability.ledger import FaultRow
+
+pytestmark = pytest.mark.kafka
+
+Daemon = Callable[..., DaemonProcess]
+Topic = Callable[..., str]
+
+RECORDS = 150_000  # above BULK_LOAD_MIN_RECORDS: the restore is a bulk load (WAL off, L0 pile)
+DISK_MB = 64
+VALUE_SIZE = 150  # ~27 MB live (values do not compress): the disk is ~2.4x the live store
+
+
+def running_at(d: DaemonProcess, ends: dict[int, int], timeout: float) -> dict[str, Any]:
+    want = {str(p): o for p, o in ends.items()}
+    return d.wait_for(lambda s: s.get("pid") == d.pid and s["state"] == "RUNNING" and not s.get("degraded")
+                      and s["tables"]["tbl"]["state"] == "RUNNING"
+                      and all(s["tables"]["tbl"]["offsets"].get(p) == o for p, o in want.items()),
+                      timeout=timeout, what="RUNNING at the log end, not degraded")
+
+
+def equals_oracle(broker: Broker, d: DaemonProcess, t: str, ends: dict[int, int], row: FaultRow) -> None:
+    check = check_store(broker, d.state_dir, "tbl", t)
+    assert row.diverged(check.divergences) == 0, check
+    wait_snapshot_at(d, "tbl", ends, timeout=90)
+    for snap in check_snapshots(broker, d.state_dir, "tbl", t):
+        assert row.diverged(snap.divergences) == 0, snap
+
+
+def test_disk_filled_during_bulk_load_then_freed_then_restart(broker: Broker, topic: Topic, daemon: Daemon,
+                                                              tmp_path: Path,
+                                                              fault: Callable[[str, str], FaultRow]) -> None:
+    row = fault(f"{DISK_MB} MB state_dir filled to 20 MB free during a {RECORDS // 1000}k-record bulk load, freed, "
+                "then a clean restart",
+                "RUNNING, snapshots published again, == oracle before and after the restart, same PID")
+    t = topic()
+    broker.admin.produce(t, random_records(RECORDS, keys=RECORDS * 50, seed=2101, tombstones=0.0,
+                                           value_size=VALUE_SIZE))
+    ends = broker.admin.end_offsets(t)
+    with tmpfs(tmp_path / "disk", DISK_MB) as disk:
+        d = daemon({"tbl": t}, state_dir=disk / "state", snapshots={"interval_ms": 1000, "retain": 5})
+        # Fill once the load has started writing (its first flushes are on disk), as another tenant would.
+        d.wait_for(lambda s: (s["tables"]["tbl"]["state"] == "RESTORING"
+                              and sum(int(o) for o in s["tables"]["tbl"]["offsets"].values()) > 0)
+                   or s["state"] == "RUNNING", timeout=60, what="the restore under way")
+        filler = fill(disk, leave=20 << 20)
+        row.injected += 1
+        watch(d, 5)
+        filler.unlink()
+        running_at(d, ends, timeout=120)
+        equals_oracle(broker, d, t, ends, row)
+        assert d.stop() == 0, d.tail()
+
+        d.start()
+        running_at(d, ends, timeout=90)
+        equals_oracle(broker, d, t, ends, row)
+        # Updates after the restart: each snapshot flushes a memtable into L0, and the fourth file starts an L0
+        # compaction that rewrites the whole (one-level) table, which needs the live store's size free.
+        for batch in range(6):
+            broker.admin.produce(t, random_records(2_000, keys=RECORDS * 50, seed=2102 + batch, value_size=VALUE_SIZE))
+            ends = broker.admin.end_offsets(t)
+            running_at(d, ends, timeout=60)
+            wait_snapshot_at(d, "tbl", ends, timeout=60)
+        equals_oracle(broker, d, t, ends, row)
+        disk_doc = d.status()["disk"]
+        assert disk_doc["free_bytes"] > 0 and disk_doc["tables"]["tbl"]["live_bytes"] > 0, disk_doc
+        assert d.stop() == 0, d.tail()
