@@ -7,8 +7,9 @@ the same directory, fsynced, renamed over its name, and then the directory is fs
 removal here fsyncs the directories whose entries it changed. Without these fsyncs a renamed file is commonly found
 empty after a power loss (XFS, or ext4 mounted ``noauto_da_alloc``).
 
-A crash between the temporary file's creation and its rename may leave ``.tmp-<name>.*.tmp`` behind: a dot-name
-that no reader of globald's directories looks at.
+A crash between the temporary file's creation and its rename may leave ``.tmp-<name>.*.tmp`` behind, and one during
+``remove_tree`` a ``.trash-<name>`` directory: dot-names no reader of globald's directories looks at, removed by
+``clear_leftovers`` (a table's, when its store is opened) or the snapshot publisher's start.
 """
 
 from __future__ import annotations
@@ -132,3 +133,14 @@ def remove_tree(path: Path, trash: Path | None = None) -> bool:
     fsync_dir(path.parent)
     shutil.rmtree(trash, ignore_errors=True)
     return True
+
+
+def clear_leftovers(path: Path) -> None:
+    """Remove what a crash left of ``remove_tree(path)`` (its trash beside ``path``) and of ``replace_file`` calls in
+    directory ``path`` (their temporary files). Only where nothing else writes meanwhile: under the state_dir lock."""
+    shutil.rmtree(path.with_name(f"{TRASH_PREFIX}{path.name}"), ignore_errors=True)
+    with contextlib.suppress(FileNotFoundError):
+        for e in os.scandir(path):
+            if e.name.startswith(TMP_PREFIX) and e.name.endswith(TMP_SUFFIX) and e.is_file(follow_symlinks=False):
+                with contextlib.suppress(OSError):
+                    os.unlink(e.path)

@@ -129,6 +129,7 @@ class TableStore:
 
     def _open_checked(self) -> bool:
         with store_io(f"table {self.table}: cannot create {table_dir(self.state_dir, self.table)}"):
+            durable.clear_leftovers(table_dir(self.state_dir, self.table))  # of a wipe or .checkpoint write cut short
             durable.make_dirs(self.path)  # RocksDB fsyncs its own files, not the directories above them
         fresh = not (self.path / "CURRENT").exists()
         self._connect(bulk=False)

@@ -116,3 +116,16 @@ def test_sync_tree_leaves_table_files_rocksdb_synced_to_their_directory(
     monkeypatch.setattr(os, "fsync", fsync)
     durable.sync_tree(tmp_path, synced_suffixes=(".sst",))
     assert sorted(synced) == sorted(["MANIFEST-000005", "OPTIONS-000009", "db", tmp_path.name])
+
+
+def test_clear_leftovers_removes_trash_and_temporaries_only(tmp_path: Path) -> None:
+    table = tmp_path / "tbl"
+    (table / "db").mkdir(parents=True)
+    (table / ".checkpoint").write_text("0\n0\n")
+    (table / ".tmp-.checkpoint.abc123.tmp").write_text("0\n")
+    (tmp_path / ".trash-tbl" / "db").mkdir(parents=True)
+    (tmp_path / ".trash-other").mkdir()
+    durable.clear_leftovers(table)
+    assert names(table) == {"db", ".checkpoint"}
+    assert names(tmp_path) == {"tbl", ".trash-other"}
+    durable.clear_leftovers(tmp_path / "missing")
