@@ -14,20 +14,22 @@ import subprocess
 
 from globald.ops.metrics import Metrics, Sample
 from globald.states import State
-from globald.status import DaemonStatus, TableStatus
+from globald.status import DaemonStatus, DiskStatus, TableStatus
 from tests.ci import require_tool
 from tests.harness import REPO
 
 RULES_DIR = REPO / "config" / "prometheus"
 RULES = RULES_DIR / "globald-alerts.yml"
 RULE_TESTS = RULES_DIR / "globald-alerts.test.yml"
-ALERTS = ("GlobaldNotReady", "GlobaldDegraded", "GlobaldLagHigh", "GlobaldDiskHeadroomLow", "GlobaldDiskFillsSoon",
-          "GlobaldFailuresRepeating", "GlobaldBug", "GlobaldLoopStuck")
+ALERTS = ("GlobaldNotReady", "GlobaldDegraded", "GlobaldLagHigh", "GlobaldDiskHeadroomLow", "GlobaldDiskBelowNextStep",
+          "GlobaldDiskFillsSoon", "GlobaldFailuresRepeating", "GlobaldBug", "GlobaldLoopStuck")
 
 
 def exported_names() -> set[str]:
     """Metric names in the text a daemon's /metrics serves (one table, every family present)."""
-    doc = DaemonStatus(state=State.RUNNING, pid=1, degraded=None, tables={
+    disk = DiskStatus(free_bytes=1 << 30, tables={"t": {"live_bytes": 10, "snapshot_bytes": 5, "leftover_bytes": 0,
+                                                        "need_bytes": 20}})
+    doc = DaemonStatus(state=State.RUNNING, pid=1, degraded=None, disk=disk, tables={
         "t": TableStatus(state="RUNNING", topic="tt", offsets={0: 5}, end_offsets={0: 9})})
     sample = Sample(doc=doc, swallowed={"snapshot_publish": 1}, bugs={"user_callback": 1},
                     disk_free_bytes=(1 << 30, 1 << 34))
