@@ -13,15 +13,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import random
 import shutil
-import signal
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,9 +28,10 @@ from globald.ops.memory import process_memory
 from globald.store.names import STATUS_FILE, db_dir
 from tests.harness import Broker, DaemonProcess, random_records, write_config
 from tests.reliability.checks import check_snapshots, check_store
-from tests.reliability.disk import fill, mount_tmpfs, unmount
+from tests.reliability.disk import mount_tmpfs, unmount
 from tests.reliability.ledger import FaultRow, Ledger, report_dir
 from tests.reliability.load import Load
+from tests.soak_faults import TABLES, SoakFaults
 from tests.soak_report import (
     MALLOC_KINDS,
     ROCKSDB_KINDS,
@@ -50,8 +48,6 @@ from tests.soak_report import (
     verdict,
 )
 
-TABLES = ("customers", "products")
-MAX_PARTITIONS = 6
 PARTIAL_EVERY_S = 300.0  # how often a run writes its memory figures so far
 SMAPS_EVERY_S = 30.0  # how often the daemon's smaps is read (a walk of every mapping)
 KAFKA_STATS_MS = 10_000  # librdkafka's statistics interval in the daemon (its buffers in the status's memory)
@@ -66,7 +62,7 @@ DEFAULTS = {"minutes": 30.0, "rate": 2000, "fault_every": 45.0, "snapshot_interv
 
 
 @dataclass
-class Soak:
+class Soak(SoakFaults):
     args: argparse.Namespace
     root: Path
     kafka: EmbeddedKafka = field(init=False)
@@ -225,86 +221,6 @@ class Soak:
             for load in self.loads.values():
                 load.resume()
 
-    # -- faults -----------------------------------------------------------------------------------------------
-
-    def faults(self) -> list[tuple[str, Callable[[], None]]]:
-        k = self.args.fault_scale
-        out = [(f"broker stopped {10 * k:g} s", self.broker_outage),
-               (f"broker paused (SIGSTOP) {8 * k:g} s", self.broker_pause),
-               ("broker SIGKILLed and restarted", self.broker_kill),
-               ("log start advanced (retention)", self.retention), ("topic deleted and recreated", self.recreate),
-               ("partition added", self.add_partition)]
-        if self.disk is not None:
-            out.append((f"state_dir disk full {10 * k:g} s", self.disk_full))
-        return out
-
-    def _sleep(self, seconds: float) -> None:
-        """How long a fault lasts, scaled by --fault-scale (the accelerated form's faults are shorter)."""
-        time.sleep(seconds * self.args.fault_scale)
-
-    def _quiet_loads(self) -> None:
-        for load in self.loads.values():
-            load.pause()
-
-    def broker_outage(self) -> None:
-        self._quiet_loads()
-        self.kafka.stop_broker()
-        self._sleep(10)
-        self.kafka.start_broker()
-
-    def broker_pause(self) -> None:
-        self._quiet_loads()
-        pid = self.kafka.broker_pid
-        assert pid is not None
-        os.kill(pid, signal.SIGSTOP)
-        try:
-            self._sleep(8)
-        finally:
-            os.kill(pid, signal.SIGCONT)
-
-    def broker_kill(self) -> None:
-        self._quiet_loads()
-        self.kafka.stop_broker(signal.SIGKILL)
-        self._sleep(3)
-        self.kafka.start_broker()
-
-    def _table(self) -> str:
-        return self.rnd.choice(TABLES)
-
-    def retention(self) -> None:
-        """Retention deleting what the daemon has not read yet (frozen meanwhile, same PID). Deleting records it
-        has read would leave keys in the store that no fold of the log can show any more."""
-        self._quiet_loads()
-        os.kill(self.daemon.pid, signal.SIGSTOP)
-        try:
-            self.broker.admin.advance_log_start(self.topics[self._table()])
-        finally:
-            os.kill(self.daemon.pid, signal.SIGCONT)
-
-    def recreate(self) -> None:
-        self._quiet_loads()
-        topic = self.topics[self._table()]
-        self.broker.admin.delete(topic)
-        self._sleep(5)
-        self.broker.admin.create(topic, partitions=3)
-
-    def add_partition(self) -> None:
-        """One more partition, filled with keys of its own (the load keeps its keys where they were)."""
-        topic = self.topics[self._table()]
-        n = len(self.broker.admin.watermarks(topic))
-        if n < MAX_PARTITIONS:
-            self.broker.admin.add_partitions(topic, n + 1)
-            records = random_records(2_000, keys=1_000, seed=self.rnd.randrange(1 << 30))
-            self.broker.admin.produce(topic, [(b"p%d-" % n + (k or b""), v) for k, v in records], partition=n)
-
-    def disk_full(self) -> None:
-        assert self.disk is not None
-        filler = fill(self.disk, leave=16 * 1024)  # the load keeps running: the daemon's next writes hit ENOSPC
-        try:
-            self._sleep(10)
-        finally:
-            filler.unlink()
-
     # -- the run ----------------------------------------------------------------------------------------------
 
     def run(self) -> None:
@@ -379,6 +295,7 @@ class Soak:
         half = self.memory[-1][0] / 2 if self.memory else 0.0
         slope_last_half = slope_mb_per_hour([s for s in self.memory if s[0] >= half])
         after = slope_after_warmup(self.memory, elapsed)
+        floor = slope_after_warmup(self.memory, elapsed, min, 3)
         components = component_slopes(self.rocksdb, elapsed)
         reached = self.reached(elapsed)
         divergences = sum(r.divergences for r in self.ledger.rows)
@@ -388,7 +305,7 @@ class Soak:
             "restarts": self.restarts, "unrecovered": self.unrecovered, "wipes": wipes, "reached": reached,
             "rss_mb": {"first_quarter": round(first, 1), "last_quarter": round(last, 1), "max": round(max(mem), 1),
                        "slope_mb_per_hour": round(slope, 1), "slope_last_half_mb_per_hour": round(slope_last_half, 1),
-                       "after_warmup": after},
+                       "after_warmup": after, "after_warmup_floor": floor},
             "component_slopes_mb_per_hour": components, "quarters": qs,
             "recovery_s": {"median": round(statistics.median(self.recoveries), 1),
                            "max": round(max(self.recoveries), 1)},
@@ -398,7 +315,7 @@ class Soak:
         out = Path(self.args.report_dir)
         self.ledger.write(out, f"Soak, {summary['minutes']} min")
         (out / "summary.json").write_text(json.dumps(summary, indent=2))
-        memory_md = (reached_md(reached) + memory_table(qs, slope, slope_last_half) + verdict(after, components)
+        memory_md = (reached_md(reached) + memory_table(qs, slope, slope_last_half) + verdict(after, components, floor)
                      + rocksdb_bound(self.daemon.config, len(TABLES)))
         if self.args.tracemalloc:
             memory_md += tracemalloc_growth(self.tracemalloc_dir)

@@ -4,8 +4,11 @@ the Python allocation sites that grew (``tests.soak`` samples; this module only 
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 # What the daemon's status reports of RocksDB's memory (globald.ops.memory), summed over the tables, in MB.
@@ -71,19 +74,22 @@ def t975(df: int) -> float:
             + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * df**3))
 
 
-def per_minute(samples: Samples) -> Samples:
-    """The median of each minute: faults make sampling uneven, and a fit on raw samples would weigh the minutes
-    spent recovering (sampled more often) over the quiet ones."""
+def per_minute(samples: Samples, reduce: Callable[[list[float]], float] = statistics.median,
+               minutes: int = 1) -> Samples:
+    """One value per window of ``minutes`` (the median by default): faults make sampling uneven, and a fit on raw
+    samples would weigh the minutes spent recovering (sampled more often) over the quiet ones."""
     bins: dict[int, list[float]] = {}
     for t, m in samples:
-        bins.setdefault(int(t // 60), []).append(m)
-    return [(k * 60 + 30.0, statistics.median(v)) for k, v in sorted(bins.items())]
+        bins.setdefault(int(t // (60 * minutes)), []).append(m)
+    return [((k + 0.5) * 60 * minutes, reduce(v)) for k, v in sorted(bins.items())]
 
 
-def slope_after_warmup(rss: Samples, duration: float) -> dict[str, float]:
-    """RSS slope after the first WARMUP_FRACTION of the run, from per-minute medians, with its 95 % interval."""
+def slope_after_warmup(rss: Samples, duration: float, reduce: Callable[[list[float]], float] = statistics.median,
+                       minutes: int = 1) -> dict[str, float]:
+    """RSS slope after the first WARMUP_FRACTION of the run, from per-window medians (or ``reduce``: ``min`` fits
+    the floor RSS returns to between faults, which only memory kept raises), with its 95 % interval."""
     warm = duration * WARMUP_FRACTION
-    points = per_minute([s for s in rss if s[0] >= warm])
+    points = per_minute([s for s in rss if s[0] >= warm], reduce, minutes)
     b, se, n = fit(points)
     half = t975(n - 2) * se
     return {"warmup_min": round(warm / 60, 1), "minutes_fitted": n, "slope_mb_per_hour": round(b, 2),
@@ -150,7 +156,7 @@ def memory_table(qs: list[dict[str, float]], slope: float, slope_last_half: floa
     return "\n".join(lines) + "\n"
 
 
-def verdict(fit95: dict[str, float], components: dict[str, float]) -> str:
+def verdict(fit95: dict[str, float], components: dict[str, float], floor: dict[str, float]) -> str:
     growing = sorted(((v, k) for k, v in components.items() if not k.endswith(("threads", "blocks"))
                       and k != "proc_rss_mb"), reverse=True)[:6]
     parts = ", ".join(f"{k} {v:+.2f}" for v, k in growing)
@@ -159,6 +165,9 @@ def verdict(fit95: dict[str, float], components: dict[str, float]) -> str:
             f"for lag-1 autocorrelation, Student's t.\n\n**{fit95['slope_mb_per_hour']:+.2f} MB/h, 95 % interval "
             f"[{fit95['ci95_low']:+.2f}, {fit95['ci95_high']:+.2f}] MB/h** (upper bound "
             f"{'under' if fit95['ci95_high'] < 2 else 'NOT under'} the 2 MB/h goal).\n\n"
+            f"Floor (the minimum of each 3 minutes, what RSS returns to between faults): "
+            f"{floor['slope_mb_per_hour']:+.2f} MB/h, 95 % [{floor['ci95_low']:+.2f}, {floor['ci95_high']:+.2f}] "
+            f"({floor['minutes_fitted']} points).\n\n"
             f"Components after warm-up, MB/h (largest first): {parts}.\n")
 
 
@@ -229,3 +238,21 @@ def reached_md(r: dict[str, float]) -> str:
             f"- record updates produced: {pct('updates', 'target_updates')} ({r['failed_batches']} batches refused "
             "by a broker down)\n"
             f"- snapshot publications per table: {pct('publications_per_table', 'target_publications_per_table')}\n\n")
+
+
+def main(argv: list[str]) -> int:
+    """``python -m tests.soak_report SUMMARY.json``: the slope figures again from a finished run's samples, by
+    minute medians and by the floor (the minimum of each 3 minutes, which spans a fault cycle or more)."""
+    doc = json.loads(Path(argv[0]).read_text())
+    rss = [(float(t), float(m)) for t, m in doc["memory"]]
+    duration = rss[-1][0] if rss else 0.0
+    series = [(float(t), m) for t, m in doc.get("components_mb", [])]
+    out = {"median_per_minute": slope_after_warmup(rss, duration),
+           "floor_per_3_minutes": slope_after_warmup(rss, duration, min, 3),
+           "components_mb_per_hour": component_slopes(series, duration)}
+    print(json.dumps(out, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
