@@ -390,10 +390,12 @@ class Loop:
         applied = self.task.ladders(rt.name)
         rungs = {p: _union(rt.verified.get(p), applied.get(p)) for p in rt.partitions}
         rungs = {p: r for p, r in rungs.items() if r}
-        verdict = self.manager.verify(rt, rungs)
+        verdict = self.manager.verify(rt, rungs, _REFRESH_TIMEOUT_S)  # the loop waits meanwhile: keep it short
         log.debug("table %s: identity check of %s: %s", rt.name, {p: [f.offset for f in r] for p, r in rungs.items()},
                   verdict)
         if verdict.unreachable:  # decided at a later refresh; a vanished topic stays paused meanwhile
+            self.problems.report(KAFKA, f"kafka: cannot read {rt.topic} back to check it is the topic table "
+                                 f"{rt.name} mirrors: {'; '.join(sorted(set(verdict.unreachable.values())))}")
             if rt.vanished:
                 self._next_metadata = min(self._next_metadata, time.monotonic() + _VANISHED_REFRESH_S)
             return True

@@ -161,9 +161,10 @@ class StateManager:
 
     # -- the topic's identity -----------------------------------------------------------------------------------
 
-    def verify(self, rt: TableRuntime, rungs: Mapping[int, tuple[Fingerprint, ...]]) -> Verdict:
+    def verify(self, rt: TableRuntime, rungs: Mapping[int, tuple[Fingerprint, ...]],
+               timeout_s: float = VERIFY_TIMEOUT_S) -> Verdict:
         """Read ``rt``'s topic back at ``rungs`` (see kafka.identity); says plainly what could not be checked."""
-        verdict = verify(self.config.consumer_settings(), rt.topic, rungs, VERIFY_TIMEOUT_S)
+        verdict = verify(self.config.consumer_settings(), rt.topic, rungs, timeout_s)
         for p, why in sorted(verdict.unverifiable.items()):
             if (rt.name, p) not in self._unverifiable:  # said once until a check succeeds again
                 log.warning("table %s: cannot check that partition %d of %s is the topic the store mirrors: %s",
