@@ -51,6 +51,7 @@ sysdeps:
 	command -v systemd-analyze >/dev/null || missing="$$missing systemd"; \
 	command -v promtool >/dev/null || missing="$$missing prometheus"; \
 	command -v setpriv >/dev/null || missing="$$missing util-linux"; \
+	command -v mkfs.xfs >/dev/null || missing="$$missing xfsprogs"; \
 	if [ -z "$$missing" ]; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
