@@ -20,6 +20,7 @@ from rocksdict import Rdict, WriteBatch
 
 from globald.config import Config, TableConfig
 from globald.engine.update_task import fold
+from globald.errors import GlobaldError
 from globald.kafka.clients import TransientKafkaError, make_consumer, partitions, watermarks
 from globald.kafka.identity import VERIFY_TIMEOUT_S, verify
 from globald.snapshot.exact_requests import Code
@@ -42,8 +43,9 @@ from globald.store.names import (
 from globald.store.options import StoreOptions
 
 
-class BuildRefused(Exception):
-    """The target cannot be built exactly; ``code`` says why (an exact_requests.Code)."""
+class BuildRefused(GlobaldError):
+    """An exact snapshot cannot be built at the offsets asked; ``code`` says why (an exact_requests.Code). The asker
+    gets the code and the message: ask again at offsets the log still holds, or at the table's current ones."""
 
     def __init__(self, code: Code, message: str) -> None:
         super().__init__(message)
