@@ -20,11 +20,12 @@ from typing import Any
 
 import confluent_kafka
 
-from bench import data, freshness, memory, optional, recovery, report, restore
+from bench import data, disk, freshness, memory, optional, recovery, report, restore
 from bench.env import BenchEnv
 from bench.pipelines import PIPELINES
 
-BENCHES = ("restore", "rss", "snapshots", "freshness", "spark", "resume", "oor")  # oor last: it rewrites the topic
+# oor rewrites the topic, disk adds records to it: they come last.
+BENCHES = ("restore", "rss", "snapshots", "freshness", "spark", "resume", "oor", "disk")
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -113,6 +114,8 @@ def main(argv: list[str] | None = None) -> int:
                 if stopped_state is None:
                     _, stopped_state = recovery.resume(env, ds, 1, progress)
                 r["oor"] = recovery.out_of_range(env, ds, stopped_state, a.repeats, progress)
+            elif bench == "disk":
+                r["disk"] = disk.disk_use(env, ds, progress)
         r["meta"]["load_end"] = [round(x, 2) for x in os.getloadavg()]
         r["meta"]["seconds"] = round(time.monotonic() - started, 1)
         paths = report.write(r, a.out, f"bench-{size_name(a.records)}")

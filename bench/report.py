@@ -10,6 +10,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from bench import disk
+
 RESTORE_LABELS = {
     "globald": "globald (GlobalThread, to RUNNING)",
     "raw_batch": "raw batch pipeline",
@@ -75,7 +77,7 @@ def targets(r: dict[str, Any]) -> list[dict[str, Any]]:
                               ("small_table_join", "Spark small-table join vs dict in mapInArrow", 3.0)):
         v = spark.get(mode)
         out.append(_target(name, f">= {bound}x per core", v, v is not None and v >= bound, f"{v}x"))
-    return out
+    return out + disk.targets(r, _target)
 
 
 def _thread_table(pipelines: dict[str, Any]) -> list[str]:
@@ -160,6 +162,7 @@ def _other_sections(r: dict[str, Any]) -> list[str]:
                   f"{x['start_to_running_seconds_median']} s), cold restore of the same topic "
                   f"{x['cold_restore_seconds_median']} s: **{x['ratio_recovery_to_cold']}x**. "
                   f"{x['records_in_log']:,} records in the log."]
+    parts += disk.markdown(r)
     if "rss" in r:
         x = r["rss"]
         parts += ["## Memory",

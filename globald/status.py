@@ -143,8 +143,13 @@ def _disk_from(raw: Any) -> DiskStatus | None:
     if not isinstance(raw, dict):
         return None
     tables = raw.get("tables")
-    return DiskStatus(raw.get("free_bytes"), {str(n): dict(t) for n, t in (tables or {}).items()
-                                              if isinstance(t, dict)} if isinstance(tables, dict) else {})
+    tables = tables if isinstance(tables, dict) else {}
+    free = raw.get("free_bytes")
+    # Read leniently: a figure of the wrong type (a damaged file) is left out, never shown or computed with.
+    return DiskStatus(free if isinstance(free, int) else None,
+                      {str(n): {k: v for k, v in t.items() if isinstance(v, int) or (k == "short" and
+                                                                                     isinstance(v, str))}
+                       for n, t in tables.items() if isinstance(t, dict)})
 
 
 def _table_json(t: TableStatus) -> dict[str, Any]:

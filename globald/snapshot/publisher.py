@@ -93,7 +93,7 @@ class SnapshotPublisher:
         self._last_id: str | None = None
         self._next_publish = 0.0
         self._next_sweep = 0.0
-        self.disk = DiskGuard(config.state_dir)
+        self.disk = DiskGuard(config.state_dir, self.build_timeout)
 
     # -- lifecycle (daemon's main thread) ---------------------------------------------------------------------
 
@@ -318,8 +318,8 @@ class SnapshotPublisher:
                     log.warning("table %s: deleting snapshot %s: %s", tab.config.name, e.name, err)
                     doomed.append(e.name)
             doomed += leases.doomed(found, self.config.snapshots.retain, keep)
-            short = self.disk.doomed(tab.config.name, tab.dir, found, held, cur, self.manager.store_fault or bool(
-                tab.last_error))  # a disk short of room for the next step: all but CURRENT and the held ones go
+            short = self.disk.doomed(tab.config.name, tab.dir, found, held, cur, "No space left" in (
+                tab.last_error or ""))  # a disk short of room for the next step: all but CURRENT and the held go
             doomed += [i for i in short if i not in doomed]
             for sid in doomed:
                 with contextlib.suppress(OSError):  # kept for now: the next sweep tries again

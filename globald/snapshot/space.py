@@ -6,7 +6,8 @@ needs the live store's size free. Snapshots are hard links, free until such a co
 them holding the old files. When the room falls below that need (or the disk refused a write), the guard frees,
 in this order, what no reader can hold: trash, abandoned builds, imports left over; then snapshots other than
 CURRENT and the leased ones, oldest first. CURRENT that holds files the live store dropped is published again
-at the same offsets (when no lease holds it), so the next sweep may free the old copy.
+at the same offsets (when no lease holds it), and a snapshot with the same offsets as a newer one is deleted at
+the next sweep (whatever ``retain`` says: no reader can want it unless it holds a lease on it).
 
 What it could not free, and what holds the space, is said in one line (``note``), in the log and in status; the
 daemon keeps retrying as before, and resumes without a restart once an operator frees space.
@@ -14,6 +15,7 @@ daemon keeps retrying as before, and resumes without a restart once an operator 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -21,9 +23,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from globald.errors import ManifestError
+from globald.snapshot import manifest as manifests
 from globald.status import DiskStatus
 from globald.store import space
-from globald.store.names import SNAPSHOT_BUILD_PREFIX, SNAPSHOT_TMP_PREFIX
+from globald.store.names import SNAPSHOT_BUILD_PREFIX
 from globald.store.space import MB, TableSpace, mb
 
 log = logging.getLogger(__name__)
@@ -54,8 +58,9 @@ class Figures:
 class DiskGuard:
     """Loop thread only. ``doomed`` is asked at every retention sweep, ``republish`` before every publish."""
 
-    def __init__(self, state_dir: Path) -> None:
+    def __init__(self, state_dir: Path, build_timeout_s: float = 120.0) -> None:
         self.state_dir = state_dir
+        self.build_timeout_s = build_timeout_s
         self.figures: dict[str, Figures] = {}
         self.notes: dict[str, str] = {}
         self.held: dict[str, set[str]] = {}  # per table, the snapshots leases and builds held at the last sweep
@@ -75,9 +80,10 @@ class DiskGuard:
         self.held[table] = held
         keep = held | ({current} if current else set())
         f = self.measure(table)
+        superseded = [i for i in _superseded(table_dir, table, found) if i not in keep]
         if not f.missing and not refused:
             self._clear(table)
-            return []
+            return superseded
         freed = self._drop_leftovers(table, table_dir)
         doomed = sorted(i for i in found if i not in keep)
         freed += sum(f.space.by_snapshot.get(i, 0) for i in doomed)
@@ -94,15 +100,19 @@ class DiskGuard:
         return held >= REPUBLISH_MIN_BYTES and (held >= REPUBLISH_SHARE * f.space.live or f.missing > 0)
 
     def _drop_leftovers(self, table: str, table_dir: Path) -> int:
-        paths = [Path(e.path) for e in _scan(table_dir) if e.name.startswith(space.LEFTOVER_PREFIXES)
-                 and not e.name.startswith(SNAPSHOT_TMP_PREFIX)]  # .tmp-: the loop's own publish, over by now
+        # .tmp-: only the loop thread (this one) writes them, so none is in progress now.
+        paths = [Path(e.path) for e in _scan(table_dir) if e.name.startswith(space.LEFTOVER_PREFIXES)]
         paths += space.leftover_table_dirs(self.state_dir, table)
         freed = 0
         for p in paths:
-            if p.name.startswith(SNAPSHOT_BUILD_PREFIX) and time.time() - _mtime(p) < 60:
-                continue  # an exact build the worker may still be writing
-            freed += sum(st.st_blocks * 512 for st in space.files(p))
-            shutil.rmtree(p, ignore_errors=True)
+            if p.name.startswith(SNAPSHOT_BUILD_PREFIX) and time.time() - _mtime(p) < self.build_timeout_s + 10:
+                continue  # an exact build the worker may still be writing: past its deadline it is abandoned
+            if p.is_dir():
+                freed += sum(st.st_blocks * 512 for st in space.files(p))
+                shutil.rmtree(p, ignore_errors=True)
+            else:  # an atomic replace's temporary file
+                with contextlib.suppress(OSError):
+                    p.unlink()
         return freed
 
     def _say(self, table: str, f: Figures, freed: int, keep: set[str]) -> None:
@@ -125,6 +135,23 @@ class DiskGuard:
         if self.notes.pop(table, None) is not None:
             log.info("disk: table %s has room again for its next step", table)
         self._said.pop(table, None)
+
+
+def _superseded(table_dir: Path, table: str, found: list[str]) -> list[str]:
+    """Snapshots with the same offsets (and staleness) as a newer one: a republish of CURRENT leaves the older one
+    holding the files the live store dropped, and no reader can want it (a reader that does holds a lease)."""
+    seen: set[tuple[tuple[tuple[int, int], ...], bool]] = set()
+    out = []
+    for sid in sorted(found, reverse=True):
+        try:
+            m = manifests.read(table_dir / sid, table)
+        except (ManifestError, OSError):
+            continue
+        key = (tuple(sorted(m.offsets.items())), m.stale)
+        if key in seen:
+            out.append(sid)
+        seen.add(key)
+    return out
 
 
 def _scan(path: Path) -> list[os.DirEntry[str]]:

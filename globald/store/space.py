@@ -129,5 +129,14 @@ def leftover_table_dirs(state_dir: Path, table: str) -> list[Path]:
     return [p for p in (root / f"{prefix}{table}" for prefix in TABLE_LEFTOVER_PREFIXES) if p.exists()]
 
 
+def minimum_state_dir(live: int, write_buffer_mb: int, rebuild_while_serving: bool = False) -> int:
+    """The documented sizing rule (README "Disk space"), in bytes, for one table whose live store (about its
+    compacted topic's size) is ``live``: a restore holds the bulk load's pile while the merge after it writes the
+    table again (2x); later, a compaction rewriting the whole table needs as much free (2x); a memtable being
+    flushed and the WAL take up to two write buffers. A KIP-406 rebuild that serves the stale snapshot keeps a
+    third copy until it is RUNNING (3x)."""
+    return (3 if rebuild_while_serving else 2) * live + 2 * (write_buffer_mb << 20)
+
+
 def mb(n: int) -> str:
     return f"{n / MB:.1f} MB"
