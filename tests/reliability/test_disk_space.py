@@ -13,12 +13,17 @@ republished CURRENT once the merge left it holding the pile alone, every publish
 
 from __future__ import annotations
 
+import dataclasses
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from globald.snapshot import manifest as manifests
+from globald.store.names import snapshots_dir
+from globald.store.space import MB, minimum_state_dir
 from tests.harness import Broker, DaemonProcess, random_records
 from tests.integration.snapshot_helpers import wait_snapshot_at
 from tests.reliability.checks import check_snapshots, check_store, watch
@@ -88,4 +93,94 @@ def test_disk_filled_during_bulk_load_then_freed_then_restart(broker: Broker, to
         equals_oracle(broker, d, t, ends, row)
         disk_doc = d.status()["disk"]
         assert disk_doc["free_bytes"] > 0 and disk_doc["tables"]["tbl"]["live_bytes"] > 0, disk_doc
+        assert d.stop() == 0, d.tail()
+
+
+def test_restart_on_a_disk_at_the_documented_minimum(broker: Broker, topic: Topic, daemon: Daemon, tmp_path: Path,
+                                                     fault: Callable[[str, str], FaultRow]) -> None:
+    """The sizing rule (``minimum_state_dir``, README "Disk space") holds: a bulk-load restore, a restart and
+    updates on a state_dir of exactly that size; the space figures in status agree with the disk."""
+    row = fault("state_dir at exactly the documented minimum (2x live + 2 write buffers): restore, restart, updates",
+                "RUNNING, snapshots published, == oracle, never degraded")
+    t = topic()
+    broker.admin.produce(t, random_records(RECORDS, keys=RECORDS * 50, seed=2111, tombstones=0.0,
+                                           value_size=VALUE_SIZE))
+    ends = broker.admin.end_offsets(t)
+    wb_mb = 4
+    # The live size on a roomy disk first: the rule is stated in it.
+    roomy = daemon({"tbl": t}, state_dir=tmp_path / "roomy", store={"write_buffer_mb": wb_mb})
+    running_at(roomy, ends, timeout=120)
+    seen: list[int] = []
+
+    def settled(doc: dict[str, Any]) -> bool:  # the merge after the load is over: the same size for 5 s
+        seen.append(doc["disk"]["tables"]["tbl"]["live_bytes"])
+        return len(seen) >= 25 and len(set(seen[-25:])) == 1 and doc["disk"]["tables"]["tbl"]["snapshot_bytes"] < MB
+
+    live = roomy.wait_for(settled, timeout=120, what="the live store settled")["disk"]["tables"]["tbl"]["live_bytes"]
+    assert roomy.stop() == 0
+    size_mb = -(-minimum_state_dir(live, wb_mb) // MB)
+    with tmpfs(tmp_path / "disk", size_mb) as disk:
+        d = daemon({"tbl": t}, state_dir=disk / "state", store={"write_buffer_mb": wb_mb})
+        row.injected += 1
+
+        def never_degraded(doc: dict[str, Any]) -> bool:
+            assert not doc.get("degraded"), f"degraded on a disk of the documented minimum: {doc}"
+            return True
+
+        running_at(d, ends, timeout=120)
+        equals_oracle(broker, d, t, ends, row)
+        assert d.stop() == 0, d.tail()
+        d.start()
+        running_at(d, ends, timeout=90)
+        for batch in range(6):
+            broker.admin.produce(t, random_records(2_000, keys=RECORDS * 50, seed=2112 + batch, value_size=VALUE_SIZE))
+            ends = broker.admin.end_offsets(t)
+            never_degraded(running_at(d, ends, timeout=60))
+            wait_snapshot_at(d, "tbl", ends, timeout=60)
+        equals_oracle(broker, d, t, ends, row)
+        fig = d.status()["disk"]
+        used = sum(v for k, v in fig["tables"]["tbl"].items() if k in ("live_bytes", "snapshot_bytes"))
+        assert abs(fig["tables"]["tbl"]["live_bytes"] - live) < live // 5, (fig, live)
+        assert used <= minimum_state_dir(live, wb_mb), fig
+        assert "No space left" not in d.log.read_text(), d.tail()
+        assert d.stop() == 0, d.tail()
+
+
+def test_a_full_disk_is_relieved_by_freeing_globalds_own_snapshots(broker: Broker, topic: Topic, daemon: Daemon,
+                                                                   tmp_path: Path,
+                                                                   fault: Callable[[str, str], FaultRow]) -> None:
+    """A restart on a disk another tenant filled to the last byte, where an older snapshot of globald's holds as
+    much as the live store: globald deletes it (neither CURRENT nor leased) and goes on, saying so, with nobody
+    freeing anything; the filler stays."""
+    row = fault("restart on a full disk whose room an unleased older snapshot holds",
+                "the snapshot freed, a line saying what held the space; RUNNING, published, == oracle, no operator")
+    t = topic()
+    broker.admin.produce(t, random_records(RECORDS, keys=RECORDS * 50, seed=2121, tombstones=0.0,
+                                           value_size=VALUE_SIZE))
+    ends = broker.admin.end_offsets(t)
+    with tmpfs(tmp_path / "disk", DISK_MB) as disk:
+        d = daemon({"tbl": t}, state_dir=disk / "state")
+        running_at(d, ends, timeout=120)
+        cur = wait_snapshot_at(d, "tbl", ends, timeout=60)["id"]
+        assert d.stop() == 0, d.tail()
+        # An older snapshot with files of its own (a copy, not links), as one published before a compaction is.
+        root = snapshots_dir(d.state_dir, "tbl")
+        older = str(int(cur) - 1_000_000)
+        shutil.copytree(root / cur / "db", root / older / "db")
+        m = manifests.read(root / cur, "tbl")
+        # Other offsets than CURRENT's, so only the lack of room can doom it (not a newer one at the same offsets).
+        manifests.write(root / older, dataclasses.replace(m, id=older,
+                                                          offsets={p: o - 1 for p, o in m.offsets.items()}))
+        fill(disk, leave=0)
+        row.injected += 1
+        d.start()
+        broker.admin.produce(t, random_records(2_000, keys=RECORDS * 50, seed=2122, value_size=VALUE_SIZE))
+        ends = broker.admin.end_offsets(t)
+        running_at(d, ends, timeout=120)
+        wait_snapshot_at(d, "tbl", ends, timeout=60)
+        assert not (root / older).exists()
+        said = d.log.read_text()
+        assert "disk: table tbl needs" in said and "missing" in said, d.tail()
+        equals_oracle(broker, d, t, ends, row)
+        assert (disk / "filler").exists()
         assert d.stop() == 0, d.tail()
