@@ -2,8 +2,11 @@
 produce load, injecting a fault from the reliability suite's list at a fixed interval, and reports memory over
 time, wipes, divergences and restarts.
 
-After each fault the load pauses until the daemon is RUNNING, undegraded and at the log end of every table, each
-store (and every verifiable snapshot) is compared with the oracle at its stored offsets, and the load resumes.
+Faults come --fault-every seconds apart, from one injection to the next. After each (or each --check-every-th)
+the load pauses until the daemon is RUNNING, undegraded and at the log end of every table, each store (and every
+verifiable snapshot) is compared with the oracle at its stored offsets, and the load resumes; after the others
+the daemon need only catch up, the load running. ``--accelerated`` packs three hours of the default load into 45
+minutes (see tests.soak_report.reached_vs_default); memory.md accounts for RSS part by part.
 Nothing ever restarts the daemon: a PID change is a failure, counted, and the run goes on with a new daemon so
 the rest of the report stays meaningful. Exit status 0 only with zero divergences and zero restarts.
 """
@@ -371,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--report-dir", default=str(report_dir() / "soak"))
     p.add_argument("--block-cache-mb", type=int,
                    help="[store] block_cache_mb per table; a small one shows RSS levelling off within a short run")
-    p.add_argument("--tracemalloc", action="store_true", default=None,
+    p.add_argument("--tracemalloc", action=argparse.BooleanOptionalAction, default=None,
                    help="profile the daemon's Python allocations (slower daemon); top growth in memory.md")
     args = p.parse_args(argv)
     for key, default in (ACCELERATED if args.accelerated else DEFAULTS).items():
