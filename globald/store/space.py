@@ -9,10 +9,11 @@ sees what holds the disk and globald can decide what it may free.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shutil
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from globald.store.names import (
@@ -25,6 +26,9 @@ from globald.store.names import (
     snapshots_dir,
     tables_dir,
 )
+from globald.store.options import StoreOptions
+
+log = logging.getLogger(__name__)
 
 # Names under snapshots/<table>/ and tables/ that only ever hold work in progress or work to delete.
 LEFTOVER_PREFIXES = (SNAPSHOT_TMP_PREFIX, SNAPSHOT_BUILD_PREFIX, SNAPSHOT_TRASH_PREFIX)
@@ -136,6 +140,22 @@ def minimum_state_dir(live: int, write_buffer_mb: int, rebuild_while_serving: bo
     flushed and the WAL take up to two write buffers. A KIP-406 rebuild that serves the stale snapshot keeps a
     third copy until it is RUNNING (3x)."""
     return (3 if rebuild_while_serving else 2) * live + 2 * (write_buffer_mb << 20)
+
+
+def fit_bulk_load(options: StoreOptions, state_dir: Path) -> StoreOptions:
+    """A bulk load's options with its L0 pile bounded by the room on the disk: at most a quarter of the free bytes.
+
+    The pile holds every record read, overwrites included, until the merge after the load writes the table again
+    beside it: on a disk without room for that, a pile past its bound is merged during the load (RocksDB's usual
+    leveled compaction, which drops the overwrites early), so the load never starts what the disk cannot finish.
+    On a roomy disk nothing changes (``bulk_l0_mb``, 2 GiB by default, keeps the load's speed)."""
+    free = free_bytes(state_dir)
+    if free is None or free // (4 * MB) >= options.bulk_l0_mb:
+        return options
+    bound = max(2 * options.bulk_buffer_mb, free // (4 * MB))
+    log.info("bulk load: L0 pile bounded to %d MiB (a quarter of the %s free on the state_dir, not %d MiB)", bound,
+             mb(free), options.bulk_l0_mb)
+    return replace(options, bulk_l0_mb=bound)
 
 
 def mb(n: int) -> str:

@@ -22,7 +22,7 @@ from pathlib import Path
 from rocksdict import Checkpoint, ColumnFamily, Rdict, WriteBatch
 
 from globald.errors import StoreCorruptError, StoreFormatError, StoreIOError, StoreUnavailableError
-from globald.store import checkpoint_file, durable, plain
+from globald.store import checkpoint_file, durable, plain, space
 from globald.store.codec import (
     decode_format,
     decode_offset,
@@ -155,7 +155,8 @@ class TableStore:
         return crashed
 
     def _connect(self, bulk: bool) -> None:
-        db_options, families = self.options.column_families(bulk)
+        db_options, families = (space.fit_bulk_load(self.options, self.state_dir) if bulk else self.options
+                                ).column_families(bulk)  # a pile the disk can hold (globald/store/space.py)
         with store_io(f"table {self.table}: cannot open {self.path}"):
             self._db = Rdict(str(self.path), db_options, column_families=families)
         self._values = self._db.get_column_family_handle(VALUES_CF)
