@@ -75,6 +75,7 @@ _NORMALISE = [
     (re.compile(r"\b\d{13,}\b"), "ID"),
     (re.compile(r"\b\d+(\.\d+)?k? rec/s"), "N rec/s"),
     (re.compile(r"\b\d+\.\d+s\b"), "Ns"),
+    (re.compile(r"\b\d+(\.\d+)? MB\b"), "N MB"),  # sizes on disk: `globald status`'s disk line
     (re.compile(r"\S*/globald-dev/"), "DIR/globald-dev/"),
 ]
 
