@@ -148,7 +148,7 @@ def _disk_from(raw: Any) -> DiskStatus | None:
     # Read leniently: a figure of the wrong type (a damaged file) is left out, never shown or computed with.
     return DiskStatus(free if isinstance(free, int) else None,
                       {str(n): {k: v for k, v in t.items() if isinstance(v, int) or (k == "short" and
-                                                                                     isinstance(v, str))}
+                                                                                     (v is None or isinstance(v, str)))}
                        for n, t in tables.items() if isinstance(t, dict)})
 
 

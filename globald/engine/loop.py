@@ -343,8 +343,8 @@ class Loop:
             if not rt.assigned:
                 continue
             try:  # short timeouts: a connected broker answers in milliseconds, and the loop waits meanwhile
-                added = [p for p in partitions(self.consumer, rt.topic, timeout=_REFRESH_TIMEOUT_S)
-                         if p not in rt.partitions]
+                listed = partitions(self.consumer, rt.topic, timeout=_REFRESH_TIMEOUT_S)
+                added = [p for p in listed if p not in rt.partitions]
                 marks = {p: watermarks(self.consumer, rt.topic, p, timeout=_REFRESH_TIMEOUT_S) for p in added}
             except TopicUnavailableError as e:  # deleted, or not yet recreated: keep serving, keep waiting
                 rt.last_error = str(e)
@@ -355,6 +355,10 @@ class Loop:
                 self.problems.report(KAFKA, f"kafka: metadata refresh failed: {e}")
                 return
             self.problems.resolved(KAFKA)
+            lost = [p for p in rt.partitions if p not in listed]
+            if lost:  # a topic never loses partitions: this one was recreated with fewer
+                self.rebuild(rt.name, "topic_recreated", f"topic {rt.topic} has no partitions {lost} any more")
+                continue
             if not self._same_topic(rt):
                 continue
             if self.problems.has(rt.name):
@@ -393,18 +397,19 @@ class Loop:
         verdict = self.manager.verify(rt, rungs, _REFRESH_TIMEOUT_S)  # the loop waits meanwhile: keep it short
         log.debug("table %s: identity check of %s: %s", rt.name, {p: [f.offset for f in r] for p, r in rungs.items()},
                   verdict)
+        if verdict.recreated:  # conclusive, whatever the partitions that did not answer would have said
+            self.rebuild(rt.name, "topic_recreated", f"topic {rt.topic} is not the one the store mirrors: "
+                         f"{verdict.describe()}")
+            return False
         if verdict.unreachable:  # decided at a later refresh; a vanished topic stays paused meanwhile
             self.problems.report(KAFKA, f"kafka: cannot read {rt.topic} back to check it is the topic table "
                                  f"{rt.name} mirrors: {'; '.join(sorted(set(verdict.unreachable.values())))}")
             if rt.vanished:
                 self._next_metadata = min(self._next_metadata, time.monotonic() + _VANISHED_REFRESH_S)
             return True
-        if not verdict.recreated and rt.vanished and verdict.unverifiable:
-            verdict.mismatches.update({p: f"it vanished and came back, and {why}"
-                                       for p, why in verdict.unverifiable.items()})
-        if verdict.recreated:
-            self.rebuild(rt.name, "topic_recreated", f"topic {rt.topic} is not the one the store mirrors: "
-                         f"{verdict.describe()}")
+        if rt.vanished and verdict.unverifiable:
+            self.rebuild(rt.name, "topic_recreated", f"topic {rt.topic} vanished and came back, and it cannot be "
+                         f"shown to be the same: {'; '.join(sorted(set(verdict.unverifiable.values())))}")
             return False
         rt.verified = applied
         if rt.vanished:

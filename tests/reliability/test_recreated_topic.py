@@ -126,3 +126,23 @@ def test_an_exact_build_never_adds_a_new_topic_to_an_old_base(broker: Broker, to
     finally:
         builder.close()
     assert refused.value.code == Code.REBUILDING and "recreated" in str(refused.value), refused.value
+
+
+def test_recreated_with_fewer_partitions_while_running(broker: Broker, topic: Topic, daemon: Daemon,
+                                                       fault: Callable[[str, str], FaultRow]) -> None:
+    """A topic never loses partitions: one listed with fewer was recreated, and its table is rebuilt from it."""
+    row = fault("topic recreated with fewer partitions while the daemon runs",
+                "rebuilt in-process (topic_recreated), equal to the new topic")
+    t = topic()
+    d = running(broker, daemon, t, random_records(OLD, keys=300, seed=68), metadata_refresh_ms=500)
+    pid = d.pid
+    broker.admin.delete(t)
+    broker.admin.create(t, partitions=1)
+    broker.admin.produce(t, random_records(NEW, keys=300, seed=69, tombstones=0.1))
+    row.injected += 1
+    ends = broker.admin.end_offsets(t)
+    d.wait_for(lambda s: s.get("pid") == pid and s["state"] == "RUNNING" and s["tables"]["tbl"]["wipes"] >= 1
+               and s["tables"]["tbl"]["offsets"] == {str(p): o for p, o in ends.items()},
+               timeout=120, what=f"rebuilt and RUNNING at {ends}")
+    check = check_store(broker, d.state_dir, "tbl", t)
+    assert row.diverged(check.divergences) == 0 and check.keys > 0, check
