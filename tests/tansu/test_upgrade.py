@@ -13,6 +13,7 @@ import pytest
 
 from globald.embedded.oracle import TimestampedTable, fold_timestamped
 from globald.engine.background_upgrade import HOLD_ENV
+from globald.snapshot import leases
 from globald.store.names import FORMAT_MIXED, FORMAT_TIMESTAMPED, SNAPSHOT_DB_DIR, db_dir, snapshots_dir
 from globald.store.reader import StoreReader
 from tests.harness import Broker, DaemonProcess
@@ -74,6 +75,9 @@ def test_plain_values_carry_minus_one_and_later_writes_their_create_time(
         assert time.monotonic() < deadline, f"no snapshot published in the mixed layout; log:\n{d.tail()}"
         time.sleep(0.2)
     assert "upgrade complete" not in d.log.read_text(errors="replace")  # held: the file still exists
+    # Held by a reader, as a Spark job holds what it reads: retention drops a snapshot whose offsets a newer one has
+    # (the upgrade republishes at the same offsets) unless a lease keeps it.
+    leases.take(snapshots_dir(d.state_dir, "tbl"), "upgrade-test", mixed, 600.0)
     hold.unlink()
     deadline = time.monotonic() + 120
     while "upgrade complete" not in d.log.read_text(errors="replace"):
