@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[spark,test,bench]'
+	$(BIN)/pip install --quiet -e '.[spark,typed,docs,test,bench]'
 	touch $@
 
 demo: $(BIN)/.installed
