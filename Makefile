@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint bench bench-10m soak chaos sysdeps
+.PHONY: demo test lint docs bench bench-10m soak chaos sysdeps
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,8 +18,13 @@ demo: $(BIN)/.installed
 lint: $(BIN)/.installed
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
-test: lint sysdeps
+# The documentation site (docs/, mkdocs.yml) into build/site; any warning fails the build.
+docs: $(BIN)/.installed
+	$(BIN)/mkdocs build --strict --site-dir build/site
+
+test: lint docs sysdeps
 	$(BIN)/python -m pytest -q -ra
 
 bench: $(BIN)/.installed
