@@ -15,9 +15,18 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from globald.config import Config
 from globald.kafka.client_log import kafka_log
 from globald.kafka.properties import redact
-from globald.ops.memory import KAFKA_STATS
 
 log = logging.getLogger(__name__)
+
+# Who reads librdkafka's statistics: operations registers its memory accounting here (on_statistics), since the
+# Kafka layer sits below operations and imports nothing of theirs.
+_statistics_sink: Callable[[str], None] | None = None
+
+
+def on_statistics(sink: Callable[[str], None] | None) -> None:
+    """Sends the statistics of every consumer made from now on to ``sink`` (librdkafka's stats_cb); None: nowhere."""
+    global _statistics_sink
+    _statistics_sink = sink
 
 
 class TransientKafkaError(Exception):
@@ -33,8 +42,8 @@ def make_consumer(config: Config, on_error: Callable[[KafkaError], None] | None 
     settings = config.consumer_settings()
     log.info("consumer settings: %s", redact(settings))
     extra: dict[str, Any] = {"error_cb": on_error} if on_error is not None else {}
-    if int(settings.get("statistics.interval.ms") or 0) > 0:  # the operator asked: its buffers go in status memory
-        extra["stats_cb"] = KAFKA_STATS
+    if int(settings.get("statistics.interval.ms") or 0) > 0 and _statistics_sink is not None:
+        extra["stats_cb"] = _statistics_sink  # the operator asked: its buffers go in the status's memory
     return Consumer({**settings, "logger": kafka_log, **extra})
 
 

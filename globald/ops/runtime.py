@@ -24,12 +24,13 @@ from globald.engine.events import (
 )
 from globald.engine.loop import LoopStats
 from globald.engine.state_manager import StateManager
+from globald.kafka.clients import on_statistics
 from globald.kafka.properties import redact
 from globald.ops import operator_requests as requests
 from globald.ops.health import Liveness, Readiness, SnapshotSource, liveness, readiness
 from globald.ops.hooks import HookRunner
 from globald.ops.http import Endpoints, HttpServer
-from globald.ops.memory import HeapTrimmer, TracemallocRecorder, memory_doc
+from globald.ops.memory import KAFKA_STATS, HeapTrimmer, TracemallocRecorder, memory_doc
 from globald.ops.metrics import Metrics, Sample, SnapshotStats, callback_failures, disk_free_bytes
 from globald.ops.progress import ProgressDisplay, ProgressOptions, RestoreTracker
 from globald.ops.sdnotify import Notifier
@@ -65,6 +66,7 @@ class Operations:
         self._state, self._reason = State.CREATED, "created"
         self._commits = 0
         self._next_progress_status = 0.0
+        on_statistics(KAFKA_STATS)  # the consumer's buffers in the status's memory, when the operator turns them on
 
     # -- lifecycle (main thread) ------------------------------------------------------------------------------
 
