@@ -1,0 +1,179 @@
+"""MkDocs hooks (mkdocs.yml ``hooks:``): the reference pages generated from the code, and the benchmark reports.
+
+- ``<!-- globald:config-reference -->`` in a page becomes the configuration reference, rendered from the key
+  declarations themselves (``globald.configspec.declared_keys`` over ``globald.config.Config``): the same source
+  that validates a config and that ``globald check-config --keys`` prints, so the page cannot drift from either.
+  The librdkafka properties globald manages, and the defaults it gives the consumer, come from
+  ``globald.kafka.properties``.
+- ``<!-- globald:cli-reference -->`` becomes the CLI reference, rendered from the argparse parser
+  (``globald.cli.build_parser``): each subcommand's usage line and arguments.
+- ``bench/results/bench-*.{md,png}`` (the last ``make bench`` reports) are served under ``benchmarks/results/``.
+
+Nothing here is written to docs/: the generated text exists only in the built site.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from mkdocs.structure.files import File, Files
+
+REPO = Path(__file__).resolve().parent.parent
+CONFIG_MARK = "<!-- globald:config-reference -->"
+CLI_MARK = "<!-- globald:cli-reference -->"
+BENCH_RESULTS = ("bench-1M.md", "bench-1M.png", "bench-10M.md", "bench-10M.png")
+
+if str(REPO) not in sys.path:  # the docs describe this checkout, not whatever globald is installed
+    sys.path.insert(0, str(REPO))
+
+
+def _module(*names: str) -> ModuleType:
+    """The first of ``names`` that imports (modules may move between packages; the reference must not break)."""
+    errors = []
+    for name in names:
+        try:
+            return importlib.import_module(name)
+        except ImportError as e:
+            errors.append(f"{name}: {e}")
+    raise ImportError("docs/hooks.py cannot find " + " or ".join(names) + ": " + "; ".join(errors))
+
+
+def _attr(attr: str, *names: str) -> Any:
+    for name in names:
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            continue
+        if hasattr(module, attr):
+            return getattr(module, attr)
+    raise ImportError(f"docs/hooks.py cannot find {attr} in any of {', '.join(names)}")
+
+
+# -- configuration reference ------------------------------------------------------------------------------------
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _section_of(path: str) -> str:
+    return path.split(".", 1)[0].split("[", 1)[0] if ("." in path) else ""
+
+
+def config_reference() -> str:
+    spec = _module("globald.configspec", "globald.config.spec", "globald.configuration.spec")
+    config_cls = _attr("Config", "globald.config", "globald.config.config", "globald.configuration.config")
+    keys = spec.declared_keys(config_cls)
+    sections: dict[str, list[Any]] = {}
+    heads: dict[str, Any] = {}
+    for k in keys:
+        section = _section_of(k.path)
+        if section == "" and k.spec.nested() is not None:
+            heads[k.path] = k  # a section's own entry: its help heads the section
+            sections.setdefault(k.path, [])
+            continue
+        sections.setdefault(section, []).append(k)
+    out: list[str] = []
+    for section, members in sections.items():
+        if section == "":
+            out += ["## Top-level keys", ""]
+        else:
+            head = heads[section]
+            toml = f"[[{section}]]" if head.spec.nested()[0].startswith("[]") else f"[{section}]"
+            required = " Required." if head.required else ""
+            out += [f"## `{toml}`", "", f"{head.spec.help[0].upper()}{head.spec.help[1:]}.{required}", ""]
+        if not members:
+            continue
+        out += ["| key | type and bounds | default | what it does |", "|---|---|---|---|"]
+        for k in members:
+            anchor = k.path.replace("[]", "")
+            out.append(f'| <span id="{anchor}"></span>`{k.path}` | {_cell(k.spec.kind())} | '
+                       f"{_cell(k.default_text() or '—')} | {_cell(k.spec.help)} |")
+        out.append("")
+    out += _kafka_properties()
+    return "\n".join(out)
+
+
+def _kafka_properties() -> list[str]:
+    props = _module("globald.kafka.properties")
+    out = ["## `[kafka]` properties globald sets", "",
+           "Every `[kafka]` entry is a librdkafka property, passed to every client globald makes. These are "
+           "managed: globald always sets them, and a config giving another value is refused (exit 2):", "",
+           "| property | value |", "|---|---|"]
+    out += [f"| `{k}` | `{json.dumps(v)}` |" for k, v in props.MANAGED_KAFKA_PROPERTIES.items()]
+    defaults = getattr(props, "CONSUMER_DEFAULTS", {})
+    if defaults:
+        out += ["", "These the daemon's consumer gets unless `[kafka]` sets them:", "",
+                "| property | default |", "|---|---|"]
+        out += [f"| `{k}` | `{json.dumps(v)}` |" for k, v in defaults.items()]
+    return [*out, ""]
+
+
+# -- CLI reference ----------------------------------------------------------------------------------------------
+
+
+def _argument(a: argparse.Action) -> tuple[str, str, str, str]:
+    name = ", ".join(f"`{o}`" for o in a.option_strings) if a.option_strings else f"`{a.metavar or a.dest}`"
+    if a.option_strings and a.nargs != 0:
+        name += f" `{a.metavar or a.dest.upper()}`"
+    required = "yes" if (a.required or not a.option_strings) else ""
+    default = ""
+    if a.choices:
+        default = "one of " + ", ".join(f"`{c}`" for c in a.choices)
+    if a.default not in (None, False, argparse.SUPPRESS) and a.nargs != 0:
+        default = (default + "; " if default else "") + f"default `{a.default}`"
+    return name, required, default, a.help or ""
+
+
+def cli_reference() -> str:
+    build_parser = _attr("build_parser", "globald.cli", "globald.cli.main", "globald.cli.parser")
+    previous = os.environ.get("COLUMNS")
+    os.environ["COLUMNS"] = "112"  # argparse wraps usage lines at the terminal's width: make the page reproducible
+    try:
+        parser = build_parser()
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        helps = {c.dest: c.help for c in sub._choices_actions}
+        out = ["```text", parser.format_usage().strip(), "```", "",
+               "| command | what it does |", "|---|---|"]
+        out += [f"| [`globald {name}`](#globald-{name}) | {_cell(helps.get(name) or '')} |" for name in sub.choices]
+        out.append("")
+        for name, sp in sub.choices.items():
+            out += [f"## `globald {name}` {{ #globald-{name} }}", "", sp.description or helps.get(name) or "", "",
+                    "```text", sp.format_usage().strip(), "```", ""]
+            args = [a for a in sp._actions if not isinstance(a, argparse._HelpAction)]
+            if args:
+                out += ["| argument | required | values | what it does |", "|---|---|---|---|"]
+                out += ["| " + " | ".join(_cell(c) for c in _argument(a)) + " |" for a in args]
+                out.append("")
+        return "\n".join(out)
+    finally:
+        if previous is None:
+            os.environ.pop("COLUMNS", None)
+        else:
+            os.environ["COLUMNS"] = previous
+
+
+# -- mkdocs events ----------------------------------------------------------------------------------------------
+
+
+def on_files(files: Files, config: Any) -> Files:
+    for name in BENCH_RESULTS:
+        source = REPO / "bench" / "results" / name
+        if source.is_file():
+            files.append(File.generated(config, f"benchmarks/results/{name}", abs_src_path=str(source)))
+    return files
+
+
+def on_page_markdown(markdown: str, page: Any, config: Any, files: Files) -> str:
+    if CONFIG_MARK in markdown:
+        markdown = markdown.replace(CONFIG_MARK, config_reference())
+    if CLI_MARK in markdown:
+        markdown = markdown.replace(CLI_MARK, cli_reference())
+    return markdown
