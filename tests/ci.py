@@ -2,8 +2,9 @@
 
 CI (``CI=true``, as GitHub Actions, GitLab and most runners set it) runs ``make test`` as root after ``make sysdeps``,
 so every tool the suite needs is installed and every mount is allowed there: a lane that does not run in CI is a
-failure, not a skip, unless the README ("Test lanes") says why it cannot run there. Running as root without CI is
-the same for mounts: root may mount, so a mount that fails is a broken machine, not a missing privilege.
+failure, not a skip, unless the docs ("Test lanes", docs/testing/test-lanes.md) say why it cannot run there.
+Running as root without CI is the same for mounts: root may mount, so a mount that fails is a broken machine, not a
+missing privilege.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
-"""The README's "Your first global table", executed as written, so that it cannot rot.
+"""The tutorial "Your first global table" (``docs/tutorial.md``, a page of the documentation site),
+executed as written, so that it cannot rot.
 
 Every ``console`` block's ``$`` lines run in bash after ``source .venv/bin/activate`` (the test's working directory
 holds a ``.venv`` link to the running virtualenv, and PATH leaves that venv out, so the activation is what puts
-``globald`` on it). Their output must match the lines the README shows, once what changes from run to run is
+``globald`` on it). Their output must match the lines the page shows, once what changes from run to run is
 normalised (pids, ports, snapshot ids, durations, the absolute directory); a command is asked again for up to
 ``SETTLE_S`` while it does not match yet, as a person would look again a second later. Three commands stand for a
 terminal of their own: ``globald dev`` and ``globald run`` run in the background until the test sends them the
@@ -29,7 +30,8 @@ from tests.harness import REPO
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 
-SECTION = "## Your first global table"
+PAGE = REPO / "docs" / "tutorial.md"
+TITLE = "# Your first global table"
 SETTLE_S = 30.0
 VENV = Path(sys.prefix)
 
@@ -47,10 +49,9 @@ class Command:
 
 
 def tutorial_text() -> str:
-    readme = (REPO / "README.md").read_text()
-    start = readme.index(SECTION)
-    end = readme.index("\n## ", start + len(SECTION))
-    return readme[start:end]
+    text = PAGE.read_text()
+    assert text.startswith(TITLE), f"{PAGE} no longer starts with {TITLE!r}"
+    return text
 
 
 def tutorial_blocks() -> list[Block]:
@@ -137,7 +138,7 @@ def shell(cwd: Path, env: dict[str, str], command: str, stdin: str | None = None
                           capture_output=True, text=True, timeout=timeout)
 
 
-def test_the_readme_tutorial_runs_as_written(tmp_path: Path) -> None:
+def test_the_tutorial_runs_as_written(tmp_path: Path) -> None:
     blocks = tutorial_blocks()
     assert [b.kind for b in blocks].count("python") == 1 and blocks, "the tutorial's blocks are not where expected"
     cwd = tmp_path / "clone"
@@ -201,7 +202,7 @@ def test_the_readme_tutorial_runs_as_written(tmp_path: Path) -> None:
                     assert r.returncode == 0, (cmd.command, r.returncode, r.stdout, r.stderr)
                     assert same(cmd.expected, r.stdout.splitlines()), (cmd.command, r.stdout, cmd.expected)
 
-        # Step 7: Ctrl-C in terminal 2, then in terminal 1, with what the README says they print.
+        # Step 7: Ctrl-C in terminal 2, then in terminal 1, with what the page says they print.
         prose = tutorial_text()
         assert terminals["run"].ctrl_c() == 0
         stopped = "daemon state PENDING_SHUTDOWN -> NOT_RUNNING (stopped)"

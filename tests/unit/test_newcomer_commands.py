@@ -46,9 +46,9 @@ def complete(tmp_path: Path) -> tuple[Path, str]:
     return state, str(cfg)
 
 
-def test_the_exit_code_table_is_the_readmes_and_help_shows_it() -> None:
-    readme = (REPO / "README.md").read_text()
-    section = readme[readme.index("### Exit codes"):]
+def test_the_exit_code_table_is_the_docs_and_help_shows_it() -> None:
+    page = (REPO / "docs" / "reference" / "cli.md").read_text()
+    section = page[page.index("## Exit codes"):]
     rows = re.findall(r"^\| (\d+) \| ([^|]+?) \|", section, flags=re.M)
     assert [(int(c), m) for c, m in rows] == [(code, name) for code, name, _ in exitcodes.TABLE]
     r = globald("--help")
@@ -217,7 +217,8 @@ def test_a_relative_state_dir_is_taken_from_the_config_files_directory(tmp_path:
     assert r.returncode == 0 and json.loads(r.stdout)["state_dir"] == str(tmp_path / "conf" / "state"), r.stderr
     example = (REPO / "config" / "globald.toml").read_text()
     assert "A relative state_dir resolves against the directory of this config file" in example
-    assert "A relative\n`state_dir` is taken from the config file's directory" in (REPO / "README.md").read_text()
+    running = " ".join((REPO / "docs" / "operations" / "running.md").read_text().split())
+    assert "A relative `state_dir` is taken from the config file's directory" in running
 
 
 def test_make_demo_says_where_globald_is() -> None:
