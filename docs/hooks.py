@@ -7,6 +7,8 @@
   ``globald.kafka.properties``.
 - ``<!-- globald:cli-reference -->`` becomes the CLI reference, rendered from the argparse parser
   (``globald.cli.build_parser``): each subcommand's usage line and arguments.
+- ``<!-- globald:module-map -->`` becomes the map of the ``globald`` package: each package and module with the
+  first paragraph of its docstring, read from the source (nothing imported), so the map follows every move.
 - ``bench/results/bench-*.{md,png}`` (the last ``make bench`` reports) are served under ``benchmarks/results/``.
 
 Nothing here is written to docs/: the generated text exists only in the built site.
@@ -15,6 +17,7 @@ Nothing here is written to docs/: the generated text exists only in the built si
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib
 import json
 import os
@@ -28,6 +31,7 @@ from mkdocs.structure.files import File, Files
 REPO = Path(__file__).resolve().parent.parent
 CONFIG_MARK = "<!-- globald:config-reference -->"
 CLI_MARK = "<!-- globald:cli-reference -->"
+MODULES_MARK = "<!-- globald:module-map -->"
 BENCH_RESULTS = ("bench-1M.md", "bench-1M.png", "bench-10M.md", "bench-10M.png")
 
 if str(REPO) not in sys.path:  # the docs describe this checkout, not whatever globald is installed
@@ -160,6 +164,36 @@ def cli_reference() -> str:
             os.environ["COLUMNS"] = previous
 
 
+# -- module map -------------------------------------------------------------------------------------------------
+
+
+def _summary(path: Path) -> str:
+    try:
+        doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8")))
+    except (OSError, SyntaxError, UnicodeDecodeError):
+        return ""
+    return " ".join((doc or "").split("\n\n", 1)[0].split())
+
+
+def module_map(root: Path | None = None) -> str:
+    root = root or REPO / "globald"
+    out: list[str] = []
+    packages = sorted([root, *(d for d in root.rglob("*") if d.is_dir() and any(d.glob("*.py"))
+                               and "__pycache__" not in d.parts)])
+    for pkg in packages:
+        rel = pkg.relative_to(root.parent).as_posix()
+        out += [f"### `{rel}/`", ""]
+        about = _summary(pkg / "__init__.py")
+        if about:
+            out += [about, ""]
+        modules = sorted(f for f in pkg.glob("*.py") if f.name not in ("__init__.py", "__main__.py"))
+        if modules:
+            out += ["| module | what it is |", "|---|---|"]
+            out += [f"| `{m.name}` | {_cell(_summary(m)) or '—'} |" for m in modules]
+            out.append("")
+    return "\n".join(out)
+
+
 # -- mkdocs events ----------------------------------------------------------------------------------------------
 
 
@@ -176,4 +210,6 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Files) -> str
         markdown = markdown.replace(CONFIG_MARK, config_reference())
     if CLI_MARK in markdown:
         markdown = markdown.replace(CLI_MARK, cli_reference())
+    if MODULES_MARK in markdown:
+        markdown = markdown.replace(MODULES_MARK, module_map())
     return markdown
