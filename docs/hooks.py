@@ -9,6 +9,8 @@
   (``globald.cli.build_parser``): each subcommand's usage line and arguments.
 - ``<!-- globald:module-map -->`` becomes the map of the ``globald`` package: each package and module with the
   first paragraph of its docstring, read from the source (nothing imported), so the map follows every move.
+- ``<!-- globald:readme -->`` becomes the README (the front door), its ``docs/`` links made relative to the site,
+  so the home page and the README are one text.
 - ``bench/results/bench-*.{md,png}`` (the last ``make bench`` reports) are served under ``benchmarks/results/``.
 
 Nothing here is written to docs/: the generated text exists only in the built site.
@@ -32,6 +34,7 @@ REPO = Path(__file__).resolve().parent.parent
 CONFIG_MARK = "<!-- globald:config-reference -->"
 CLI_MARK = "<!-- globald:cli-reference -->"
 MODULES_MARK = "<!-- globald:module-map -->"
+README_MARK = "<!-- globald:readme -->"
 BENCH_RESULTS = ("bench-1M.md", "bench-1M.png", "bench-10M.md", "bench-10M.png")
 
 if str(REPO) not in sys.path:  # the docs describe this checkout, not whatever globald is installed
@@ -50,14 +53,17 @@ def _module(*names: str) -> ModuleType:
 
 
 def _attr(attr: str, *names: str) -> Any:
+    errors = []
     for name in names:
         try:
             module = importlib.import_module(name)
-        except ImportError:
+        except ImportError as e:
+            errors.append(f"{name}: {type(e).__name__}: {e}")
             continue
         if hasattr(module, attr):
             return getattr(module, attr)
-    raise ImportError(f"docs/hooks.py cannot find {attr} in any of {', '.join(names)}")
+        errors.append(f"{name}: has no {attr}")
+    raise ImportError(f"docs/hooks.py cannot find {attr}: " + "; ".join(errors))
 
 
 # -- configuration reference ------------------------------------------------------------------------------------
@@ -210,6 +216,9 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Files) -> str
         markdown = markdown.replace(CONFIG_MARK, config_reference())
     if CLI_MARK in markdown:
         markdown = markdown.replace(CLI_MARK, cli_reference())
+    if README_MARK in markdown:
+        markdown = markdown.replace(README_MARK, (REPO / "README.md").read_text(encoding="utf-8")
+                                    .replace("](docs/", "]("))
     if MODULES_MARK in markdown:
         markdown = markdown.replace(MODULES_MARK, module_map())
     return markdown
