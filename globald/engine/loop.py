@@ -12,9 +12,8 @@ import gc
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 from confluent_kafka import Consumer, KafkaException, Message
@@ -26,6 +25,7 @@ from globald.engine.problems import KAFKA, STORE, Problems
 from globald.engine.state_manager import StateManager
 from globald.engine.table import TableRuntime
 from globald.engine.update_task import PollResult, UpdateTask
+from globald.engine.view import LoopStats as LoopStats  # re-exported: the daemon makes the loop's stats
 from globald.kafka.clients import TopicUnavailableError, TransientKafkaError, partitions, watermarks
 from globald.states import State, StateMachine
 from globald.store.failures import STORE_FAULTS
@@ -50,17 +50,6 @@ class LoopService(Protocol):
     """Work that must run on the loop thread between two polls (snapshot publishing, operator requests...)."""
 
     def tick(self) -> None: ...
-
-
-@dataclass
-class LoopStats:
-    """The loop's vital signs, written by the loop and read by operations from any thread."""
-
-    last_loop: float = field(default_factory=time.monotonic)
-    last_progress: float = field(default_factory=time.monotonic)
-    consumer_errors: int = 0
-    service_failures: int = 0
-    recoveries: deque[float] = field(default_factory=lambda: deque(maxlen=100))  # seconds from a wipe to RUNNING
 
 
 @dataclass(frozen=True)

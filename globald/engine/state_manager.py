@@ -16,12 +16,14 @@ import time
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from confluent_kafka import Consumer, TopicPartition
 
 from globald.config import Config
 from globald.engine.events import Committed, Emit, RestoreStarted, StateChanged, Wiped
 from globald.engine.table import Restore, TableRuntime
+from globald.engine.view import Checkpointed, TableView
 from globald.errors import StoreCorruptError, StoreIOError, StoreUnavailableError
 from globald.kafka.clients import TransientKafkaError, partitions, watermarks
 from globald.kafka.identity import VERIFY_TIMEOUT_S, TopicIds, Verdict, verify
@@ -29,6 +31,7 @@ from globald.states import State, StateMachine
 from globald.store.failures import is_corruption
 from globald.store.fingerprint import Fingerprint, Ladder
 from globald.store.options import StoreOptions
+from globald.store.reader import StoreReader
 from globald.store.table_store import TableStore
 
 log = logging.getLogger(__name__)
@@ -46,6 +49,8 @@ class Plan:
 
 
 class StateManager:
+    """The engine's owner of plans, durability and wipes, and its read interface (``engine.view.EngineView``)."""
+
     def __init__(self, config: Config, emit: Emit) -> None:
         self.config = config
         self._emit = emit
@@ -256,6 +261,31 @@ class StateManager:
         self._commit_table(rt, applied)
         rt.store.mark_complete()
         rt.restore = None
+
+    # -- the read interface (engine.view.EngineView) ----------------------------------------------------------
+
+    def table_views(self) -> list[TableView]:
+        return [rt.view() for rt in self.tables.values()]
+
+    def table_view(self, table: str) -> TableView | None:
+        rt = self.tables.get(table)
+        return None if rt is None else rt.view()
+
+    def live_offsets(self, table: str) -> dict[int, int]:
+        return self.tables[table].store.offsets()
+
+    def checkpoint(self, table: str, dest: Path) -> Checkpointed:
+        store = self.tables[table].store
+        records = store.estimate_keys()
+        store.checkpoint(dest)
+        with StoreReader(dest) as copy:  # the offsets the copy holds, never those it is believed to hold
+            return Checkpointed(copy.offsets(), records)
+
+    def wipe_counts(self) -> dict[tuple[str, str], int]:
+        return dict(self.wipes)
+
+    def memory_usage(self) -> dict[str, dict[str, int] | None]:
+        return {name: rt.store.memory_usage() for name, rt in self.tables.items()}
 
     def close(self, clean: bool) -> None:
         for rt in self.tables.values():

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from confluent_kafka import TopicPartition
 
 from globald.config import TableConfig
+from globald.engine.view import TableView
 from globald.states import StateMachine
 from globald.store.fingerprint import Ladder
 from globald.store.table_store import TableStore
@@ -53,6 +54,11 @@ class TableRuntime:
     @property
     def topic(self) -> str:
         return self.config.topic
+
+    def view(self) -> TableView:
+        """What code outside the engine may know of the table (see ``engine.view``)."""
+        return TableView(self.name, self.topic, self.machine.state, self.machine.reason, tuple(self.partitions),
+                         self.last_error)
 
     def assignment(self) -> list[TopicPartition]:
         return [TopicPartition(self.topic, p) for p in self.partitions]

@@ -26,10 +26,11 @@ from globald.engine.events import (
     Subscriber,
     deliver,
 )
-from globald.engine.loop import Loop, LoopParts, LoopService, LoopStats
+from globald.engine.loop import Loop, LoopParts, LoopService
 from globald.engine.problems import Problems
 from globald.engine.state_manager import StateManager
 from globald.engine.table import TableRuntime
+from globald.engine.view import LoopStats
 from globald.kafka.clients import make_consumer
 from globald.states import Listeners, State, StateMachine
 from globald.store.failures import STORE_FAULTS

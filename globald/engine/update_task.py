@@ -4,23 +4,23 @@ Contract: the task owns every table's positions (next-offset per partition). Aft
 table's store holds the records of the poll together with the positions just past them, written atomically, and
 ``positions(table)`` equals the offsets stored in that table's store; a write that fails changes no position. A
 table that reported an invalid offset in the poll gets no write at all (it is about to be wiped). Null keys are
-skipped and counted; tombstones delete. ``fold`` is the one fold of records into a batch, shared with the
-exact-snapshot builder. An end of partition past every end the table's plan saw (a transaction committed since:
-its marker takes an offset no record fills) moves no position until the broker confirms it (``confirm_ends``).
+skipped and counted; tombstones delete (``engine.fold``, the one fold, shared with the exact-snapshot builder). An
+end of partition past every end the table's plan saw (a transaction committed since: its marker takes an offset no
+record fills) moves no position until the broker confirms it (``confirm_ends``).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 
-from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, KafkaError, Message
+from confluent_kafka import KafkaError, Message
 
+from globald.engine.fold import Delete, Put, fold
 from globald.engine.table import TableRuntime
 from globald.kafka.identity import record_fingerprint
-from globald.store.codec import NO_TIMESTAMP, pack_i64
 from globald.store.fingerprint import EMPTY, Fingerprint, Ladder
 from globald.store.table_store import Batch
 
@@ -28,29 +28,6 @@ log = logging.getLogger(__name__)
 
 _EOF = KafkaError._PARTITION_EOF
 _INVALID_OFFSET = KafkaError._AUTO_OFFSET_RESET
-
-Put = Callable[[bytes, bytes], None]
-Delete = Callable[[bytes], None]
-
-
-def fold(records: Iterable[Message], put: Put, delete: Delete) -> int:
-    """Fold records (no error events), in order, into a batch: a tombstone deletes its key, a value is stored with
-    its record timestamp (KIP-258; NO_TIMESTAMP when the broker gives none). Returns the null keys, skipped."""
-    # The restore's hot loop: one Python frame for the whole run, and codec.encode_value spelled out (a call per
-    # record cost a fifth of the loop's CPU).
-    pack = pack_i64
-    null_keys = 0
-    for m in records:
-        key = m.key()
-        if key is None:
-            null_keys += 1
-        elif (value := m.value()) is None:
-            delete(key)
-        else:
-            ts_type, ts = m.timestamp()
-            put(key, pack(NO_TIMESTAMP if ts_type == TIMESTAMP_NOT_AVAILABLE else ts) + value)
-    return null_keys
-
 
 @dataclass
 class TableBatch:

@@ -19,7 +19,7 @@ import threading
 import time
 import tracemalloc
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -28,20 +28,6 @@ log = logging.getLogger(__name__)
 TRACEMALLOC_DIR_ENV = "GLOBALD_TRACEMALLOC_DIR"
 TRACEMALLOC_INTERVAL_ENV = "GLOBALD_TRACEMALLOC_INTERVAL_S"
 TRACEMALLOC_FRAMES_ENV = "GLOBALD_TRACEMALLOC_FRAMES"
-
-# Integer properties summed over a store's column families (bytes). The block cache is shared by every family
-# of a store (see store.options), so its usage is read once, not summed.
-_PER_FAMILY = {
-    "memtables": "rocksdb.cur-size-all-mem-tables",
-    "table_readers": "rocksdb.estimate-table-readers-mem",
-}
-_SHARED = {
-    "block_cache": "rocksdb.block-cache-usage",
-    "block_cache_pinned": "rocksdb.block-cache-pinned-usage",
-}
-# The long-lived family objects a TableStore keeps. A family object made just to ask would flush that family
-# alone when dropped (see TableStore.estimate_keys), so only these are asked.
-_FAMILY_ATTRS = ("_values_cf", "_offsets", "_meta")
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -161,24 +147,6 @@ class HeapTrimmer:
         return True
 
 
-def store_memory(store: Any) -> dict[str, int] | None:
-    """Bytes RocksDB accounts to one TableStore, by kind; None while it is closed. Loop thread only."""
-    if not getattr(store, "is_open", False):  # closed, or a test double without a database
-        return None
-    db = store.db
-    handles = [db] + [h for h in (getattr(store, a, None) for a in _FAMILY_ATTRS) if h is not None]
-    out: dict[str, int] = {}
-    try:
-        for kind, prop in _PER_FAMILY.items():
-            out[kind] = sum(int(h.property_int_value(prop) or 0) for h in handles)
-        for kind, prop in _SHARED.items():
-            out[kind] = int(db.property_int_value(prop) or 0)
-    except Exception as e:  # a store being reopened: the next sample has it
-        log.debug("store memory of %s: %s", getattr(store, "table", "?"), e)
-        return None
-    return out
-
-
 def python_memory() -> dict[str, float]:
     """Python's own allocator: blocks alive (pymalloc and larger), and what tracemalloc traces when it is on.
 
@@ -226,14 +194,12 @@ class KafkaStats:
 KAFKA_STATS = KafkaStats()  # the daemon has one consumer; its stats_cb is this object
 
 
-def memory_doc(stores: dict[str, Any]) -> dict[str, Any]:
-    """The status document's ``memory`` section: RSS, each open store's RocksDB memory, glibc's heap (MB), Python's
-    allocator, and librdkafka's buffers when its statistics are on."""
-    tables: dict[str, dict[str, float]] = {}
-    for name, store in stores.items():
-        m = store_memory(store)
-        if m is not None:
-            tables[name] = {f"{k}_mb": round(v / 2**20, 2) for k, v in m.items()}
+def memory_doc(stores: Mapping[str, Mapping[str, int] | None]) -> dict[str, Any]:
+    """The status document's ``memory`` section: RSS, each open store's RocksDB memory (``stores``: bytes by kind,
+    None for a closed store, as ``TableStore.memory_usage`` gives them), glibc's heap (MB), Python's allocator, and
+    librdkafka's buffers when its statistics are on."""
+    tables = {name: {f"{k}_mb": round(v / 2**20, 2) for k, v in m.items()}
+              for name, m in stores.items() if m is not None}
     rss, heap = rss_bytes(), malloc_bytes()
     return {"rss_mb": None if rss is None else round(rss / 2**20, 1), "tables": tables,
             "malloc": None if heap is None else {f"{k}_mb": round(v / 2**20, 2) for k, v in heap.items()},

@@ -22,8 +22,7 @@ from globald.engine.events import (
     RestoreStarted,
     StateChanged,
 )
-from globald.engine.loop import LoopStats
-from globald.engine.state_manager import StateManager
+from globald.engine.view import EngineView, LoopStats
 from globald.kafka.clients import on_statistics
 from globald.kafka.properties import redact
 from globald.ops import operator_requests as requests
@@ -44,11 +43,11 @@ PROGRESS_STATUS_SECONDS = 5.0
 
 
 class Operations:
-    def __init__(self, config: Config, manager: StateManager, stats: LoopStats, rebuilds: RebuildRequests,
+    def __init__(self, config: Config, engine: EngineView, stats: LoopStats, rebuilds: RebuildRequests,
                  snapshots: SnapshotSource | None, progress: ProgressOptions | None = None,
                  notifier: Notifier | None = None) -> None:
         self.config = config
-        self.manager = manager
+        self.engine = engine
         self.stats = stats
         # With a snapshot source a table is servable once it has a snapshot; without, while RUNNING.
         self.snapshots = snapshots
@@ -149,7 +148,7 @@ class Operations:
             doc, ready=r.ready, ready_detail=r.detail, updated=time.time(),
             bugs=[b.to_json() for b in swallowed.SWALLOWED.bugs()],
             # RSS next to RocksDB's own accounting: a long run can tell caches filling to their bound from a leak.
-            memory=memory_doc({name: rt.store for name, rt in self.manager.tables.items()}),
+            memory=memory_doc(self.engine.memory_usage()),
             http=HttpAddress(address[0], address[1]) if address is not None else None)
         snapshots: dict[str, SnapshotStats] = {}
         if self.snapshots is not None:
@@ -159,7 +158,7 @@ class Operations:
         if self.notifier.failures:
             failures["sd_notify"] = self.notifier.failures
         self._sample = Sample(
-            doc=doc, wipes=dict(self.manager.wipes), commits=self._commits,
+            doc=doc, wipes=self.engine.wipe_counts(), commits=self._commits,
             callback_failures=callback_failures(swallowed.SWALLOWED.counts()), hook_failures=failures,
             consumer_errors=self.stats.consumer_errors, restores=self.tracker.stats(), snapshots=snapshots,
             write_stalls=dataclasses.replace(STALLS), swallowed=swallowed.SWALLOWED.counts(),
@@ -167,17 +166,17 @@ class Operations:
         return doc
 
     def _live_readiness(self) -> Readiness:
-        return readiness(self._state.value, {n: rt.machine.state.value for n, rt in self.manager.tables.items()},
+        return readiness(self._state.value, {t.name: t.state.value for t in self.engine.table_views()},
                          self.snapshots)
 
     def _status_line(self) -> str:
         restores = self.tracker.stats()
         tables = []
-        for name, rt in self.manager.tables.items():
-            s = restores.get(name)
-            restoring = s is not None and s.active and rt.machine.state == State.RESTORING
+        for t in self.engine.table_views():
+            s = restores.get(t.name)
+            restoring = s is not None and s.active and t.state == State.RESTORING
             progress = f" {s.percent:.0f}%" if restoring and s is not None else ""
-            tables.append(f"{name} {rt.machine.state.value}{progress}")
+            tables.append(f"{t.name} {t.state.value}{progress}")
         return f"{self._state.value} ({self._reason}); {', '.join(tables) or 'no tables open'}"
 
     def _notify(self) -> None:

@@ -19,7 +19,7 @@ from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 from rocksdict import Rdict, WriteBatch
 
 from globald.config import Config, TableConfig
-from globald.engine.update_task import fold
+from globald.engine.fold import fold
 from globald.errors import GlobaldError
 from globald.kafka.clients import TransientKafkaError, make_consumer, partitions, watermarks
 from globald.kafka.identity import VERIFY_TIMEOUT_S, verify

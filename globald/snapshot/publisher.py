@@ -23,8 +23,7 @@ from pathlib import Path
 from globald import swallowed
 from globald.config import Config, TableConfig
 from globald.engine.events import Event, StateChanged, Wiped
-from globald.engine.state_manager import StateManager
-from globald.engine.table import TableRuntime
+from globald.engine.view import EngineView, TableView
 from globald.errors import ManifestError, ManifestIOError
 from globald.snapshot import exact_requests as requests
 from globald.snapshot import leases
@@ -45,7 +44,6 @@ from globald.store.names import (
     SNAPSHOT_TRASH_PREFIX,
     snapshots_dir,
 )
-from globald.store.reader import StoreReader
 
 log = logging.getLogger(__name__)
 
@@ -78,9 +76,9 @@ class _Job:
 
 
 class SnapshotPublisher:
-    def __init__(self, config: Config, manager: StateManager) -> None:
+    def __init__(self, config: Config, engine: EngineView) -> None:
         self.config = config
-        self.manager = manager
+        self.engine = engine
         self._daemon_state = State.CREATED
         self.interval = config.snapshots.interval_ms / 1000
         self.build_timeout = config.snapshots.build_timeout_ms / 1000
@@ -139,18 +137,17 @@ class SnapshotPublisher:
             self._write_stale_marks(tab)
             self._take_requests(tab)
         now = time.monotonic()
-        if now >= self._next_publish and not self.manager.store_fault:  # the stores are being recovered
+        if now >= self._next_publish and not self.engine.store_fault:  # the stores are being recovered
             self._next_publish = now + self.interval
-            for rt in list(self.manager.tables.values()):
-                if rt.machine.state == State.RUNNING:
-                    tab = self._tables[rt.name]
-                    self._try_publish(rt, tab)
+            for table in self.engine.table_views():
+                if table.state == State.RUNNING:
+                    self._try_publish(table, self._tables[table.name])
         if now >= self._next_sweep:
             self._next_sweep = now + max(self.interval, 1.0)
             for tab in self._tables.values():
                 self._gc(tab)
 
-    def _try_publish(self, rt: TableRuntime, tab: _Table) -> None:
+    def _try_publish(self, rt: TableView, tab: _Table) -> None:
         """A failed publish (disk full, I/O error) leaves CURRENT as it was; the next interval tries again."""
         try:
             offsets = self._live_offsets(rt)
@@ -197,15 +194,14 @@ class SnapshotPublisher:
         self._last_id = manifests.new_id(self._last_id)
         return self._last_id
 
-    @staticmethod
-    def _live_offsets(rt: TableRuntime) -> Offsets | None:
+    def _live_offsets(self, rt: TableView) -> Offsets | None:
         """The offsets the live store holds now, which a checkpoint taken now holds too (this is the loop thread,
         between two polls); None while they do not cover every partition. Not the last commit's: a checkpoint is
         durable by itself, and waiting for the commit kept a refresh waiting up to commit_interval_ms for a build."""
-        stored = rt.store.offsets()
+        stored = self.engine.live_offsets(rt.name)
         return stored if set(stored) == set(rt.partitions) else None
 
-    def _publish_live(self, rt: TableRuntime) -> Manifest:
+    def _publish_live(self, rt: TableView) -> Manifest:
         """Checkpoint the live store (loop thread only: the store is not thread-safe) and make it CURRENT."""
         tab = self._tables[rt.name]
         with self._lock:
@@ -216,17 +212,16 @@ class SnapshotPublisher:
                 durable.make_dirs(tab.dir)
             tmp.mkdir(mode=0o700)
             try:
-                records = rt.store.estimate_keys()
-                rt.store.checkpoint(tmp / SNAPSHOT_DB_DIR)
-                with StoreReader(tmp / SNAPSHOT_DB_DIR) as copy:
-                    offsets = copy.offsets()
+                taken = self.engine.checkpoint(rt.name, tmp / SNAPSHOT_DB_DIR)
+                offsets = taken.offsets
                 # RocksDB's copies and links (not all of them synced) are on disk before a manifest names them.
                 durable.sync_tree(tmp, synced_suffixes=(".sst",))
                 if set(offsets) != set(rt.partitions):
-                    raise ManifestError(f"checkpoint holds offsets {offsets}, not of every partition {rt.partitions}")
+                    raise ManifestError(f"checkpoint holds offsets {offsets}, "
+                                        f"not of every partition {list(rt.partitions)}")
                 m = Manifest(table=rt.name, topic=rt.topic, id=sid, offsets=dict(offsets), created=time.time(),
-                             daemon_state=self._daemon_state.value, table_state=rt.machine.state.value,
-                             records=records)
+                             daemon_state=self._daemon_state.value, table_state=rt.state.value,
+                             records=taken.records)
                 manifests.write(tmp, m)
                 durable.rename(tmp, tab.dir / sid)
             except BaseException:
@@ -255,10 +250,10 @@ class SnapshotPublisher:
                                           f"{type(e).__name__}: {e}"))
 
     def _admit(self, tab: _Table, req: Request) -> None:
-        rt = self.manager.tables.get(tab.config.name)
-        if rt is None or rt.machine.state != State.RUNNING:
-            state = rt.machine.state.value if rt else "CREATED"
-            reason = rt.machine.reason if rt else "not started"
+        rt = self.engine.table_view(tab.config.name)
+        if rt is None or rt.state != State.RUNNING:
+            state = rt.state.value if rt else "CREATED"
+            reason = rt.reason if rt else "not started"
             self._answer(tab, Response(req.id, Code.REBUILDING,
                                       f"table {tab.config.name} is {state} ({reason}); ask again once it is RUNNING"))
             return
@@ -267,7 +262,7 @@ class SnapshotPublisher:
                                                             f"topic {rt.topic} has {sorted(rt.partitions)}"))
             return
         found = find_exact(self.config.state_dir, tab.config.name, req.offsets)
-        live = None if self.manager.store_fault else self._live_offsets(rt)
+        live = None if self.engine.store_fault else self._live_offsets(rt)
         if found is None and live == req.offsets:
             found = self._publish_live(rt)
             if found.offsets != req.offsets:  # the loop thread publishes: nothing can move between, but be sure
@@ -383,11 +378,11 @@ class SnapshotPublisher:
             with self._lock:
                 if job.generation != tab.generation:
                     raise BuildRefused(Code.REBUILDING, f"table {name} was wiped during the build; it is rebuilding")
-                rt = self.manager.tables.get(name)
+                rt = self.engine.table_view(name)
                 sid = self._next_id()
                 m = Manifest(table=name, topic=tab.config.topic, id=sid, offsets=dict(target), created=time.time(),
                              daemon_state=self._daemon_state.value,
-                             table_state=rt.machine.state.value if rt else State.RUNNING.value,
+                             table_state=rt.state.value if rt else State.RUNNING.value,
                              records=built.records, kind="exact", request=job.request.id)
                 manifests.write(work, m)
                 durable.rename(work, tab.dir / sid)

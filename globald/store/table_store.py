@@ -22,7 +22,7 @@ from pathlib import Path
 from rocksdict import Checkpoint, ColumnFamily, Rdict, WriteBatch
 
 from globald.errors import StoreCorruptError, StoreFormatError, StoreIOError, StoreUnavailableError
-from globald.store import checkpoint_file, durable, plain, space
+from globald.store import checkpoint_file, durable, memory, plain, space
 from globald.store.codec import (
     decode_format,
     decode_offset,
@@ -490,6 +490,17 @@ class TableStore:
         """SST files of the values family per level, L0 first (a bulk load leaves its flushes in L0)."""
         assert self._values_cf is not None
         return [int(self._values_cf.property_int_value(f"rocksdb.num-files-at-level{n}") or 0) for n in range(7)]
+
+    def memory_usage(self) -> dict[str, int] | None:
+        """Bytes RocksDB accounts to this store, by kind (see ``store.memory``); None while it is closed."""
+        db = self._db
+        if db is None:
+            return None
+        try:
+            return memory.usage(db, [h for h in (self._values_cf, self._offsets, self._meta) if h is not None])
+        except Exception as e:  # a store being reopened: the next sample has it
+            log.debug("store memory of %s: %s", self.table, e)
+            return None
 
     def estimate_keys(self) -> int:
         # Through the family's long-lived handle: a temporary one would flush the family alone when dropped.
