@@ -13,7 +13,7 @@ from typing import Any
 
 from globald import config as configmod
 from globald import configspec, exitcodes
-from globald.cli_read import DUMP_FORMATS, cmd_dump, cmd_get, cmd_snapshots
+from globald.cli_read import DECODE_HELP, DUMP_FORMATS, cmd_dump, cmd_get, cmd_snapshots
 from globald.errors import (
     ConfigError,
     GlobaldError,
@@ -81,9 +81,11 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     if args.config is None:  # optional only so that --keys needs no file
         raise ConfigError("--config", "is required (or pass --keys to list the config keys)")
     from globald.statedir import check_state_dir
+    from globald.typed import check_schemas
 
     cfg = configmod.load(args.config)
     check_kafka_properties(cfg)
+    check_schemas(cfg)  # every schema file read and mapped to its column type: SchemaError names key and file
     note = check_state_dir(cfg.state_dir)  # what run needs of it: created (or a directory), written, locked
     summary: dict[str, Any] = {
         "ok": True,
@@ -191,10 +193,12 @@ def build_parser() -> argparse.ArgumentParser:
                    "value as JSON strings (JSON escapes), key_base64/value_base64 where not UTF-8")
     d.add_argument("--json", action="store_true",
                    help="say where the content comes from (source, snapshot, offsets) as one JSON line on stderr")
+    d.add_argument("--decode", action="store_true", help=DECODE_HELP)
     g = add("get", cmd_get, "print the value and timestamp of one key (exit 1 when absent)", json_flag=True,
             table=True)
     g.add_argument("--key-format", choices=("text", "base64", "hex"), default="text",
                    help="how KEY is written (default: UTF-8 text)")
+    g.add_argument("--decode", action="store_true", help=DECODE_HELP)
     g.add_argument("key", metavar="KEY", help="the record key to look up")
     r = add("reset", cmd_reset, "wipe a table so it is restored from the log start (through the daemon if one runs)",
             json_flag=True, table=True)

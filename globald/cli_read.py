@@ -12,7 +12,8 @@ import binascii
 import json
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from itertools import islice
 from typing import TYPE_CHECKING, Any
 
 from globald import config as configmod
@@ -21,9 +22,14 @@ from globald.errors import GlobaldError, UsageError
 
 if TYPE_CHECKING:
     from globald.readview import ReadView
+    from globald.typed.arrow import Decoder
 
 # How dump writes keys and values. base64 is exact for any bytes; text is readable for UTF-8 keys and values.
 DUMP_FORMATS = ("base64", "text")
+DECODE_HELP = ("decode the value (and the key) by the table's [tables.value] / [tables.key] format and print it as "
+               "JSON: timestamps and dates ISO 8601, decimals as strings, bytes base64; a value that does not decode "
+               "is null with an \"error\" saying why (on_error = \"fail\": exit 5 naming the key)")
+DECODE_BATCH = 4096  # records decoded per Arrow batch by dump --decode
 
 
 def _b64(b: bytes) -> str:
@@ -52,6 +58,41 @@ def dump_lines(items: Iterator[tuple[bytes, bytes, int]], fmt: str = "base64") -
             yield json.dumps({"key": _b64(key), "value": _b64(value), "timestamp": ts})
 
 
+def decoded_lines(items: Iterable[tuple[bytes, bytes, int]], keys: Decoder, values: Decoder) -> Iterator[str]:
+    """``dump --decode``: one JSON object per record, key and value decoded (a raw key as text, or key_base64)."""
+    import pyarrow as pa
+
+    from globald.typed.arrow import RecordContext, jsonable, python_rows
+
+    records = iter(items)
+    while batch := list(islice(records, DECODE_BATCH)):
+        raw_keys = [k for k, _, _ in batch]
+        context = RecordContext(keys=raw_keys)
+        shown_keys = (python_rows(keys.decode(pa.array(raw_keys, pa.binary()), context).values) if keys.typed
+                      else None)
+        decoded = values.decode(pa.array([v for _, v, _ in batch], pa.binary()), context)
+        rows, errors = python_rows(decoded.values), decoded.errors.to_pylist()
+        for i, (key, _, ts) in enumerate(batch):
+            doc: dict[str, Any] = {}
+            if shown_keys is None:
+                _text_or_b64(doc, "key", key)
+            else:
+                doc["key"] = jsonable(shown_keys[i])
+            doc["value"] = jsonable(rows[i])
+            if errors[i] is not None:
+                doc["error"] = errors[i]
+            doc["timestamp"] = ts
+            yield json.dumps(doc, ensure_ascii=False)
+
+
+def _decoders(cfg: configmod.Config, table: str, decode: bool) -> tuple[Decoder, Decoder] | None:
+    if not decode:
+        return None
+    from globald.typed import load_table
+
+    return load_table(cfg, table)
+
+
 def _consistent_view(cfg: configmod.Config, table: str) -> ReadView | None:
     """The version get and dump answer from; None, once the reason is printed, when none can be served now."""
     from globald import readview
@@ -78,6 +119,7 @@ def cmd_dump(args: argparse.Namespace) -> int:
 
     cfg = configmod.load(args.config)
     table = cfg.table(args.table)
+    decoders = _decoders(cfg, table.name, args.decode)  # a bad schema is exit 2 before anything is opened
     view = (readview.open_snapshot_view(cfg, table.name, args.snapshot) if args.snapshot is not None
             else _consistent_view(cfg, table.name))
     if view is None:
@@ -86,7 +128,9 @@ def cmd_dump(args: argparse.Namespace) -> int:
         _announce(view, args.json)
         out, written = sys.stdout, 0
         try:
-            for line in dump_lines(view.items(), args.format):
+            lines = (dump_lines(view.items(), args.format) if decoders is None
+                     else decoded_lines(view.items(), *decoders))
+            for line in lines:
                 out.write(line + "\n")
                 written += 1
         except GlobaldError as e:  # lines already written cannot be taken back: say they are not the table
@@ -115,12 +159,15 @@ def cmd_get(args: argparse.Namespace) -> int:
     cfg = configmod.load(args.config)
     table = cfg.table(args.table)
     key = parse_key(args.key, args.key_format)
+    decoders = _decoders(cfg, table.name, args.decode)
     view = _consistent_view(cfg, table.name)
     if view is None:
         return exitcodes.UNAVAILABLE
     with view:
         found = view.get(key)
     _announce(view, as_json=False)
+    if decoders is not None and found is not None:
+        return _print_decoded(view, key, found, decoders[1], args.json)
     if args.json:
         doc: dict[str, Any] = {**view.describe(), "key_base64": _b64(key), "found": found is not None}
         if found is not None:
@@ -142,6 +189,27 @@ def cmd_get(args: argparse.Namespace) -> int:
         print(f"value:     {shown}")
         print(f"timestamp: {_timestamp_text(ts)}")
     return exitcodes.OK if found is not None else exitcodes.NOT_FOUND
+
+
+def _print_decoded(view: ReadView, key: bytes, found: tuple[bytes, int], values: Decoder, as_json: bool) -> int:
+    """``get --decode``: the value decoded, as JSON; one that does not decode is null with the reason (exit 0:
+    the key is there), or under on_error = "fail" a DecodeFailure naming the key (exit 5)."""
+    import pyarrow as pa
+
+    from globald.typed.arrow import RecordContext, jsonable, python_rows
+
+    value, ts = found
+    decoded = values.decode(pa.array([value], pa.binary()), RecordContext(keys=[key]))
+    shown, error = jsonable(python_rows(decoded.values)[0]), decoded.errors[0].as_py()
+    if as_json:
+        print(json.dumps({**view.describe(), "key_base64": _b64(key), "found": True, "value_base64": _b64(value),
+                          "timestamp": ts, "value": shown, "error": error}, sort_keys=True, ensure_ascii=False))
+        return exitcodes.OK
+    print(f"value:     {json.dumps(shown, ensure_ascii=False)}")
+    if error is not None:
+        print(f"error:     {error}")
+    print(f"timestamp: {_timestamp_text(ts)}")
+    return exitcodes.OK
 
 
 def cmd_snapshots(args: argparse.Namespace) -> int:

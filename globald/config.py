@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from globald.configspec import Argv, Boolean, Choice, Directory, Integer, Section, Spec, Text, Url, build, declare
 from globald.errors import ConfigError, UnknownTableError
 from globald.kafka.properties import MANAGED_KAFKA_PROPERTIES, consumer_settings
+from globald.typed.spec import ValueFormat, check_format_keys
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -131,6 +132,16 @@ class TableConfig:
     topic: str = field(metadata=declare(Name(
         TOPIC_NAME_RE, "Kafka topic name", "1 to 249 letters, digits, '.', '_', '-', not '.' or '..'",
         help="the compacted topic the table mirrors; one table per topic")))
+    value: ValueFormat | None = field(default=None, metadata=declare(Section(
+        ValueFormat, after=check_format_keys, help="optional: how the values are encoded, to decode them into typed "
+        "columns (docs/typed-tables.md); without it they stay raw bytes. The store keeps the bytes as they came")))
+    key: ValueFormat | None = field(default=None, metadata=declare(Section(
+        ValueFormat, after=check_format_keys, help="optional: how the keys are encoded, with the same keys as "
+        "[tables.value]; without it they are raw bytes (UTF-8 text for a string key)")))
+
+    def resolved(self, base: Path) -> TableConfig:
+        """This table with the schema paths of its sections taken from ``base`` where relative."""
+        return replace(self, value=self.value and self.value.resolved(base), key=self.key and self.key.resolved(base))
 
 
 @dataclass(frozen=True)
@@ -229,7 +240,9 @@ def parse(raw: dict[str, Any], source: Path | None = None) -> Config:
     state_dir = config.state_dir
     if source is not None and not state_dir.is_absolute():
         state_dir = source.parent / state_dir
-    return replace(config, state_dir=state_dir, source=source)
+    # Schema paths, like state_dir, are taken from the config file's directory, not from where globald started.
+    tables = config.tables if source is None else tuple(t.resolved(source.parent) for t in config.tables)
+    return replace(config, state_dir=state_dir, tables=tables, source=source)
 
 
 def load(path: str | Path) -> Config:

@@ -1,0 +1,64 @@
+"""Typed global tables (issue 24): values (and keys) decoded from JSON, Avro or Protobuf into Arrow columns.
+
+The store keeps the bytes exactly as Kafka delivered them; decoding happens on the reading side:
+- ``load(fmt, where)``: the ``Decoder`` of a table's declared format (``globald.typed.spec.ValueFormat``), every
+  schema file read and checked; ``check-config`` calls it for each table.
+- ``Decoder.decode(values)``: a binary column in, a typed column (and per-row errors) out (``globald.typed.arrow``).
+- ``globald.typed.columnar.ensure_columnar(snapshot, decoder)``: a snapshot decoded once per host into an Arrow IPC
+  file beside it, which every worker maps read-only and looks keys up in, vectorized.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from globald.typed.spec import SchemaError, ValueFormat, fingerprint
+
+if TYPE_CHECKING:
+    from globald.config import Config
+    from globald.typed.arrow import Decoder
+
+__all__ = ["SchemaError", "ValueFormat", "check_schemas", "load", "load_table"]
+
+RAW = ValueFormat()
+
+
+def load(fmt: ValueFormat | None, where: str) -> Decoder:
+    """The decoder of ``fmt`` (None: raw), named ``where`` ("tables[0].value") in errors. Raises SchemaError for a
+    schema that cannot be read or used, ConfigError when the ``typed`` extra is missing."""
+    fmt = fmt or RAW
+    try:
+        import pyarrow as pa
+
+        from globald.typed.arrow import Decoder
+
+        if not fmt.typed:
+            return Decoder(fmt, where, pa.binary(), None, fingerprint(fmt, where))
+        if fmt.format == "avro":
+            from globald.typed.avro import compile_avro as compile_format
+        elif fmt.format == "protobuf":
+            from globald.typed.protobuf import compile_protobuf as compile_format
+        else:
+            from globald.typed.jsonfmt import compile_json as compile_format
+    except ImportError as e:
+        raise SchemaError(f"{where}.format", f"{fmt.format} needs the typed and spark extras (pip install "
+                          f"'globald[typed,spark]'): {e}") from None
+    arrow_type, one = compile_format(fmt, where)
+    return Decoder(fmt, where, arrow_type, one, fingerprint(fmt, where))
+
+
+def check_schemas(config: Config) -> None:
+    """Load every declared format of every table, as ``check-config`` does: the first bad one raises."""
+    for i, t in enumerate(config.tables):
+        for section, fmt in (("key", t.key), ("value", t.value)):
+            if fmt is not None and fmt.typed:
+                load(fmt, f"tables[{i}].{section}")
+
+
+def load_table(config: Config, table: str) -> tuple[Decoder, Decoder]:
+    """(key decoder, value decoder) of ``table`` in a loaded config."""
+    for i, t in enumerate(config.tables):
+        if t.name == table:
+            return load(t.key, f"tables[{i}].key"), load(t.value, f"tables[{i}].value")
+    config.table(table)  # raises UnknownTableError naming the known ones
+    raise AssertionError("unreachable")

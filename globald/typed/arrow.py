@@ -1,0 +1,157 @@
+"""Decoding a column of stored values into one Arrow column, vectorized over the batch.
+
+Contract: ``Decoder.decode(values)`` turns a binary array into an array of the decoder's ``arrow_type`` (a struct
+for json, avro and protobuf; binary, untouched, for raw) of the same length, row for row. A null stays null. A value
+that does not decode becomes null with its reason in ``errors`` and is counted, under ``on_error = "null"``; under
+``"fail"`` the batch raises ``DecodeFailure`` naming the key, partition, offset (where the caller knows them) and
+reason of its first bad value. No value ever crashes the decoder: every library error is a reason.
+
+Each format (``avro``, ``protobuf``, ``jsonfmt``) supplies the Arrow type its schema maps to and a function from one
+payload to the Python value Arrow builds that type from; one ``pa.array`` call then builds the whole column in C.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import decimal
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from globald.errors import GlobaldError
+from globald.typed.spec import ValueFormat
+
+ERROR_TYPE = pa.string()
+
+
+class DecodeError(ValueError):
+    """One value does not decode; its text is the reason reported for it."""
+
+
+class DecodeFailure(GlobaldError):
+    """A value does not decode and its table says ``on_error = "fail"``. The message names the key, partition,
+    offset (where known) and why: fix that record (produce a corrected value, or a tombstone), or the schema files,
+    or set ``on_error = "null"`` to read it as null and count it instead."""
+
+    def __init__(self, where: str, key: bytes | None, partition: int | None, offset: int | None, reason: str) -> None:
+        self.key, self.partition, self.offset, self.reason = key, partition, offset, reason
+        shown = key.decode("utf-8", "backslashreplace") if key is not None else "unknown"
+        super().__init__(f"{where}: value of key {shown!r} (partition "
+                         f"{'unknown' if partition is None else partition}, offset "
+                         f"{'unknown' if offset is None else offset}) does not decode: {reason}")
+
+
+@dataclass(frozen=True)
+class RecordContext:
+    """Where the values of a batch come from, row for row, for DecodeFailure; None where not known (a store keeps
+    no partition or offset per key)."""
+
+    keys: Sequence[bytes | None] | None = None
+    partitions: Sequence[int] | None = None
+    offsets: Sequence[int] | None = None
+
+    def at(self, row: int) -> tuple[bytes | None, int | None, int | None]:
+        def pick(seq: Sequence[Any] | None) -> Any:
+            return None if seq is None else seq[row]
+
+        return pick(self.keys), pick(self.partitions), pick(self.offsets)
+
+
+@dataclass(frozen=True)
+class Decoded:
+    values: pa.Array  # the decoder's arrow_type
+    errors: pa.Array  # string: why the row's value did not decode; null where it did (or was null)
+    error_count: int
+
+
+class Decoder:
+    """A table's values (or keys) decoder, built by ``globald.typed.load`` from its declared format."""
+
+    def __init__(self, fmt: ValueFormat, where: str, arrow_type: pa.DataType,
+                 one: Callable[[bytes], Any] | None, fingerprint: str) -> None:
+        self.format = fmt
+        self.where = where  # the config section, "tables[0].value", for messages
+        self.arrow_type = arrow_type
+        self._one = one  # None: raw, the stored bytes are the value
+        self.fingerprint = fingerprint
+
+    @property
+    def typed(self) -> bool:
+        return self._one is not None
+
+    def decode_value(self, value: bytes) -> Any:
+        """One value as Python (what Arrow builds the column from); DecodeError says why it does not decode."""
+        if self._one is None:
+            return value
+        try:
+            return self._one(value)
+        except DecodeError:
+            raise
+        except Exception as e:  # a decoding library meeting bytes it cannot read: a reason, never a crash
+            raise DecodeError(f"{type(e).__name__}: {e}") from None
+
+    def decode(self, values: pa.Array, context: RecordContext | None = None) -> Decoded:
+        if self._one is None:
+            return Decoded(values.cast(pa.binary()), pa.nulls(len(values), ERROR_TYPE), 0)
+        rows: list[Any] = []
+        reasons: list[str | None] = []
+        for value in values.to_pylist():
+            try:
+                rows.append(None if value is None else self.decode_value(value))
+                reasons.append(None)
+            except DecodeError as e:
+                rows.append(None)
+                reasons.append(str(e) or "undecodable")
+        column = self._to_arrow(rows, reasons)
+        bad = [i for i, r in enumerate(reasons) if r is not None]
+        if bad and self.format.on_error == "fail":
+            raise DecodeFailure(self.where, *(context or RecordContext()).at(bad[0]), reasons[bad[0]] or "")
+        return Decoded(column, pa.array(reasons, ERROR_TYPE), len(bad))
+
+    def _to_arrow(self, rows: list[Any], reasons: list[str | None]) -> pa.Array:
+        """One C-level build; should a value not fit its Arrow type (an int64 into int32, a decimal wider than
+        its precision), only that row becomes an error, found by building row by row."""
+        try:
+            return pa.array(rows, self.arrow_type)
+        except (pa.ArrowException, TypeError, ValueError, OverflowError):
+            pass
+        for i, row in enumerate(rows):
+            try:
+                pa.array([row], self.arrow_type)
+            except (pa.ArrowException, TypeError, ValueError, OverflowError) as e:
+                rows[i] = None
+                reasons[i] = f"does not fit the schema's type: {e}"
+        return pa.array(rows, self.arrow_type)
+
+
+def jsonable(value: Any) -> Any:
+    """A decoded value (Arrow's Python form, maps as dicts) as JSON writes it: timestamps and dates in ISO 8601,
+    decimals as strings (exact), bytes as base64; what ``get --decode`` and ``dump --decode`` print."""
+    if isinstance(value, dict):
+        return {str(k) if not isinstance(k, bytes) else base64.b64encode(k).decode(): jsonable(v)
+                for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [jsonable(v) for v in value]
+    if isinstance(value, dt.datetime | dt.date | dt.time):
+        return value.isoformat()
+    if isinstance(value, decimal.Decimal):
+        return str(value)
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode("ascii")
+    if isinstance(value, dt.timedelta):
+        return value.total_seconds()
+    return value
+
+
+def python_rows(column: pa.Array) -> list[Any]:
+    """The column's rows as Python, maps as dicts (the shape JSON and a reference decoder give)."""
+    return list(column.to_pylist(maps_as_pydicts="lossy"))
+
+
+def flatten(values: pa.StructArray, prefix: str) -> dict[str, pa.Array]:
+    """A struct column's fields as top-level columns named ``prefix + field``, null where the struct is null: what
+    a flattened join adds."""
+    return {prefix + values.type.field(i).name: child for i, child in enumerate(values.flatten())}

@@ -1,0 +1,160 @@
+"""Avro values: fastavro decodes, through the reader schema, records written under any writer schema.
+
+Why fastavro: it is the maintained Avro implementation for Python with a C (Cython) decoder, about 10x the official
+``avro`` package, and it implements Avro's schema resolution (added fields take their defaults, removed ones are
+skipped, promotions apply), which is what evolution across Confluent ids needs. pyarrow reads Avro container files
+only, not single framed records.
+
+The Arrow type follows Spark's ``from_avro``: records are structs, arrays lists, maps map<string, _>, enums strings,
+a union of null and one type that type (nullable), fixed fixed_size_binary; logical types decimal, date,
+time-millis/micros, timestamp-millis/micros (UTC) and local-timestamp-millis/micros (no zone), uuid (string).
+A union of several non-null types has no single column type and is refused when the schema is loaded.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import fastavro
+import pyarrow as pa
+
+from globald.typed import framing
+from globald.typed.arrow import DecodeError
+from globald.typed.spec import SchemaError, ValueFormat, read_schema_file, writer_files
+
+PRIMITIVES = {"null": pa.null(), "boolean": pa.bool_(), "int": pa.int32(), "long": pa.int64(),
+              "float": pa.float32(), "double": pa.float64(), "bytes": pa.binary(), "string": pa.string()}
+LOGICAL = {"date": pa.date32(), "time-millis": pa.time32("ms"), "time-micros": pa.time64("us"),
+           "timestamp-millis": pa.timestamp("ms", "UTC"), "timestamp-micros": pa.timestamp("us", "UTC"),
+           "local-timestamp-millis": pa.timestamp("ms"), "local-timestamp-micros": pa.timestamp("us"),
+           "uuid": pa.string()}
+
+
+class _Types:
+    """Avro schema -> Arrow type, resolving named types (records, enums, fixed) by full and short name."""
+
+    def __init__(self) -> None:
+        self.named: dict[str, Any] = {}
+        self.open: set[str] = set()  # records being mapped: meeting one again means a recursive schema
+        self.has_uuid = False
+
+    def of(self, s: Any, namespace: str = "") -> pa.DataType:
+        if isinstance(s, str):
+            if s in PRIMITIVES:
+                return PRIMITIVES[s]
+            full = s if "." in s or not namespace else f"{namespace}.{s}"
+            if full in self.open or s in self.open:
+                raise ValueError(f"recursive type {s}: a column cannot hold it")
+            found = self.named.get(full, self.named.get(s))
+            if found is None:
+                raise ValueError(f"unknown type name {s!r}")
+            return found
+        if isinstance(s, list):
+            return self._union(s, namespace)
+        if not isinstance(s, dict) or "type" not in s:
+            raise ValueError(f"not an Avro schema: {s!r}")
+        logical = s.get("logicalType")
+        if logical == "decimal" and s["type"] in ("bytes", "fixed"):
+            self._name(s, namespace, None)
+            precision, scale = int(s["precision"]), int(s.get("scale", 0))
+            return pa.decimal128(precision, scale) if precision <= 38 else pa.decimal256(precision, scale)
+        if logical in LOGICAL:
+            self.has_uuid |= logical == "uuid"
+            return LOGICAL[logical]
+        kind = s["type"]
+        if kind == "record" or kind == "error":
+            return self._record(s, namespace)
+        if kind == "enum":
+            return self._name(s, namespace, pa.string())
+        if kind == "fixed":
+            return self._name(s, namespace, pa.binary(int(s["size"])))
+        if kind == "array":
+            return pa.list_(self.of(s["items"], namespace))
+        if kind == "map":
+            return pa.map_(pa.string(), self.of(s["values"], namespace))
+        return self.of(kind, namespace)  # {"type": "long"} and the like
+
+    def _name(self, s: dict[str, Any], namespace: str, t: pa.DataType | None) -> pa.DataType:
+        name = s.get("name")
+        if name is not None and t is not None:
+            full = name if "." in name else f"{s.get('namespace', namespace)}.{name}".lstrip(".")
+            self.named[full] = self.named[name] = t
+        return t
+
+    def _record(self, s: dict[str, Any], namespace: str) -> pa.DataType:
+        name = s["name"]
+        inner = s.get("namespace", name.rpartition(".")[0] if "." in name else namespace)
+        full = name if "." in name else f"{inner}.{name}".lstrip(".")
+        self.open.add(full)
+        fields = [pa.field(f["name"], self.of(f["type"], inner)) for f in s["fields"]]
+        self.open.discard(full)
+        return self._name(s, namespace, pa.struct(fields))
+
+    def _union(self, branches: list[Any], namespace: str) -> pa.DataType:
+        types = [self.of(b, namespace) for b in branches]
+        real = [t for t in types if t != pa.null()]
+        if len(real) > 1:
+            raise ValueError(f"a union of {len(real)} non-null types ({branches}) has no single column type; "
+                             "use a union of null and one type")
+        return real[0] if real else pa.null()
+
+
+def _uuids_as_text(value: Any) -> Any:
+    """fastavro gives uuid.UUID objects; the column holds their text."""
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _uuids_as_text(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_uuids_as_text(v) for v in value]
+    return value
+
+
+def parse(path: Any, where: str) -> tuple[Any, Any]:
+    """(the schema as JSON, as fastavro parsed it) of an .avsc file; SchemaError names ``where`` and the file."""
+    try:
+        raw = json.loads(read_schema_file(path, where))
+        return raw, fastavro.parse_schema(raw)
+    except (ValueError, TypeError, KeyError, fastavro.schema.SchemaParseException) as e:
+        raise SchemaError(where, f"{path} is not a valid Avro schema: {e}") from None
+
+
+def compile_avro(fmt: ValueFormat, where: str) -> tuple[pa.DataType, Callable[[bytes], Any]]:
+    assert fmt.schema is not None
+    raw, reader = parse(fmt.schema, f"{where}.schema")
+    types = _Types()
+    try:
+        arrow_type = types.of(raw)
+    except (ValueError, KeyError, TypeError) as e:
+        raise SchemaError(f"{where}.schema", f"{fmt.schema}: {e}") from None
+    writers = {sid: parse(path, f"{where}.writer_schemas")[1] for sid, path in writer_files(fmt, where).items()}
+    fix = _uuids_as_text if types.has_uuid else None
+    read = fastavro.schemaless_reader
+
+    def finish(record: Any, buf: io.BytesIO, size: int) -> Any:
+        if buf.tell() != size:  # a payload for another schema often decodes partway: the rest says it is not ours
+            raise DecodeError(f"{size - buf.tell()} bytes left after the record: not written with this schema")
+        return record if fix is None else fix(record)
+
+    if fmt.framing == "none":
+        def one(value: bytes) -> Any:
+            buf = io.BytesIO(value)
+            return finish(read(buf, reader, None), buf, len(value))
+        return arrow_type, one
+
+    where_ids = fmt.writer_schemas
+
+    def one_framed(value: bytes) -> Any:
+        sid, _, start = framing.split(value, with_indexes=False)
+        writer = writers.get(sid)
+        if writer is None:
+            raise DecodeError(f"unknown schema id {sid} (no {sid}.avsc in writer_schemas {where_ids})")
+        buf = io.BytesIO(value)
+        buf.seek(start)
+        return finish(read(buf, writer, reader), buf, len(value))
+
+    return arrow_type, one_framed
