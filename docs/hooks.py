@@ -150,8 +150,13 @@ def cli_reference() -> str:
         parser = build_parser()
         sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
         helps = {c.dest: c.help for c in sub._choices_actions}
-        out = ["```text", parser.format_usage().strip(), "```", "",
-               "| command | what it does |", "|---|---|"]
+        out = ["```text", parser.format_usage().strip(), "```", ""]
+        top = [a for a in parser._actions if a.option_strings and not isinstance(a, argparse._HelpAction)]
+        if top:
+            out += ["| option | what it does |", "|---|---|"]
+            out += [f"| {_argument(a)[0]} | {_cell(a.help or '')} |" for a in top]
+            out.append("")
+        out += ["| command | what it does |", "|---|---|"]
         out += [f"| [`globald {name}`](#globald-{name}) | {_cell(helps.get(name) or '')} |" for name in sub.choices]
         out.append("")
         for name, sp in sub.choices.items():
