@@ -22,7 +22,7 @@ from globald.config import TOPIC_NAME_RE, Config
 from globald.errors import ConfigError, ImportRefusedError, StoreCorruptError
 from globald.kafka.clients import TransientKafkaError, partitions, watermarks
 from globald.statedir import lock_state_dir, prepare_state_dir
-from globald.store import checkpoint_file, durable
+from globald.store import checkpoint_file, durable, layout
 from globald.store.names import (
     COLUMN_FAMILIES,
     DEFAULT_CF,
@@ -30,9 +30,6 @@ from globald.store.names import (
     FORMAT_TIMESTAMPED,
     IMPORT_PREFIX,
     KS_TIMESTAMPED_CF,
-    META_CF,
-    META_FORMAT,
-    META_TOPIC,
     REPLACED_PREFIX,
     VALUES_CF,
     checkpoint_path,
@@ -154,11 +151,9 @@ def _build(config: Config, staging: str, source: Path, topic: str, offsets: dict
         plain = sum(1 for _ in db.keys())  # noqa: SIM118 - an Rdict iterates items
         fmt = FORMAT_MIXED if plain else FORMAT_TIMESTAMPED
         meta = WriteBatch(raw_mode=True)
-        handle = db.get_column_family_handle(META_CF)
-        meta.put(META_FORMAT, str(fmt).encode(), handle)
-        meta.put(META_TOPIC, topic.encode(), handle)
+        layout.put_meta(meta, db, layout.stamp(fmt, topic))
         db.write(meta)
-        del handle, meta
+        del meta
         db.flush()
     finally:
         db.close()

@@ -12,19 +12,18 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from globald.states import State
+from globald.store.layout import offsets_from_json, offsets_to_json
 
 if TYPE_CHECKING:
     from globald.engine.table import TableRuntime
 
 
-def offsets_to_json(offsets: Mapping[int, int]) -> dict[str, int]:
-    return {str(p): o for p, o in sorted(offsets.items())}
-
-
-def offsets_from_json(raw: Any) -> dict[int, int]:
-    if not isinstance(raw, dict):
+def _offsets_read_back(raw: Any) -> dict[int, int]:
+    """Offsets of a document read back from disk: an older globald's missing or unreadable field reads as none."""
+    try:
+        return offsets_from_json(raw)
+    except ValueError:
         return {}
-    return {int(p): int(o) for p, o in raw.items() if str(p).lstrip("-").isdigit() and isinstance(o, int)}
 
 
 @dataclass(frozen=True)
@@ -178,12 +177,12 @@ def _table_from(raw: Any) -> TableStatus:
     r, s = t.get("restore"), t.get("snapshot")
     return TableStatus(
         state=str(t.get("state", State.CREATED.value)), topic=str(t.get("topic", "")),
-        offsets=offsets_from_json(t.get("offsets")), reason=t.get("reason"),
-        end_offsets=offsets_from_json(t["end_offsets"]) if "end_offsets" in t else None, lag=t.get("lag"),
+        offsets=_offsets_read_back(t.get("offsets")), reason=t.get("reason"),
+        end_offsets=_offsets_read_back(t["end_offsets"]) if "end_offsets" in t else None, lag=t.get("lag"),
         records=t.get("records"), null_keys=t.get("null_keys"), wipes=t.get("wipes"), last_error=t.get("last_error"),
         restore=RestoreStatus(r.get("percent", 0.0), r.get("records", 0), r.get("records_per_second", 0.0),
                               r.get("eta_seconds")) if isinstance(r, dict) else None,
-        snapshot=SnapshotStatus(s.get("current"), offsets_from_json(s.get("offsets")), s.get("created"),
+        snapshot=SnapshotStatus(s.get("current"), _offsets_read_back(s.get("offsets")), s.get("created"),
                                 bool(s.get("stale")), s.get("stale_reason"), s.get("published", 0),
                                 s.get("exact_built", 0), dict(s.get("refused") or {}), s.get("last_publish_ms", 0.0),
                                 s.get("last_error")) if isinstance(s, dict) else None,

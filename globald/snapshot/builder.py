@@ -25,7 +25,7 @@ from globald.kafka.clients import TransientKafkaError, make_consumer, partitions
 from globald.kafka.identity import VERIFY_TIMEOUT_S, verify
 from globald.snapshot.exact_requests import Code
 from globald.snapshot.manifest import Offsets
-from globald.store.codec import encode_offset, partition_key
+from globald.store import layout
 from globald.store.durable import sync_tree
 from globald.store.failures import write, write_options
 from globald.store.fingerprint import Ladder, ladders_in
@@ -34,9 +34,6 @@ from globald.store.names import (
     FORMAT_VERSION,
     META_CF,
     META_FINGERPRINT_PREFIX,
-    META_FORMAT,
-    META_TOPIC,
-    OFFSETS_CF,
     SNAPSHOT_DB_DIR,
     VALUES_CF,
 )
@@ -141,21 +138,20 @@ class Builder:
         opts = self.options.rocksdb()
         db = Rdict(str(db_path), opts, column_families={cf: self.options.rocksdb() for cf in COLUMN_FAMILIES})
         try:
-            meta = db.get_column_family(META_CF)
             if base_dir is None:
-                meta[META_FORMAT] = str(FORMAT_VERSION).encode()
-                meta[META_TOPIC] = table.topic.encode()
+                stamp = WriteBatch(raw_mode=True)
+                layout.put_meta(stamp, db, layout.stamp(FORMAT_VERSION, table.topic))
+                db.write(stamp)
             else:
+                meta = db.get_column_family(META_CF)
                 self._check_same_topic(table.topic, ladders_in(meta.items(from_key=META_FINGERPRINT_PREFIX))[0],
                                        deadline)
-            del meta
+                del meta
             consumed = self._apply(db, table.topic, start, target, deadline)
 
             def batch() -> WriteBatch:
                 b = WriteBatch(raw_mode=True)
-                offsets_cf = db.get_column_family_handle(OFFSETS_CF)  # a handle held past close pins the database
-                for p, o in target.items():
-                    b.put(partition_key(p), encode_offset(o), offsets_cf)
+                layout.put_offsets(b, db, target)  # its handles end with it: one held past close pins the database
                 return b
 
             write(db, batch(), write_options(), "exact snapshot build: offsets", rebuild=batch)

@@ -19,6 +19,10 @@ from typing import Any
 from globald.errors import ManifestError, ManifestIOError
 from globald.states import State
 from globald.store.durable import replace_file
+
+# Offsets in JSON have one encoding and one validation (store.layout); imported from here by snapshot readers.
+from globald.store.layout import offsets_from_json as offsets_from_json
+from globald.store.layout import offsets_to_json as offsets_to_json
 from globald.store.names import SNAPSHOT_MANIFEST
 
 MANIFEST_FORMAT = 1
@@ -40,24 +44,6 @@ def new_id(after: str | None) -> str:
     if after is not None:
         now = max(now, int(after) + 1)
     return f"{now:016d}"
-
-
-def offsets_to_json(offsets: Offsets) -> dict[str, int]:
-    return {str(p): o for p, o in sorted(offsets.items())}
-
-
-def offsets_from_json(raw: object, what: str = "offsets") -> Offsets:
-    """Partition -> next-offset from JSON ({"0": 12, ...}); raises ValueError naming what is wrong."""
-    if not isinstance(raw, dict):
-        raise ValueError(f"{what} must be an object")
-    out: Offsets = {}
-    for k, v in raw.items():
-        if not isinstance(k, str) or not k.isdigit() or len(k) > 9:
-            raise ValueError(f"{what}: partition {k!r} is not a partition number")
-        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < 1 << 63:
-            raise ValueError(f"{what}[{k}] = {v!r} is not an offset")
-        out[int(k)] = v
-    return out
 
 
 def read_json(path: Path) -> dict[str, Any]:

@@ -15,8 +15,8 @@ from pathlib import Path
 from rocksdict import AccessType, BlockBasedOptions, Cache, Options, Rdict
 
 from globald.errors import StoreFormatError, StoreUnavailableError
-from globald.store import plain
-from globald.store.codec import decode_format, decode_offset, unreadable_format
+from globald.store import layout, plain
+from globald.store.codec import decode_format, unreadable_format
 from globald.store.names import (
     COMPLETE_YES,
     DEFAULT_CF,
@@ -115,7 +115,7 @@ class StoreReader:
 
     def offsets(self) -> dict[int, int]:
         offsets = self._family(OFFSETS_CF)
-        return {} if offsets is None else {int(k): decode_offset(v) for k, v in offsets.items()}
+        return {} if offsets is None else layout.offsets_in(offsets.items())
 
     def get(self, key: bytes) -> tuple[bytes, int] | None:
         return plain.get(self._values, self._plain, key)

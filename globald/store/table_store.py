@@ -22,15 +22,8 @@ from pathlib import Path
 from rocksdict import Checkpoint, ColumnFamily, Rdict, WriteBatch
 
 from globald.errors import StoreCorruptError, StoreFormatError, StoreIOError, StoreUnavailableError
-from globald.store import checkpoint_file, durable, memory, plain, space
-from globald.store.codec import (
-    decode_format,
-    decode_offset,
-    encode_offset,
-    fingerprint_key,
-    partition_key,
-    unreadable_format,
-)
+from globald.store import checkpoint_file, durable, layout, memory, plain, space
+from globald.store.codec import decode_format, unreadable_format
 from globald.store.failures import STALLS, Stalls, store_io, write, write_options
 from globald.store.fingerprint import Ladder, ladders_in
 from globald.store.names import (
@@ -236,7 +229,7 @@ class TableStore:
         if is_plain:
             log.info("table %s: plain-layout store (values without timestamps); serving them with timestamp %d and "
                      "moving them to the timestamped layout in the background", self.table, SURROGATE_TIMESTAMP)
-        self._put_meta({META_FORMAT: str(fmt).encode(), META_TOPIC: self.topic.encode()})
+        self._put_meta(layout.stamp(fmt, self.topic))
         return fmt
 
     def _has_data(self, cf: str | None) -> bool:
@@ -257,9 +250,7 @@ class TableStore:
 
         def batch() -> WriteBatch:
             b = WriteBatch(raw_mode=True)
-            handle = db.get_column_family_handle(META_CF)
-            for k, v in entries.items():
-                b.put(k, v, handle)
+            layout.put_meta(b, db, entries)
             return b
 
         write(db, batch(), write_options(sync=sync), f"table {self.table}: metadata write", rebuild=batch)
@@ -365,14 +356,7 @@ class TableStore:
     def put_offsets(self, batch: Batch, offsets: Mapping[int, int],
                     ladders: Mapping[int, Ladder] | None = None) -> None:
         """Add ``offsets`` (and the fingerprint ladders of the records below them) to ``batch``."""
-        handle = self.db.get_column_family_handle(OFFSETS_CF)
-        inner = _inner(batch)
-        for partition, offset in offsets.items():
-            inner.put(partition_key(partition), encode_offset(offset), handle)
-        if ladders:
-            meta = self.db.get_column_family_handle(META_CF)
-            for partition, ladder in ladders.items():
-                inner.put(fingerprint_key(partition), ladder.encode(), meta)
+        layout.put_offsets(_inner(batch), self.db, offsets, ladders)
 
     def fingerprints(self) -> dict[int, Ladder]:
         """The stored fingerprint ladder of each partition that has one (see ``fingerprint``)."""
@@ -438,7 +422,7 @@ class TableStore:
         if self._offsets is None:
             raise StoreUnavailableError(f"table {self.table}: store is closed")
         with store_io(f"table {self.table}: read offsets"):
-            return {int(k): decode_offset(v) for k, v in self._offsets.items()}
+            return layout.offsets_in(self._offsets.items())
 
     def sync(self) -> dict[int, int]:
         """Make every write so far durable (fsync the WAL) and return the offsets that are now durable.

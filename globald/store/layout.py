@@ -1,0 +1,66 @@
+"""The on-disk layout of a table's store, written and read in this one place: the metadata that says what a store
+is, how offsets are kept in it, and offsets in the JSON files beside stores and snapshots.
+
+Reserved names are ``names``', byte encodings ``codec``'s. Everything that writes a store (the live store, an exact
+snapshot build, an import of a Kafka Streams store) goes through these functions, so a change of layout is made once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from rocksdict import Rdict, WriteBatch
+
+from globald.store.codec import decode_offset, encode_offset, fingerprint_key, partition_key
+from globald.store.fingerprint import Ladder
+from globald.store.names import META_CF, META_FORMAT, META_TOPIC, OFFSETS_CF
+
+# A partition number in a file longer than this is garbage, not a partition (offsets are Kafka's 63-bit ones).
+_MAX_PARTITION_DIGITS = 9
+
+
+def stamp(fmt: int, topic: str) -> dict[bytes, bytes]:
+    """The metadata a new store is stamped with: the oldest format that describes it and the topic it mirrors."""
+    return {META_FORMAT: str(fmt).encode(), META_TOPIC: topic.encode()}
+
+
+def put_meta(batch: WriteBatch, db: Rdict, entries: Mapping[bytes, bytes]) -> None:
+    handle = db.get_column_family_handle(META_CF)
+    for key, value in entries.items():
+        batch.put(key, value, handle)
+
+
+def put_offsets(batch: WriteBatch, db: Rdict, offsets: Mapping[int, int],
+                ladders: Mapping[int, Ladder] | None = None) -> None:
+    """Add next-offsets (and the fingerprint ladders of the records below them) to ``batch``: in the batch that
+    holds those records, so that data and offsets are only ever durable together."""
+    handle = db.get_column_family_handle(OFFSETS_CF)
+    for partition, offset in offsets.items():
+        batch.put(partition_key(partition), encode_offset(offset), handle)
+    if ladders:
+        put_meta(batch, db, {fingerprint_key(p): ladder.encode() for p, ladder in ladders.items()})
+
+
+def offsets_in(items: Iterable[tuple[bytes | str | int | float | bool, Any]]) -> dict[int, int]:
+    """The next-offsets held by the items of a store's offsets family (rocksdict types them loosely)."""
+    return {int(k): decode_offset(v) for k, v in items}
+
+
+def offsets_to_json(offsets: Mapping[int, int]) -> dict[str, int]:
+    """Offsets as JSON: partition numbers as strings, in partition order."""
+    return {str(p): o for p, o in sorted(offsets.items())}
+
+
+def offsets_from_json(raw: object, what: str = "offsets") -> dict[int, int]:
+    """Partition -> next-offset from JSON ({"0": 12, ...}); raises ValueError naming what is wrong."""
+    if not isinstance(raw, dict):
+        raise ValueError(f"{what} must be an object")
+    out: dict[int, int] = {}
+    for k, v in raw.items():
+        if not isinstance(k, str) or not k.isdigit() or len(k) > _MAX_PARTITION_DIGITS:
+            raise ValueError(f"{what}: partition {k!r} is not a partition number")
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < 1 << 63:
+            raise ValueError(f"{what}[{k}] = {v!r} is not an offset")
+        out[int(k)] = v
+    return out
