@@ -11,6 +11,8 @@
   first paragraph of its docstring, read from the source (nothing imported), so the map follows every move.
 - ``<!-- globald:readme -->`` becomes the README (the front door), its ``docs/`` links made relative to the site,
   so the home page and the README are one text.
+- ``<!-- globald:import-contracts -->`` becomes the list of import-linter contracts in ``pyproject.toml``, the
+  boundaries ``make lint`` holds the code to.
 - ``bench/results/bench-*.{md,png}`` (the last ``make bench`` reports) are served under ``benchmarks/results/``.
 
 Nothing here is written to docs/: the generated text exists only in the built site.
@@ -24,6 +26,7 @@ import importlib
 import json
 import os
 import sys
+import tomllib
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -35,6 +38,7 @@ CONFIG_MARK = "<!-- globald:config-reference -->"
 CLI_MARK = "<!-- globald:cli-reference -->"
 MODULES_MARK = "<!-- globald:module-map -->"
 README_MARK = "<!-- globald:readme -->"
+CONTRACTS_MARK = "<!-- globald:import-contracts -->"
 BENCH_RESULTS = ("bench-1M.md", "bench-1M.png", "bench-10M.md", "bench-10M.png")
 
 if str(REPO) not in sys.path:  # the docs describe this checkout, not whatever globald is installed
@@ -205,6 +209,15 @@ def module_map(root: Path | None = None) -> str:
     return "\n".join(out)
 
 
+# -- import contracts -------------------------------------------------------------------------------------------
+
+
+def import_contracts() -> str:
+    with open(REPO / "pyproject.toml", "rb") as f:
+        contracts = tomllib.load(f).get("tool", {}).get("importlinter", {}).get("contracts", [])
+    return "\n".join(f"- {c['name']} (`{c.get('type', '?')}`)" for c in contracts) + "\n"
+
+
 # -- mkdocs events ----------------------------------------------------------------------------------------------
 
 
@@ -224,6 +237,8 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Files) -> str
     if README_MARK in markdown:
         markdown = markdown.replace(README_MARK, (REPO / "README.md").read_text(encoding="utf-8")
                                     .replace("](docs/", "]("))
+    if CONTRACTS_MARK in markdown:
+        markdown = markdown.replace(CONTRACTS_MARK, import_contracts())
     if MODULES_MARK in markdown:
         markdown = markdown.replace(MODULES_MARK, module_map())
     return markdown
