@@ -93,7 +93,9 @@ class Decoder:
         except Exception as e:  # a decoding library meeting bytes it cannot read: a reason, never a crash
             raise DecodeError(f"{type(e).__name__}: {e}") from None
 
-    def decode(self, values: pa.Array, context: RecordContext | None = None) -> Decoded:
+    def decode(self, values: pa.Array, context: RecordContext | None = None, *, collect: bool = False) -> Decoded:
+        """``collect``: keep every error per row even under on_error = "fail" (the caller raises when a failing
+        row is read: the columnar file of a whole snapshot)."""
         if self._one is None:
             return Decoded(values.cast(pa.binary()), pa.nulls(len(values), ERROR_TYPE), 0)
         rows: list[Any] = []
@@ -107,7 +109,7 @@ class Decoder:
                 reasons.append(str(e) or "undecodable")
         column = self._to_arrow(rows, reasons)
         bad = [i for i, r in enumerate(reasons) if r is not None]
-        if bad and self.format.on_error == "fail":
+        if bad and self.format.on_error == "fail" and not collect:
             raise DecodeFailure(self.where, *(context or RecordContext()).at(bad[0]), reasons[bad[0]] or "")
         return Decoded(column, pa.array(reasons, ERROR_TYPE), len(bad))
 

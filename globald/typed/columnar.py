@@ -1,0 +1,341 @@
+"""A snapshot decoded once per host into an Arrow IPC file beside it, mapped read-only by every worker.
+
+Why: a Python worker that builds its own index holds its own copy (16 cores, 16 copies), and decoding per lookup
+costs the decoder's per-value Python again at every query. The file is decoded once per snapshot and format, by the
+first reader on the host (the others wait on a lock and then map it); the page cache then holds one copy, and a
+lookup neither decodes nor copies: it hashes the batch's keys (numpy over the Arrow buffers), probes an
+open-addressing table stored in the file (one gather per probe, for the whole batch), confirms the bytes with
+Arrow's ``equal`` and gathers the rows with ``take``. A binary search over sorted hashes was 5-10x slower here:
+17 dependent cache misses a key against one or two.
+
+Contract: ``ColumnarTable.lookup(keys)`` answers every key as the snapshot's point lookup followed by
+``Decoder.decode`` would: the decoded value, its timestamp and its decode error; null in all three for an absent
+or null key. The file lives in the snapshot's directory (``columnar-<fingerprint>.arrow``), so it is valid for
+exactly that content and that declared format, and it goes when retention deletes the snapshot. It is written
+under a temporary name and renamed into place (``globald.store.durable.replace_file``): a reader sees no file or a
+whole one. Rows are in key order (the snapshot's) with columns key, timestamp, value, error and ``hash`` (the key's
+64-bit hash) and ``slots``: the open-addressing table (two slots a key, each a row or -1, linear probing from the
+hash modulo their number), stored two to a row so that every column has one entry a key. The index costs 16 bytes a
+key.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from itertools import islice
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from globald.errors import GlobaldError
+from globald.store.durable import replace_file
+from globald.typed.arrow import ERROR_TYPE, DecodeFailure, Decoder, RecordContext
+
+if TYPE_CHECKING:
+    from globald.snapshot.reader import Snapshot
+
+log = logging.getLogger(__name__)
+
+PREFIX, SUFFIX = "columnar-", ".arrow"
+DECODE_BATCH = 65_536
+META = "globald.columnar"
+HASH = "poly-fnv-fmix64-v1"  # key_hashes below; part of the file's metadata, a file of another is rebuilt
+_P = np.uint64(0x100000001B3)  # FNV-1's 64-bit prime: odd, so every power is, and no byte's weight vanishes
+_LEN = np.uint64(0x9E3779B97F4A7C15)
+_M1, _M2 = np.uint64(0xFF51AFD7ED558CCD), np.uint64(0xC4CEB9FE1A85EC53)
+_powers = np.ones(1, np.uint64)
+
+
+class ColumnarInvalid(GlobaldError):
+    """A columnar file cannot be used (truncated, from another format, hashed differently). It is rebuilt from the
+    snapshot; nothing to do unless it keeps happening (then check the disk)."""
+
+
+def _binary(keys: pa.Array) -> pa.Array:
+    if pa.types.is_string(keys.type) or pa.types.is_large_string(keys.type):
+        return keys.cast(pa.large_binary() if pa.types.is_large_string(keys.type) else pa.binary())
+    return keys
+
+
+def _power_table(n: int) -> np.ndarray:
+    """P**k mod 2**64 for k < n, grown once and kept."""
+    global _powers
+    if len(_powers) < n:
+        with np.errstate(over="ignore"):
+            _powers = np.cumprod(np.concatenate(([np.uint64(1)], np.full(n - 1, _P, np.uint64))), dtype=np.uint64)
+    return _powers
+
+
+def key_hashes(keys: pa.Array) -> np.ndarray:
+    """A 64-bit hash of each key's bytes, computed over the Arrow buffers at once: the key's bytes as a polynomial
+    in P (mod 2**64) plus its length, through MurmurHash3's finalizer so that the low bits that pick a slot mix
+    every byte. Not a defence against chosen keys (those only lengthen probes: every hit is confirmed byte for
+    byte); ~20 ns a key, where hashing Python bytes objects costs ~0.7 us."""
+    keys = _binary(keys)
+    n = len(keys)
+    if not n:
+        return np.empty(0, np.uint64)
+    if keys.null_count:  # a null's offsets may still span bytes: hash it as empty (it is never looked up)
+        keys = pc.if_else(keys.is_valid(), keys, pa.scalar(b"", keys.type))
+    buffers = keys.buffers()
+    width = np.int64 if pa.types.is_large_binary(keys.type) else np.int32
+    offsets = np.frombuffer(buffers[1], width)[keys.offset:keys.offset + n + 1].astype(np.int64)
+    lo, hi = int(offsets[0]), int(offsets[-1])
+    lengths = np.diff(offsets)
+    data = (np.frombuffer(buffers[2], np.uint8)[lo:hi] if buffers[2] is not None else np.empty(0, np.uint8))
+    longest = int(lengths.max(initial=0))
+    powers = _power_table(longest + 1)
+    with np.errstate(over="ignore"):
+        if longest and (lengths == longest).all():  # keys of one length (ids, UUIDs): a matrix, fewer passes
+            h = (data.reshape(n, longest).astype(np.uint64) * powers[longest - 1::-1]).sum(axis=1, dtype=np.uint64)
+        else:
+            from_end = np.repeat(offsets[1:], lengths) - np.arange(lo, hi) - 1  # each byte's place from its end
+            weighted = data.astype(np.uint64) * powers[from_end]
+            sums = np.concatenate((np.zeros(1, np.uint64), np.cumsum(weighted, dtype=np.uint64)))
+            h = sums[offsets[1:] - lo] - sums[offsets[:-1] - lo]
+        h += lengths.astype(np.uint64) * _LEN
+        h ^= h >> np.uint64(33)
+        h *= _M1
+        h ^= h >> np.uint64(33)
+        h *= _M2
+        h ^= h >> np.uint64(33)
+    return h
+
+
+def slot_table(hashes: np.ndarray) -> tuple[np.ndarray, int]:
+    """(slots, longest probe) of an open-addressing table with linear probing of ``hashes``: twice their number of
+    slots, each a row or -1. Built for all rows at once, one probe step per round."""
+    size = np.uint64(max(2 * len(hashes), 1))
+    slots = np.full(2 * len(hashes), -1, np.int32 if len(hashes) < 2**31 else np.int64)
+    pending = np.arange(len(hashes), dtype=np.int64)
+    step = 0
+    while len(pending):
+        at = ((hashes[pending] + np.uint64(step)) % size).astype(np.int64)
+        free = np.less(slots[at], 0)
+        # Of several rows reaching one free slot in a round, the first takes it; the others probe on.
+        cand_at, cand = at[free], pending[free]
+        first_at, first = np.unique(cand_at, return_index=True)
+        slots[first_at] = cand[first]
+        placed = np.zeros(len(pending), bool)
+        placed[np.flatnonzero(free)[first]] = True
+        pending = pending[~placed]
+        step += 1
+    return slots, step
+
+
+def columnar_path(snapshot_dir: Path, decoder: Decoder) -> Path:
+    return snapshot_dir / f"{PREFIX}{decoder.fingerprint[:24]}{SUFFIX}"
+
+
+@dataclass(frozen=True)
+class Lookup:
+    values: pa.Array  # the decoder's type; null where the key is absent, null, or its value did not decode
+    timestamps: pa.Array  # int64, null where absent
+    errors: pa.Array  # string: why the row's value did not decode
+    found: int
+    error_count: int  # looked-up keys whose value did not decode: the per-query count
+
+
+def build_table(items: Iterable[tuple[bytes, bytes, int]], decoder: Decoder, about: dict[str, Any]) -> pa.Table:
+    """The file's content from (key, value, timestamp) in key order. Decode errors are kept per row, never raised
+    here: under on_error = "fail" it is the lookup of that key that fails."""
+    started = time.monotonic()
+    keys: list[pa.Array] = []
+    hashes: list[np.ndarray] = []
+    stamps: list[np.ndarray] = []
+    values: list[pa.Array] = []
+    errors: list[pa.Array] = []
+    records = iter(items)
+    while batch := list(islice(records, DECODE_BATCH)):
+        keys.append(pa.array([k for k, _, _ in batch], pa.binary()))
+        hashes.append(key_hashes(keys[-1]))
+        stamps.append(np.fromiter((ts for _, _, ts in batch), np.int64, len(batch)))
+        decoded = decoder.decode(pa.array([v for _, v, _ in batch], pa.binary()), collect=True)
+        values.append(decoded.values)
+        errors.append(decoded.errors)
+    hash_column = np.concatenate(hashes) if hashes else np.empty(0, np.uint64)
+    slots, probes = slot_table(hash_column)
+    error = pa.concat_arrays(errors) if errors else pa.array([], ERROR_TYPE)
+    meta = {**about, "fingerprint": decoder.fingerprint, "where": decoder.where, "hash": HASH, "probes": probes,
+            "on_error": decoder.format.on_error, "rows": len(hash_column), "errors": len(error) - error.null_count,
+            "decode_s": round(time.monotonic() - started, 3)}
+    slot_type = pa.int32() if slots.dtype == np.int32 else pa.int64()
+    return pa.table({
+        "key": pa.concat_arrays(keys) if keys else pa.array([], pa.binary()),
+        "timestamp": pa.array(np.concatenate(stamps) if stamps else np.empty(0, np.int64)),
+        "value": pa.concat_arrays(values) if values else pa.array([], decoder.arrow_type),
+        "error": error,
+        "hash": pa.array(hash_column),
+        "slots": pa.FixedSizeListArray.from_arrays(pa.array(slots, slot_type), 2),
+    }).replace_schema_metadata({META: json.dumps(meta)})
+
+
+def write_columnar(path: Path, table: pa.Table) -> None:
+    """The file at ``path``, atomically: one record batch, so that every column maps as one array."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table, max_chunksize=max(table.num_rows, 1))
+    replace_file(path, sink.getvalue().to_pybytes())
+
+
+class ColumnarTable:
+    """A decoded snapshot, looked up in vectorized form; its columns are views of the mapped file."""
+
+    def __init__(self, table: pa.Table, path: Path | None = None) -> None:
+        self.path = path
+        self.meta: dict[str, Any] = json.loads((table.schema.metadata or {}).get(META.encode(), b"{}"))
+        single = table.combine_chunks()  # a one-batch file: no copy
+        self.keys = single.column("key").chunk(0) if single.num_rows else pa.array([], pa.binary())
+        self.timestamps = _one(single, "timestamp")
+        self.values = _one(single, "value")
+        self.errors = _one(single, "error")
+        self._hash = np.asarray(_one(single, "hash").to_numpy(zero_copy_only=False), np.uint64)
+        slots = _one(single, "slots")
+        self._slots = np.asarray(slots.values.to_numpy(zero_copy_only=False) if len(slots) else np.empty(0, np.int32))
+        self._probes = int(self.meta.get("probes", 0))
+        self.fail = self.meta.get("on_error") == "fail"
+        self.where = str(self.meta.get("where", "table"))
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    @property
+    def error_count(self) -> int:
+        """Values of the snapshot that did not decode."""
+        return len(self.errors) - self.errors.null_count
+
+    @classmethod
+    def open(cls, path: Path, fingerprint: str) -> ColumnarTable:
+        """Map ``path`` read-only. FileNotFoundError when absent; ColumnarInvalid when it cannot be used."""
+        try:
+            table = pa.ipc.open_file(pa.memory_map(str(path), "r")).read_all()
+            found = cls(table, path)
+        except FileNotFoundError:
+            raise
+        except (OSError, pa.ArrowException, ValueError, KeyError) as e:
+            raise ColumnarInvalid(f"{path}: {e}") from None
+        if found.meta.get("fingerprint") != fingerprint:
+            raise ColumnarInvalid(f"{path} was decoded under another declaration")
+        if found.meta.get("hash") != HASH or not np.array_equal(key_hashes(found.keys[:8]), found._hash[:8]):
+            raise ColumnarInvalid(f"{path}: its keys were hashed by another function ({found.meta.get('hash')})")
+        return found
+
+    def positions(self, keys: pa.Array) -> np.ndarray:
+        """Each key's row, -1 where absent or null. Probing compares the 64-bit hashes only (numpy); the bytes of
+        every candidate are then confirmed at once by Arrow."""
+        pos = np.full(len(keys), -1, np.int64)
+        if not len(self) or not len(keys):
+            return pos
+        keys = _binary(keys)
+        wanted = key_hashes(keys)
+        todo = np.flatnonzero(np.asarray(keys.is_valid().to_numpy(zero_copy_only=False), bool))
+        found_at, found_row = self._probe(wanted, todo, 0)
+        pos[found_at] = found_row
+        candidates = self.keys.take(pa.array(np.maximum(pos, 0), mask=pos < 0))
+        same = np.asarray(pc.fill_null(pc.equal(keys, candidates), False).to_numpy(zero_copy_only=False), bool)
+        for at in np.flatnonzero((pos >= 0) & ~same):  # two keys sharing a 64-bit hash: never seen, yet right
+            pos[at] = self._probe_one(keys[int(at)].as_py(), int(wanted[at]))
+        return pos
+
+    def _probe(self, wanted: np.ndarray, todo: np.ndarray, start: int) -> tuple[np.ndarray, np.ndarray]:
+        """(query, row) of the first slot from ``start`` on whose row has the query's hash; an empty slot met
+        first means absent."""
+        size = np.uint64(len(self._slots))
+        found_at: list[np.ndarray] = []
+        found_row: list[np.ndarray] = []
+        for step in range(start, self._probes):
+            if not len(todo):
+                break
+            rows = self._slots[((wanted[todo] + np.uint64(step)) % size).astype(np.int64)].astype(np.int64)
+            todo, rows = todo[rows >= 0], rows[rows >= 0]
+            hit = self._hash[rows] == wanted[todo]
+            found_at.append(todo[hit])
+            found_row.append(rows[hit])
+            todo = todo[~hit]
+        if not found_at:
+            return np.empty(0, np.int64), np.empty(0, np.int64)
+        return np.concatenate(found_at), np.concatenate(found_row)
+
+    def _probe_one(self, key: bytes, h: int) -> int:
+        size = len(self._slots)
+        for step in range(self._probes):
+            row = int(self._slots[(h + step) % size])
+            if row < 0:
+                return -1
+            if int(self._hash[row]) == h and self.keys[row].as_py() == key:
+                return row
+        return -1
+
+    def lookup(self, keys: pa.Array, context: RecordContext | None = None) -> Lookup:
+        """The rows of ``keys`` (binary or string). Under on_error = "fail", a looked-up value that did not decode
+        raises DecodeFailure naming its key (a store keeps no partition or offset per key)."""
+        pos = self.positions(keys)
+        missing = pos < 0
+        take = pa.array(np.where(missing, 0, pos), mask=missing)
+        errors = self.errors.take(take) if len(self) else pa.nulls(len(keys), ERROR_TYPE)
+        error_count = len(errors) - errors.null_count
+        if error_count and self.fail:
+            row = int(np.flatnonzero(errors.is_valid().to_numpy(zero_copy_only=False))[0])
+            key = self.keys[int(pos[row])].as_py()
+            _, partition, offset = (context or RecordContext()).at(row)
+            raise DecodeFailure(self.where, key, partition, offset, errors[row].as_py())
+        if not len(self):
+            return Lookup(pa.nulls(len(keys), self.values.type), pa.nulls(len(keys), pa.int64()), errors, 0, 0)
+        return Lookup(self.values.take(take), self.timestamps.take(take), errors, int((~missing).sum()), error_count)
+
+
+def _one(table: pa.Table, name: str) -> pa.Array:
+    column = table.column(name)
+    return column.chunk(0) if column.num_chunks else pa.array([], column.type)
+
+
+@contextlib.contextmanager
+def _host_lock(directory: Path) -> Iterator[None]:
+    """One decoder per snapshot directory on this host at a time: the others wait, then map its file."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def ensure_columnar(snapshot: Snapshot, decoder: Decoder) -> ColumnarTable:
+    """The snapshot decoded by ``decoder``, from its columnar file; decoded and written first when there is none.
+
+    What the Spark side calls once per descriptor and worker. A snapshot directory this user may not write (a
+    reader that is not the daemon's user) is decoded into this process's memory instead, and logged."""
+    directory = snapshot.table_dir / snapshot.id
+    path = columnar_path(directory, decoder)
+    with contextlib.suppress(FileNotFoundError, ColumnarInvalid):
+        return ColumnarTable.open(path, decoder.fingerprint)
+    about = {"table": snapshot.manifest.table, "snapshot": snapshot.id,
+             "offsets": {str(p): o for p, o in snapshot.offsets.items()}}
+    try:
+        with _host_lock(directory):
+            try:
+                return ColumnarTable.open(path, decoder.fingerprint)  # another worker decoded it meanwhile
+            except FileNotFoundError:
+                pass
+            except ColumnarInvalid as e:
+                log.info("columnar file rebuilt: %s", e)
+            table = build_table(snapshot, decoder, about)
+            write_columnar(path, table)
+            log.info("decoded snapshot %s of %s into %s: %d rows, %d decode errors, %.2fs", snapshot.id,
+                     about["table"], path.name, table.num_rows, table.num_rows - table.column("error").null_count,
+                     json.loads(table.schema.metadata[META.encode()])["decode_s"])
+    except PermissionError as e:
+        log.warning("cannot write the columnar file of snapshot %s (%s): decoding it in this worker's memory",
+                    snapshot.id, e)
+        return ColumnarTable(build_table(snapshot, decoder, about))
+    return ColumnarTable.open(path, decoder.fingerprint)
