@@ -12,7 +12,7 @@ blocks swallow what they catch. Each goes through ``record``, whose contract is:
   ``globald_bugs_total{where}`` and kept (type, message, count, first and last time) for the status document's
   ``bugs``, so a bug retried on every tick shows in ``globald status`` instead of being retried silently forever.
 
-The registry is per process (like ``store.failures.STALLS``): one daemon runs per process.
+The registry is per process (like ``store.stalls.STALLS``): one daemon runs per process.
 """
 
 from __future__ import annotations

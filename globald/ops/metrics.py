@@ -20,7 +20,7 @@ from globald import __version__
 from globald.ops.progress import RestoreStats
 from globald.states import State
 from globald.status import DaemonStatus
-from globald.store.failures import Stalls
+from globald.store.stalls import Stalls
 
 PREFIX = "globald"
 

@@ -35,7 +35,7 @@ from globald.ops.progress import ProgressDisplay, ProgressOptions, RestoreTracke
 from globald.ops.sdnotify import Notifier
 from globald.states import State
 from globald.status import DaemonStatus, HttpAddress, RestoreStatus
-from globald.store.failures import STALLS
+from globald.store.stalls import STALLS
 
 log = logging.getLogger(__name__)
 

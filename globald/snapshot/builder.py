@@ -27,7 +27,6 @@ from globald.snapshot.exact_requests import Code
 from globald.snapshot.manifest import Offsets
 from globald.store import layout
 from globald.store.durable import sync_tree
-from globald.store.failures import write, write_options
 from globald.store.fingerprint import Ladder, ladders_in
 from globald.store.names import (
     COLUMN_FAMILIES,
@@ -38,6 +37,7 @@ from globald.store.names import (
     VALUES_CF,
 )
 from globald.store.options import StoreOptions
+from globald.store.writes import write, write_options
 
 
 class BuildRefused(GlobaldError):

@@ -18,8 +18,8 @@ from rocksdict import Rdict, WriteBatch
 
 from globald.errors import StoreUnavailableError
 from globald.store.codec import NO_TIMESTAMP, decode_value, encode_value
-from globald.store.failures import write, write_options
 from globald.store.names import DEFAULT_CF, VALUES_CF
+from globald.store.writes import write, write_options
 
 SURROGATE_TIMESTAMP = NO_TIMESTAMP  # what a plain value is served with: its record timestamp was never stored
 MOVE_CHUNK = 512  # keys per WriteBatch of the background pass

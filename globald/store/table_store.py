@@ -24,7 +24,7 @@ from rocksdict import Checkpoint, ColumnFamily, Rdict, WriteBatch
 from globald.errors import StoreCorruptError, StoreFormatError, StoreIOError, StoreUnavailableError
 from globald.store import checkpoint_file, durable, layout, memory, plain, space
 from globald.store.codec import decode_format, unreadable_format
-from globald.store.failures import STALLS, Stalls, store_io, write, write_options
+from globald.store.failures import store_io
 from globald.store.fingerprint import Ladder, ladders_in
 from globald.store.names import (
     COMPLETE_YES,
@@ -48,6 +48,8 @@ from globald.store.names import (
 )
 from globald.store.options import StoreOptions
 from globald.store.plain import SURROGATE_TIMESTAMP, PlainMigration, UpgradingBatch
+from globald.store.stalls import STALLS, Stalls
+from globald.store.writes import write, write_options
 
 log = logging.getLogger(__name__)
 
@@ -370,7 +372,7 @@ class TableStore:
 
     def write(self, batch: Batch, rebuild: Callable[[], Batch]) -> None:
         """Write ``batch`` atomically. ``rebuild`` makes the same batch again, offsets included: a write that
-        RocksDB holds back (flushes behind) is made again from it once there is room (see ``failures.write``)."""
+        RocksDB holds back (flushes behind) is made again from it once there is room (see ``writes.write``)."""
         write(self.db, _inner(batch), self._write_opts, f"table {self.table}: write", rebuild=lambda: _inner(rebuild()))
 
     def write_offsets(self, offsets: dict[int, int]) -> None:

@@ -27,7 +27,7 @@ from globald.ops.progress import ProgressDisplay, ProgressOptions, RestoreTracke
 from globald.ops.sdnotify import Notifier
 from globald.states import State
 from globald.status import DaemonStatus
-from globald.store.failures import Stalls
+from globald.store.stalls import Stalls
 
 
 class Servable:

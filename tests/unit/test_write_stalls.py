@@ -16,7 +16,8 @@ import pytest
 from rocksdict import Options, Rdict, WriteBatch
 
 from globald.errors import StoreIOError
-from globald.store.failures import STALLS, WRITE_STALL, write, write_options
+from globald.store.stalls import STALLS
+from globald.store.writes import WRITE_STALL, write, write_options
 
 
 def stalling_db(path: Path) -> Rdict:
