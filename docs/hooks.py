@@ -25,6 +25,7 @@ import ast
 import importlib
 import json
 import os
+import re
 import sys
 import tomllib
 from pathlib import Path
@@ -74,7 +75,11 @@ def _attr(attr: str, *names: str) -> Any:
 
 
 def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
+    """``text`` as one cell of a Markdown table: no line break, ``|`` escaped, and ``<...>`` outside code spans
+    shown as written rather than taken for an HTML tag."""
+    parts = re.split(r"(`+[^`]*`+)", text.replace("\n", " "))
+    return "".join(p if p.startswith("`") else p.replace("<", "&lt;").replace(">", "&gt;")
+                   for p in parts).replace("|", "\\|")
 
 
 def _section_of(path: str) -> str:
