@@ -20,7 +20,13 @@ from typing import Any
 
 from globald import statusfile
 from globald.config import Config
-from globald.errors import GlobaldError, SnapshotNotFoundError, StoreFormatError, StoreUnavailableError
+from globald.errors import (
+    GlobaldError,
+    SnapshotNotFoundError,
+    StoreCorruptError,
+    StoreFormatError,
+    StoreUnavailableError,
+)
 from globald.snapshot.manifest import offsets_to_json
 from globald.snapshot.reader import Snapshot, current_id, open_snapshot
 from globald.store.names import db_dir
@@ -101,7 +107,7 @@ def _open_live(config: Config, table: str) -> tuple[StoreReader | None, str]:
         reader = StoreReader(path, attempts=LIVE_OPEN_ATTEMPTS)
     except StoreFormatError:
         raise  # not a rebuild: this globald cannot read the store at all, and says so
-    except StoreUnavailableError as e:
+    except (StoreUnavailableError, StoreCorruptError) as e:  # files vanishing under a wipe read as corrupt
         return None, f"its live store cannot be opened, a wipe may be under way: {e}"
     if reader.complete:
         return reader, ""

@@ -28,7 +28,6 @@ from globald.errors import StoreCorruptError, StoreIOError, StoreUnavailableErro
 from globald.kafka.clients import TransientKafkaError, partitions, watermarks
 from globald.kafka.identity import VERIFY_TIMEOUT_S, TopicIds, Verdict, verify
 from globald.states import State, StateMachine
-from globald.store.failures import is_corruption
 from globald.store.fingerprint import Fingerprint, Ladder
 from globald.store.options import StoreOptions
 from globald.store.reader import StoreReader
@@ -222,8 +221,8 @@ class StateManager:
             error = rt.store.write_error()
             if error is None:
                 continue
-            if is_corruption(error):
-                self.wipe(rt, "corrupt_store", error)
+            if isinstance(error, StoreCorruptError):
+                self.wipe(rt, "corrupt_store", str(error))
             else:
                 log.warning("table %s: store refuses writes (%s); reopening it", rt.name, error)
                 try:

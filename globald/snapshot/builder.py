@@ -27,6 +27,7 @@ from globald.snapshot.exact_requests import Code
 from globald.snapshot.manifest import Offsets
 from globald.store import layout
 from globald.store.durable import sync_tree
+from globald.store.failures import store_io
 from globald.store.fingerprint import Ladder, ladders_in
 from globald.store.names import (
     COLUMN_FAMILIES,
@@ -136,12 +137,13 @@ class Builder:
         if base_dir is not None:
             link_base(base_dir / SNAPSHOT_DB_DIR, db_path)
         opts = self.options.rocksdb()
-        db = Rdict(str(db_path), opts, column_families={cf: self.options.rocksdb() for cf in COLUMN_FAMILIES})
+        with store_io(f"exact snapshot build: open {db_path}"):  # RocksDB's errors mapped as the live store's
+            db = Rdict(str(db_path), opts, column_families={cf: self.options.rocksdb() for cf in COLUMN_FAMILIES})
         try:
-            if base_dir is None:
+            if base_dir is None:  # a new store, stamped as the live store stamps one
                 stamp = WriteBatch(raw_mode=True)
                 layout.put_meta(stamp, db, layout.stamp(FORMAT_VERSION, table.topic))
-                db.write(stamp)
+                write(db, stamp, write_options(), "exact snapshot build: metadata")
             else:
                 meta = db.get_column_family(META_CF)
                 self._check_same_topic(table.topic, ladders_in(meta.items(from_key=META_FINGERPRINT_PREFIX))[0],
@@ -155,7 +157,8 @@ class Builder:
                 return b
 
             write(db, batch(), write_options(), "exact snapshot build: offsets", rebuild=batch)
-            db.flush()
+            with store_io("exact snapshot build: flush"):
+                db.flush()
             values = db.get_column_family(VALUES_CF)
             records = int(values.property_int_value("rocksdb.estimate-num-keys") or 0)
             del values

@@ -15,7 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypedDict
 
-from globald.errors import ManifestError, SnapshotNotFoundError, SnapshotStaleError, StoreUnavailableError
+from globald.errors import (
+    ManifestError,
+    SnapshotNotFoundError,
+    SnapshotStaleError,
+    StoreCorruptError,
+    StoreUnavailableError,
+)
 from globald.snapshot import leases
 from globald.snapshot import manifest as manifests
 from globald.snapshot.manifest import Manifest, Offsets, valid_id
@@ -109,7 +115,7 @@ class Snapshot:
         self.renew()
         try:
             self._reader = StoreReader(path / SNAPSHOT_DB_DIR, attempts=2)
-        except StoreUnavailableError as e:
+        except (StoreUnavailableError, StoreCorruptError) as e:
             self.release()
             raise SnapshotNotFoundError(f"snapshot {sid} of {table} cannot be opened: {e}") from None
 

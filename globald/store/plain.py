@@ -16,8 +16,8 @@ from typing import Any, Protocol, cast
 
 from rocksdict import Rdict, WriteBatch
 
-from globald.errors import StoreUnavailableError
 from globald.store.codec import NO_TIMESTAMP, decode_value, encode_value
+from globald.store.failures import classify
 from globald.store.names import DEFAULT_CF, VALUES_CF
 from globald.store.writes import write, write_options
 
@@ -78,8 +78,8 @@ def _scan(cf: Rdict, start: bytes | None, end: bytes | None,
     # and a scan cut short must never pass for the whole table.
     try:
         it.status()
-    except Exception as e:
-        raise StoreUnavailableError(f"read failed: {e}") from None
+    except Exception as e:  # a damaged block is corruption, not a disk that may heal (failures.classify)
+        raise classify(e, "read failed") from None
 
 
 def _plain(value: bytes) -> tuple[bytes, int]:

@@ -14,9 +14,10 @@ from pathlib import Path
 
 from rocksdict import AccessType, BlockBasedOptions, Cache, Options, Rdict
 
-from globald.errors import StoreFormatError, StoreUnavailableError
+from globald.errors import StoreFormatError
 from globald.store import layout, plain
 from globald.store.codec import decode_format, unreadable_format
+from globald.store.failures import classify
 from globald.store.names import (
     COMPLETE_YES,
     DEFAULT_CF,
@@ -76,8 +77,8 @@ class StoreReader:
             except Exception as e:  # the owner may be rotating files under us; retry briefly
                 last = e
                 time.sleep(0.05 * (i + 1))
-        else:
-            raise StoreUnavailableError(f"cannot open {path} read-only: {last}")
+        else:  # damaged or missing files are StoreCorruptError, a disk or a lock that may heal StoreIOError
+            raise classify(last or OSError("no attempt made"), f"cannot open {path} read-only") from None
         self._meta = self._family(META_CF)
         raw = None if self._meta is None else self._meta.get(META_FORMAT)
         problem = None if raw is None else unreadable_format(raw)

@@ -21,10 +21,10 @@ from pathlib import Path
 
 from rocksdict import Checkpoint, ColumnFamily, Rdict, WriteBatch
 
-from globald.errors import StoreCorruptError, StoreFormatError, StoreIOError, StoreUnavailableError
+from globald.errors import GlobaldError, StoreCorruptError, StoreFormatError, StoreIOError, StoreUnavailableError
 from globald.store import checkpoint_file, durable, layout, memory, plain, space
 from globald.store.codec import decode_format, unreadable_format
-from globald.store.failures import store_io
+from globald.store.failures import classify, store_io
 from globald.store.fingerprint import Ladder, ladders_in
 from globald.store.names import (
     COMPLETE_YES,
@@ -318,14 +318,15 @@ class TableStore:
         except Exception as e:  # the error that made us close; the database is released regardless
             log.warning("table %s: close reported: %s", self.table, e)
 
-    def write_error(self) -> str | None:
-        """None when the store takes writes; else RocksDB's error. Rewrites a metadata key with its own value."""
+    def write_error(self) -> GlobaldError | None:
+        """None when the store takes writes; else why not, mapped once (``failures``): StoreCorruptError for a store
+        that cannot be trusted, StoreUnavailableError for one a reopen may heal. Rewrites a metadata key."""
         if self._db is None:
-            return "store is closed"
+            return StoreUnavailableError("store is closed")
         try:
             self._put_meta({META_STATUS: STATUS_OPEN})
         except Exception as e:
-            return str(e)
+            return classify(e, f"table {self.table}: write check")
         return None
 
     # -- data -----------------------------------------------------------------------------------------------
