@@ -13,6 +13,8 @@
   so the home page and the README are one text.
 - ``<!-- globald:import-contracts -->`` becomes the list of import-linter contracts in ``pyproject.toml``, the
   boundaries ``make lint`` holds the code to.
+- ``<!-- globald:api MODULE.NAME -->`` becomes the reference of one public class or function: its signature and
+  docstring, and for a class those of its public methods, read from the code itself.
 - ``bench/results/bench-*.{md,png}`` (the last ``make bench`` reports) are served under ``benchmarks/results/``.
 
 Nothing here is written to docs/: the generated text exists only in the built site.
@@ -23,6 +25,7 @@ from __future__ import annotations
 import argparse
 import ast
 import importlib
+import inspect
 import json
 import os
 import re
@@ -40,6 +43,7 @@ CLI_MARK = "<!-- globald:cli-reference -->"
 MODULES_MARK = "<!-- globald:module-map -->"
 README_MARK = "<!-- globald:readme -->"
 CONTRACTS_MARK = "<!-- globald:import-contracts -->"
+API_MARK = re.compile(r"<!-- globald:api ([\w.]+) -->")
 BENCH_RESULTS = ("bench-1M.md", "bench-1M.png", "bench-10M.md", "bench-10M.png")
 
 if str(REPO) not in sys.path:  # the docs describe this checkout, not whatever globald is installed
@@ -223,6 +227,40 @@ def import_contracts() -> str:
     return "\n".join(f"- {c['name']} (`{c.get('type', '?')}`)" for c in contracts) + "\n"
 
 
+# -- Python API -------------------------------------------------------------------------------------------------
+
+
+def _signature(obj: Any, name: str) -> str:
+    try:
+        sig = inspect.signature(obj)
+    except (TypeError, ValueError):
+        return f"{name}(...)"
+    params = [p.replace(annotation=inspect.Parameter.empty) for p in sig.parameters.values() if p.name != "self"]
+    plain = sig.replace(parameters=params, return_annotation=inspect.Signature.empty)
+    return f"{name}{plain}"
+
+
+def _doc(obj: Any) -> list[str]:
+    doc = inspect.getdoc(obj)
+    return [doc, ""] if doc else []
+
+
+def api_reference(path: str) -> str:
+    module_name, _, name = path.rpartition(".")
+    obj = getattr(importlib.import_module(module_name), name)
+    if not inspect.isclass(obj):
+        return "\n".join([f"### `{_signature(obj, name)}`", "", *_doc(obj)])
+    out = [f"### `{_signature(obj, name)}`", "", *_doc(obj)]
+    for attr, member in inspect.getmembers(obj):
+        if attr.startswith("_"):
+            continue
+        if isinstance(inspect.getattr_static(obj, attr), property):
+            out += [f"#### `{name}.{attr}` (property)", "", *_doc(member)]
+        elif inspect.isfunction(member):
+            out += [f"#### `{name}.{_signature(member, attr)}`", "", *_doc(member)]
+    return "\n".join(out)
+
+
 # -- mkdocs events ----------------------------------------------------------------------------------------------
 
 
@@ -242,6 +280,7 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Files) -> str
     if README_MARK in markdown:
         markdown = markdown.replace(README_MARK, (REPO / "README.md").read_text(encoding="utf-8")
                                     .replace("](docs/", "]("))
+    markdown = API_MARK.sub(lambda m: api_reference(m.group(1)), markdown)
     if CONTRACTS_MARK in markdown:
         markdown = markdown.replace(CONTRACTS_MARK, import_contracts())
     if MODULES_MARK in markdown:

@@ -99,3 +99,12 @@ def test_the_architecture_page_shows_the_data_path_and_the_exact_request_path() 
     assert "live" in diagrams[0] and "offsets" in diagrams[0]
     for step in ("resolve", "requests/", "build", "responses/"):
         assert step in diagrams[1], step
+
+
+def test_the_spark_api_reference_shows_each_public_method() -> None:
+    from globald.spark import GlobalTableView
+
+    page = hooks().api_reference("globald.spark.GlobalTableView")
+    for name in ("refresh", "join", "udf", "foreach_batch"):
+        assert callable(getattr(GlobalTableView, name)) and f"`GlobalTableView.{name}(" in page, name
+    assert "## API reference" in (DOCS / "spark" / "index.md").read_text()
