@@ -135,7 +135,11 @@ def compile_avro(fmt: ValueFormat, where: str) -> tuple[pa.DataType, Callable[[b
     fix = _uuids_as_text if types.has_uuid else None
     read = fastavro.schemaless_reader
 
-    def finish(record: Any, buf: io.BytesIO, size: int) -> Any:
+    def finish(buf: io.BytesIO, writer: Any, size: int) -> Any:
+        try:
+            record = read(buf, writer, None if writer is reader else reader)
+        except (EOFError, IndexError) as e:  # fastavro reading past the end: which one depends on the field
+            raise DecodeError(f"truncated or corrupt Avro payload ({type(e).__name__}: {e})") from None
         if buf.tell() != size:  # a payload for another schema often decodes partway: the rest says it is not ours
             raise DecodeError(f"{size - buf.tell()} bytes left after the record: not written with this schema")
         return record if fix is None else fix(record)
@@ -143,7 +147,7 @@ def compile_avro(fmt: ValueFormat, where: str) -> tuple[pa.DataType, Callable[[b
     if fmt.framing == "none":
         def one(value: bytes) -> Any:
             buf = io.BytesIO(value)
-            return finish(read(buf, reader, None), buf, len(value))
+            return finish(buf, reader, len(value))
         return arrow_type, one
 
     where_ids = fmt.writer_schemas
@@ -155,6 +159,6 @@ def compile_avro(fmt: ValueFormat, where: str) -> tuple[pa.DataType, Callable[[b
             raise DecodeError(f"unknown schema id {sid} (no {sid}.avsc in writer_schemas {where_ids})")
         buf = io.BytesIO(value)
         buf.seek(start)
-        return finish(read(buf, writer, reader), buf, len(value))
+        return finish(buf, writer, len(value))
 
     return arrow_type, one_framed
