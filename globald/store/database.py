@@ -1,0 +1,190 @@
+"""One table's RocksDB database as a connection: its column families, how it is opened (serving, or a bulk load),
+how its metadata is written, and what RocksDB says about it (offsets held, keys, files, memory).
+
+``TableStore`` builds what the database means on this: opening or wiping, writes, commits, the upgrade of plain
+values. Not thread-safe: the daemon thread owns it.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from pathlib import Path
+
+from rocksdict import Checkpoint, ColumnFamily, Rdict, WriteBatch
+
+from globald.errors import StoreIOError, StoreUnavailableError
+from globald.store import layout, memory, space
+from globald.store.failures import store_io
+from globald.store.names import META_CF, OFFSETS_CF, VALUES_CF, db_dir
+from globald.store.options import StoreOptions
+from globald.store.plain import PlainMigration
+from globald.store.stalls import STALLS, Stalls
+from globald.store.writes import write, write_options
+
+log = logging.getLogger(__name__)
+
+
+class Database:
+    """The connection to one table's database; ``TableStore`` is the store built on it."""
+
+    def __init__(self, state_dir: Path, table: str, options: StoreOptions) -> None:
+        self.state_dir = state_dir
+        self.table = table
+        self.options = options
+        self.path = db_dir(state_dir, table)
+        self._db: Rdict | None = None
+        # Column-family handles, dropped before close so the LOCK is released.
+        self._values: ColumnFamily | None = None
+        self._values_cf: Rdict | None = None
+        self._offsets: Rdict | None = None
+        self._meta: Rdict | None = None
+        self._migration: PlainMigration | None = None  # set while the store is FORMAT_MIXED
+        self._write_opts = write_options()
+        self._bulk = False
+        self._stalls_at_load = Stalls()
+
+    # -- connection -------------------------------------------------------------------------------------------
+
+    @property
+    def is_open(self) -> bool:
+        return self._db is not None
+
+    @property
+    def db(self) -> Rdict:
+        if self._db is None:
+            raise StoreUnavailableError(f"table {self.table}: store is closed")
+        return self._db
+
+    @property
+    def values_handle(self) -> object:
+        return self._values
+
+    def _connect(self, bulk: bool) -> None:
+        db_options, families = (space.fit_bulk_load(self.options, self.state_dir) if bulk else self.options
+                                ).column_families(bulk)  # a pile the disk can hold (globald/store/space.py)
+        with store_io(f"table {self.table}: cannot open {self.path}"):
+            self._db = Rdict(str(self.path), db_options, column_families=families)
+        self._values = self._db.get_column_family_handle(VALUES_CF)
+        self._values_cf = self._db.get_column_family(VALUES_CF)
+        self._offsets = self._db.get_column_family(OFFSETS_CF)
+        self._meta = self._db.get_column_family(META_CF)
+        self._bulk = bulk
+        self._write_opts = write_options(disable_wal=bulk)
+
+    def _disconnect(self) -> None:
+        db = self._db
+        assert db is not None
+        if self._bulk:
+            # Writes made since the last flush live only in memtables. rocksdict flushes a family on its own
+            # whenever a family's Rdict is dropped, which would make data durable without its offsets or the
+            # reverse; RocksDB's shutdown first flushes every family in one atomic flush, after which those
+            # single-family flushes find nothing to do. Running compactions are abandoned, not awaited.
+            db.cancel_all_background(False)
+        self._values = self._values_cf = self._offsets = self._meta = None
+        try:
+            db.close()
+        except Exception as e:
+            if not self._bulk:
+                raise StoreIOError(f"table {self.table}: close: {e}") from e
+            # After cancel_all_background RocksDB always answers "Shutdown in progress", and the outcome of the
+            # flush it made is not reported at all: end_bulk_load checks what reached the disk instead.
+            log.debug("table %s: close after shutdown: %s", self.table, e)
+        finally:
+            self._db = None  # released even when RocksDB reports an error (a write that failed earlier)
+
+    @property
+    def bulk(self) -> bool:
+        return self._bulk
+
+    def begin_bulk_load(self) -> None:
+        """Restore mode: writes skip the WAL and append to a memtable sorted at flush (reopens the database).
+
+        Nothing written from now on is durable until ``end_bulk_load`` or ``close``; automatic flushes are
+        atomic across families, so a crash rolls data and offsets back together to the last flush.
+        """
+        if not self._bulk and self._migration is None:  # a store being upgraded keeps its usual write path
+            self._disconnect()
+            self._connect(bulk=True)
+            self._stalls_at_load = replace(STALLS)
+            log.info("table %s: bulk load started (WAL off until the restore ends)", self.table)
+
+    def end_bulk_load(self) -> None:
+        """Make everything written durable (atomic flush on close) and reopen for serving, WAL on again.
+
+        Raises StoreIOError when the flush did not reach the disk (full, failing): the reopened store then holds
+        what an earlier flush made durable, data and offsets together, and the caller resumes from its offsets.
+        """
+        if not self._bulk:
+            return
+        written = self.offsets()
+        self._disconnect()
+        self._connect(bulk=False)
+        durable = self.offsets()
+        if durable != written:
+            raise StoreIOError(f"table {self.table}: the bulk load's flush did not reach the disk: offsets {durable} "
+                               f"are durable, {written} were written (no space, or an I/O error)")
+        was = self._stalls_at_load
+        log.info("table %s: bulk load ended: flushed, WAL on; writes held back by RocksDB: %d (%.1fs), made again: %d",
+                 self.table, STALLS.waited - was.waited, STALLS.seconds - was.seconds, STALLS.remade - was.remade)
+
+    def _has_data(self, cf: str | None) -> bool:
+        assert self._db is not None
+        handle = self._db if cf is None else self._db.get_column_family(cf)
+        it = handle.iter()
+        it.seek_to_first()
+        found = it.valid()
+        del it, handle  # iterators and family objects pin the database open
+        return found
+
+    def _holds_data(self) -> bool:
+        return self._has_data(None) or self._has_data(VALUES_CF)
+
+    def _put_meta(self, entries: dict[bytes, bytes], sync: bool = False) -> None:
+        db = self._db
+        assert db is not None
+
+        def batch() -> WriteBatch:
+            b = WriteBatch(raw_mode=True)
+            layout.put_meta(b, db, entries)
+            return b
+
+        write(db, batch(), write_options(sync=sync), f"table {self.table}: metadata write", rebuild=batch)
+
+    # -- what the database holds and what RocksDB says of it ------------------------------------------------
+
+    def offsets(self) -> dict[int, int]:
+        """The stored next-offsets (those written so far: durable once ``sync`` or ``end_bulk_load`` returned)."""
+        if self._offsets is None:
+            raise StoreUnavailableError(f"table {self.table}: store is closed")
+        with store_io(f"table {self.table}: read offsets"):
+            return layout.offsets_in(self._offsets.items())
+
+    def checkpoint(self, dest: Path) -> None:
+        """A consistent, hard-linked copy of the database at ``dest`` (which must not exist)."""
+        with store_io(f"table {self.table}: checkpoint to {dest}"):
+            Checkpoint(self.db).create_checkpoint(str(dest))
+
+    def files_per_level(self) -> list[int]:
+        """SST files of the values family per level, L0 first (a bulk load leaves its flushes in L0)."""
+        assert self._values_cf is not None
+        return [int(self._values_cf.property_int_value(f"rocksdb.num-files-at-level{n}") or 0) for n in range(7)]
+
+    def memory_usage(self) -> dict[str, int] | None:
+        """Bytes RocksDB accounts to this store, by kind (see ``store.memory``); None while it is closed."""
+        db = self._db
+        if db is None:
+            return None
+        try:
+            return memory.usage(db, [h for h in (self._values_cf, self._offsets, self._meta) if h is not None])
+        except Exception as e:  # a store being reopened: the next sample has it
+            log.debug("store memory of %s: %s", self.table, e)
+            return None
+
+    def estimate_keys(self) -> int:
+        # Through the family's long-lived handle: a temporary one would flush the family alone when dropped.
+        assert self._values_cf is not None
+        n = int(self._values_cf.property_int_value("rocksdb.estimate-num-keys") or 0)
+        if self._migration is not None:
+            n += int(self.db.property_int_value("rocksdb.estimate-num-keys") or 0)
+        return n
