@@ -25,7 +25,7 @@ from typing import Any
 from globald.embedded.admin import ModernAdmin, Record, TansuAdmin, TopicAdmin
 from globald.embedded.broker import EmbeddedKafka, stop_process
 from globald.embedded.oracle import Table, fold
-from globald.embedded.tansu import EmbeddedTansu
+from tests.support.tansu import EmbeddedTansu
 
 REPO = Path(__file__).resolve().parent.parent
 # Client properties under which a restore lasts seconds (8 KiB per partition per fetch, 32 KiB queued), for tests

@@ -10,7 +10,7 @@ tombstones, CreateTopics/DeleteTopics/DescribeTopics (topic IDs), the idempotent
 memory only (data is lost when it stops), it never answers offset-out-of-range, its uncached watermarks are the
 start of a partition's last batch + 1 rather than its end, it has no compaction, ignores
 ``message.timestamp.type=LogAppendTime``, lacks CreatePartitions, and DeleteRecords crashes it. Nothing here is
-used by the daemon itself.
+used by the daemon itself, so it lives with the test support, outside the wheel.
 """
 
 from __future__ import annotations
