@@ -257,7 +257,7 @@ def measure_spark(admin: TopicAdmin, topic: str, config: Path, state: Path, look
     small.refresh()
     # For comparison: small-table content looked up in Python (the path the UDF and RDDs take in that mode).
     desc_bc, content_bc = small._broadcasts()
-    content_fn = arrow_fn(small.settings, desc_bc, content_bc, small.fallbacks, "k", "value", "timestamp", None)
+    content_fn = arrow_fn(small.settings, desc_bc, content_bc, "k", "value", "timestamp", None, False)
     modes: dict[str, Callable[[], Any]] = {
         "join_mapInArrow": lambda: total(view.join(df, "k")),
         "pandas_udf": lambda: total(df.select(view.udf()("k").getField("value").alias("value"))),

@@ -1,4 +1,4 @@
-"""Executor side of ``globald.spark``: each Python worker resolves the broadcast descriptor to a snapshot of its own
+"""Executor side of ``globald.spark``: each Python worker resolves the shipped descriptor to a snapshot of its own
 host's sidecar and keeps one read-only handle per table, reopened only when the descriptor changes.
 
 The sidecar is found through the host's config: ``$GLOBALD_CONFIG`` in the executor's environment, else the
@@ -7,8 +7,8 @@ driver's config path (``globald.spark.host``). The table, its topic and the offs
 Everything a task reads comes from the one snapshot its descriptor resolves to, and snapshots at the same offsets
 hold the same content on every host, so one Spark job never mixes two versions of a table. When the exact
 snapshot cannot be had within the wait, the policy either fails the task or reads the newest snapshot; a fallback
-is counted in the view's accumulator and logged, never silent. Every error and fallback note names the host, the
-sidecar's state_dir and the config that led there.
+is logged, and counted where the lookup path can report it (``globald.spark.session.Fallbacks``), never
+silent. Every error and fallback note names the host, the sidecar's state_dir and the config that led there.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from itertools import islice
 from typing import Any, Protocol
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 
@@ -27,16 +28,17 @@ from globald.errors import SnapshotError, SnapshotNotFoundError, SnapshotUnavail
 from globald.snapshot.manifest import offsets_from_json
 from globald.snapshot.reader import OpenOptions, Snapshot
 from globald.snapshot.resolve import Policy, Resolution, resolve
-from globald.spark.batch import encode_key, lookup_arrow, lookup_pandas, split_stored, stored_columns
+from globald.spark.batch import encode_key, lookup_arrow, lookup_pandas, stored_columns
 from globald.spark.host import sidecar
 from globald.spark.memindex import DEFAULT_MEMORY_INDEX_MB, ENTRY_OVERHEAD, MemoryIndex
+from globald.spark.session import FALLBACK_COL
 
 log = logging.getLogger(__name__)
 
 Value = tuple[bytes, int]
 Batches = Iterator[pa.RecordBatch]
 MODE_SNAPSHOT = "snapshot"  # executors read their host's sidecar snapshots
-MODE_BROADCAST = "broadcast"  # small tables: the driver broadcasts the content itself
+MODE_BROADCAST = "broadcast"  # small tables: the driver ships the content itself
 
 
 @dataclass(frozen=True)
@@ -99,13 +101,12 @@ class SnapshotHandle:
             self._snap.close(release=True)
 
 
-class DictHandle:
-    """Small-table mode where Spark's own join does not apply (the UDF, RDDs): the content came with the
-    broadcast (key -> stored value), indexed once per worker."""
+class ContentHandle:
+    """Small-table mode: the snapshot's content came with the function (a broadcast on a classic session, the
+    closure on Connect) as an Arrow table, indexed once per Python worker and descriptor."""
 
-    def __init__(self, data: dict[bytes, bytes], snapshot: str | None) -> None:
-        value, ts = split_stored(pa.array(list(data.values()), pa.binary()))
-        self._index = MemoryIndex(list(data), value, ts.to_numpy(zero_copy_only=False))
+    def __init__(self, content: pa.Table, snapshot: str | None) -> None:
+        self._index = MemoryIndex.of_table(content)
         self.snapshot = snapshot
         self.exact = True
         self.note: str | None = None
@@ -149,7 +150,7 @@ def handle(settings: Settings, desc: dict[str, Any], data: Any = None, fallbacks
 
 def _open(settings: Settings, desc: dict[str, Any], data: Any) -> Handle:
     if desc.get("mode") == MODE_BROADCAST:
-        return DictHandle(data.value, desc.get("snapshot"))
+        return ContentHandle(data.value, desc.get("snapshot"))
     # This host's own sidecar ($GLOBALD_CONFIG, else the driver's path); the table and topic are the driver's.
     side = sidecar(settings.config_path, settings.table, desc.get("topic"))
     target = offsets_from_json(desc["offsets"])
@@ -216,12 +217,15 @@ def partitions_fn(settings: Settings, desc_bc: Any, data_bc: Any, fallbacks: Any
     return run
 
 
-def arrow_fn(settings: Settings, desc_bc: Any, data_bc: Any, fallbacks: Any, on: str, value_col: str,
-             timestamp_col: str, snapshot_col: str | None) -> Callable[[Batches], Batches]:
-    """For ``df.mapInArrow``: appends the value, timestamp (and snapshot id) columns to every record batch."""
+def arrow_fn(settings: Settings, desc_bc: Any, data_bc: Any, on: str, value_col: str, timestamp_col: str,
+             snapshot_col: str | None, count_fallbacks: bool = True) -> Callable[[Batches], Batches]:
+    """For ``df.mapInArrow``: appends the value, timestamp (and snapshot id) columns to every record batch, and
+    (``count_fallbacks``) the hidden ``FALLBACK_COL``: 1 on the first row of a task that read another version than
+    its descriptor asked for, else 0, which the driver's observation adds up (``globald.spark.session``)."""
 
     def run(batches: Batches) -> Batches:
-        h = handle(settings, desc_bc.value, data_bc, fallbacks)
+        h = handle(settings, desc_bc.value, data_bc)
+        unreported = not h.exact
         for batch in batches:
             value, timestamp = lookup_arrow(h.columns, batch.column(on))
             arrays = [*batch.columns, value, timestamp]
@@ -229,18 +233,24 @@ def arrow_fn(settings: Settings, desc_bc: Any, data_bc: Any, fallbacks: Any, on:
             if snapshot_col is not None:
                 arrays.append(pa.repeat(pa.scalar(h.snapshot, pa.string()), batch.num_rows))
                 names.append(snapshot_col)
+            if count_fallbacks:
+                flags = np.zeros(batch.num_rows, np.int64)
+                if unreported and batch.num_rows:
+                    flags[0], unreported = 1, False
+                arrays.append(pa.array(flags))
+                names.append(FALLBACK_COL)
             yield pa.RecordBatch.from_arrays(arrays, names=names)
 
     return run
 
 
-def pandas_fn(settings: Settings, desc_bc: Any, data_bc: Any,
-              fallbacks: Any) -> Callable[[pd.Series], pd.DataFrame]:
-    """Body of the pandas UDF: a Series of keys becomes a DataFrame with value and timestamp columns."""
+def pandas_fn(settings: Settings, desc_bc: Any, data_bc: Any) -> Callable[[pd.Series], pd.DataFrame]:
+    """Body of the pandas UDF: a Series of keys becomes a DataFrame with value and timestamp columns. A fallback
+    is logged on the executor; a column function has nowhere to count it (``globald.spark.session.Fallbacks``)."""
 
     # Spark reads these type hints to pick a scalar (Series -> struct) pandas UDF.
     def run(keys: pd.Series) -> pd.DataFrame:
-        h = handle(settings, desc_bc.value, data_bc, fallbacks)
+        h = handle(settings, desc_bc.value, data_bc)
         return lookup_pandas(h.columns, keys)  # pandas' NaN/NA for a null key looks nothing up
 
     return run

@@ -35,17 +35,17 @@ class MemoryIndex:
     values and timestamps in columns aligned with it. Should two of the table's keys share a hash, the index keeps
     the keys themselves instead (a hash table of Python objects, about twice as slow)."""
 
-    def __init__(self, keys: list[bytes], values: pa.Array, stamps: np.ndarray) -> None:
-        self._keys = pa.array(keys, pa.binary())
+    def __init__(self, keys: list[bytes] | pa.Array, values: pa.Array, stamps: np.ndarray) -> None:
+        self._keys = keys if isinstance(keys, pa.Array) else pa.array(keys, pa.binary())
         self._values = values
         self._stamps = stamps
         hashes = _hash(self._keys)
         self._by_hash: pd.Index | None = pd.Index(hashes, copy=False)
         self._by_key: pd.Index | None = None
         if not self._by_hash.is_unique:
-            log.info("memory index: two of %d keys share a 64-bit hash; indexing the keys themselves", len(keys))
+            log.info("memory index: two of %d keys share a 64-bit hash; indexing the keys themselves", len(self._keys))
             self._by_hash = None
-            self._by_key = pd.Index(np.array(keys, dtype=object), dtype=object, copy=False)
+            self._by_key = pd.Index(self._keys.to_numpy(zero_copy_only=False), dtype=object, copy=False)
 
     def __len__(self) -> int:
         return len(self._values)
@@ -66,6 +66,14 @@ class MemoryIndex:
             values.append(v)
             stamps.append(ts)
         return cls(keys, pa.array(values, pa.binary()), np.array(stamps, np.int64))
+
+    @classmethod
+    def of_table(cls, table: pa.Table) -> MemoryIndex:
+        """An index of a small table's content (columns key, value: binary; timestamp: int64), as shipped."""
+        def column(name: str) -> pa.Array:
+            return table.column(name).combine_chunks()
+
+        return cls(column("key"), column("value"), column("timestamp").to_numpy(zero_copy_only=False))
 
     def lookup(self, keys: pa.Array) -> tuple[pa.Array, pa.Array]:
         """(value: binary, timestamp: int64) for a binary array of keys; nulls where absent or null."""

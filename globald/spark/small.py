@@ -1,12 +1,18 @@
-"""Small-table mode (``GlobalTableView(..., mode="broadcast")``): the driver reads one snapshot whole and Spark
-joins against it natively, with no Python per row.
+"""Small-table mode (``GlobalTableView(..., mode="broadcast")``): the driver reads one snapshot whole and ships its
+content, so executors need no sidecar.
 
 Contract: a ``SmallTable`` holds exactly the content of one snapshot (every key with its value and timestamp),
-read once on the driver when a refresh moves the view to that snapshot. ``join`` is Spark's own broadcast hash
-join (left outer, keys compared as bytes: a string key as its UTF-8 encoding) against a cached DataFrame of that
-content, so its answers equal a lookup in the snapshot: null value and timestamp for an absent or null key.
-Where Spark's join does not apply — the pandas UDF and ``lookup_partitions`` on an RDD — executors look keys up
-in a broadcast dict of the same content, made on first use.
+read once on the driver (the Connect client, for a Connect session) when a refresh moves the view to that
+snapshot. Every lookup path answers as a lookup in that snapshot would: null value and timestamp for an absent or
+null key (a string key is looked up as its UTF-8 bytes). Two ways to join:
+
+- ``small_join="index"`` (default): the content travels with the lookup function — a broadcast of the Arrow table on
+  a classic session, inside the function's closure on Connect — and each Python worker indexes it once per snapshot
+  (``globald.spark.memindex``); ``join`` is then the same mapInArrow as snapshot mode. The pandas UDF and
+  ``lookup_partitions`` use the same index.
+- ``small_join="spark"``: Spark's own broadcast hash join against the content as a DataFrame (left outer, keys
+  compared as bytes). No Python runs per row and executors need not even have globald installed, but Spark
+  re-plans, re-collects and re-broadcasts the table at every query (see docs/spark-connect.md for the figures).
 """
 
 from __future__ import annotations
@@ -19,35 +25,54 @@ import pyarrow as pa
 
 from globald.errors import GlobaldError
 from globald.snapshot.reader import open_snapshot
-from globald.store.codec import encode_value
+from globald.spark.session import Carried, functions, is_connect
 
 KEY = "key"
+SMALL_JOINS = ("index", "spark")
 
 
 @dataclass
 class SmallTable:
     snapshot: str
     table: pa.Table  # key: binary, value: binary, timestamp: int64
-    frame: Any  # the cached Spark DataFrame of ``table``
-    _content: Any = field(default=None, repr=False)  # broadcast dict key -> stored value, made on first use
+    _frames: dict[int, Any] = field(default_factory=dict, repr=False)  # per session: the content as a DataFrame
+    _carriers: dict[int, Any] = field(default_factory=dict, repr=False)  # per session: broadcast or Carried
 
-    def content(self, sc: Any) -> Any:
-        """The broadcast dict of this snapshot, for the lookup paths Spark's join does not cover."""
-        if self._content is None:
-            keys, values, stamps = (self.table.column(c).to_pylist() for c in (KEY, "value", "timestamp"))
-            self._content = sc.broadcast({k: encode_value(t, v) for k, v, t in zip(keys, values, stamps,
-                                                                                    strict=True)})
-        return self._content
+    def carrier(self, spark: Any) -> Any:
+        """The content as the lookup functions receive it: broadcast once (classic) or carried in the closure."""
+        got = self._carriers.get(id(spark))
+        if got is None:
+            got = Carried(self.table) if is_connect(spark) else spark.sparkContext.broadcast(self.table)
+            self._carriers[id(spark)] = got
+        return got
+
+    def frame(self, spark: Any) -> Any:
+        """The content as a DataFrame, built once per session: for Spark's own broadcast join."""
+        got = self._frames.get(id(spark))
+        if got is None:
+            got = spark.createDataFrame(self.table) if is_connect(spark) else cached_frame(spark, self.table)
+            self._frames[id(spark)] = got
+        return got
 
     def release(self) -> None:
-        """Frees the cached DataFrame and the broadcast; a job still using them recomputes or re-fetches them."""
-        self.frame.unpersist(blocking=False)
-        if self._content is not None:
-            self._content.unpersist(blocking=False)
+        """Frees the cached DataFrames and broadcasts; a job still using them recomputes or re-fetches them."""
+        for frame in self._frames.values():
+            if not is_connect(frame.sparkSession):
+                frame.unpersist(blocking=False)
+        for carrier in self._carriers.values():
+            carrier.unpersist(blocking=False)
+        self._frames.clear()
+        self._carriers.clear()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"snapshot": self.snapshot, "table": self.table}  # frames and broadcasts stay with their session
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["snapshot"], state["table"])  # type: ignore[misc]
 
 
-def load(spark: Any, state_dir: Path, table: str, snapshot: str, max_keys: int) -> SmallTable:
-    """Read ``snapshot`` whole into Arrow and a cached DataFrame (materialized now, so joins find it ready)."""
+def load(state_dir: Path, table: str, snapshot: str, max_keys: int) -> SmallTable:
+    """Read ``snapshot`` whole into an Arrow table."""
     keys: list[bytes] = []
     values: list[bytes] = []
     stamps: list[int] = []
@@ -61,11 +86,11 @@ def load(spark: Any, state_dir: Path, table: str, snapshot: str, max_keys: int) 
             stamps.append(ts)
     data = pa.table({KEY: pa.array(keys, pa.binary()), "value": pa.array(values, pa.binary()),
                      "timestamp": pa.array(stamps, pa.int64())})
-    return SmallTable(snapshot, data, cached_frame(spark, data))
+    return SmallTable(snapshot, data)
 
 
 def cached_frame(spark: Any, data: pa.Table) -> Any:
-    """``data`` as a cached DataFrame whose plan does not hold the rows (materialized now).
+    """``data`` as a cached DataFrame whose plan does not hold the rows (materialized now). Classic sessions only.
 
     ``createDataFrame`` of an Arrow table is a LocalRelation: its rows sit in the logical plan, and every join
     against it pays for them again (building the DataFrame, then looking its plan up in the cache, which hashes
@@ -84,13 +109,13 @@ def cached_frame(spark: Any, data: pa.Table) -> Any:
 def join(df: Any, small: SmallTable, on: str, value_col: str, timestamp_col: str,
          snapshot_col: str | None) -> Any:
     """``df`` left-joined with ``small`` by Spark's broadcast hash join; ``on`` is a binary or string column."""
-    from pyspark.sql import functions as F
-
+    spark = df.sparkSession
+    F = functions(spark)
     tag = "__globald_key"
     while tag in df.columns:
         tag += "_"
-    right = small.frame.select(F.col(KEY).alias(tag), F.col("value").alias(value_col),
-                               F.col("timestamp").alias(timestamp_col))
+    right = small.frame(spark).select(F.col(KEY).alias(tag), F.col("value").alias(value_col),
+                                      F.col("timestamp").alias(timestamp_col))
     joined = df.join(F.broadcast(right), df[on].cast("binary") == right[tag], "left").drop(tag)
     if snapshot_col is not None:
         joined = joined.withColumn(snapshot_col, F.lit(small.snapshot))

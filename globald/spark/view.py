@@ -1,9 +1,12 @@
-"""Driver side of ``globald.spark``: a view of one global table whose version the driver picks and broadcasts.
+"""Driver side of ``globald.spark``: a view of one global table whose version the driver picks and ships.
 
 Every refresh picks target offsets (by default the topic's end offsets at that moment, so the view holds every
-record committed before the refresh), broadcasts a small descriptor naming them, and unpersists the previous one.
-A DataFrame or RDD built from the view captures the descriptor current at that moment, so one batch never mixes
-two versions; a refresh that cannot be served keeps the previous descriptor and says why.
+record committed before the refresh) and makes a small descriptor naming them: broadcast on a classic session
+(the previous broadcast is unpersisted), carried inside each lookup function on Spark Connect, which has no
+broadcast variables (``globald.spark.session``). A DataFrame or RDD built from the view captures the descriptor
+current at that moment, so one batch never mixes two versions; a refresh that cannot be served keeps the previous
+descriptor and says why. The same code runs on both kinds of session; only ``lookup_partitions`` (an RDD) is
+classic-only.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from globald.spark.executor import (
     partitions_fn,
 )
 from globald.spark.memindex import DEFAULT_MEMORY_INDEX_MB
+from globald.spark.session import FALLBACK_COL, Carried, ConnectUnsupportedError, Fallbacks, is_connect
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +45,9 @@ DEFAULT_SMALL_TABLE_MAX_KEYS = 2_000_000
 
 class GlobalTableView:
     """A global table as Spark jobs see it: ``refresh()`` moves it forward, ``join``/``udf``/``lookup_partitions``
-    read it. ``mode="broadcast"`` ships the content itself (small tables) instead of reading executor sidecars.
+    read it. ``mode="broadcast"`` ships the content itself (small tables) instead of reading executor sidecars;
+    ``small_join`` picks how its ``join`` runs (``globald.spark.small``). ``spark`` is a classic or a Spark Connect
+    session; ``fallbacks.value`` counts tasks that read another version than asked on both.
 
     In snapshot mode each Python worker reads a snapshot of up to ``memory_index_mb`` (estimated) whole into
     memory and looks keys up there; a larger one is read by batched multi-gets. Every worker holds its own copy.
@@ -53,13 +59,14 @@ class GlobalTableView:
     def __init__(self, spark: Any, config_path: str | Path, table: str, *, mode: str = MODE_SNAPSHOT,
                  wait_timeout_s: float = 30.0, on_timeout: str = Policy.FAIL.value, lease_s: float = 600.0,
                  batch_size: int = 1024, small_table_max_keys: int = DEFAULT_SMALL_TABLE_MAX_KEYS,
-                 memory_index_mb: int = DEFAULT_MEMORY_INDEX_MB) -> None:
+                 memory_index_mb: int = DEFAULT_MEMORY_INDEX_MB, small_join: str = "index") -> None:
         if mode not in (MODE_SNAPSHOT, MODE_BROADCAST):
             raise ValueError(f"mode must be {MODE_SNAPSHOT!r} or {MODE_BROADCAST!r}, not {mode!r}")
+        if small_join not in small.SMALL_JOINS:
+            raise ValueError(f"small_join must be one of {small.SMALL_JOINS}, not {small_join!r}")
         if memory_index_mb < 0:
             raise ValueError(f"memory_index_mb must be 0 (never) or more, not {memory_index_mb}")
         self.spark = spark
-        self._sc = spark.sparkContext
         self.config_path = str(Path(config_path).resolve())
         self.config = load(self.config_path)
         self.table = self.config.table(table)
@@ -67,7 +74,8 @@ class GlobalTableView:
         self.settings = Settings(self.config_path, self.table.name, wait_timeout_s, Policy(on_timeout).value,
                                  lease_s, batch_size, memory_index_mb)
         self.small_table_max_keys = small_table_max_keys
-        self.fallbacks = self._sc.accumulator(0)  # executors that had to read another snapshot than asked
+        self.small_join = small_join
+        self.fallbacks = Fallbacks()  # tasks that had to read another snapshot than asked
         self.refreshes = 0
         self.last_refresh_s = 0.0
         self._refresh_lock = threading.Lock()
@@ -79,6 +87,34 @@ class GlobalTableView:
         self._consumer: Consumer | None = None
         self._timer: threading.Thread | None = None
         self._timer_stop = threading.Event()
+
+    @property
+    def connect(self) -> bool:
+        """Whether the view's session is a Spark Connect client (no SparkContext, broadcasts or RDDs)."""
+        return is_connect(self.spark)
+
+    def _carry(self, desc: dict[str, Any]) -> Any:
+        return Carried(desc) if self.connect else self.spark.sparkContext.broadcast(desc)
+
+    # -- pickling: foreach_batch on Spark Connect runs on the Connect server, in a copy of this view ------------
+
+    def __getstate__(self) -> dict[str, Any]:
+        with self._lock:
+            return {"config_path": self.config_path, "table": self.table.name, "mode": self.mode,
+                    "settings": self.settings, "small_table_max_keys": self.small_table_max_keys,
+                    "small_join": self.small_join, "fallbacks": self.fallbacks, "desc": self._desc,
+                    "small": self._small, "seq": self._seq, "refreshes": self.refreshes}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # Bound to a session again by the first batch it runs (foreach_batch); the config is read on this host.
+        self.__dict__.update(spark=None, config_path=state["config_path"], mode=state["mode"],
+                             settings=state["settings"], small_table_max_keys=state["small_table_max_keys"],
+                             small_join=state["small_join"], fallbacks=state["fallbacks"], refreshes=state["refreshes"],
+                             last_refresh_s=0.0, _refresh_lock=threading.Lock(), _lock=threading.Lock(),
+                             _desc=state["desc"], _desc_bc=None, _small=state["small"], _seq=state["seq"],
+                             _consumer=None, _timer=None, _timer_stop=threading.Event())
+        self.config = load(self.config_path)
+        self.table = self.config.table(state["table"])
 
     # -- refresh ----------------------------------------------------------------------------------------------
 
@@ -101,19 +137,23 @@ class GlobalTableView:
             desc = self._describe(target, self.settings.wait_timeout_s if timeout is None else timeout)
             table = self._small
             if self.mode == MODE_BROADCAST and (table is None or table.snapshot != desc["snapshot"]):
-                table = small.load(self.spark, self.config.state_dir, self.table.name, desc["snapshot"],
+                table = small.load(self.config.state_dir, self.table.name, desc["snapshot"],
                                    self.small_table_max_keys)
-            desc_bc = self._sc.broadcast(desc)
-            with self._lock:
-                old_bc, old_table = self._desc_bc, (self._small if self._small is not table else None)
-                self._desc, self._desc_bc, self._small = desc, desc_bc, table
-            if old_bc is not None:
-                old_bc.unpersist(blocking=False)  # jobs still holding it re-fetch it from the driver
-            if old_table is not None:
-                old_table.release()
+            self._install(desc, table)
             self.refreshes += 1
             self.last_refresh_s = time.perf_counter() - started
             return dict(desc)
+
+    def _install(self, desc: dict[str, Any], table: small.SmallTable | None = None) -> None:
+        """Make ``desc`` (and its content) the one new DataFrames capture; free the previous ones."""
+        desc_bc = self._carry(desc)
+        with self._lock:
+            old_bc, old_table = self._desc_bc, (self._small if self._small is not table else None)
+            self._desc, self._desc_bc, self._small = desc, desc_bc, table
+        if old_bc is not None:
+            old_bc.unpersist(blocking=False)  # jobs still holding it re-fetch it from the driver
+        if old_table is not None:
+            old_table.release()
 
     def _describe(self, target: Offsets, timeout: float) -> dict[str, Any]:
         self._seq += 1
@@ -137,8 +177,10 @@ class GlobalTableView:
             return None if self._desc is None else dict(self._desc)
 
     def _current(self) -> tuple[Any, small.SmallTable | None]:
-        """The descriptor broadcast and (small-table mode) the content it names, refreshing first if none yet."""
+        """The descriptor's carrier and (small-table mode) the content it names, refreshing first if none yet."""
         with self._lock:
+            if self._desc_bc is None and self._desc is not None:  # a copy made by pickling: same descriptor
+                self._desc_bc = self._carry(self._desc)
             if self._desc_bc is not None:
                 return self._desc_bc, self._small
         self.refresh()
@@ -146,10 +188,10 @@ class GlobalTableView:
             return self._desc_bc, self._small
 
     def _broadcasts(self) -> tuple[Any, Any]:
-        """Descriptor and content broadcasts for the Python lookup paths (content only in small-table mode)."""
+        """Descriptor and content carriers for the Python lookup paths (content only in small-table mode)."""
         desc_bc, table = self._current()
         with self._lock:
-            return desc_bc, None if table is None else table.content(self._sc)
+            return desc_bc, None if table is None else table.carrier(self.spark)
 
     # -- lookups ------------------------------------------------------------------------------------------------
 
@@ -158,8 +200,9 @@ class GlobalTableView:
         """``df`` left-joined with the table as of the current descriptor: ``value_col`` (binary) and
         ``timestamp_col`` (long) are null where the key is absent. ``on`` may be a binary or string column.
 
-        Snapshot mode: a mapInArrow looking each Arrow batch up at once in the executors' sidecar snapshots.
-        Small-table mode: Spark's own broadcast hash join against the snapshot's cached DataFrame (``small``)."""
+        Snapshot mode: a mapInArrow looking each Arrow batch up at once in the executors' sidecar snapshots; its
+        fallbacks are observed (``fallbacks``). Small-table mode: the same mapInArrow against the shipped content
+        (``small_join="index"``), or Spark's own broadcast hash join against it (``"spark"``; ``small``)."""
         from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType
 
         if on not in df.columns:
@@ -175,18 +218,29 @@ class GlobalTableView:
                   StructField(timestamp_col, LongType(), True)]
         if snapshot_col is not None:
             fields.append(StructField(snapshot_col, StringType(), True))
-        if self.mode == MODE_BROADCAST:
+        if self.mode == MODE_BROADCAST and self.small_join == "spark":
             _, table = self._current()
             assert table is not None
             return small.join(df, table, on, value_col, timestamp_col, snapshot_col)  # no Python per row
         desc_bc, data_bc = self._broadcasts()
-        fn = arrow_fn(self.settings, desc_bc, data_bc, self.fallbacks, on, value_col, timestamp_col, snapshot_col)
-        return df.mapInArrow(fn, StructType(fields))
+        count = self.mode == MODE_SNAPSHOT  # shipped content is the version asked for: nothing to count
+        fn = arrow_fn(self.settings, desc_bc, data_bc, on, value_col, timestamp_col, snapshot_col, count)
+        if not count:
+            return df.mapInArrow(fn, StructType(fields))
+        out = df.mapInArrow(fn, StructType([*fields, StructField(FALLBACK_COL, LongType(), False)]))
+        return self.fallbacks.watch(out, df.sparkSession)
 
     def lookup_partitions(self, rdd: Any, key: Callable[[Any], object] | None = None) -> Any:
-        """``rdd`` mapped per partition to (element, value or None, timestamp or None), in batched multi-gets."""
+        """``rdd`` mapped per partition to (element, value or None, timestamp or None), in batched multi-gets.
+        Classic sessions only: Spark Connect has no RDDs (ConnectUnsupportedError names the alternative)."""
+        if self.connect:
+            raise ConnectUnsupportedError(
+                "lookup_partitions needs an RDD, which Spark Connect does not have: on a DataFrame use "
+                "view.join(df, key_column), or df.select(view.udf()(key_column))")
         desc_bc, data_bc = self._broadcasts()
-        return rdd.mapPartitions(partitions_fn(self.settings, desc_bc, data_bc, self.fallbacks, key))
+        if self.fallbacks.accumulator is None:
+            self.fallbacks.accumulator = self.spark.sparkContext.accumulator(0)
+        return rdd.mapPartitions(partitions_fn(self.settings, desc_bc, data_bc, self.fallbacks.accumulator, key))
 
     def udf(self) -> Any:
         """A pandas UDF: key column -> struct<value: binary, timestamp: bigint> (null fields when absent).
@@ -198,7 +252,7 @@ class GlobalTableView:
         desc_bc, data_bc = self._broadcasts()
         # PySpark's stubs overload pandas_udf only on an explicit functionType; the UDF kind is inferred here from
         # pandas_fn's type hints, the form PySpark recommends, which no overload describes.
-        return pandas_udf(pandas_fn(self.settings, desc_bc, data_bc, self.fallbacks),  # type: ignore[call-overload]
+        return pandas_udf(pandas_fn(self.settings, desc_bc, data_bc),  # type: ignore[call-overload]
                           "struct<value:binary,timestamp:bigint>")
 
     # -- refresh helpers ----------------------------------------------------------------------------------------
@@ -207,13 +261,19 @@ class GlobalTableView:
                       min_interval_s: float = 0.0) -> Callable[[Any, int], None]:
         """A Structured Streaming ``foreachBatch`` function: refresh (every ``every`` batches, at most once per
         ``min_interval_s``), then run ``fn(batch_df, batch_id)`` against that one descriptor. A refresh that fails
-        keeps the previous descriptor, so the stream goes on with the last good version."""
+        keeps the previous descriptor, so the stream goes on with the last good version.
+
+        On Spark Connect, Spark runs this function on the Connect server, in a Python process of its own: it gets a
+        copy of this view (and of ``fn``), which refreshes there, against the config at ``config_path`` on the
+        server's host. What ``fn`` records must go somewhere both can see (a table, a file), not this process."""
         state = {"n": 0, "last": 0.0}
 
         def run(batch_df: Any, batch_id: int) -> None:
+            if self.spark is None:  # a copy on the Connect server: bind it to the session the batch came from
+                self.spark = batch_df.sparkSession
             due = state["n"] % max(every, 1) == 0 and time.monotonic() - state["last"] >= min_interval_s
             state["n"] += 1
-            if due or self._desc_bc is None:
+            if due or self._desc is None:
                 self._refresh_or_keep()
                 state["last"] = time.monotonic()
             fn(batch_df, batch_id)
@@ -224,7 +284,7 @@ class GlobalTableView:
         try:
             self.refresh()
         except (GlobaldError, TransientKafkaError, KafkaException, OSError) as e:
-            if self._desc_bc is None:
+            if self._desc is None:
                 raise
             log.warning("refresh of %s failed, keeping snapshot %s: %s", self.table.name,
                         (self._desc or {}).get("snapshot"), e)

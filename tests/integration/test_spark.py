@@ -1,8 +1,12 @@
-"""globald.spark with real PySpark (local mode), the real daemon and a real broker: an enrichment job sees new
-values after a refresh, no batch mixes two snapshots, a rebuild never fails a lookup, content equals the oracle."""
+"""globald.spark with real PySpark, the real daemon and a real broker: an enrichment job sees new values after a
+refresh, no batch mixes two snapshots, a rebuild never fails a lookup, content equals the oracle.
+
+Most tests run twice (``session``): on a classic local[2] session and on a Spark Connect session to a real Connect
+server the suite starts from pyspark's own jar (``tests.support.spark_connect``), with the same view code."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -20,6 +24,7 @@ from globald.snapshot.reader import Snapshot
 from globald.snapshot.resolve import Resolution
 from globald.spark import GlobalTableView
 from globald.spark import executor as spark_executor
+from globald.spark.session import ConnectUnsupportedError, functions
 from tests import midway
 from tests.ci import require_module
 from tests.harness import SLOW_FETCH, Broker, DaemonProcess, oracle_at, random_records
@@ -28,6 +33,9 @@ from tests.integration.snapshot_helpers import (
     table_on_topic,
     wait_snapshot_at,
 )
+from tests.support.spark_connect import connect_mode, connect_server, connect_session
+
+__all__ = ["connect_server", "connect_session"]  # fixtures, used by name
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 
@@ -50,6 +58,15 @@ def spark() -> Iterator[Any]:
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
+
+
+@pytest.fixture(params=["classic", "connect"])
+def session(request: pytest.FixtureRequest) -> Iterator[Any]:
+    """The classic session, or a Spark Connect one (PySpark's functions switched to Connect's meanwhile)."""
+    connect = request.param == "connect"
+    s = request.getfixturevalue("connect_session" if connect else "spark")
+    with connect_mode(connect):
+        yield s
 
 
 def keys_df(spark: Any, keys: list[bytes | None], binary: bool = False) -> Any:
@@ -76,14 +93,16 @@ def check_rows(rows: list[Any], expected: dict[bytes, bytes]) -> int:
 
 
 # Executors read a snapshot that fits memory_index_mb whole into memory; 0 keeps them on RocksDB multi-gets.
-@pytest.mark.parametrize("memory_index_mb", [256, 0], ids=["memory_index", "multi_get"])
-def test_enrichment_job_sees_new_values_after_refresh(spark: Any, broker: Broker, topic: Callable[..., str],
+@pytest.mark.parametrize(("session", "memory_index_mb"), [("classic", 256), ("classic", 0), ("connect", 256)],
+                         ids=["classic-memory_index", "classic-multi_get", "connect-memory_index"],
+                         indirect=["session"])
+def test_enrichment_job_sees_new_values_after_refresh(session: Any, broker: Broker, topic: Callable[..., str],
                                                       daemon: Daemon, memory_index_mb: int) -> None:
     t = topic()
     broker.admin.produce(t, random_records(3_000, keys=400, seed=61, tombstones=0.1))
     d = daemon({"tbl": t}, snapshots={"interval_ms": 200, "retain": 3})
     wait_snapshot_at(d, "tbl", broker.admin.end_offsets(t))
-    view = GlobalTableView(spark, d.config, "tbl", memory_index_mb=memory_index_mb)
+    view = GlobalTableView(session, d.config, "tbl", memory_index_mb=memory_index_mb)
     desc = view.refresh()
     assert {"table", "snapshot", "offsets"} <= set(desc) and desc["table"] == "tbl"
     ends = broker.admin.end_offsets(t)
@@ -98,69 +117,96 @@ def test_enrichment_job_sees_new_values_after_refresh(spark: Any, broker: Broker
     assert h.in_memory is (memory_index_mb > 0) and value.to_pylist() == [expected.get(k) for k in probe]
 
     keys: list[bytes | None] = [b"key-%06d" % i for i in range(450)] + [None, "ключ".encode()]
-    rows = view.join(keys_df(spark, keys), "k", snapshot_col="snap").collect()
+    rows = view.join(keys_df(session, keys), "k", snapshot_col="snap").collect()
     assert len(rows) == len(keys) and {r["snap"] for r in rows} == {desc["snapshot"]}
     assert check_rows(rows, expected) == sum(1 for k in keys if k in expected)
-    binary_rows = view.join(keys_df(spark, keys, binary=True), "k").collect()
+    binary_rows = view.join(keys_df(session, keys, binary=True), "k").collect()
     check_rows(binary_rows, expected)
 
-    # The pandas UDF and mapPartitions paths give the same answers.
-    udf_rows = keys_df(spark, keys).select("k", view.udf()("k").alias("r")).collect()
+    # The pandas UDF (and, on a classic session, mapPartitions) give the same answers.
+    udf_rows = keys_df(session, keys).select("k", view.udf()("k").alias("r")).collect()
     for r in udf_rows:
         assert (bytes(r["r"]["value"]) if r["r"]["value"] is not None else None) == expected.get(as_bytes(r["k"]))
-    triples = view.lookup_partitions(spark.sparkContext.parallelize(keys, 3)).collect()
-    assert {k: (bytes(v) if v is not None else None) for k, v, _ in triples if k is not None} == \
-        {k: expected.get(k) for k in keys if k is not None}
+    if not view.connect:
+        triples = view.lookup_partitions(session.sparkContext.parallelize(keys, 3)).collect()
+        assert {k: (bytes(v) if v is not None else None) for k, v, _ in triples if k is not None} == \
+            {k: expected.get(k) for k in keys if k is not None}
 
     # The topic changes; after a refresh the job sees the new values, and only those.
+    before = view.join(keys_df(session, keys), "k", snapshot_col="snap")  # built now: keeps this descriptor
     changed = [(b"key-%06d" % i, b"changed-%d" % i) for i in range(0, 400, 3)] + [(b"key-000001", None)]
     broker.admin.produce(t, changed)
     new_desc = view.refresh()
     assert new_desc["offsets"] == {str(p): o for p, o in broker.admin.end_offsets(t).items()}
     assert new_desc["snapshot"] != desc["snapshot"] and new_desc["exact"] is True
     new_expected = oracle_at(broker, t, new_desc["offsets"])
-    rows = view.join(keys_df(spark, keys), "k", snapshot_col="snap").collect()
+    rows = view.join(keys_df(session, keys), "k", snapshot_col="snap").collect()
     assert {r["snap"] for r in rows} == {new_desc["snapshot"]}
     check_rows(rows, new_expected)
     assert new_expected[b"key-000003"] == b"changed-3" and b"key-000001" not in new_expected
+    old_rows = before.collect()
+    assert {r["snap"] for r in old_rows} == {desc["snapshot"]}
+    check_rows(old_rows, expected)
     assert view.fallbacks.value == 0
     view.close()
 
 
-def test_streaming_batches_never_mix_snapshots(spark: Any, broker: Broker, topic: Callable[..., str],
-                                               daemon: Daemon) -> None:
-    from pyspark.sql import functions as F
+def test_lookup_partitions_on_connect_fails_at_once_naming_the_dataframe_way(
+        connect_session: Any, broker: Broker, topic: Callable[..., str], daemon: Daemon) -> None:
+    _, d = table_on_topic(broker, topic, daemon, 100, seed=65, keys=20)
+    with connect_mode(True):
+        view = GlobalTableView(connect_session, d.config, "tbl")
+        with pytest.raises(ConnectUnsupportedError) as info:
+            view.lookup_partitions(object())
+    message = str(info.value)
+    assert "\n" not in message and "view.join(" in message and "udf()" in message, message
+    assert view.descriptor is None  # failed before doing anything
+    view.close()
 
+
+def test_streaming_batches_never_mix_snapshots(session: Any, broker: Broker, topic: Callable[..., str],
+                                               daemon: Daemon, tmp_path: Path) -> None:
+    F = functions(session)
     t, d = table_on_topic(broker, topic, daemon, 2_000, seed=71, keys=200)
-    view = GlobalTableView(spark, d.config, "tbl")
-    seen: list[tuple[dict[str, Any], list[Any]]] = []
+    view = GlobalTableView(session, d.config, "tbl")
+    out = tmp_path / "batches.jsonl"
 
+    # On Connect, foreachBatch runs on the Connect server, in a copy of the view: batches go to a file both see.
     def process(batch_df: Any, batch_id: int) -> None:
-        desc = view.descriptor
-        assert desc is not None
-        seen.append((desc, view.join(batch_df, "k", snapshot_col="snap").collect()))
+        rows = view.join(batch_df, "k", snapshot_col="snap").collect()
+        record = {"desc": view.descriptor, "rows": [
+            {"k": r["k"], "value": None if r["value"] is None else bytes(r["value"]).hex(),
+             "timestamp": r["timestamp"], "snap": r["snap"]} for r in rows]}
+        with open(out, "a") as f:
+            f.write(json.dumps(record) + "\n")
 
-    stream = (spark.readStream.format("rate").option("rowsPerSecond", 400).load()
+    def seen() -> list[tuple[dict[str, Any], list[dict[str, Any]]]]:
+        lines = out.read_text().splitlines() if out.exists() else []
+        batches = [json.loads(line) for line in lines if line.endswith("}")]
+        return [(b["desc"], [{**r, "value": None if r["value"] is None else bytes.fromhex(r["value"])}
+                             for r in b["rows"]]) for b in batches]
+
+    stream = (session.readStream.format("rate").option("rowsPerSecond", 400).load()
               .select(F.format_string("key-%06d", F.col("value") % 220).alias("k")))
     query = (stream.writeStream.foreachBatch(view.foreach_batch(process))
              .trigger(processingTime="300 milliseconds").start())
     try:
         for seed in (72, 73, 74):
-            deadline = time.monotonic() + 60
-            n = len(seen)
-            while len(seen) < n + 2:
+            deadline = time.monotonic() + 90
+            n = len(seen())
+            while len(seen()) < n + 2:
                 assert time.monotonic() < deadline and query.exception() is None, query.exception()
-                time.sleep(0.1)
+                time.sleep(0.2)
             broker.admin.produce(t, random_records(300, keys=200, seed=seed, tombstones=0.1))
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 90
         final = {str(p): o for p, o in broker.admin.end_offsets(t).items()}
-        while not seen or seen[-1][0]["offsets"] != final:
+        while not seen() or seen()[-1][0]["offsets"] != final:
             assert time.monotonic() < deadline and query.exception() is None, query.exception()
-            time.sleep(0.1)
+            time.sleep(0.2)
     finally:
         query.stop()
-    versions = {}
-    for desc, rows in seen:
+    versions: dict[str, tuple[dict[str, int], list[Any]]] = {}
+    for desc, rows in seen():
         assert {r["snap"] for r in rows} <= {desc["snapshot"]}, "a batch read two snapshots"
         versions.setdefault(desc["snapshot"], (desc["offsets"], []))[1].extend(rows)
     assert len(versions) >= 3
@@ -240,13 +286,13 @@ def test_rebuild_keeps_job_on_stale_snapshot_with_no_failed_lookup(spark: Any, b
     view.close()
 
 
-def test_small_table_mode_timer_and_policies(spark: Any, broker: Broker, topic: Callable[..., str],
+def test_small_table_mode_timer_and_policies(session: Any, broker: Broker, topic: Callable[..., str],
                                              daemon: Daemon) -> None:
     t, d = table_on_topic(broker, topic, daemon, 1_000, seed=91, keys=150)
-    small = GlobalTableView(spark, d.config, "tbl", mode="broadcast")
+    small = GlobalTableView(session, d.config, "tbl", mode="broadcast")
     desc = small.refresh()
     keys: list[bytes | None] = [b"key-%06d" % i for i in range(160)]
-    check_rows(small.join(keys_df(spark, keys), "k").collect(), oracle_at(broker, t, desc["offsets"]))
+    check_rows(small.join(keys_df(session, keys), "k").collect(), oracle_at(broker, t, desc["offsets"]))
 
     # The timer moves the view forward by itself.
     small.start_refresh_timer(0.3)
@@ -257,10 +303,10 @@ def test_small_table_mode_timer_and_policies(spark: Any, broker: Broker, topic: 
         assert time.monotonic() < deadline, small.descriptor
         time.sleep(0.1)
     small.stop_refresh_timer()
-    check_rows(small.join(keys_df(spark, keys), "k").collect(), oracle_at(broker, t, want))
+    check_rows(small.join(keys_df(session, keys), "k").collect(), oracle_at(broker, t, want))
 
     # Policy "fail": a target the sidecar cannot reach is refused and the previous descriptor stays.
-    strict = GlobalTableView(spark, d.config, "tbl", wait_timeout_s=5.0)
+    strict = GlobalTableView(session, d.config, "tbl", wait_timeout_s=5.0)
     good = strict.refresh()
     with pytest.raises(SnapshotUnavailableError) as info:
         strict.refresh(offsets={int(p): o + 100 for p, o in want.items()})
@@ -275,37 +321,46 @@ def test_small_table_mode_timer_and_policies(spark: Any, broker: Broker, topic: 
     h = spark_executor.handle(settings, far)
     assert h is not kept and not h.exact and h.note and "beyond_end" in h.note
     spark_executor.close_all()
-    # ... and through Spark: the executors count the fallback in the view's accumulator.
-    lenient = GlobalTableView(spark, d.config, "tbl", wait_timeout_s=5.0, on_timeout="newest")
-    fn = spark_executor.partitions_fn(lenient.settings, spark.sparkContext.broadcast(far), None,
-                                      lenient.fallbacks, None)
-    got = spark.sparkContext.parallelize([b"key-000001", b"key-000002"], 1).mapPartitions(fn).collect()
+    # ... and through Spark: each task that fell back is counted by the join's observation, on both sessions.
+    lenient = GlobalTableView(session, d.config, "tbl", wait_timeout_s=5.0, on_timeout="newest")
+    lenient._install(far)  # as if the driver's host had no sidecar and asked for offsets no executor reaches
+    two = keys_df(session, [b"key-000001", b"key-000002"]).coalesce(1)
+    joined = lenient.join(two, "k")
+    assert lenient.fallbacks.value == 0 and "__globald_fallback" not in joined.columns
+    got = {r["k"]: r["value"] for r in joined.collect()}
     newest = oracle_at(broker, t, good["offsets"])
-    assert [v for _, v, _ in got] == [newest.get(b"key-000001"), newest.get(b"key-000002")]
+    assert {k: None if v is None else bytes(v) for k, v in got.items()} == \
+        {"key-000001": newest.get(b"key-000001"), "key-000002": newest.get(b"key-000002")}
     assert lenient.fallbacks.value == 1
+    lenient.join(two, "k").count()
+    assert lenient.fallbacks.value == 2
     lenient.close()
     small.close()
     strict.close()
 
 
 def plan_of(df: Any) -> str:
-    return str(df._jdf.queryExecution().executedPlan().toString())
+    if hasattr(df, "_jdf"):
+        return str(df._jdf.queryExecution().executedPlan().toString())
+    return str(df._explain_string(extended=False))
 
 
-def test_small_table_join_is_spark_native_and_equals_the_snapshot(spark: Any, broker: Broker,
-                                                                  topic: Callable[..., str], daemon: Daemon) -> None:
+@pytest.mark.parametrize("small_join", ["index", "spark"])
+def test_small_table_join_equals_the_snapshot(session: Any, broker: Broker, topic: Callable[..., str],
+                                              daemon: Daemon, small_join: str) -> None:
     t, d = table_on_topic(broker, topic, daemon, 1_500, seed=95, keys=300)
-    small = GlobalTableView(spark, d.config, "tbl", mode="broadcast")
+    small = GlobalTableView(session, d.config, "tbl", mode="broadcast", small_join=small_join)
     desc = small.refresh()
-    view = GlobalTableView(spark, d.config, "tbl")  # snapshot mode at the same offsets: the reference
+    view = GlobalTableView(session, d.config, "tbl")  # snapshot mode at the same offsets: the reference
     view.refresh(offsets={int(p): o for p, o in desc["offsets"].items()})
     expected = oracle_at(broker, t, desc["offsets"])
     keys: list[bytes | None] = [b"key-%06d" % i for i in range(320)] + [None, "ключ".encode(), b"key-000007"]
     for binary in (False, True):
-        frame = keys_df(spark, keys, binary=binary)
+        frame = keys_df(session, keys, binary=binary)
         joined = small.join(frame, "k", value_col="v", timestamp_col="ts", snapshot_col="snap")
         plan = plan_of(joined)
-        assert "BroadcastHashJoin" in plan and not any(p in plan for p in ("MapInArrow", "EvalPython")), plan
+        if small_join == "spark":  # Spark's own join: no Python on the executors
+            assert "BroadcastHashJoin" in plan and not any(p in plan for p in ("MapInArrow", "EvalPython")), plan
         assert joined.columns == ["id", "k", "v", "ts", "snap"]
         rows = {r["id"]: r for r in joined.collect()}
         reference = {r["id"]: r for r in view.join(frame, "k", value_col="v", timestamp_col="ts").collect()}
@@ -318,20 +373,21 @@ def test_small_table_join_is_spark_native_and_equals_the_snapshot(spark: Any, br
             assert (bytes(r["v"]) if r["v"] is not None else None) == want and (r["ts"] is None) == (want is None)
     assert sum(r["v"] is not None for r in rows.values()) == sum(k in expected for k in keys if k is not None)
 
-    # Where Spark's join does not apply, the broadcast content answers the same.
-    udf_rows = keys_df(spark, keys).select("id", small.udf()("k").alias("r")).collect()
+    # The pandas UDF (and on a classic session mapPartitions) look the shipped content up and answer the same.
+    udf_rows = keys_df(session, keys).select("id", small.udf()("k").alias("r")).collect()
     assert {r["id"]: (r["r"]["value"], r["r"]["timestamp"]) for r in udf_rows} == \
         {i: (r["v"], r["ts"]) for i, r in rows.items()}
-    triples = small.lookup_partitions(spark.sparkContext.parallelize(keys, 3)).collect()
-    assert [(bytes(v) if v is not None else None) for _, v, _ in triples] == \
-        [None if k is None else expected.get(k) for k in keys]
+    if not small.connect:
+        triples = small.lookup_partitions(session.sparkContext.parallelize(keys, 3)).collect()
+        assert [(bytes(v) if v is not None else None) for _, v, _ in triples] == \
+            [None if k is None else expected.get(k) for k in keys]
 
     # One descriptor per DataFrame: a join built before a refresh keeps answering from its snapshot.
-    before = small.join(keys_df(spark, keys), "k")
+    before = small.join(keys_df(session, keys), "k")
     broker.admin.produce(t, [(b"key-%06d" % i, b"new-%d" % i) for i in range(0, 300, 7)])
     new_desc = small.refresh()
     assert new_desc["snapshot"] != desc["snapshot"]
     check_rows(before.collect(), expected)
-    check_rows(small.join(keys_df(spark, keys), "k").collect(), oracle_at(broker, t, new_desc["offsets"]))
+    check_rows(small.join(keys_df(session, keys), "k").collect(), oracle_at(broker, t, new_desc["offsets"]))
     small.close()
     view.close()
