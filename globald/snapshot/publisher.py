@@ -1,4 +1,5 @@
-"""Publishes snapshots of every table from the daemon's loop thread, and serves exact-offset requests.
+"""Publishes snapshots of every table from the daemon's loop thread, and admits exact-offset requests: answered
+at once from a snapshot at those offsets (or the live store when it is there), else built by ``exact_builds``.
 
 A snapshot is a RocksDB checkpoint of a RUNNING table taken between two polls, so it equals the fold of its topic
 below the offsets in its manifest, which are read back from the checkpoint itself (a manifest never claims an
@@ -12,23 +13,20 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import queue
 import shutil
 import threading
 import time
-from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from globald import swallowed
-from globald.config import Config, TableConfig
+from globald.config import Config
 from globald.engine.events import Event, StateChanged, Wiped
 from globald.engine.view import EngineView, TableView
 from globald.errors import ManifestError, ManifestIOError
 from globald.snapshot import exact_requests as requests
 from globald.snapshot import leases
 from globald.snapshot import manifest as manifests
-from globald.snapshot.builder import Builder, BuildRefused
+from globald.snapshot.exact_builds import ExactBuilds, SnapshotTable
 from globald.snapshot.exact_requests import Code, Request, Response
 from globald.snapshot.manifest import Manifest, Offsets, valid_id
 from globald.snapshot.reader import current_id, find_exact, manifests_of
@@ -37,7 +35,6 @@ from globald.states import State
 from globald.status import SnapshotStatus
 from globald.store import durable, space
 from globald.store.names import (
-    SNAPSHOT_BUILD_PREFIX,
     SNAPSHOT_CURRENT,
     SNAPSHOT_DB_DIR,
     SNAPSHOT_TMP_PREFIX,
@@ -48,33 +45,6 @@ from globald.store.names import (
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class _Table:
-    """What the publisher knows about one table's snapshots (guarded by the publisher's lock)."""
-
-    config: TableConfig
-    dir: Path
-    current: Manifest | None = None
-    published_offsets: Offsets | None = None  # offsets of the newest fresh periodic snapshot
-    stale_reason: str | None = None
-    generation: int = 0  # bumped by every wipe; builds started in an older generation are discarded
-    busy: set[str] = field(default_factory=set)  # snapshots a build is copying from
-    published: int = 0
-    exact_built: int = 0
-    refused: Counter[str] = field(default_factory=Counter)
-    last_publish_s: float = 0.0
-    last_error: str | None = None  # why the last periodic publish failed, until one succeeds
-    unmarked: str | None = None  # a wipe's reason not yet written into every manifest (the disk refused)
-
-
-@dataclass(frozen=True)
-class _Job:
-    table: str
-    request: Request
-    generation: int
-    deadline: float
-
-
 class SnapshotPublisher:
     def __init__(self, config: Config, engine: EngineView) -> None:
         self.config = config
@@ -83,10 +53,8 @@ class SnapshotPublisher:
         self.interval = config.snapshots.interval_ms / 1000
         self.build_timeout = config.snapshots.build_timeout_ms / 1000
         self._lock = threading.RLock()
-        self._stop = threading.Event()
-        self._jobs: queue.Queue[_Job] = queue.Queue()
-        self._worker: threading.Thread | None = None
-        self._tables = {t.name: _Table(t, snapshots_dir(config.state_dir, t.name)) for t in config.tables}
+        self._tables = {t.name: SnapshotTable(t, snapshots_dir(config.state_dir, t.name)) for t in config.tables}
+        self._builds = ExactBuilds(config, self._tables, self._lock, self)
         self._leases = {name: leases.LeaseClock(tab.dir) for name, tab in self._tables.items()}  # loop thread only
         self._last_id: str | None = None
         self._next_publish = 0.0
@@ -113,13 +81,10 @@ class SnapshotPublisher:
             if tab.current is not None:
                 tab.stale_reason = tab.current.stale_reason if tab.current.stale else None
                 tab.published_offsets = None if tab.current.stale else tab.current.offsets
-        self._worker = threading.Thread(target=self._work, name="globald-snapshots", daemon=True)
-        self._worker.start()
+        self._builds.start()
 
     def close(self) -> None:
-        self._stop.set()
-        if self._worker is not None:
-            self._worker.join(timeout=30)
+        self._builds.close()
 
     # -- loop thread ------------------------------------------------------------------------------------------
 
@@ -147,7 +112,7 @@ class SnapshotPublisher:
             for tab in self._tables.values():
                 self._gc(tab)
 
-    def _try_publish(self, rt: TableView, tab: _Table) -> None:
+    def _try_publish(self, rt: TableView, tab: SnapshotTable) -> None:
         """A failed publish (disk full, I/O error) leaves CURRENT as it was; the next interval tries again."""
         try:
             offsets = self._live_offsets(rt)
@@ -161,7 +126,7 @@ class SnapshotPublisher:
                              rt.name, tab.current.id if tab.current else None)
             tab.last_error = f"{type(e).__name__}: {e}"
 
-    def _mark_stale(self, tab: _Table, reason: str) -> None:
+    def _mark_stale(self, tab: SnapshotTable, reason: str) -> None:
         with self._lock:
             tab.generation += 1
             tab.published_offsets = None
@@ -173,7 +138,7 @@ class SnapshotPublisher:
                     tab.config.name, reason, tab.current.id if tab.current else "nothing")
         self._write_stale_marks(tab)
 
-    def _write_stale_marks(self, tab: _Table) -> None:
+    def _write_stale_marks(self, tab: SnapshotTable) -> None:
         """Write a wipe's stale mark into every manifest; on a refusing disk, again at every tick until done."""
         reason = tab.unmarked
         if reason is None:
@@ -190,7 +155,7 @@ class SnapshotPublisher:
                 return
             tab.unmarked = None
 
-    def _next_id(self) -> str:
+    def next_id(self) -> str:
         self._last_id = manifests.new_id(self._last_id)
         return self._last_id
 
@@ -206,7 +171,7 @@ class SnapshotPublisher:
         tab = self._tables[rt.name]
         with self._lock:
             started = time.perf_counter()
-            sid = self._next_id()
+            sid = self.next_id()
             tmp = tab.dir / f"{SNAPSHOT_TMP_PREFIX}{sid}"
             if not tab.dir.is_dir():  # start() could not make it on a full disk
                 durable.make_dirs(tab.dir)
@@ -237,28 +202,28 @@ class SnapshotPublisher:
         self._gc(tab)
         return m
 
-    def _take_requests(self, tab: _Table) -> None:
+    def _take_requests(self, tab: SnapshotTable) -> None:
         for item in requests.take_pending(self.config.state_dir, tab.config.name):
             try:
                 if isinstance(item, Response):
-                    self._answer(tab, item)
+                    self.answer(tab, item)
                 else:
                     self._admit(tab, item)
             except Exception as e:  # never leave a reader waiting: answer, log, go on with the next request
                 swallowed.record("snapshot_request", e, log, "table %s: snapshot request failed", tab.config.name)
-                self._answer(tab, Response(item.request if isinstance(item, Response) else item.id, Code.FAILED,
+                self.answer(tab, Response(item.request if isinstance(item, Response) else item.id, Code.FAILED,
                                           f"{type(e).__name__}: {e}"))
 
-    def _admit(self, tab: _Table, req: Request) -> None:
+    def _admit(self, tab: SnapshotTable, req: Request) -> None:
         rt = self.engine.table_view(tab.config.name)
         if rt is None or rt.state != State.RUNNING:
             state = rt.state.value if rt else "CREATED"
             reason = rt.reason if rt else "not started"
-            self._answer(tab, Response(req.id, Code.REBUILDING,
+            self.answer(tab, Response(req.id, Code.REBUILDING,
                                       f"table {tab.config.name} is {state} ({reason}); ask again once it is RUNNING"))
             return
         if set(req.offsets) != set(rt.partitions):
-            self._answer(tab, Response(req.id, Code.INVALID, f"offsets name partitions {sorted(req.offsets)}, "
+            self.answer(tab, Response(req.id, Code.INVALID, f"offsets name partitions {sorted(req.offsets)}, "
                                                             f"topic {rt.topic} has {sorted(rt.partitions)}"))
             return
         found = find_exact(self.config.state_dir, tab.config.name, req.offsets)
@@ -268,18 +233,25 @@ class SnapshotPublisher:
             if found.offsets != req.offsets:  # the loop thread publishes: nothing can move between, but be sure
                 found = None
         if found is not None:
-            self._ready(tab, req, found)
+            self.ready(tab, req, found)
             return
         if live is not None and live != tab.published_offsets and all(live[p] <= o for p, o in req.offsets.items()):
             self._publish_live(rt)  # the closest possible base: the build reads only what is still ahead
-        self._jobs.put(_Job(tab.config.name, req, tab.generation, time.monotonic() + self.build_timeout))
+        self._builds.submit(tab.config.name, req, tab.generation, time.monotonic() + self.build_timeout)
 
-    def _ready(self, tab: _Table, req: Request, m: Manifest) -> None:
+    # -- answers (loop thread, and the exact-build worker: exact_builds.BuildHost) --------------------------------
+
+    def manifest_states(self, table: str) -> tuple[str, str]:
+        """The daemon's and ``table``'s state, as a manifest written now records them."""
+        rt = self.engine.table_view(table)
+        return self._daemon_state.value, rt.state.value if rt else State.RUNNING.value
+
+    def ready(self, tab: SnapshotTable, req: Request, m: Manifest) -> None:
         # The daemon pins the snapshot for the reader until the reader's own lease takes over.
         leases.take(tab.dir, f"req-{req.id}", m.id, req.lease_s)
-        self._answer(tab, Response(req.id, Code.READY, f"snapshot {m.id} at the requested offsets", m.id))
+        self.answer(tab, Response(req.id, Code.READY, f"snapshot {m.id} at the requested offsets", m.id))
 
-    def _answer(self, tab: _Table, resp: Response) -> None:
+    def answer(self, tab: SnapshotTable, resp: Response) -> None:
         if not resp.ok:
             with self._lock:
                 tab.refused[resp.code.value] += 1
@@ -290,7 +262,7 @@ class SnapshotPublisher:
         except OSError as e:  # a full or failing disk: the reader times out and may ask again once it heals
             swallowed.record("snapshot_reply", e, log, "table %s: no reply to %s: %s", tab.config.name, resp.request, e)
 
-    def _gc(self, tab: _Table) -> None:
+    def _gc(self, tab: SnapshotTable) -> None:
         """Retention: newest K valid snapshots, CURRENT, leased and busy ones stay; everything else goes."""
         with self._lock:
             found: list[str] = []
@@ -322,79 +294,6 @@ class SnapshotPublisher:
                     durable.remove_tree(tab.dir / sid, tab.dir / f"{SNAPSHOT_TRASH_PREFIX}{sid}")
         self._leases[tab.config.name].sweep()
         requests.sweep_responses(self.config.state_dir, tab.config.name, time.time())
-
-    # -- exact builds (worker thread) ---------------------------------------------------------------------------
-
-    def _work(self) -> None:
-        builder = Builder(self.config, self._stop)
-        try:
-            while not self._stop.is_set():
-                try:
-                    job = self._jobs.get(timeout=0.2)
-                except queue.Empty:
-                    continue
-                try:
-                    self._serve(builder, job)
-                except Exception as e:  # the worker must outlive any job, or no exact build is answered again
-                    swallowed.record("exact_build", e, log, "table %s: exact %s failed", job.table, job.request.id)
-        finally:
-            builder.close()
-            while True:
-                try:
-                    job = self._jobs.get_nowait()
-                except queue.Empty:
-                    break
-                self._answer(self._tables[job.table], Response(job.request.id, Code.STOPPING, "the daemon is stopping"))
-
-    def _serve(self, builder: Builder, job: _Job) -> None:
-        tab = self._tables[job.table]
-        try:
-            m = self._build(builder, tab, job)
-            self._ready(tab, job.request, m)
-        except BuildRefused as e:
-            self._answer(tab, Response(job.request.id, e.code, str(e)))
-        except Exception as e:
-            swallowed.record("exact_build", e, log, "table %s: exact snapshot build failed", job.table)
-            self._answer(tab, Response(job.request.id, Code.FAILED, f"{type(e).__name__}: {e}"))
-
-    def _build(self, builder: Builder, tab: _Table, job: _Job) -> Manifest:
-        name, target = tab.config.name, job.request.offsets
-        if job.generation != tab.generation:
-            raise BuildRefused(Code.REBUILDING, f"table {name} was wiped after the request; it is rebuilding")
-        done = find_exact(self.config.state_dir, name, target)
-        if done is not None:  # an earlier request for the same offsets built it
-            return done
-        work = tab.dir / f"{SNAPSHOT_BUILD_PREFIX}{job.request.id}"
-        with self._lock:
-            candidates = [m for m in manifests_of(self.config.state_dir, name) if not m.stale
-                          and set(m.offsets) == set(target) and all(m.offsets[p] <= o for p, o in target.items())]
-            base = candidates[0] if candidates else None
-            if base is not None:
-                tab.busy.add(base.id)
-        try:
-            started = time.perf_counter()
-            built = builder.build(tab.config, target, base.offsets if base else None,
-                                  tab.dir / base.id if base else None, work, job.deadline)
-            with self._lock:
-                if job.generation != tab.generation:
-                    raise BuildRefused(Code.REBUILDING, f"table {name} was wiped during the build; it is rebuilding")
-                rt = self.engine.table_view(name)
-                sid = self._next_id()
-                m = Manifest(table=name, topic=tab.config.topic, id=sid, offsets=dict(target), created=time.time(),
-                             daemon_state=self._daemon_state.value,
-                             table_state=rt.state.value if rt else State.RUNNING.value,
-                             records=built.records, kind="exact", request=job.request.id)
-                manifests.write(work, m)
-                durable.rename(work, tab.dir / sid)
-                tab.exact_built += 1
-            log.info("table %s: exact snapshot %s at %s built from %s with %d records in %.3fs", name, sid, target,
-                     base.id if base else "the log start", built.consumed, time.perf_counter() - started)
-            return m
-        finally:
-            with self._lock:
-                if base is not None:
-                    tab.busy.discard(base.id)
-            shutil.rmtree(work, ignore_errors=True)
 
     # -- operations (globald.ops.health.SnapshotSource) -------------------------------------------------------
 

@@ -437,7 +437,7 @@ def test_an_answer_the_disk_refuses_does_not_stop_the_publisher(tmp_path: Path) 
     responses = snapshots_dir(tmp_path, "tbl") / "responses"
     responses.parent.mkdir(parents=True)
     responses.write_text("a file where the folder should be")  # every write below it fails with an OSError
-    pub._answer(tab, Response("r1", Code.FAILED, "no space"))  # logged, not raised
+    pub.answer(tab, Response("r1", Code.FAILED, "no space"))  # logged, not raised
     responses.unlink()
-    pub._answer(tab, Response("r2", Code.READY, "ready", ID1))
+    pub.answer(tab, Response("r2", Code.READY, "ready", ID1))
     assert (responses / "r2.json").exists()

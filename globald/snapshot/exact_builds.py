@@ -1,0 +1,170 @@
+"""The exact-build worker: off the loop thread, builds the snapshots that requests ask for at offsets no snapshot
+has (``builder``), and answers each request once: READY, or why not.
+
+A build reads the topic from the closest earlier snapshot (or the log start) to the requested offsets. A table
+wiped after a request was admitted (its generation moved on) is refused as REBUILDING, never built on a stale base;
+a base snapshot is kept from retention while a build copies it (``SnapshotTable.busy``).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import shutil
+import threading
+import time
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from globald import swallowed
+from globald.config import Config, TableConfig
+from globald.snapshot import manifest as manifests
+from globald.snapshot.builder import Builder, BuildRefused
+from globald.snapshot.exact_requests import Code, Request, Response
+from globald.snapshot.manifest import Manifest, Offsets
+from globald.snapshot.reader import find_exact, manifests_of
+from globald.store import durable
+from globald.store.names import SNAPSHOT_BUILD_PREFIX
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SnapshotTable:
+    """What the publisher knows about one table's snapshots (guarded by the publisher's lock, which the exact-build
+    worker shares)."""
+
+    config: TableConfig
+    dir: Path
+    current: Manifest | None = None
+    published_offsets: Offsets | None = None  # offsets of the newest fresh periodic snapshot
+    stale_reason: str | None = None
+    generation: int = 0  # bumped by every wipe; builds started in an older generation are discarded
+    busy: set[str] = field(default_factory=set)  # snapshots a build is copying from
+    published: int = 0
+    exact_built: int = 0
+    refused: Counter[str] = field(default_factory=Counter)
+    last_publish_s: float = 0.0
+    last_error: str | None = None  # why the last periodic publish failed, until one succeeds
+    unmarked: str | None = None  # a wipe's reason not yet written into every manifest (the disk refused)
+
+
+@dataclass(frozen=True)
+class Job:
+    table: str
+    request: Request
+    generation: int
+    deadline: float
+
+
+class BuildHost(Protocol):
+    """What the worker needs of the snapshot publisher."""
+
+    def next_id(self) -> str: ...
+
+    def manifest_states(self, table: str) -> tuple[str, str]: ...
+
+    def ready(self, tab: SnapshotTable, req: Request, m: Manifest) -> None: ...
+
+    def answer(self, tab: SnapshotTable, resp: Response) -> None: ...
+
+
+class ExactBuilds:
+    """The worker thread and its queue of admitted requests."""
+
+    def __init__(self, config: Config, tables: Mapping[str, SnapshotTable], lock: threading.RLock,
+                 host: BuildHost) -> None:
+        self.config = config
+        self._tables = tables
+        self._lock = lock
+        self._host = host
+        self._stop = threading.Event()
+        self._jobs: queue.Queue[Job] = queue.Queue()
+        self._worker: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._worker = threading.Thread(target=self._work, name="globald-snapshots", daemon=True)
+        self._worker.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._worker is not None:
+            self._worker.join(timeout=30)
+
+    def submit(self, table: str, request: Request, generation: int, deadline: float) -> None:
+        """Build ``request`` of ``table`` (wiped ``generation`` times when admitted) before ``deadline``."""
+        self._jobs.put(Job(table, request, generation, deadline))
+
+    def _work(self) -> None:
+        builder = Builder(self.config, self._stop)
+        try:
+            while not self._stop.is_set():
+                try:
+                    job = self._jobs.get(timeout=0.2)
+                except queue.Empty:
+                    continue
+                try:
+                    self._serve(builder, job)
+                except Exception as e:  # the worker must outlive any job, or no exact build is answered again
+                    swallowed.record("exact_build", e, log, "table %s: exact %s failed", job.table, job.request.id)
+        finally:
+            builder.close()
+            while True:
+                try:
+                    job = self._jobs.get_nowait()
+                except queue.Empty:
+                    break
+                stopping = Response(job.request.id, Code.STOPPING, "the daemon is stopping")
+                self._host.answer(self._tables[job.table], stopping)
+
+    def _serve(self, builder: Builder, job: Job) -> None:
+        tab = self._tables[job.table]
+        try:
+            m = self._build(builder, tab, job)
+            self._host.ready(tab, job.request, m)
+        except BuildRefused as e:
+            self._host.answer(tab, Response(job.request.id, e.code, str(e)))
+        except Exception as e:
+            swallowed.record("exact_build", e, log, "table %s: exact snapshot build failed", job.table)
+            self._host.answer(tab, Response(job.request.id, Code.FAILED, f"{type(e).__name__}: {e}"))
+
+    def _build(self, builder: Builder, tab: SnapshotTable, job: Job) -> Manifest:
+        name, target = tab.config.name, job.request.offsets
+        if job.generation != tab.generation:
+            raise BuildRefused(Code.REBUILDING, f"table {name} was wiped after the request; it is rebuilding")
+        done = find_exact(self.config.state_dir, name, target)
+        if done is not None:  # an earlier request for the same offsets built it
+            return done
+        work = tab.dir / f"{SNAPSHOT_BUILD_PREFIX}{job.request.id}"
+        with self._lock:
+            candidates = [m for m in manifests_of(self.config.state_dir, name) if not m.stale
+                          and set(m.offsets) == set(target) and all(m.offsets[p] <= o for p, o in target.items())]
+            base = candidates[0] if candidates else None
+            if base is not None:
+                tab.busy.add(base.id)
+        try:
+            started = time.perf_counter()
+            built = builder.build(tab.config, target, base.offsets if base else None,
+                                  tab.dir / base.id if base else None, work, job.deadline)
+            with self._lock:
+                if job.generation != tab.generation:
+                    raise BuildRefused(Code.REBUILDING, f"table {name} was wiped during the build; it is rebuilding")
+                sid = self._host.next_id()
+                daemon_state, table_state = self._host.manifest_states(name)
+                m = Manifest(table=name, topic=tab.config.topic, id=sid, offsets=dict(target), created=time.time(),
+                             daemon_state=daemon_state, table_state=table_state, records=built.records, kind="exact",
+                             request=job.request.id)
+                manifests.write(work, m)
+                durable.rename(work, tab.dir / sid)
+                tab.exact_built += 1
+            log.info("table %s: exact snapshot %s at %s built from %s with %d records in %.3fs", name, sid, target,
+                     base.id if base else "the log start", built.consumed, time.perf_counter() - started)
+            return m
+        finally:
+            with self._lock:
+                if base is not None:
+                    tab.busy.discard(base.id)
+            shutil.rmtree(work, ignore_errors=True)
