@@ -7,7 +7,8 @@ only, not single framed records.
 
 The Arrow type follows Spark's ``from_avro``: records are structs, arrays lists, maps map<string, _>, enums strings,
 a union of null and one type that type (nullable), fixed fixed_size_binary; logical types decimal, date,
-time-millis/micros, timestamp-millis/micros (UTC) and local-timestamp-millis/micros (no zone), uuid (string).
+timestamp-millis/micros (UTC) and local-timestamp-millis/micros (no zone), uuid (string); time-millis/micros their
+int/long (ms/us after midnight: Spark has no time-of-day type).
 A union of several non-null types has no single column type and is refused when the schema is loaded.
 """
 
@@ -28,7 +29,9 @@ from globald.typed.spec import SchemaError, ValueFormat, read_schema_file, write
 
 PRIMITIVES = {"null": pa.null(), "boolean": pa.bool_(), "int": pa.int32(), "long": pa.int64(),
               "float": pa.float32(), "double": pa.float64(), "bytes": pa.binary(), "string": pa.string()}
-LOGICAL = {"date": pa.date32(), "time-millis": pa.time32("ms"), "time-micros": pa.time64("us"),
+# time-millis/micros stay the int/long they are on the wire (parse() drops the logical type), as Spark's from_avro
+# gives them: Spark has no time-of-day type.
+LOGICAL = {"date": pa.date32(), "time-millis": pa.int32(), "time-micros": pa.int64(),
            "timestamp-millis": pa.timestamp("ms", "UTC"), "timestamp-micros": pa.timestamp("us", "UTC"),
            "local-timestamp-millis": pa.timestamp("ms"), "local-timestamp-micros": pa.timestamp("us"),
            "uuid": pa.string()}
@@ -114,11 +117,22 @@ def _uuids_as_text(value: Any) -> Any:
     return value
 
 
+def _without_time_types(s: Any) -> Any:
+    """The schema with time-millis/micros left as plain int/long, so that fastavro gives the numbers."""
+    if isinstance(s, dict):
+        if s.get("logicalType") in ("time-millis", "time-micros"):
+            return {k: v for k, v in s.items() if k != "logicalType"}
+        return {k: _without_time_types(v) for k, v in s.items()}
+    if isinstance(s, list):
+        return [_without_time_types(v) for v in s]
+    return s
+
+
 def parse(path: Any, where: str) -> tuple[Any, Any]:
     """(the schema as JSON, as fastavro parsed it) of an .avsc file; SchemaError names ``where`` and the file."""
     try:
         raw = json.loads(read_schema_file(path, where))
-        return raw, fastavro.parse_schema(raw)
+        return raw, fastavro.parse_schema(_without_time_types(raw))
     except (ValueError, TypeError, KeyError, fastavro.schema.SchemaParseException) as e:
         raise SchemaError(where, f"{path} is not a valid Avro schema: {e}") from None
 

@@ -124,3 +124,18 @@ def test_schema_errors_name_the_key_and_the_file(tmp_path: Path) -> None:
     (tmp_path / "ids" / "one.avsc").write_text("{}")
     with pytest.raises(ConfigError, match="must be a schema id"):
         typed.load(ValueFormat(format="avro", schema=READER, framing="confluent", writer_schemas=tmp_path / "ids"), "t")
+
+
+def test_time_of_day_is_the_number_on_the_wire(tmp_path: Path) -> None:
+    schema = {"type": "record", "name": "T", "fields": [
+        {"name": "ms", "type": {"type": "int", "logicalType": "time-millis"}},
+        {"name": "us", "type": {"type": "long", "logicalType": "time-micros"}}]}
+    path = tmp_path / "t.avsc"
+    path.write_text(json.dumps(schema))
+    import fastavro
+
+    buf = io.BytesIO()
+    fastavro.schemaless_writer(buf, fastavro.parse_schema(schema), {"ms": 3_600_000, "us": 1})
+    decoder = typed.load(ValueFormat(format="avro", schema=path), "t")
+    assert decoder.arrow_type == pa.struct([("ms", pa.int32()), ("us", pa.int64())])
+    assert python_rows(decoder.decode(pa.array([buf.getvalue()])).values) == [{"ms": 3_600_000, "us": 1}]

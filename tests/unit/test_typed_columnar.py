@@ -121,3 +121,16 @@ def test_an_empty_snapshot() -> None:
     table = ColumnarTable(build_table([], avro("null"), {}))
     found = table.lookup(pa.array([b"a", None], pa.binary()))
     assert found.values.null_count == 2 and found.values.type == avro("null").arrow_type
+
+
+def test_join_columns_struct_flattened_and_error() -> None:
+    from globald.typed.join import spark_type, typed_columns
+
+    decoder = avro("null")
+    found = ColumnarTable(build_table(typed_content(), decoder, {})).lookup(pa.array([b"k001", b"k007", b"x"]))
+    cols = typed_columns(found, "customer", timestamp_col="customer_ts", error_col="customer_error")
+    assert list(cols) == ["customer", "customer_error", "customer_ts"]
+    assert cols["customer_ts"].to_pylist() == [1, 7, None]
+    flat = typed_columns(found, "customer", flatten_prefix="c_")
+    assert list(flat)[:3] == ["c_id", "c_name", "c_tags"] and flat["c_id"].to_pylist() == [1, None, None]
+    assert spark_type(decoder).simpleString().startswith("struct<id:bigint,name:string,tags:array<string>")
