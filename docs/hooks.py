@@ -15,6 +15,7 @@
   boundaries ``make lint`` holds the code to.
 - ``<!-- globald:api MODULE.NAME -->`` becomes the reference of one public class or function: its signature and
   docstring, and for a class those of its public methods, read from the code itself.
+- ``<!-- globald:file PATH -->`` becomes that file of the repository as a code block (the example config).
 - ``bench/results/bench-*.{md,png}`` (the last ``make bench`` reports) are served under ``benchmarks/results/``.
 
 Nothing here is written to docs/: the generated text exists only in the built site.
@@ -44,6 +45,7 @@ MODULES_MARK = "<!-- globald:module-map -->"
 README_MARK = "<!-- globald:readme -->"
 CONTRACTS_MARK = "<!-- globald:import-contracts -->"
 API_MARK = re.compile(r"<!-- globald:api ([\w.]+) -->")
+FILE_MARK = re.compile(r"<!-- globald:file ([\w./-]+) -->")
 BENCH_RESULTS = ("bench-1M.md", "bench-1M.png", "bench-10M.md", "bench-10M.png")
 
 if str(REPO) not in sys.path:  # the docs describe this checkout, not whatever globald is installed
@@ -261,6 +263,12 @@ def api_reference(path: str) -> str:
     return "\n".join(out)
 
 
+def repo_file(path: str) -> str:
+    text = (REPO / path).read_text(encoding="utf-8").rstrip("\n")
+    language = {".toml": "toml", ".yml": "yaml", ".yaml": "yaml", ".py": "python"}.get(Path(path).suffix, "text")
+    return f'```{language} title="{path}"\n{text}\n```'
+
+
 # -- mkdocs events ----------------------------------------------------------------------------------------------
 
 
@@ -281,6 +289,7 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Files) -> str
         markdown = markdown.replace(README_MARK, (REPO / "README.md").read_text(encoding="utf-8")
                                     .replace("](docs/", "]("))
     markdown = API_MARK.sub(lambda m: api_reference(m.group(1)), markdown)
+    markdown = FILE_MARK.sub(lambda m: repo_file(m.group(1)), markdown)
     if CONTRACTS_MARK in markdown:
         markdown = markdown.replace(CONTRACTS_MARK, import_contracts())
     if MODULES_MARK in markdown:
