@@ -45,7 +45,7 @@ MODULES_MARK = "<!-- globald:module-map -->"
 README_MARK = "<!-- globald:readme -->"
 CONTRACTS_MARK = "<!-- globald:import-contracts -->"
 API_MARK = re.compile(r"<!-- globald:api ([\w.]+) -->")
-FILE_MARK = re.compile(r"<!-- globald:file ([\w./-]+) -->")
+FILE_MARK = re.compile(r"^([ \t]*)<!-- globald:file ([\w./-]+) -->", re.M)  # indented: inside an admonition
 BENCH_RESULTS = ("bench-1M.md", "bench-1M.png", "bench-10M.md", "bench-10M.png")
 
 if str(REPO) not in sys.path:  # the docs describe this checkout, not whatever globald is installed
@@ -289,7 +289,8 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Files) -> str
         markdown = markdown.replace(README_MARK, (REPO / "README.md").read_text(encoding="utf-8")
                                     .replace("](docs/", "]("))
     markdown = API_MARK.sub(lambda m: api_reference(m.group(1)), markdown)
-    markdown = FILE_MARK.sub(lambda m: repo_file(m.group(1)), markdown)
+    markdown = FILE_MARK.sub(lambda m: "\n".join(m.group(1) + line if line else line
+                                                  for line in repo_file(m.group(2)).split("\n")), markdown)
     if CONTRACTS_MARK in markdown:
         markdown = markdown.replace(CONTRACTS_MARK, import_contracts())
     if MODULES_MARK in markdown:
