@@ -180,7 +180,8 @@ BASELINES = {"join_mapInArrow": "baseline_dict_mapInArrow", "pandas_udf": "basel
              "join_mapInArrow_multi_get": "baseline_dict_mapInArrow",
              "pandas_udf_multi_get": "baseline_dict_pandas_udf",
              "small_table_join": "baseline_dict_mapInArrow",
-             "small_table_content_mapInArrow": "baseline_dict_mapInArrow",
+             "small_table_spark_join": "baseline_dict_mapInArrow",
+             "small_table_pandas_udf": "baseline_dict_pandas_udf",
              "mapPartitions": "baseline_dict_mapPartitions"}
 ARROW_BATCHES = (1_000, 10_000, 50_000)
 
@@ -209,34 +210,32 @@ def probe_keys(table_keys: list[bytes], lookups: int, hit_rate: float, seed: int
             for _ in range(lookups)]
 
 
-def measure_spark(admin: TopicAdmin, topic: str, config: Path, state: Path, lookups: int,
-                  table_keys: list[bytes], hit_rate: float = 0.9, rounds: int = 5) -> dict[str, Any]:
+def lookup_modes(spark: Any, config: Path, probe: list[str]) -> tuple[dict[str, Callable[[], Any]], list[Any]]:
+    """Every lookup path of the view on ``spark`` (a classic or a Connect session) and the broadcast dict a user
+    writes instead, each a query that looks all of ``probe`` up; and the views, to close."""
     import pyarrow as pa
-    from pyspark.sql import functions as F
 
     from globald.spark import GlobalTableView
-    from globald.spark.executor import arrow_fn
+    from globald.spark.session import Carried, functions, is_connect
 
-    spark = spark_session()
-    sc = spark.sparkContext
-    out: dict[str, Any] = {"executor_cores": 1, "lookups": lookups, "hit_rate": hit_rate,
-                           "table_keys": len(table_keys), "arrow_batch": DEFAULT_ARROW_BATCH}
-    probe = probe_keys(table_keys, lookups, hit_rate)
+    F = functions(spark)
+    connect = is_connect(spark)
     df = spark.createDataFrame([(k,) for k in probe], "k string").repartition(4).cache()
     df.count()
-    rdd = sc.parallelize(probe, 4).cache()
-    rdd.count()
     view = GlobalTableView(spark, config, TABLE)
-    view.refresh()
     # The same view with the in-memory index off: what tables larger than memory_index_mb get (RocksDB multi-gets).
     on_disk = GlobalTableView(spark, config, TABLE, memory_index_mb=0)
-    on_disk.refresh()
-    out["memory_index_load_ms"] = memory_index_load_ms(state, view)
-    with open_snapshot(state, TABLE) as snap:
+    small = GlobalTableView(spark, config, TABLE, mode="broadcast")  # content shipped to the workers' index
+    native = GlobalTableView(spark, config, TABLE, mode="broadcast", small_join="spark")  # Spark's own join
+    views = [view, on_disk, small, native]
+    for v in views:
+        v.refresh()
+    with open_snapshot(view.config.state_dir, TABLE) as snap:
         plain = {k: v for k, v, _ in snap}
-    plain_bc = sc.broadcast(plain)
+    # The baselines are what a Spark user writes instead: a dict of key -> value, broadcast (in the function's
+    # closure on Connect, which has no broadcast variables) and looked up.
+    plain_bc = Carried(plain) if connect else spark.sparkContext.broadcast(plain)
 
-    # The baselines are what a Spark user writes instead: a dict of key -> value, broadcast and looked up.
     def arrow_dict(batches: Any) -> Any:
         d = plain_bc.value
         for b in batches:
@@ -248,37 +247,64 @@ def measure_spark(admin: TopicAdmin, topic: str, config: Path, state: Path, look
         d = plain_bc.value
         return pd.Series([d.get(k.encode()) for k in keys], dtype=object)
 
-    dict_udf = F.pandas_udf(pandas_dict, "binary")  # type: ignore[call-overload]  # hints pick the UDF kind
+    dict_udf = F.pandas_udf(pandas_dict, "binary")
 
     def total(frame: Any) -> Any:
         return frame.agg(F.sum(F.length("value"))).collect()
 
-    small = GlobalTableView(spark, config, TABLE, mode="broadcast")
-    small.refresh()
-    # For comparison: small-table content looked up in Python (the path the UDF and RDDs take in that mode).
-    desc_bc, content_bc = small._broadcasts()
-    content_fn = arrow_fn(small.settings, desc_bc, content_bc, "k", "value", "timestamp", None, False)
+    def by_udf(v: Any) -> Any:
+        return total(df.select(v.udf()("k").getField("value").alias("value")))
+
     modes: dict[str, Callable[[], Any]] = {
         "join_mapInArrow": lambda: total(view.join(df, "k")),
-        "pandas_udf": lambda: total(df.select(view.udf()("k").getField("value").alias("value"))),
+        "pandas_udf": lambda: by_udf(view),
         "join_mapInArrow_multi_get": lambda: total(on_disk.join(df, "k")),
-        "pandas_udf_multi_get": lambda: total(df.select(on_disk.udf()("k").getField("value").alias("value"))),
-        "mapPartitions": lambda: view.lookup_partitions(rdd).map(lambda t: len(t[1] or b"")).sum(),
+        "pandas_udf_multi_get": lambda: by_udf(on_disk),
         "small_table_join": lambda: total(small.join(df, "k")),
-        "small_table_content_mapInArrow": lambda: total(df.mapInArrow(content_fn, "k string, value binary, "
-                                                                                  "timestamp bigint")),
+        "small_table_spark_join": lambda: total(native.join(df, "k")),
+        "small_table_pandas_udf": lambda: by_udf(small),
         "baseline_dict_mapInArrow": lambda: total(df.mapInArrow(arrow_dict, "k string, value binary")),
         "baseline_dict_pandas_udf": lambda: total(df.select(dict_udf("k").alias("value"))),
-        "baseline_dict_mapPartitions": lambda: rdd.map(lambda k: len(plain_bc.value.get(k.encode()) or b"")).sum(),
-        "baseline_no_lookup_mapPartitions": lambda: rdd.map(len).sum(),
     }
+    if not connect:  # RDDs: classic sessions only
+        rdd = spark.sparkContext.parallelize(probe, 4).cache()
+        rdd.count()
+        modes["mapPartitions"] = lambda: view.lookup_partitions(rdd).map(lambda t: len(t[1] or b"")).sum()
+        modes["baseline_dict_mapPartitions"] = lambda: rdd.map(lambda k: len(plain_bc.value.get(k.encode()) or
+                                                                               b"")).sum()
+        modes["baseline_no_lookup_mapPartitions"] = lambda: rdd.map(len).sum()
+    return modes, views
+
+
+def measure_lookups(spark: Any, config: Path, probe: list[str], rounds: int) -> dict[str, Any]:
+    """Lookups per second of each mode on ``spark`` and each one's ratio to its broadcast-dict baseline."""
+    modes, views = lookup_modes(spark, config, probe)
     log(f"spark: {len(modes)} modes interleaved, best of {rounds} rounds")
     best = fastest(modes, rounds)
-    rates = {name: round(lookups / s) for name, s in best.items()}
-    out["lookups_per_s_per_core"] = rates
-    out["vs_broadcast_dict"] = {m: round(rates[m] / rates[b], 3) for m, b in BASELINES.items()}
-    out["baseline_of"] = dict(BASELINES)
+    for v in views:
+        v.close()
+    rates = {name: round(len(probe) / s) for name, s in best.items()}
+    return {"lookups_per_s_per_core": rates,
+            "vs_broadcast_dict": {m: round(rates[m] / rates[b], 3) for m, b in BASELINES.items() if m in rates},
+            "baseline_of": {m: b for m, b in BASELINES.items() if m in rates}}
+
+
+def measure_spark(admin: TopicAdmin, topic: str, config: Path, state: Path, lookups: int,
+                  table_keys: list[bytes], hit_rate: float = 0.9, rounds: int = 5) -> dict[str, Any]:
+    """The lookup modes on a classic local[1] session (``measure_lookups``), the join against its baseline at
+    several Arrow batch sizes, and refresh latency."""
+    from globald.spark import GlobalTableView
+
+    spark = spark_session()
+    out: dict[str, Any] = {"executor_cores": 1, "lookups": lookups, "hit_rate": hit_rate,
+                           "table_keys": len(table_keys), "arrow_batch": DEFAULT_ARROW_BATCH}
+    probe = probe_keys(table_keys, lookups, hit_rate)
+    view = GlobalTableView(spark, config, TABLE)
+    view.refresh()
+    out["memory_index_load_ms"] = memory_index_load_ms(state, view)
+    out.update(measure_lookups(spark, config, probe, rounds))
     # spark.sql.execution.arrow.maxRecordsPerBatch: the join and its baseline at each size, interleaved.
+    modes, views = lookup_modes(spark, config, probe)
     by_batch: dict[str, dict[str, int]] = {}
     for size in ARROW_BATCHES:
         spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", str(size))
@@ -288,6 +314,8 @@ def measure_spark(admin: TopicAdmin, topic: str, config: Path, state: Path, look
         by_batch[str(size)] = {name: round(lookups / s) for name, s in got.items()}
     spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", str(DEFAULT_ARROW_BATCH))
     out["join_by_arrow_batch"] = by_batch
+    for v in views:
+        v.close()
 
     # Refresh latency: the driver call until an executor task has read the new value from the new snapshot.
     key = probe[0]
@@ -305,7 +333,6 @@ def measure_spark(admin: TopicAdmin, topic: str, config: Path, state: Path, look
     out["refresh_call"] = stats(refresh_only)
     out["refresh_to_executors_reading"] = stats(end_to_end)
     view.close()
-    small.close()
     spark.stop()
     return out
 

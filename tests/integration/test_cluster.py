@@ -22,13 +22,13 @@ from typing import Any
 
 import pytest
 
-from globald.embedded.spark_cluster import StandaloneCluster, Worker
 from globald.snapshot.reader import listing
 from globald.spark import GlobalTableView
 from globald.spark.host import CONFIG_ENV
 from tests.ci import require_module
 from tests.harness import Broker, DaemonProcess, daemon_factory, oracle_at, random_records, write_config
 from tests.integration.snapshot_helpers import wait_snapshot_at
+from tests.support.spark_cluster import StandaloneCluster, Worker
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark, pytest.mark.cluster]
 

@@ -27,7 +27,9 @@ from typing import Any
 
 import pytest
 
+from globald.embedded.broker import free_port
 from tests.ci import require_module
+from tests.support.spark_cluster import spark_home
 
 CONNECT_ENV = "SPARK_CONNECT_MODE_ENABLED"
 START_TIMEOUT_S = 180.0  # ~20 s on an idle 2-core machine; the suite may share it with a broker and daemons
@@ -38,18 +40,6 @@ DEFAULT_CONF = {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2"
 class ConnectStartError(RuntimeError):
     """The Connect server did not answer in time: its log (``log_dir``) says why; a JVM that fails to start
     usually lacks memory or finds the port taken."""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def spark_home() -> Path:
-    import pyspark
-
-    return Path(pyspark.__file__).parent
 
 
 @contextlib.contextmanager

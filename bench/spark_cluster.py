@@ -1,4 +1,4 @@
-"""Measurements on a two-host Spark standalone cluster: ``python -m globald.spark.cluster_bench [--keys N]``.
+"""Measurements on a two-host Spark standalone cluster: ``python -m bench.spark_cluster [--keys N]``.
 
 Starts an embedded Kafka 0.9, one sidecar per executor host (the real daemon, each on its own state_dir) and a
 standalone cluster (master + two 1-core workers via pyspark's ``bin/spark-class``) whose workers point
@@ -31,7 +31,6 @@ from typing import Any
 
 from globald.embedded.admin import TopicAdmin
 from globald.embedded.broker import EmbeddedKafka
-from globald.embedded.spark_cluster import StandaloneCluster, Worker
 from globald.spark.bench import (
     TABLE,
     fastest,
@@ -47,6 +46,7 @@ from globald.spark.bench import (
 )
 from globald.spark.host import CONFIG_ENV
 from globald.store.names import snapshots_dir
+from tests.support.spark_cluster import StandaloneCluster, Worker
 
 HOSTS = ("a", "b")
 PARTITIONS = 8

@@ -3,7 +3,7 @@
 A master and N workers are started with the pyspark package's own ``bin/spark-class``, each on free loopback ports
 and in its own process group, and stopped by that group's PID. Executors inherit their worker's environment, so
 each worker stands for one executor host with its own settings (its own ``GLOBALD_CONFIG``, hence its own
-sidecar). Nothing here is used by the daemon or by ``globald.spark`` itself.
+sidecar). Test support: not shipped in the wheel.
 """
 
 from __future__ import annotations
