@@ -108,3 +108,20 @@ def test_the_spark_api_reference_shows_each_public_method() -> None:
     for name in ("refresh", "join", "udf", "foreach_batch"):
         assert callable(getattr(GlobalTableView, name)) and f"`GlobalTableView.{name}(" in page, name
     assert "## API reference" in (DOCS / "spark" / "index.md").read_text()
+
+
+def sources() -> dict[str, str]:
+    pages = {p.relative_to(REPO).as_posix(): p.read_text() for p in DOCS.rglob("*.md")}
+    return {**pages, "README.md": (REPO / "README.md").read_text()}
+
+
+def test_the_files_and_modules_the_docs_name_exist() -> None:
+    # A page that names a moved or deleted file, or a `python -m` module that no longer runs, is a page gone stale.
+    path = re.compile(r"(?<![\w/.])((?:globald|tests|bench|config|systemd)/[\w./-]+\."
+                      r"(?:py|yml|yaml|toml|service|sysusers|md|txt|json))")
+    stale = []
+    for name, text in sources().items():
+        stale += [f"{name}: {p}" for p in path.findall(text) if not (REPO / p).exists()]
+        stale += [f"{name}: python -m {m}" for m in re.findall(r"python -m ([A-Za-z_][\w.]*)", text)
+                  if importlib.util.find_spec(m) is None]
+    assert stale == [], stale
