@@ -134,7 +134,7 @@ def parse(path: Any, where: str) -> tuple[Any, Any]:
         raw = json.loads(read_schema_file(path, where))
         return raw, fastavro.parse_schema(_without_time_types(raw))
     except (ValueError, TypeError, KeyError, fastavro.schema.SchemaParseException) as e:
-        raise SchemaError(where, f"{path} is not a valid Avro schema: {e}") from None
+        raise SchemaError(where, f"{path} is not a valid Avro schema ({type(e).__name__}: {e})") from None
 
 
 def compile_avro(fmt: ValueFormat, where: str) -> tuple[pa.DataType, Callable[[bytes], Any]]:
@@ -145,7 +145,11 @@ def compile_avro(fmt: ValueFormat, where: str) -> tuple[pa.DataType, Callable[[b
         arrow_type = types.of(raw)
     except (ValueError, KeyError, TypeError) as e:
         raise SchemaError(f"{where}.schema", f"{fmt.schema}: {e}") from None
-    writers = {sid: parse(path, f"{where}.writer_schemas")[1] for sid, path in writer_files(fmt, where).items()}
+    writers: dict[int, Any] = {}
+    for sid, path in writer_files(fmt, where).items():
+        writer_raw, writer = parse(path, f"{where}.writer_schemas")
+        # A writer schema equal to the reader needs no resolution, which fastavro would otherwise redo per record.
+        writers[sid] = reader if writer_raw == raw else writer
     fix = _uuids_as_text if types.has_uuid else None
     read = fastavro.schemaless_reader
 
