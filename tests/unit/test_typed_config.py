@@ -101,3 +101,23 @@ def test_check_config_accepts_good_schemas(tmp_path: Path) -> None:
         tmp_path, '[tables.value]\nformat = "avro"\nschema = "schemas/customer_reader.avsc"\nframing = "confluent"\n'
                   'writer_schemas = "schemas/ids"\n[tables.key]\nformat = "json"\nschema = "schemas/customer.ddl"\n')))
     assert r.returncode == 0 and "OK" in r.stdout, r.stderr
+
+
+def test_dump_decode_lines_decode_keys_too_and_keep_reasons() -> None:
+    import json
+
+    from globald import typed
+    from globald.cli_read import decoded_lines
+    from globald.typed.arrow import DecodeFailure
+    from globald.typed.spec import ValueFormat
+
+    keys = typed.load(ValueFormat(format="json", schema=FIXTURES / "customer.ddl"), "tables[0].key")
+    values = typed.load(ValueFormat(format="json", schema=FIXTURES / "customer.ddl"), "tables[0].value")
+    items = [(b'{"id": 1}', b'{"id": 5, "balance": 1.5, "since": "2020-02-03"}', 7), (b'{"id": 2}', b"{", -1)]
+    docs = [json.loads(line) for line in decoded_lines(items, keys, values)]
+    assert docs[0]["key"]["id"] == 1 and docs[0]["timestamp"] == 7 and "error" not in docs[0]
+    assert docs[0]["value"]["balance"] == "1.50" and docs[0]["value"]["since"] == "2020-02-03"
+    assert docs[1]["value"] is None and docs[1]["error"].startswith("invalid JSON")
+    strict = typed.load(ValueFormat(format="json", schema=FIXTURES / "customer.ddl", on_error="fail"), "t")
+    with pytest.raises(DecodeFailure, match=r"""value of key '{"id": 2}' \(partition unknown"""):
+        list(decoded_lines(items, typed.load(None, "k"), strict))
