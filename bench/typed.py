@@ -2,6 +2,7 @@
 
     python -m bench.typed                                  # 100k keys, 300k lookups (90 % hits), best of 5
     python -m bench.typed --keys 1000000 --rounds 3
+    python -m bench.typed --memory --keys 1000000          # 4 Python workers' RSS and PSS, before and after
 
 Pure Python in one process, so every figure is per core; no Spark and no broker (the Spark join adds its own
 per-query cost to both sides alike). For each format, in the same run, rounds interleaved:
@@ -12,7 +13,10 @@ per-query cost to both sides alike). For each format, in the same run, rounds in
   runtime's ``FromString`` and a hand-written dict of its fields (faster than ``json_format.MessageToDict``). Its
   records become the same Arrow struct (``pa.array``), the cheapest way to the same output; and, as a pandas UDF
   returning a struct must, a pandas DataFrame.
-Also: the one-off decode of the snapshot into the columnar file, and the file's bytes per key.
+Also: the one-off decode of the snapshot into the columnar file, and the file's bytes per key. ``--memory``: four
+worker processes (an executor with 4 Python workers) look every key up once, each either from its own in-memory
+index (``globald.spark.memindex``, what workers do today) or from the one mapped columnar file; the sum of their
+RSS (which counts a shared page in every process) and of their PSS (which divides it among them).
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ import os
 import random
 import statistics
 import struct
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -189,6 +195,57 @@ def run(fmt: Format, lookups: list[bytes], batch: int, rounds: int, work: Path) 
     }
 
 
+def memory_of_this_process() -> dict[str, int]:
+    """RSS and PSS in bytes, from /proc/self/smaps_rollup (Linux)."""
+    found: dict[str, int] = {}
+    for line in Path("/proc/self/smaps_rollup").read_text().splitlines():
+        name, _, rest = line.partition(":")
+        if name in ("Rss", "Pss"):
+            found[name.lower()] = int(rest.split()[0]) * 1024
+    return found
+
+
+def worker(mode: str, path: Path) -> None:
+    """One Python worker: every key of the file looked up once, from its own index or from the mapped file."""
+    import gc
+
+    if mode == "imports":  # the interpreter, pyarrow, pandas, numpy: what every worker holds anyway
+        from globald.spark import memindex  # noqa: F401
+        print(json.dumps({"mode": mode, "found": 0, **memory_of_this_process()}), flush=True)
+        return
+    table = ColumnarTable.open(path, typed.load(None, "bench").fingerprint)
+    keys = table.keys
+    if mode == "memindex":
+        from globald.spark.memindex import MemoryIndex
+
+        items = zip(keys.to_pylist(), table.values.to_pylist(), table.timestamps.to_pylist(), strict=True)
+        index = MemoryIndex.load(items, 1 << 40)
+        assert index is not None
+        del table, items
+        gc.collect()
+        found = sum(len(index.lookup(keys.slice(i, 10_000))[0]) for i in range(0, len(keys), 10_000))
+    else:
+        found = sum(table.lookup(keys.slice(i, 10_000)).found for i in range(0, len(keys), 10_000))
+    print(json.dumps({"mode": mode, "found": found, **memory_of_this_process()}), flush=True)
+    time.sleep(3)  # the others measure while this one still holds its memory
+
+
+def memory(keys: int, workers: int) -> None:
+    with tempfile.TemporaryDirectory(prefix="globald-bench-typed-") as tmp:
+        path = Path(tmp) / "raw.arrow"
+        rnd = random.Random(5)
+        items = [(b"cust-%011d" % i, rnd.randbytes(100), 1_700_000_000_000 + i) for i in range(keys)]
+        write_columnar(path, build_table(items, typed.load(None, "bench"), {"table": "memory"}))
+        del items
+        for mode in ("imports", "memindex", "columnar"):
+            procs = [subprocess.Popen([sys.executable, "-m", "bench.typed", "--worker", mode, str(path)],
+                                      stdout=subprocess.PIPE, text=True) for _ in range(workers)]
+            docs = [json.loads(p.communicate()[0].strip().splitlines()[-1]) for p in procs]
+            print(json.dumps({"mode": mode, "workers": workers, "keys": keys, "file_mb": round(
+                path.stat().st_size / 2**20, 1), "rss_mb_sum": round(sum(d["rss"] for d in docs) / 2**20),
+                "pss_mb_sum": round(sum(d["pss"] for d in docs) / 2**20)}), flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.typed", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -197,7 +254,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=10_000, help="keys per lookup batch (Spark's Arrow batch)")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--formats", default="avro,protobuf")
+    p.add_argument("--memory", action="store_true", help="measure 4 workers' memory instead (raw 100-byte values)")
+    p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--worker", nargs=2, metavar=("MODE", "FILE"), help=argparse.SUPPRESS)
     a = p.parse_args(argv)
+    if a.worker:
+        worker(a.worker[0], Path(a.worker[1]))
+        return 0
+    if a.memory:
+        memory(a.keys, a.workers)
+        return 0
     lookups = lookups_of(a.keys, a.lookups)
     print(f"# load average at start: {os.getloadavg()[0]:.1f} ({os.cpu_count()} cores)", flush=True)
     with tempfile.TemporaryDirectory(prefix="globald-bench-typed-") as tmp:

@@ -153,6 +153,7 @@ def compile_protobuf(fmt: ValueFormat, where: str) -> tuple[pa.DataType, Callabl
     writer_file = {sid: _pool(p, f"{where}.writer_schemas")[1] for sid, p in writer_files(fmt, where).items()}
     own_file = desc.file
     message = fmt.message
+    names: dict[tuple[int | None, tuple[int, ...]], str] = {}  # (writer id, indexes) -> message: resolved once
 
     def one(value: bytes) -> Any:
         sid, indexes, start = framing.split(value, with_indexes=True)
@@ -162,7 +163,11 @@ def compile_protobuf(fmt: ValueFormat, where: str) -> tuple[pa.DataType, Callabl
             file = writer_file[sid]
         else:
             file = own_file
-        named = message_at(file, indexes) if file is not None else message
+        where_named = (sid if writer_file else None, indexes)
+        named = names.get(where_named)
+        if named is None:
+            named = message_at(file, indexes) if file is not None else message
+            names[where_named] = named
         if named != message:
             raise DecodeError(f"the record is a {named} (message index {list(indexes)}), the table reads {message}")
         return parse(value[start:])
