@@ -20,7 +20,7 @@ from confluent_kafka import Consumer, KafkaException, Message
 
 from globald import swallowed
 from globald.config import Config
-from globald.engine.events import OPERATOR_RESET, BatchRestored, Emit, RebuildRequests, RestoreEnded
+from globald.engine.events import OPERATOR_RESET, Emit, RebuildRequests
 from globald.engine.problems import KAFKA, STORE, Problems
 from globald.engine.state_manager import StateManager
 from globald.engine.table import TableRuntime
@@ -91,7 +91,7 @@ class Loop:
         self._next_metadata = time.monotonic() + self.config.metadata_refresh_ms / 1000
         self._next_end_check = 0.0
         for rt in self.manager.tables.values():
-            rt.machine.to(State.RESTORING, "starting")
+            self.manager.restoring(rt, "starting")
 
     # -- one turn: poll, then update, then maybe commit ---------------------------------------------------------
 
@@ -235,28 +235,12 @@ class Loop:
             self._restore_progress(rt, {})
 
     def _restore_progress(self, rt: TableRuntime, counts: dict[int, int]) -> None:
-        restore = rt.restore
-        assert restore is not None
-        positions = self.task.positions(rt.name)
-        restore.applied(counts)
-        for p, n in counts.items():
-            if p in restore.targets and n:
-                self.emit(BatchRestored(rt.name, p, positions[p], n))
-        for p in [p for p, end in restore.targets.items() if positions.get(p, -1) >= end]:
-            del restore.targets[p]
-            total = restore.restored.get(p, 0)
-            log.info("table %s: partition %d restored (%d records)", rt.name, p, total)
-            self.emit(RestoreEnded(rt.name, p, total))
-        if restore.targets or not rt.assigned:
-            return
-        if rt.machine.state != State.RESTORING:  # a RUNNING table caught up after a disk fault: commits cover it
-            rt.restore = None
-            return
-        self.manager.finish_restore(rt, positions)  # raises, and the table stays RESTORING, unless durable
-        self.task.committed(rt.name)
-        self._disk_proven()
-        self.stats.recoveries.append(time.monotonic() - restore.started)
-        rt.machine.to(State.RUNNING, "restored to the log end")
+        def durable(seconds: float) -> None:  # the restore's end was committed: positions and disk are proven
+            self.task.committed(rt.name)
+            self._disk_proven()
+            self.stats.recoveries.append(seconds)
+
+        self.manager.restore_progress(rt, self.task.positions(rt.name), counts, durable)
 
     def rebuild(self, table: str, kind: str, detail: str) -> str | None:
         """Wipe ``table`` (counted under ``kind``) and restore it from the log start. Returns None once the store
@@ -264,7 +248,7 @@ class Loop:
         rt = self.manager.tables[table]
         self._unassign(rt)
         # RESTORING before the wipe: status readers learn of the rebuild before the data goes.
-        rt.machine.to(State.RESTORING, f"{kind.replace('_', ' ')}, rebuilding: {detail}")
+        self.manager.restoring(rt, f"{kind.replace('_', ' ')}, rebuilding: {detail}")
         self.pending.add(table)
         self.problems.resolved(table)
         self.task.start(table, {}, {})
@@ -359,8 +343,7 @@ class Loop:
             plan = self.manager.add_partitions(rt, marks)
             self.task.start(rt.name, {**self.task.positions(rt.name), **plan.starts})
             self.consumer.incremental_assign(plan.assignment)
-            if rt.restore is not None and rt.restore.targets and rt.machine.state == State.RUNNING:
-                rt.machine.to(State.RESTORING, f"partitions {added} added")
+            self.manager.restore_added(rt, f"partitions {added} added")
 
     def _vanished(self, rt: TableRuntime) -> None:
         """``rt``'s topic left the cluster's listing: fetch nothing more of it until the topic that comes back under
@@ -421,8 +404,7 @@ class Loop:
                 ends = {p: watermarks(self.consumer, rt.topic, p, timeout=_REFRESH_TIMEOUT_S)[1] for p in pending}
             except TransientKafkaError:
                 continue  # asked again at the next check
-            for p, end in ends.items():
-                rt.end_offsets[p] = max(rt.end_offsets.get(p, -1), end)
+            self.manager.ends_confirmed(rt, ends)
             moved = self.task.confirm_ends(name, ends)
             if moved:
                 log.debug("table %s: ends of partition %s confirmed by the broker", name, moved)

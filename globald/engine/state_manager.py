@@ -5,8 +5,10 @@ store has none (and stores that start, so a store's offsets always cover every p
 end as the restore target; partitions added to a topic later are planned the same way. A stored offset the log no
 longer holds (retention, a recreated topic) is never trusted: the table is wiped and restored from the log start
 (KIP-406). A commit makes every write durable and checks that the durable offsets are the ones the update task
-applied before the .checkpoint file claims them; a restore ends only through such a commit. Disk faults raise
-StoreIOError and claim nothing; ``recover_stores`` reopens what the disk refused once it takes writes again.
+applied before the .checkpoint file claims them; a restore ends only through such a commit, and only then does the
+table go RUNNING (the state manager owns a restore from its targets to that move; the loop reports its progress).
+Disk faults raise StoreIOError and claim nothing; ``recover_stores`` reopens what the disk refused once it takes
+writes again.
 """
 
 from __future__ import annotations
@@ -14,14 +16,22 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from confluent_kafka import Consumer, TopicPartition
 
 from globald.config import Config
-from globald.engine.events import Committed, Emit, RestoreStarted, StateChanged, Wiped
+from globald.engine.events import (
+    BatchRestored,
+    Committed,
+    Emit,
+    RestoreEnded,
+    RestoreStarted,
+    StateChanged,
+    Wiped,
+)
 from globald.engine.table import Restore, TableRuntime
 from globald.engine.view import Checkpointed, TableView
 from globald.errors import StoreCorruptError, StoreIOError, StoreUnavailableError
@@ -156,6 +166,49 @@ class StateManager:
         for p, end in targets.items():
             log.info("table %s: restoring partition %d from %d to %d", rt.name, p, start[p], end)
             self._emit(RestoreStarted(rt.name, p, start[p], end))
+
+    def restore_progress(self, rt: TableRuntime, positions: Mapping[int, int], counts: Mapping[int, int],
+                         durable: Callable[[float], None]) -> None:
+        """Account one poll to ``rt``'s restore (``counts``: records applied per partition; ``positions``: where
+        the update task now stands): a partition that reached its target has ended (RestoreEnded). Once every one
+        has and the table is assigned, a RESTORING table ends its restore through a verified commit
+        (``finish_restore``), ``durable`` hears how long the restore took, and the table goes RUNNING; a RUNNING
+        table that caught up after a disk fault is left to the commits. Raises StoreIOError, and the table stays
+        RESTORING, unless the restore is durable."""
+        restore = rt.restore
+        assert restore is not None
+        restore.applied(dict(counts))
+        for p, n in counts.items():
+            if p in restore.targets and n:
+                self._emit(BatchRestored(rt.name, p, positions[p], n))
+        for p in [p for p, end in restore.targets.items() if positions.get(p, -1) >= end]:
+            del restore.targets[p]
+            total = restore.restored.get(p, 0)
+            log.info("table %s: partition %d restored (%d records)", rt.name, p, total)
+            self._emit(RestoreEnded(rt.name, p, total))
+        if restore.targets or not rt.assigned:
+            return
+        if rt.machine.state != State.RESTORING:  # a RUNNING table caught up after a disk fault: commits cover it
+            rt.restore = None
+            return
+        self.finish_restore(rt, positions)
+        # Before RUNNING is announced: what the caller learns from a durable commit is known to every subscriber.
+        durable(time.monotonic() - restore.started)
+        rt.machine.to(State.RUNNING, "restored to the log end")
+
+    def restoring(self, rt: TableRuntime, why: str) -> None:
+        """``rt`` is to be restored (the loop is starting, or a rebuild is about to wipe it): RESTORING, and why."""
+        rt.machine.to(State.RESTORING, why)
+
+    def restore_added(self, rt: TableRuntime, why: str) -> None:
+        """A RUNNING table with partitions left to restore (added to its topic) is RESTORING again until they are."""
+        if rt.restore is not None and rt.restore.targets and rt.machine.state == State.RUNNING:
+            rt.machine.to(State.RESTORING, why)
+
+    def ends_confirmed(self, rt: TableRuntime, ends: Mapping[int, int]) -> None:
+        """The broker confirmed log ends past those ``rt`` knew (transaction markers): they are its ends now."""
+        for p, end in ends.items():
+            rt.end_offsets[p] = max(rt.end_offsets.get(p, -1), end)
 
     def _store_starts(self, rt: TableRuntime, starts: dict[int, int]) -> None:
         """Store the first offset of partitions the store holds nothing of: with no record below it that the log

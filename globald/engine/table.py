@@ -1,7 +1,8 @@
 """The engine's record of one table: its store, its state, where its topic stands and the restore in progress.
 
-Owned by the state manager, which alone changes the partitions, log ends and restore of a table; positions are the
-update task's (see ``update_task``). Everything else reads it on the loop thread.
+Owned by the state manager, which alone changes the partitions, log ends and restore of a table, and its state while
+it runs (RESTORING, and RUNNING once a restore is durable); positions are the update task's (see ``update_task``),
+the assignment the loop's, the states of a shutdown the global thread's. Everything else reads it on the loop thread.
 """
 
 from __future__ import annotations

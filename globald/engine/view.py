@@ -39,6 +39,9 @@ class Checkpointed:
 
 
 class EngineView(Protocol):
+    """What snapshots and operations may ask of the engine; the state manager provides it. Typed against this, a
+    reach-into the engine's records fails mypy, and import-linter keeps its modules out of reach."""
+
     @property
     def store_fault(self) -> bool:
         """A write, commit or open failed and the stores are not recovered yet: publish nothing from them."""
