@@ -88,11 +88,12 @@ class Daemon:
     def status(self) -> DaemonStatus:
         """The status document, built in this one place from what each part owns."""
         tables = {}
-        for name, rt in self.manager.tables.items():
+        for table in self.manager.table_views():
+            name = table.name
             records, null_keys = self.thread.applied(name)
             tables[name] = TableStatus.of(
-                rt, self.thread.positions(name), self.thread.end_offsets(name), records, null_keys,
-                wipes=sum(n for (t, _), n in self.manager.wipes.items() if t == name),
+                table, self.thread.positions(name), self.thread.end_offsets(name), records, null_keys,
+                wipes=sum(n for (t, _), n in self.manager.wipe_counts().items() if t == name),
                 restore=self.ops.restore_status(name), snapshot=self.snapshots.status(name))
         doc = DaemonStatus(state=self.thread.state, reason=self.thread.machine.reason, pid=os.getpid(),
                            degraded=self.thread.degraded, tables=tables, disk=disk_status(self.snapshots.disk))

@@ -15,7 +15,7 @@ from globald.states import State
 from globald.store.layout import offsets_from_json, offsets_to_json
 
 if TYPE_CHECKING:
-    from globald.engine.table import TableRuntime
+    from globald.engine.view import TableView
 
 
 def _offsets_read_back(raw: Any) -> dict[int, int]:
@@ -65,10 +65,10 @@ class TableStatus:
     source: str | None = None  # where a stopped daemon's offsets were read: store, checkpoint, none
 
     @classmethod
-    def of(cls, rt: TableRuntime, positions: Mapping[int, int], ends: Mapping[int, int], records: int,
+    def of(cls, rt: TableView, positions: Mapping[int, int], ends: Mapping[int, int], records: int,
            null_keys: int, wipes: int, restore: RestoreStatus | None, snapshot: SnapshotStatus | None
            ) -> TableStatus:
-        return cls(state=rt.machine.state.value, reason=rt.machine.reason, topic=rt.topic, offsets=dict(positions),
+        return cls(state=rt.state.value, reason=rt.reason, topic=rt.topic, offsets=dict(positions),
                    end_offsets=dict(ends), lag=sum(max(0, e - positions.get(p, 0)) for p, e in ends.items()),
                    records=records, null_keys=null_keys, wipes=wipes, last_error=rt.last_error, restore=restore,
                    snapshot=snapshot)
