@@ -10,6 +10,8 @@ import io
 import json
 import random
 import shutil
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -36,6 +38,20 @@ format = "avro"
 schema = "schemas/customer_reader.avsc"
 framing = "confluent"
 writer_schemas = "schemas/ids"
+"""
+
+
+# One Python worker of the host: the table's current snapshot, through its columnar file.
+WORKER = """
+import json, os, sys
+from globald.config import load
+from globald.snapshot.reader import open_snapshot
+from globald.typed import load_table
+from globald.typed.columnar import ensure_columnar
+cfg = load(sys.argv[1])
+with open_snapshot(cfg.state_dir, "cust") as snap:
+    table = ensure_columnar(snap, load_table(cfg, "cust")[1])
+print(json.dumps({"path": str(table.path), "inode": os.stat(table.path).st_ino}))
 """
 
 
@@ -110,8 +126,12 @@ def test_dump_get_and_columnar_decode_equal_fastavro_on_the_oracle_fold(
     assert g.returncode == 0, g.stderr
     assert json.loads(g.stdout)["value"] == as_json(reference(oracle[good_key.encode()]))
 
-    # The columnar file of the current snapshot: written once beside it, then mapped as it is.
+    # The columnar file of the current snapshot: three workers at once, one decodes and the others map its file.
     _, value_decoder = load_table(load(d.config), "cust")
+    workers = [subprocess.Popen([sys.executable, "-c", WORKER, str(d.config)], stdout=subprocess.PIPE, text=True)
+               for _ in range(3)]
+    seen = [json.loads(w.communicate(timeout=120)[0]) for w in workers]
+    assert len({(doc["path"], doc["inode"]) for doc in seen}) == 1, seen  # one file, never replaced by a second
     with open_snapshot(d.state_dir, "cust") as snap:
         at_snapshot = fold(broker.settings, t, snap.offsets)
         first = ensure_columnar(snap, value_decoder)
