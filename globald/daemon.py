@@ -21,9 +21,9 @@ from typing import IO
 from globald import statusfile, swallowed
 from globald.config import Config
 from globald.engine.events import Committed, Event, EventBus, RebuildRequests, StateChanged, Subscriber, deliver
-from globald.engine.loop import LoopStats
 from globald.engine.state_manager import StateManager
 from globald.engine.thread import GlobalThread
+from globald.engine.view import LoopStats
 from globald.ops.progress import ProgressOptions
 from globald.ops.runtime import Operations
 from globald.snapshot.publisher import SnapshotPublisher

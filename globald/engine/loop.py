@@ -25,7 +25,7 @@ from globald.engine.problems import KAFKA, STORE, Problems
 from globald.engine.state_manager import StateManager
 from globald.engine.table import TableRuntime
 from globald.engine.update_task import PollResult, UpdateTask
-from globald.engine.view import LoopStats as LoopStats  # re-exported: the daemon makes the loop's stats
+from globald.engine.view import LoopStats
 from globald.kafka.clients import TopicUnavailableError, TransientKafkaError, partitions, watermarks
 from globald.states import State, StateMachine
 from globald.store.failures import STORE_FAULTS
