@@ -25,7 +25,7 @@ docs: $(BIN)/.installed
 	$(BIN)/mkdocs build --strict --site-dir build/site
 
 test: lint docs sysdeps
-	$(BIN)/python -m pytest -q -ra
+	$(BIN)/python -m pytest -q -ra --durations=25
 
 bench: $(BIN)/.installed
 	$(BIN)/python -m bench
