@@ -76,6 +76,11 @@ def _power_table(n: int) -> np.ndarray:
     return _powers
 
 
+class ColumnarTooLarge(GlobaldError):
+    """A snapshot too large for a columnar file of one record batch (over 2 GB of keys, or of one string column).
+    Nothing to do: its readers decode per batch instead (``Decoder.decode`` on the values a multi-get found)."""
+
+
 def key_hashes(keys: pa.Array) -> np.ndarray:
     """A 64-bit hash of each key's bytes, computed over the Arrow buffers at once: the key's bytes as a polynomial
     in P (mod 2**64) plus its length, through MurmurHash3's finalizer so that the low bits that pick a slot mix
@@ -163,6 +168,11 @@ def build_table(items: Iterable[tuple[bytes, bytes, int]], decoder: Decoder, abo
         decoded = decoder.decode(pa.array([v for _, v, _ in batch], pa.binary()), collect=True)
         values.append(decoded.values)
         errors.append(decoded.errors)
+    try:
+        key_column = pa.concat_arrays(keys) if keys else pa.array([], pa.binary())
+        value_column = pa.concat_arrays(values) if values else pa.array([], decoder.arrow_type)
+    except (pa.ArrowInvalid, pa.ArrowCapacityError) as e:  # 32-bit offsets of a binary or string column
+        raise ColumnarTooLarge(f"{about.get('table')} snapshot {about.get('snapshot')}: {e}") from None
     hash_column = np.concatenate(hashes) if hashes else np.empty(0, np.uint64)
     slots, probes = slot_table(hash_column)
     error = pa.concat_arrays(errors) if errors else pa.array([], ERROR_TYPE)
@@ -171,9 +181,9 @@ def build_table(items: Iterable[tuple[bytes, bytes, int]], decoder: Decoder, abo
             "decode_s": round(time.monotonic() - started, 3)}
     slot_type = pa.int32() if slots.dtype == np.int32 else pa.int64()
     return pa.table({
-        "key": pa.concat_arrays(keys) if keys else pa.array([], pa.binary()),
+        "key": key_column,
         "timestamp": pa.array(np.concatenate(stamps) if stamps else np.empty(0, np.int64)),
-        "value": pa.concat_arrays(values) if values else pa.array([], decoder.arrow_type),
+        "value": value_column,
         "error": error,
         "hash": pa.array(hash_column),
         "slots": pa.FixedSizeListArray.from_arrays(pa.array(slots, slot_type), 2),
@@ -314,7 +324,8 @@ def ensure_columnar(snapshot: Snapshot, decoder: Decoder) -> ColumnarTable:
     """The snapshot decoded by ``decoder``, from its columnar file; decoded and written first when there is none.
 
     What the Spark side calls once per descriptor and worker. A snapshot directory this user may not write (a
-    reader that is not the daemon's user) is decoded into this process's memory instead, and logged."""
+    reader that is not the daemon's user) is decoded into this process's memory instead, and logged. Raises
+    ColumnarTooLarge for a snapshot that does not fit one file: the caller decodes per batch."""
     directory = snapshot.table_dir / snapshot.id
     path = columnar_path(directory, decoder)
     with contextlib.suppress(FileNotFoundError, ColumnarInvalid):

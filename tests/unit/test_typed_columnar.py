@@ -134,3 +134,13 @@ def test_join_columns_struct_flattened_and_error() -> None:
     flat = typed_columns(found, "customer", flatten_prefix="c_")
     assert list(flat)[:3] == ["c_id", "c_name", "c_tags"] and flat["c_id"].to_pylist() == [1, None, None]
     assert spark_type(decoder).simpleString().startswith("struct<id:bigint,name:string,tags:array<string>")
+
+
+def test_a_snapshot_too_large_for_one_file_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Pure logic: 2 GB of keys is too much for a unit test; what Arrow raises then is simulated.
+    def overflow(arrays: list[pa.Array]) -> pa.Array:
+        raise pa.ArrowCapacityError("array cannot contain more than 2147483646 bytes")
+
+    monkeypatch.setattr(columnar.pa, "concat_arrays", overflow)
+    with pytest.raises(columnar.ColumnarTooLarge, match="big snapshot 42: array cannot contain"):
+        build_table(items(10), typed.load(None, "t"), {"table": "big", "snapshot": "42"})
