@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -9,28 +11,31 @@ import pytest
 from globald.config import parse
 from globald.engine.events import RestoreEnded, StateChanged
 from globald.engine.state_manager import StateManager
-from globald.engine.table import Restore
+from globald.engine.table import Restore, TableRuntime
 from globald.errors import StoreIOError
 from globald.states import State
 from tests.stores import write_records
 
 
-def _manager(tmp_path: Path, heard: list[object]) -> StateManager:
+@contextmanager
+def _restoring(tmp_path: Path, targets: dict[int, int]) -> Iterator[tuple[StateManager, TableRuntime, list[object]]]:
+    """A state manager whose one table is RESTORING, assigned, with ``targets`` to reach; closed afterwards."""
     cfg = parse({"state_dir": str(tmp_path), "kafka": {"bootstrap.servers": "127.0.0.1:9"},
                  "tables": [{"name": "tbl", "topic": "topic"}]})
-    manager = StateManager(cfg, heard.append)
-    stored, refused = manager.open_all()
-    assert stored == {"tbl": {}} and not refused
-    return manager
-
-
-def test_a_restore_ends_through_a_verified_commit_then_the_table_is_running(tmp_path: Path) -> None:
     heard: list[object] = []
-    manager = _manager(tmp_path, heard)
+    manager = StateManager(cfg, heard.append)
+    assert manager.open_all() == ({"tbl": {}}, {})
     rt = manager.tables["tbl"]
     try:
         manager.restoring(rt, "starting")
-        rt.partitions, rt.restore, rt.assigned = [0, 1], Restore({0: 2, 1: 1}), True
+        rt.partitions, rt.restore, rt.assigned = sorted(targets), Restore(dict(targets)), True
+        yield manager, rt, heard
+    finally:
+        manager.close(clean=True)
+
+
+def test_a_restore_ends_through_a_verified_commit_then_the_table_is_running(tmp_path: Path) -> None:
+    with _restoring(tmp_path, {0: 2, 1: 1}) as (manager, rt, heard):
         write_records(rt.store, {b"a": b"\0" * 8 + b"1"}, {0: 1, 1: 1})
         manager.restore_progress(rt, {0: 1, 1: 1}, {0: 1}, lambda s: heard.append(("durable", s)))
         assert rt.machine.state == State.RESTORING and rt.restore is not None and rt.restore.targets == {0: 2}
@@ -43,20 +48,11 @@ def test_a_restore_ends_through_a_verified_commit_then_the_table_is_running(tmp_
         order = [e[0] if isinstance(e, tuple) else type(e).__name__ for e in heard
                  if isinstance(e, tuple) or (isinstance(e, StateChanged) and e.new == State.RUNNING)]
         assert order == ["durable", "StateChanged"]
-    finally:
-        manager.close(clean=True)
 
 
 def test_a_restore_whose_offsets_are_not_durable_stays_restoring(tmp_path: Path) -> None:
-    heard: list[object] = []
-    manager = _manager(tmp_path, heard)
-    rt = manager.tables["tbl"]
-    try:
-        manager.restoring(rt, "starting")
-        rt.partitions, rt.restore, rt.assigned = [0], Restore({0: 2}), True
+    with _restoring(tmp_path, {0: 2}) as (manager, rt, _):
         write_records(rt.store, {b"a": b"\0" * 8 + b"1"}, {0: 1})  # the store holds less than the task applied
         with pytest.raises(StoreIOError, match="durable offsets"):
             manager.restore_progress(rt, {0: 2}, {0: 2}, lambda s: pytest.fail("not durable"))
         assert rt.machine.state == State.RESTORING and not rt.store.complete
-    finally:
-        manager.close(clean=True)
