@@ -49,6 +49,7 @@ class SnapshotTable:
     refused: Counter[str] = field(default_factory=Counter)
     last_publish_s: float = 0.0
     last_error: str | None = None  # why the last periodic publish failed, until one succeeds
+    short_of_space: bool = False  # that failure was a full disk (failures.out_of_space): retention frees room
     unmarked: str | None = None  # a wipe's reason not yet written into every manifest (the disk refused)
 
 

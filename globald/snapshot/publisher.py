@@ -34,6 +34,7 @@ from globald.snapshot.space import DiskGuard
 from globald.states import State
 from globald.status import SnapshotStatus
 from globald.store import durable, space
+from globald.store.failures import out_of_space
 from globald.store.names import (
     SNAPSHOT_CURRENT,
     SNAPSHOT_DB_DIR,
@@ -120,11 +121,11 @@ class SnapshotPublisher:
             if offsets is not None and (tab.stale_reason is not None or offsets != tab.published_offsets
                                         or self.disk.republish(rt.name, cur)):
                 self._publish_live(rt)
-            tab.last_error = None
+            tab.last_error, tab.short_of_space = None, False
         except Exception as e:  # counted; a repeat logged at a bounded rate; a bug shows in status
             swallowed.record("snapshot_publish", e, log, "table %s: snapshot publish failed; CURRENT stays at %s",
                              rt.name, tab.current.id if tab.current else None)
-            tab.last_error = f"{type(e).__name__}: {e}"
+            tab.last_error, tab.short_of_space = f"{type(e).__name__}: {e}", out_of_space(e)
 
     def _mark_stale(self, tab: SnapshotTable, reason: str) -> None:
         with self._lock:
@@ -151,7 +152,7 @@ class SnapshotPublisher:
             except OSError as e:
                 swallowed.record("snapshot_stale_mark", e, log, "table %s: cannot mark snapshots stale on disk yet "
                                  "(%s); retrying", tab.config.name, e)
-                tab.last_error = f"marking stale: {e}"
+                tab.last_error, tab.short_of_space = f"marking stale: {e}", out_of_space(e)
                 return
             tab.unmarked = None
 
@@ -285,8 +286,8 @@ class SnapshotPublisher:
                     log.warning("table %s: deleting snapshot %s: %s", tab.config.name, e.name, err)
                     doomed.append(e.name)
             doomed += leases.doomed(found, self.config.snapshots.retain, keep)
-            short = self.disk.doomed(tab.config.name, tab.dir, found, held, cur, "No space left" in (
-                tab.last_error or ""))  # a disk short of room for the next step: all but CURRENT and the held go
+            # A disk short of room for the next step: all but CURRENT and the held go.
+            short = self.disk.doomed(tab.config.name, tab.dir, found, held, cur, tab.short_of_space)
             doomed += [i for i in short if i not in doomed]
             for sid in doomed:
                 with contextlib.suppress(OSError):  # kept for now: the next sweep tries again

@@ -8,6 +8,7 @@ the process-wide count of writes RocksDB held back is ``stalls``.
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -19,6 +20,7 @@ STORE_FAULTS = (StoreUnavailableError, StoreCorruptError, OSError)
 # RocksDB status prefixes that mean "these files are not a usable database".
 CORRUPTION_MARKERS = ("Corruption", "Invalid argument", "Not implemented", "Unknown", "does not exist",
                       "No such file or directory")  # a file the database refers to (CURRENT exists) is missing
+_NO_SPACE = "No space left"  # strerror(ENOSPC), in RocksDB's status text as in the OS's
 
 
 def classify(error: BaseException, context: str) -> GlobaldError:
@@ -33,6 +35,12 @@ def classify(error: BaseException, context: str) -> GlobaldError:
 
 def is_corruption(text: str) -> bool:
     return any(m in text for m in CORRUPTION_MARKERS)
+
+
+def out_of_space(error: BaseException) -> bool:
+    """``error`` says the disk is full: ENOSPC from the OS, or RocksDB's status text for it (which rocksdict
+    raises as a bare Exception, and a mapped error keeps in its message)."""
+    return (isinstance(error, OSError) and error.errno == errno.ENOSPC) or _NO_SPACE in str(error)
 
 
 @contextmanager

@@ -6,9 +6,11 @@ from pathlib import Path
 
 import pytest
 
+from globald.errors import StoreCorruptError, StoreIOError
 from globald.states import IllegalTransition, State, StateMachine
 from globald.store import checkpoint_file
 from globald.store.codec import decode_value, encode_value
+from globald.store.failures import classify, out_of_space
 from globald.store.names import checkpoint_path, db_dir
 from globald.store.options import StoreOptions
 from globald.store.reader import StoreReader
@@ -89,3 +91,12 @@ def test_store_of_another_topic_is_wiped(tmp_path: Path) -> None:
 def _mkdirs(path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def test_errors_are_classified_once_corrupt_apart_from_a_disk_that_may_heal() -> None:
+    assert isinstance(classify(Exception("Corruption: block checksum mismatch"), "read"), StoreCorruptError)
+    full = classify(Exception("IO error: No space left on device"), "write")
+    assert isinstance(full, StoreIOError) and str(full) == "write: IO error: No space left on device"
+    assert out_of_space(full) and out_of_space(OSError(28, "No space left on device"))
+    assert not out_of_space(StoreIOError("write: IO error: Input/output error")) and not out_of_space(OSError(5, "x"))
+
