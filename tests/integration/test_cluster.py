@@ -29,6 +29,7 @@ from tests.ci import require_module
 from tests.harness import Broker, DaemonProcess, daemon_factory, oracle_at, random_records, write_config
 from tests.integration.snapshot_helpers import wait_snapshot_at
 from tests.support.spark_cluster import StandaloneCluster, Worker
+from tests.support.spark_connect import ConnectServer, connect_mode
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark, pytest.mark.cluster]
 
@@ -64,6 +65,7 @@ class Cluster:
     topic: str
     driver_config: Path
     hosts: list[Host]
+    master_url: str
 
     def ends(self) -> dict[int, int]:
         return self.broker.admin.end_offsets(self.topic)
@@ -112,7 +114,7 @@ def cluster(broker: Broker, tmp_path_factory: pytest.TempPathFactory) -> Iterato
                 "spark.executor.extraJavaOptions": "-XX:TieredStopAtLevel=1"})
             try:
                 hosts = [Host(w.name, w, sidecars[w.name]) for w in workers]
-                yield Cluster(spark, broker, topic, driver_config, hosts)
+                yield Cluster(spark, broker, topic, driver_config, hosts, spark_cluster.url)
             finally:
                 spark.stop()
         finally:
@@ -168,6 +170,11 @@ def attempts(c: Cluster, group: str) -> list[tuple[int, str, str, str | None]]:
 def test_join_reads_both_sidecars_and_follows_a_refresh(cluster: Cluster) -> None:
     c = cluster
     view = GlobalTableView(c.spark, c.driver_config, "tbl", wait_timeout_s=30)
+    joins_both_sidecars_before_and_after_a_refresh(c, view, lambda round_: c.join(view, f"join-{round_}"))
+
+
+def joins_both_sidecars_before_and_after_a_refresh(c: Cluster, view: GlobalTableView,
+                                                   join: Callable[[int], list[Any]]) -> None:
     for round_ in range(2):
         if round_:
             c.broker.admin.produce(c.topic, [(b"key-%06d" % i, b"changed-%d" % i) for i in range(0, KEYS, 7)]
@@ -175,7 +182,7 @@ def test_join_reads_both_sidecars_and_follows_a_refresh(cluster: Cluster) -> Non
         desc = view.refresh()
         # The driver host has no sidecar: the descriptor carries the end offsets, the executors resolve them.
         assert desc["snapshot"] is None and desc["offsets"] == {str(p): o for p, o in c.ends().items()}
-        rows = c.join(view, f"join-{round_}")
+        rows = join(round_)
         assert len(rows) == KEYS
         assert_oracle(rows, oracle_at(c.broker, c.topic, desc["offsets"]))
         served = served_by(c, rows)
@@ -252,3 +259,33 @@ def test_newest_falls_back_on_the_host_without_sidecar_counted_and_logged(cluste
         assert f"host {socket.gethostname()}, sidecar state_dir {a.state_dir} " in logs
         assert "table tbl: no snapshot at " in logs and "no_daemon" in logs and "using the newest" in logs
         view.close()
+
+
+# A second application on the cluster (the Connect server and its two executors) after the module's: generous.
+@pytest.mark.timeout(900)
+def test_a_connect_server_on_the_standalone_master_joins_both_sidecars(cluster: Cluster, tmp_path: Path) -> None:
+    """The same join through Spark Connect: a Connect server whose application runs on the standalone master, the
+    view on a Connect client. Last in this module: it stops the classic application, whose executors hold both
+    workers' only cores."""
+    c = cluster
+    c.spark.stop()
+    server = ConnectServer.start(tmp_path / "connect", master=c.master_url, conf={
+        "spark.executor.memory": "512m", "spark.cores.max": str(len(c.hosts)),
+        "spark.executor.extraJavaOptions": "-XX:TieredStopAtLevel=1",
+        # The first job waits until both executors registered, so that both hosts serve rows.
+        "spark.scheduler.minRegisteredResourcesRatio": "1.0",
+        "spark.scheduler.maxRegisteredResourcesWaitingTime": "120s"},
+        env={"PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    try:
+        session = server.session()
+        with connect_mode(True):
+            from pyspark.sql import functions as F
+
+            view = GlobalTableView(session, c.driver_config, "tbl", wait_timeout_s=30)
+            assert view.connect
+            keys = session.range(0, KEYS, numPartitions=PARTITIONS).select(
+                F.format_string("key-%06d", "id").alias("k"))
+            joins_both_sidecars_before_and_after_a_refresh(
+                c, view, lambda _: view.join(keys, "k", snapshot_col="snap").collect())
+    finally:
+        server.stop()
