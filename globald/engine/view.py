@@ -61,7 +61,7 @@ class EngineView(Protocol):
 
     def checkpoint(self, table: str, dest: Path) -> Checkpointed:
         """Checkpoint ``table``'s live store into ``dest`` (which must not exist) and say what the copy holds.
-        Raises StoreUnavailableError (closed store, disk refusing)."""
+        Raises the store's errors as ``store.failures`` maps them (a closed store, a disk refusing, a bad copy)."""
         ...
 
     def wipe_counts(self) -> dict[tuple[str, str], int]:
