@@ -39,7 +39,8 @@ class Database:
         self._values_cf: Rdict | None = None
         self._offsets: Rdict | None = None
         self._meta: Rdict | None = None
-        self._migration: PlainMigration | None = None  # set while the store is FORMAT_MIXED
+        # Set while the store is FORMAT_MIXED (TableStore's upgrade): no bulk load then, and plain keys count too.
+        self._migration: PlainMigration | None = None
         self._write_opts = write_options()
         self._bulk = False
         self._stalls_at_load = Stalls()
