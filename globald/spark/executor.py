@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from dataclasses import dataclass
 from itertools import islice
 from typing import Any, Protocol
@@ -88,6 +88,11 @@ class SnapshotHandle:
     def in_memory(self) -> bool:
         return self._index is not None
 
+    @property
+    def snap(self) -> Snapshot | None:
+        """The open snapshot (None once read into memory): typed tables map its columnar file."""
+        return self._snap
+
     def _fetch(self, keys: list[bytes]) -> list[bytes | None]:
         assert self._snap is not None
         self._snap.renew()
@@ -120,7 +125,7 @@ class ContentHandle:
 
 # One handle per view's settings (views of one table with different options keep their own), with the signature
 # of the descriptor it was opened for.
-_HANDLES: dict[Settings, tuple[str, Handle]] = {}
+_HANDLES: dict[Hashable, tuple[str, Handle]] = {}
 
 
 def signature(desc: dict[str, Any]) -> str:
@@ -129,9 +134,11 @@ def signature(desc: dict[str, Any]) -> str:
     return json.dumps(keep, sort_keys=True)
 
 
-def handle(settings: Settings, desc: dict[str, Any], data: Any = None, fallbacks: Any = None) -> Handle:
-    """This worker's handle for ``desc``; opened (resolving, requesting, waiting) only when ``desc`` changed."""
-    key = settings
+def handle(settings: Settings, desc: dict[str, Any], data: Any = None, fallbacks: Any = None,
+           opener: Callable[[Settings, dict[str, Any], Any], Handle] | None = None, key: Hashable = None) -> Handle:
+    """This worker's handle for ``desc``; opened (resolving, requesting, waiting) only when ``desc`` changed.
+    ``opener`` makes another kind of handle (``globald.spark.typed``), cached alike under its own ``key``."""
+    key = settings if key is None else key
     sig = signature(desc)
     cached = _HANDLES.get(key)
     if cached is not None and cached[0] == sig:
@@ -139,7 +146,7 @@ def handle(settings: Settings, desc: dict[str, Any], data: Any = None, fallbacks
     if cached is not None:
         del _HANDLES[key]
         cached[1].close()
-    h = _open(settings, desc, data)
+    h = (opener or _open)(settings, desc, data)
     if not h.exact:
         log.warning("%s", h.note)
         if fallbacks is not None:

@@ -26,7 +26,7 @@ from globald.errors import GlobaldError
 from globald.kafka.clients import TransientKafkaError, make_consumer, partitions, watermarks
 from globald.snapshot.manifest import Offsets, offsets_to_json
 from globald.snapshot.resolve import Policy, resolve
-from globald.spark import small
+from globald.spark import small, typed
 from globald.spark.executor import (
     MODE_BROADCAST,
     MODE_SNAPSHOT,
@@ -196,9 +196,13 @@ class GlobalTableView:
     # -- lookups ------------------------------------------------------------------------------------------------
 
     def join(self, df: Any, on: str, value_col: str = "value", timestamp_col: str = "timestamp",
-             snapshot_col: str | None = None) -> Any:
+             snapshot_col: str | None = None, *, flatten: bool | str = False, error_col: str | None = None) -> Any:
         """``df`` left-joined with the table as of the current descriptor: ``value_col`` (binary) and
         ``timestamp_col`` (long) are null where the key is absent. ``on`` may be a binary or string column.
+
+        A typed table (``[tables.value]``) makes ``value_col`` a struct of the schema's type; ``flatten`` (True, or
+        a prefix) puts its fields at top level, ``error_col`` says why a value did not decode, and
+        ``decode_errors`` counts them per query (``globald.spark.typed``).
 
         Snapshot mode: a mapInArrow looking each Arrow batch up at once in the executors' sidecar snapshots; its
         fallbacks are observed (``fallbacks``). Small-table mode: the same mapInArrow against the shipped content
@@ -212,6 +216,10 @@ class GlobalTableView:
             raise TypeError(f"join: key column {on!r} must be binary or string, not {kind.simpleString()}")
         added = [c for c in (value_col, timestamp_col, snapshot_col) if c is not None]
         clash = [c for c in added if c in df.columns]
+        if typed.is_typed(self):
+            return typed.join(self, df, on, value_col, timestamp_col, snapshot_col, flatten, error_col)
+        if flatten or error_col is not None:
+            raise ValueError(f"join: flatten and error_col need a typed table; {self.table.name} is raw bytes")
         if clash or len(set(added)) != len(added):
             raise ValueError(f"join: output columns {added} clash with each other or with {df.columns}")
         fields = [*df.schema.fields, StructField(value_col, BinaryType(), True),
@@ -245,15 +253,25 @@ class GlobalTableView:
     def udf(self) -> Any:
         """A pandas UDF: key column -> struct<value: binary, timestamp: bigint> (null fields when absent).
 
-        It reads the descriptor current when ``udf()`` is called: call it again after a refresh.
+        It reads the descriptor current when ``udf()`` is called: call it again after a refresh. On a typed table
+        it is an Arrow UDF returning struct<value: the schema's struct, timestamp: bigint, error: string>.
         """
         from pyspark.sql.functions import pandas_udf
+
+        if typed.is_typed(self):
+            return typed.udf(self)
 
         desc_bc, data_bc = self._broadcasts()
         # PySpark's stubs overload pandas_udf only on an explicit functionType; the UDF kind is inferred here from
         # pandas_fn's type hints, the form PySpark recommends, which no overload describes.
         return pandas_udf(pandas_fn(self.settings, desc_bc, data_bc),  # type: ignore[call-overload]
                           "struct<value:binary,timestamp:bigint>")
+
+    @property
+    def decode_errors(self) -> Fallbacks:
+        """Typed tables: values that did not decode, in the rows of every joined DataFrame whose first action
+        finished (``.value``), on both kinds of session."""
+        return typed.counter(self)
 
     # -- refresh helpers ----------------------------------------------------------------------------------------
 

@@ -1,0 +1,244 @@
+"""Typed tables in Spark (issue 24): ``view.join`` and ``view.udf`` of a table whose ``[tables.value]`` declares a
+format hand out the decoded value as a struct column of the schema's Spark type, not bytes.
+
+Contract, on classic and Spark Connect sessions alike:
+- ``join(df, on)`` adds ``value_col`` (a struct, null where the key is absent or its value did not decode) and
+  ``timestamp_col``; ``flatten=True`` puts the struct's fields at top level instead, named ``value_col + "_" +
+  field`` (or ``flatten="prefix_"``: that prefix); ``error_col`` (when named) says why a value did not decode.
+- The decode errors a join's rows met are counted per query on the driver (``view.decode_errors.value``), through
+  a hidden column the join's ``DataFrame.observe`` adds up, as fallbacks are (``globald.spark.session``).
+- ``udf()`` is an Arrow UDF (pandas UDFs cannot return nested structs): key column ->
+  struct<value: the schema's struct, timestamp: bigint, error: string>.
+- Small-table mode gives the same rows: the shipped content is decoded once per Python worker into the same
+  lookup structure (``small_join="spark"`` has no typed form: a typed view always joins through the index).
+- ``on_error = "fail"``: a looked-up value that does not decode fails the task with ``DecodeFailure`` naming the
+  key and the reason (partition and offset "unknown": a snapshot keeps neither per key).
+
+Executors decode once per host: every worker maps the snapshot's columnar file (``globald.typed.join``); a
+snapshot too large for one decodes the values each batch's multi-get found. Each executor loads the decoders from
+its own host's config; the driver's decoder fingerprint travels with the function, and an executor whose
+declaration differs fails its task naming its config rather than decoding otherwise.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from functools import lru_cache, partial
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from globald.config import load
+from globald.errors import GlobaldError
+from globald.spark import executor
+from globald.spark.batch import binary_keys
+from globald.spark.executor import MODE_BROADCAST, Settings, SnapshotHandle, _open
+from globald.spark.host import config_path
+from globald.spark.session import FALLBACK_COL, Fallbacks, functions
+from globald.typed import load_table
+from globald.typed.arrow import Decoder, RecordContext
+from globald.typed.columnar import ColumnarTable, ColumnarTooLarge, Lookup, build_table
+from globald.typed.join import open_typed, spark_type, typed_columns
+
+ERRORS_COL = "__globald_decode_errors"  # hidden: a batch's decode errors, on its first row
+
+
+class TypedDeclarationError(GlobaldError):
+    """An executor's config declares the table's value format otherwise than the driver's (another schema file,
+    another format): give every host the same ``[tables.value]`` section and schema files."""
+
+
+@lru_cache(maxsize=16)
+def decoders(path: str, table: str) -> tuple[Decoder, Decoder]:
+    """(key decoder, value decoder) of ``table`` in the config at ``path``, loaded once per process."""
+    return load_table(load(path), table)
+
+
+def is_typed(view: Any) -> bool:
+    """Whether the view's table declares a value format other than raw."""
+    return decoders(view.config_path, view.table.name)[1].typed
+
+
+def counter(view: Any) -> Fallbacks:
+    """The view's per-query decode-error count (a view copied by pickling starts again from 0)."""
+    got = view.__dict__.get("_decode_errors")
+    if got is None:
+        got = view.__dict__["_decode_errors"] = Fallbacks()
+    return got
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What a typed lookup appends, shipped with the function."""
+
+    fingerprint: str  # the driver's value decoder: every executor must decode alike
+    value_col: str
+    timestamp_col: str | None
+    flatten_prefix: str | None
+    error_col: str | None
+
+
+class TypedHandle:
+    """One worker's decoded table for one descriptor: the snapshot's columnar file (snapshot mode), or the shipped
+    content decoded in memory (small-table mode); a snapshot too large for a file is decoded per batch."""
+
+    def __init__(self, settings: Settings, desc: dict[str, Any], data: Any, fingerprint: str) -> None:
+        path, source = config_path(settings.config_path)
+        self.decoder = decoders(path, settings.table)[1]
+        if self.decoder.fingerprint != fingerprint:
+            raise TypedDeclarationError(f"config {path} ({source}): table {settings.table} declares its value "
+                                        f"format otherwise than the driver's config {settings.config_path}")
+        self.raw: SnapshotHandle | None = None
+        self.table: ColumnarTable | None = None
+        self.snapshot: str | None = desc.get("snapshot")
+        self.exact, self.note = True, None
+        if desc.get("mode") == MODE_BROADCAST:
+            content: pa.Table = data.value
+            items = zip(*(content.column(c).to_pylist() for c in ("key", "value", "timestamp")), strict=True)
+            self.table = ColumnarTable(build_table(items, self.decoder, {"table": settings.table,
+                                                                         "snapshot": self.snapshot}))
+            return
+        raw = _open(dataclasses.replace(settings, memory_index_mb=0), desc, data)  # keeps the snapshot open
+        assert isinstance(raw, SnapshotHandle) and raw.snap is not None
+        self.raw, self.snapshot, self.exact, self.note = raw, raw.snapshot, raw.exact, raw.note
+        try:
+            self.table = open_typed(raw.snap, self.decoder)
+        except ColumnarTooLarge:
+            self.table = None  # decoded per batch, from the multi-get's values
+
+    def lookup(self, keys: pa.Array) -> Lookup:
+        """Decoded value, timestamp and error of each (binary) key; DecodeFailure under on_error = "fail"."""
+        if self.table is not None:
+            return self.table.lookup(keys)
+        assert self.raw is not None
+        value, ts = self.raw.columns(keys)
+        decoded = self.decoder.decode(value, RecordContext(keys=keys.to_pylist()))
+        return Lookup(decoded.values, ts, decoded.errors, len(value) - value.null_count, decoded.error_count)
+
+    def columns(self, keys: pa.Array) -> tuple[pa.Array, pa.Array]:
+        """(decoded value, timestamp) of each key: ``lookup`` without the errors."""
+        found = self.lookup(keys)
+        return found.values, found.timestamps
+
+    def close(self) -> None:
+        if self.raw is not None:
+            self.raw.close()
+
+
+def handle(settings: Settings, desc: dict[str, Any], data: Any, fingerprint: str) -> TypedHandle:
+    """This worker's typed handle for ``desc``, opened again only when the descriptor changed."""
+    h = executor.handle(settings, desc, data, opener=partial(TypedHandle, fingerprint=fingerprint),
+                        key=(settings, fingerprint))
+    assert isinstance(h, TypedHandle)
+    return h
+
+
+def _value_fields(decoder: Decoder, shape: Shape) -> list[Any]:
+    """The Spark fields the value becomes: one struct, or its fields at top level."""
+    from pyspark.sql.types import StructField, StructType
+
+    kind = spark_type(decoder)
+    if shape.flatten_prefix is not None and isinstance(kind, StructType):
+        return [StructField(shape.flatten_prefix + f.name, f.dataType, True) for f in kind.fields]
+    return [StructField(shape.value_col, kind, True)]
+
+
+def _arrow_of(field: Any) -> pa.DataType:
+    from pyspark.sql.pandas.types import to_arrow_type
+
+    return to_arrow_type(field.dataType, timezone="UTC")  # Spark takes timestamps as UTC instants
+
+
+def arrow_fn(settings: Settings, desc_bc: Any, data_bc: Any, on: str, shape: Shape, snapshot_col: str | None,
+             count_fallbacks: bool, targets: dict[str, pa.DataType]) -> Callable[[Iterator[pa.RecordBatch]],
+                                                                              Iterator[pa.RecordBatch]]:
+    """For ``df.mapInArrow``: each batch with the typed columns appended (cast to the Arrow types Spark expects),
+    the hidden decode-error count and (``count_fallbacks``) the hidden fallback flag."""
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        h = handle(settings, desc_bc.value, data_bc, shape.fingerprint)
+        unreported = not h.exact
+        for batch in batches:
+            found = h.lookup(binary_keys(batch.column(on)))
+            added = typed_columns(found, shape.value_col, timestamp_col=shape.timestamp_col,
+                                  flatten_prefix=shape.flatten_prefix, error_col=shape.error_col)
+            # In the declared order (Spark reads the columns by position), as the types Spark expects.
+            arrays = [*batch.columns, *(added[n].cast(t) for n, t in targets.items() if n in added)]
+            names = [*batch.schema.names, *(n for n in targets if n in added)]
+            if snapshot_col is not None:
+                arrays.append(pa.repeat(pa.scalar(h.snapshot, pa.string()), batch.num_rows))
+                names.append(snapshot_col)
+            flags = np.zeros((2, batch.num_rows), np.int64)
+            if batch.num_rows:
+                flags[0, 0] = found.error_count
+                if unreported:
+                    flags[1, 0], unreported = 1, False
+            arrays.append(pa.array(flags[0]))
+            names.append(ERRORS_COL)
+            if count_fallbacks:
+                arrays.append(pa.array(flags[1]))
+                names.append(FALLBACK_COL)
+            yield pa.RecordBatch.from_arrays(arrays, names=names)
+
+    return run
+
+
+def join(view: Any, df: Any, on: str, value_col: str, timestamp_col: str, snapshot_col: str | None,
+         flatten: bool | str, error_col: str | None) -> Any:
+    """``view.join`` of a typed table (see the module's contract)."""
+    from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+    key_dec, val_dec = decoders(view.config_path, view.table.name)
+    if key_dec.typed:
+        raise TypeError(f"join: table {view.table.name} declares a {key_dec.format.format} key; a join matches raw "
+                        "(or UTF-8 string) keys only")
+    prefix = (value_col + "_" if flatten is True else flatten) or None
+    shape = Shape(val_dec.fingerprint, value_col, timestamp_col, prefix, error_col)
+    fields = _value_fields(val_dec, shape)
+    fields.append(StructField(timestamp_col, LongType(), True))
+    if error_col is not None:
+        fields.append(StructField(error_col, StringType(), True))
+    if snapshot_col is not None:
+        fields.append(StructField(snapshot_col, StringType(), True))
+    names = [f.name for f in fields]
+    clash = [n for n in names if n in df.columns]
+    if clash or len(set(names)) != len(names):
+        raise ValueError(f"join: output columns {names} clash with each other or with {df.columns}")
+    targets = {f.name: _arrow_of(f) for f in fields}
+    desc_bc, data_bc = view._broadcasts()
+    count = view.mode != MODE_BROADCAST
+    fn = arrow_fn(view.settings, desc_bc, data_bc, on, shape, snapshot_col, count, targets)
+    hidden = [StructField(ERRORS_COL, LongType(), False)]
+    if count:
+        hidden.append(StructField(FALLBACK_COL, LongType(), False))
+    out = df.mapInArrow(fn, StructType([*df.schema.fields, *fields, *hidden]))
+    spark = df.sparkSession
+    if count:
+        out = view.fallbacks.watch(out, spark)
+    # The one observation mechanism, counting the errors column under the name it adds up.
+    return counter(view).watch(out.withColumnRenamed(ERRORS_COL, FALLBACK_COL), spark)
+
+
+def udf(view: Any) -> Any:
+    """``view.udf()`` of a typed table: an Arrow UDF, key -> struct<value, timestamp, error>."""
+    from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+    val_dec = decoders(view.config_path, view.table.name)[1]
+    shape = Shape(val_dec.fingerprint, "value", None, None, None)
+    kind = StructType([*_value_fields(val_dec, shape), StructField("timestamp", LongType(), True),
+                       StructField("error", StringType(), True)])
+    target = _arrow_of(StructField("r", kind))
+    settings, (desc_bc, data_bc) = view.settings, view._broadcasts()
+
+    def run(keys: pa.Array) -> pa.Array:
+        h = handle(settings, desc_bc.value, data_bc, shape.fingerprint)
+        found = h.lookup(binary_keys(keys))
+        return pa.StructArray.from_arrays([found.values, found.timestamps, found.errors],
+                                          names=["value", "timestamp", "error"]).cast(target)
+
+    F = functions(view.spark)
+    return F.arrow_udf(run, kind)
+

@@ -1,0 +1,224 @@
+"""Typed tables in Spark (issue 24), with real PySpark, the real daemon and a real broker, on a classic and a Spark
+Connect session: ``view.join`` adds the value as a struct of the schema's type (or flattened), the error column and
+the per-query decode-error count; the Arrow ``udf()`` and small-table mode give the same rows; on_error = "fail"
+fails the job naming the key. Every value is compared with fastavro's, or the protobuf runtime's, own decode of
+the oracle fold at the descriptor's offsets: Avro under two writer ids, Protobuf with message index [1]."""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import random
+import shutil
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from globald.spark import GlobalTableView
+from tests.harness import Broker, daemon_factory, oracle_at
+from tests.integration.test_spark import keys_df, session, spark
+from tests.integration.test_typed import READER, records, reference
+from tests.support.spark_connect import connect_server, connect_session
+from tests.unit.typed_fixtures import (
+    FIXTURES,
+    avro_payload,
+    confluent,
+    customer_v1,
+    descriptor_set,
+    proto_classes,
+)
+
+__all__ = ["connect_server", "connect_session", "session", "spark"]  # fixtures, used by name
+
+pytestmark = [pytest.mark.kafka, pytest.mark.spark]
+
+INDEX_1 = b"\x02\x02"  # the message-index array [1] (count 1, index 1; zigzag varints): shop.Customer
+SECTIONS = {
+    "cust": 'format = "avro"\nschema = "schemas/customer_reader.avsc"\nframing = "confluent"\n'
+            'writer_schemas = "schemas/ids"\n',
+    "custfail": 'format = "avro"\nschema = "schemas/customer_reader.avsc"\nframing = "confluent"\n'
+                'writer_schemas = "schemas/ids"\non_error = "fail"\n',
+    "prod": 'format = "protobuf"\nschema = "schemas/shop.desc"\nmessage = "shop.Customer"\nframing = "confluent"\n',
+}
+
+
+@dataclass
+class Typed:
+    broker: Broker
+    config: Path
+    topics: dict[str, str]
+    classes: dict[str, Any]
+
+
+def proto_message(cls: Any, i: int) -> Any:
+    m = cls(id=i, name=f"Product {i}", tags=[f"t{j}" for j in range(i % 3)], tier=i % 3, balance=i / 4,
+            big=2**63 + i)
+    m.scores.update({"a": i, "b": -i} if i % 2 else {})
+    if i % 4:
+        m.address.city, m.address.zip = "Bergen", f"{5000 + i}"
+    for j in range(i % 2):
+        m.previous.add(city=f"c{j}")
+    if i % 3:
+        m.updated.FromDatetime(dt.datetime(2024, 1, 1, tzinfo=dt.UTC) + dt.timedelta(microseconds=i * 1_001))
+    if i % 5:
+        m.email = f"p{i}@example.com"
+    return m
+
+
+def proto_records(cls: Any, n: int, keys: int, seed: int) -> list[tuple[bytes, bytes | None]]:
+    rnd = random.Random(seed)
+    out: list[tuple[bytes, bytes | None]] = []
+    for i in range(n):
+        key = f"prod-{rnd.randrange(keys):04d}-ø"  # a UTF-8 string key beyond ASCII
+        payload = proto_message(cls, i).SerializeToString()
+        roll = rnd.random()
+        if roll < 0.05:  # bad: a wrong magic byte, a truncated payload
+            value = b"\x01" + confluent(1, payload, INDEX_1)[1:] if roll < 0.025 else confluent(1, payload[:-2],
+                                                                                                  INDEX_1)
+        else:
+            value = confluent(1, payload, INDEX_1)
+        out.append((key.encode(), value))
+    return out
+
+
+@pytest.fixture(scope="module")
+def typed_tables(broker: Broker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Typed]:
+    """One daemon mirroring three typed tables, shared by the classic and the Connect run."""
+    tmp = tmp_path_factory.mktemp("typed-spark")
+    shutil.copytree(FIXTURES, tmp / "schemas")
+    classes = proto_classes(descriptor_set(tmp / "schemas"))
+    topics = {name: f"typed-{name}-{time.time_ns()}" for name in SECTIONS}
+    for t in topics.values():
+        broker.admin.create(t, partitions=3, compact=True)
+    broker.admin.produce(topics["cust"], records(900, keys=300, seed=24))
+    broker.admin.produce(topics["prod"], proto_records(classes["shop.Customer"], 600, keys=200, seed=25))
+    broker.admin.produce(topics["custfail"], [(b"good", confluent(1, avro_payload("customer_v1.avsc",
+                                                                                   customer_v1(1)))),
+                                              (b"bad-one", confluent(9, b"\x00"))])
+    with daemon_factory(broker, tmp) as make:
+        d = make(topics, start=False)
+        text = d.config.read_text()
+        for name, section in SECTIONS.items():
+            line = f'topic = "{topics[name]}"\n'
+            text = text.replace(line, line + "[tables.value]\n" + section)
+        d.config.write_text(text)
+        d.start()
+        d.wait_running({name: broker.admin.end_offsets(t) for name, t in topics.items()})
+        yield Typed(broker, d.config, topics, classes)
+
+
+def proto_reference(cls: Any, value: bytes | None) -> dict[str, Any] | None:
+    """The protobuf runtime itself, its message turned into the row Spark's from_protobuf would give."""
+    from google.protobuf.message import DecodeError
+
+    if value is None or value[:5] != confluent(1, b"") or value[5:7] != INDEX_1:
+        return None
+    try:
+        m = cls.FromString(value[7:])
+    except DecodeError:
+        return None
+
+    def address(a: Any) -> dict[str, Any]:
+        return {"city": a.city, "zip": a.zip}
+
+    return {"id": m.id, "name": m.name, "tags": list(m.tags), "scores": dict(m.scores),
+            "tier": cls.Tier.Name(m.tier), "address": address(m.address) if m.HasField("address") else None,
+            "previous": [address(a) for a in m.previous],
+            "updated": m.updated.ToDatetime(tzinfo=dt.UTC) if m.HasField("updated") else None,
+            "email": m.email if m.HasField("email") else None, "balance": m.balance, "big": decimal.Decimal(m.big)}
+
+
+def rows_of(df: Any) -> list[dict[str, Any]]:
+    """The DataFrame's rows through Arrow (zone-aware timestamps, decimals, maps as dicts), in id order."""
+    return sorted(df.toArrow().to_pylist(maps_as_pydicts="lossy"), key=lambda r: r["id"])
+
+
+def as_key(k: str | None) -> bytes | None:
+    return None if k is None else k.encode()
+
+
+def wait_count(counter: Any, timeout: float = 30.0) -> int:
+    """The per-query count once every observation arrived (the listener may report just after the action)."""
+    deadline = time.monotonic() + timeout
+    while counter._pending and time.monotonic() < deadline:
+        _ = counter.value  # reads the observations that arrived
+        time.sleep(0.05)
+    return int(counter.value)
+
+
+def test_typed_join_udf_flatten_and_small_equal_the_reference_decode(session: Any, typed_tables: Typed) -> None:
+    env = typed_tables
+    view = GlobalTableView(session, env.config, "cust")
+    desc = view.refresh()
+    oracle = oracle_at(env.broker, env.topics["cust"], desc["offsets"])
+    expected = {k: reference(v) for k, v in oracle.items()}
+    keys: list[bytes | None] = [*sorted(oracle), b"cust-absent", None]
+    df = keys_df(session, keys)  # a string key column: matched by its UTF-8 bytes
+    bad = [k for k in oracle if expected[k] is None]
+    assert bad and len(bad) < len(oracle)
+
+    before = view.decode_errors.value
+    rows = rows_of(view.join(df, "k", error_col="err"))
+    assert len(rows) == len(keys)
+    for r in rows:
+        k = as_key(r["k"])
+        want = expected.get(k) if k is not None else None
+        assert r["value"] == want, r["k"]
+        assert (r["err"] is not None) == (k in oracle and want is None), r
+        assert (r["timestamp"] is None) == (k not in oracle), r
+    assert wait_count(view.decode_errors) - before == len(bad)
+    reasons = {r["err"].split(" ")[0] for r in rows if r["err"] is not None}
+    assert reasons, "every bad value says why"
+
+    # flatten: the reader schema's fields at top level, prefixed; null in every one where the value is null.
+    fields = [f["name"] for f in READER["fields"]]
+    flat = rows_of(view.join(df, "k", flatten=True))
+    assert {f"value_{f}" for f in fields} <= set(flat[0]) and "value" not in flat[0]
+    for r in flat:
+        k = as_key(r["k"])
+        want = expected.get(k) if k is not None else None
+        assert {f: r[f"value_{f}"] for f in fields} == (want or dict.fromkeys(fields)), r["k"]
+
+    # The UDF: the same struct, with the timestamp and the error.
+    got = rows_of(df.select("id", "k", view.udf()("k").alias("r")))
+    for r in got:
+        k = as_key(r["k"])
+        assert r["r"]["value"] == (expected.get(k) if k is not None else None), r["k"]
+        assert (r["r"]["error"] is not None) == (k in oracle and expected[k] is None), r
+
+    # Small-table mode: the same rows.
+    small = GlobalTableView(session, env.config, "cust", mode="broadcast")
+    small.refresh(offsets={int(p): o for p, o in desc["offsets"].items()})
+    assert rows_of(small.join(df, "k", error_col="err")) == rows
+    small.close()
+    view.close()
+
+
+def test_typed_protobuf_and_on_error_fail(session: Any, typed_tables: Typed) -> None:
+    env = typed_tables
+    cls = env.classes["shop.Customer"]
+    view = GlobalTableView(session, env.config, "prod")
+    desc = view.refresh()
+    oracle = oracle_at(env.broker, env.topics["prod"], desc["offsets"])
+    expected = {k: proto_reference(cls, v) for k, v in oracle.items()}
+    assert 0 < sum(v is None for v in expected.values()) < len(expected)
+    keys: list[bytes | None] = [*sorted(oracle), "prod-absent-ø".encode()]
+    rows = rows_of(view.join(keys_df(session, keys), "k", error_col="err"))
+    for r in rows:
+        k = as_key(r["k"])
+        assert r["value"] == expected.get(k), r["k"]  # type: ignore[arg-type]
+        assert (r["err"] is not None) == (k in oracle and expected[k] is None), r  # type: ignore[index]
+    view.close()
+
+    failing = GlobalTableView(session, env.config, "custfail")
+    failing.refresh()
+    good = rows_of(failing.join(keys_df(session, [b"good"]), "k"))
+    assert good[0]["value"] == reference(confluent(1, avro_payload("customer_v1.avsc", customer_v1(1))))
+    with pytest.raises(Exception, match=r"(?s)key 'bad-one' \(partition unknown, offset unknown\).*schema id 9"):
+        failing.join(keys_df(session, [b"good", b"bad-one"]), "k").collect()
+    failing.close()
+
