@@ -222,3 +222,42 @@ def test_typed_protobuf_and_on_error_fail(session: Any, typed_tables: Typed) -> 
         failing.join(keys_df(session, [b"good", b"bad-one"]), "k").collect()
     failing.close()
 
+
+
+def test_a_snapshot_too_large_for_the_columnar_file_decodes_per_batch_alike(
+        spark: Any, typed_tables: Typed, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The executor's handle, in this process: with ColumnarTooLarge it multi-gets and decodes each batch, and
+    answers (values, timestamps, errors, count; on_error = "fail" too) as the columnar file does."""
+    import pyarrow as pa
+
+    from globald.spark import typed as spark_typed
+    from globald.typed.arrow import DecodeFailure
+    from globald.typed.columnar import ColumnarTooLarge
+
+    def too_large(snapshot: Any, decoder: Any) -> Any:
+        raise ColumnarTooLarge(f"snapshot {snapshot.id}: pretend it is over 2 GB")
+
+    env = typed_tables
+    for table, keys in (("cust", None), ("custfail", [b"good", b"absent"])):
+        view = GlobalTableView(spark, env.config, table)
+        desc = view.refresh()
+        fingerprint = spark_typed.decoders(view.config_path, table)[1].fingerprint
+        if keys is None:
+            keys = [*sorted(oracle_at(env.broker, env.topics[table], desc["offsets"])), b"absent", None]
+        mapped = spark_typed.TypedHandle(view.settings, desc, None, fingerprint)
+        assert mapped.table is not None and mapped.table.path is not None
+        with monkeypatch.context() as m:
+            m.setattr(spark_typed, "open_typed", too_large)
+            per_batch = spark_typed.TypedHandle(view.settings, desc, None, fingerprint)
+        assert per_batch.table is None
+        a, b = mapped.lookup(pa.array(keys, pa.binary())), per_batch.lookup(pa.array(keys, pa.binary()))
+        assert (a.values.to_pylist(), a.timestamps.to_pylist(), a.errors.to_pylist(), a.error_count) == \
+            (b.values.to_pylist(), b.timestamps.to_pylist(), b.errors.to_pylist(), b.error_count)
+        if table == "cust":
+            assert b.error_count > 0
+        else:
+            with pytest.raises(DecodeFailure, match=r"key 'bad-one'.*schema id 9"):
+                per_batch.lookup(pa.array([b"good", b"bad-one"], pa.binary()))
+        mapped.close()
+        per_batch.close()
+        view.close()
