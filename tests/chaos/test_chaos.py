@@ -62,6 +62,7 @@ def test_the_daemon_clock_steps_with_its_file(tmp_path: Path) -> None:
 
 
 @pytest.mark.chaos
+@pytest.mark.long
 @pytest.mark.kafka
 @pytest.mark.timeout(420)
 def test_short_seeded_campaign(tmp_path: Path) -> None:

@@ -25,6 +25,7 @@ def test_make_chaos_cuts_fifty_times_over_five_seeds_in_every_phase() -> None:
     assert args.powerloss_cuts >= 2 * len(powerloss.PHASES)  # each phase at least twice per seed
 
 
+@pytest.mark.long
 @pytest.mark.kafka
 @pytest.mark.timeout(600)
 def test_short_seeded_power_loss_lane(tmp_path: Path) -> None:

@@ -31,7 +31,7 @@ from tests.integration.snapshot_helpers import wait_snapshot_at
 from tests.support.spark_cluster import StandaloneCluster, Worker
 from tests.support.spark_connect import ConnectServer, connect_mode
 
-pytestmark = [pytest.mark.kafka, pytest.mark.spark, pytest.mark.cluster]
+pytestmark = [pytest.mark.kafka, pytest.mark.spark, pytest.mark.cluster, pytest.mark.long]
 
 PARTITIONS = 8
 KEYS = 600

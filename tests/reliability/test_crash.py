@@ -167,6 +167,7 @@ class Rig:
         return str(doc.get("state")) if doc.get("pid") == pid else "STARTING"
 
 
+@pytest.mark.long
 def test_sigkill_at_random_points(broker: Broker, tmp_path: Path, fault: Callable[[str, str], FaultRow]) -> None:
     rnd = random.Random(SEED)
     snaps = snapshots_available()
