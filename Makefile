@@ -36,7 +36,7 @@ test-long: $(BIN)/.installed sysdeps
 bench: $(BIN)/.installed
 	$(BIN)/python -m bench
 
-# The README's 10M column (restore at scale and peak RSS): 10M records, not part of `make test`; ~15 minutes.
+# The 10M column of docs/benchmarks.md (restore at scale and peak RSS): 10M records, not part of `make test`; ~15 minutes.
 BENCH_10M_ARGS ?= --records 10000000 --benches restore,rss --repeats 3 --pipelines globald,consume_only,store_only,raw_batch
 bench-10m: $(BIN)/.installed
 	$(BIN)/python -m bench $(BENCH_10M_ARGS)

@@ -1,12 +1,12 @@
 """MkDocs hooks (mkdocs.yml ``hooks:``): the reference pages generated from the code, and the benchmark reports.
 
 - ``<!-- globald:config-reference -->`` in a page becomes the configuration reference, rendered from the key
-  declarations themselves (``globald.configspec.declared_keys`` over ``globald.config.Config``): the same source
-  that validates a config and that ``globald check-config --keys`` prints, so the page cannot drift from either.
-  The librdkafka properties globald manages, and the defaults it gives the consumer, come from
+  declarations themselves (``globald.settings.spec.declared_keys`` over ``globald.settings.config.Config``): the
+  same source that validates a config and that ``globald check-config --keys`` prints, so the page cannot drift
+  from either. The librdkafka properties globald manages, and the defaults it gives the consumer, come from
   ``globald.kafka.properties``.
 - ``<!-- globald:cli-reference -->`` becomes the CLI reference, rendered from the argparse parser
-  (``globald.cli.build_parser``): each subcommand's usage line and arguments.
+  (``globald.cli.main.build_parser``): each subcommand's usage line and arguments.
 - ``<!-- globald:module-map -->`` becomes the map of the ``globald`` package: each package and module with the
   first paragraph of its docstring, read from the source (nothing imported), so the map follows every move.
 - ``<!-- globald:readme -->`` becomes the README (the front door), its ``docs/`` links made relative to the site,
@@ -93,8 +93,8 @@ def _section_of(path: str) -> str:
 
 
 def config_reference() -> str:
-    spec = _module("globald.configspec", "globald.config.spec", "globald.configuration.spec")
-    config_cls = _attr("Config", "globald.config", "globald.config.config", "globald.configuration.config")
+    spec = _module("globald.settings.spec")
+    config_cls = _attr("Config", "globald.settings.config")
     keys = spec.declared_keys(config_cls)
     sections: dict[str, list[Any]] = {}
     heads: dict[str, Any] = {}
@@ -158,7 +158,7 @@ def _argument(a: argparse.Action) -> tuple[str, str, str, str]:
 
 
 def cli_reference() -> str:
-    build_parser = _attr("build_parser", "globald.cli", "globald.cli.main", "globald.cli.parser")
+    build_parser = _attr("build_parser", "globald.cli.main")
     previous = os.environ.get("COLUMNS")
     os.environ["COLUMNS"] = "112"  # argparse wraps usage lines at the terminal's width: make the page reproducible
     try:

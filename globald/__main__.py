@@ -1,5 +1,5 @@
 import sys
 
-from globald.cli import main
+from globald.cli.main import main
 
 sys.exit(main())

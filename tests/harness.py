@@ -154,7 +154,7 @@ class DaemonProcess:
 
     @property
     def state_dir(self) -> Path:
-        from globald.config import load
+        from globald.settings.config import load
 
         return load(self.config).state_dir
 

@@ -13,7 +13,7 @@ from globald.store import names
 names.FORMAT_VERSION = names.FORMAT_TIMESTAMPED
 names.READABLE_FORMATS = (names.FORMAT_TIMESTAMPED,)
 
-from globald.cli import main  # noqa: E402 - must come after the constants are cut back
+from globald.cli.main import main  # noqa: E402 - must come after the constants are cut back
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -174,7 +174,7 @@ def verdict(fit95: dict[str, float], components: dict[str, float], floor: dict[s
 def rocksdb_bound(config: Path, tables: int) -> str:
     """What the [store] settings allow RocksDB per table (see globald.store.options): the block cache, and the
     memtables of the values family plus those of the two small families."""
-    from globald.config import load
+    from globald.settings.config import load
     from globald.store.options import _SMALL_FAMILY_BUFFER_MB
 
     s = load(config).store

@@ -23,19 +23,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from globald import config as configmod
-from globald import exitcodes
+from globald.common import exitcodes
+from globald.common.states import Listeners, State
 from globald.embedded.admin import Record, TopicAdmin
 from globald.embedded.broker import EmbeddedKafka
 from globald.embedded.interrupts import Interrupts
 from globald.embedded.oracle import fold
 from globald.engine.events import Committed, Event, StateChanged, Wiped
 from globald.ops.progress import ProgressOptions
-from globald.states import Listeners, State
-from globald.statusfile import status_lines
+from globald.service.statusfile import status_lines
+from globald.settings import config as configmod
 
 if TYPE_CHECKING:
-    from globald.daemon import Daemon
+    from globald.service.daemon import Daemon
 
 TOPIC = TABLE = "customers"
 PARTITIONS = 3
@@ -267,7 +267,7 @@ class Demo:
         ]
 
     def start_daemon(self, cfg: configmod.Config) -> tuple[Daemon, threading.Thread]:
-        from globald.daemon import Daemon
+        from globald.service.daemon import Daemon
 
         listeners = Listeners()
         listeners.state.append(lambda new, old, reason: self.say(f"daemon {old} -> {new} ({reason})"))

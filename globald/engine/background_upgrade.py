@@ -15,8 +15,8 @@ import logging
 import os
 import time
 
+from globald.common.states import State
 from globald.engine.table import TableRuntime
-from globald.states import State
 from globald.store.failures import STORE_FAULTS
 
 log = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from globald.states import Listeners, State
+from globald.common.states import Listeners, State
 
 log = logging.getLogger(__name__)
 

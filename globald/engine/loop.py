@@ -18,8 +18,8 @@ from typing import Protocol
 
 from confluent_kafka import Consumer, KafkaException, Message
 
-from globald import swallowed
-from globald.config import Config
+from globald.common import swallowed
+from globald.common.states import State, StateMachine
 from globald.engine.events import OPERATOR_RESET, Emit, RebuildRequests
 from globald.engine.problems import KAFKA, STORE, Problems
 from globald.engine.state_manager import StateManager
@@ -27,7 +27,7 @@ from globald.engine.table import TableRuntime
 from globald.engine.update_task import PollResult, UpdateTask
 from globald.engine.view import LoopStats
 from globald.kafka.clients import TopicUnavailableError, TransientKafkaError, partitions, watermarks
-from globald.states import State, StateMachine
+from globald.settings.config import Config
 from globald.store.failures import STORE_FAULTS
 from globald.store.fingerprint import Fingerprint, Ladder
 

@@ -22,7 +22,8 @@ from pathlib import Path
 
 from confluent_kafka import Consumer, TopicPartition
 
-from globald.config import Config
+from globald.common.errors import StoreCorruptError, StoreIOError, StoreUnavailableError
+from globald.common.states import State, StateMachine
 from globald.engine.events import (
     BatchRestored,
     Committed,
@@ -34,10 +35,9 @@ from globald.engine.events import (
 )
 from globald.engine.table import Restore, TableRuntime
 from globald.engine.view import Checkpointed, TableView
-from globald.errors import StoreCorruptError, StoreIOError, StoreUnavailableError
 from globald.kafka.clients import TransientKafkaError, partitions, watermarks
 from globald.kafka.identity import VERIFY_TIMEOUT_S, TopicIds, Verdict, verify
-from globald.states import State, StateMachine
+from globald.settings.config import Config
 from globald.store.fingerprint import Fingerprint, Ladder
 from globald.store.options import StoreOptions
 from globald.store.reader import StoreReader

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 
 from confluent_kafka import TopicPartition
 
-from globald.config import TableConfig
+from globald.common.states import StateMachine
 from globald.engine.view import TableView
-from globald.states import StateMachine
+from globald.settings.config import TableConfig
 from globald.store.fingerprint import Ladder
 from globald.store.table_store import TableStore
 

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
-from globald.config import Config
+from globald.common.states import Listeners, State, StateMachine
 from globald.engine.background_upgrade import BackgroundUpgrade
 from globald.engine.events import (
     Emit,
@@ -32,7 +32,7 @@ from globald.engine.state_manager import StateManager
 from globald.engine.table import TableRuntime
 from globald.engine.view import LoopStats
 from globald.kafka.clients import make_consumer
-from globald.states import Listeners, State, StateMachine
+from globald.settings.config import Config
 from globald.store.failures import STORE_FAULTS
 
 log = logging.getLogger(__name__)

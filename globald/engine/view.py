@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from globald.states import State
+from globald.common.states import State
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,9 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
-from globald.config import Config
 from globald.kafka.client_log import kafka_log
 from globald.kafka.properties import redact
+from globald.settings.config import Config
 
 log = logging.getLogger(__name__)
 

@@ -5,14 +5,14 @@ Guarantees: ``consumer_settings`` always gives the properties globald's correctn
 ``printable`` allows it (an allowlist: anything else, a credential-bearing property nobody listed included, is shown
 as ``***`` and its value is among ``secret_values``, which the log masker hides); ``check_kafka_properties`` lets
 librdkafka reject a bad property without connecting anywhere, and masks its message like a log line. Imports
-nothing of ``globald.config``, which imports this module.
+nothing of ``globald.settings.config``, which imports this module.
 """
 from __future__ import annotations
 
 from typing import Any, Protocol
 
-from globald.errors import ConfigError
-from globald.logs import MASK, Redactor
+from globald.common.errors import ConfigError
+from globald.common.logs import MASK, Redactor
 
 # librdkafka properties whose value globald's correctness depends on; a user may not override them.
 MANAGED_KAFKA_PROPERTIES: dict[str, object] = {
@@ -99,7 +99,7 @@ class _Hooks(Protocol):
 
 
 class Configured(Protocol):
-    """What these rules read of a ``globald.config.Config``; a protocol, since that module imports this one."""
+    """What these rules read of a ``globald.settings.config.Config``; a protocol, since that module imports this one."""
 
     @property
     def kafka(self) -> dict[str, Any]: ...

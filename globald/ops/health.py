@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from globald.states import State
+from globald.common.states import State
 
 # Longer than any single blocking call the loop makes (metadata queries time out after 5 s, consume after
 # poll_timeout_ms), so a slow broker never makes a live loop look stuck.

@@ -24,9 +24,9 @@ from dataclasses import asdict, dataclass
 from urllib.parse import urlsplit
 
 from globald import __version__
-from globald.config import HooksConfig
+from globald.common.states import State
 from globald.ops.sdnotify import ENV_VARS
-from globald.states import State
+from globald.settings.config import HooksConfig
 
 log = logging.getLogger(__name__)
 

@@ -17,11 +17,11 @@ from typing import Any
 
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from globald import swallowed
-from globald.config import HttpConfig, is_loopback
-from globald.errors import ConfigError
+from globald.common import swallowed
+from globald.common.errors import ConfigError
 from globald.ops.health import Liveness
-from globald.status import DaemonStatus
+from globald.service.status import DaemonStatus
+from globald.settings.config import HttpConfig, is_loopback
 
 log = logging.getLogger(__name__)
 

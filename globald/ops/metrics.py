@@ -17,9 +17,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoM
 from prometheus_client.registry import Collector
 
 from globald import __version__
+from globald.common.states import State
 from globald.ops.progress import RestoreStats
-from globald.states import State
-from globald.status import DaemonStatus
+from globald.service.status import DaemonStatus
 from globald.store.stalls import Stalls
 
 PREFIX = "globald"
@@ -44,7 +44,7 @@ class Sample:
     restores: dict[str, RestoreStats] = field(default_factory=dict)
     snapshots: dict[str, SnapshotStats] = field(default_factory=dict)
     write_stalls: Stalls = field(default_factory=Stalls)
-    swallowed: dict[str, int] = field(default_factory=dict)  # where -> exceptions caught there (globald.swallowed)
+    swallowed: dict[str, int] = field(default_factory=dict)  # where -> exceptions caught there (common.swallowed)
     bugs: dict[str, int] = field(default_factory=dict)  # where -> those of them that were not I/O or Kafka errors
     disk_free_bytes: tuple[int, int] | None = None  # (free to globald, size) of the state_dir's filesystem
 

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from globald.errors import GlobaldError
+from globald.common.errors import GlobaldError
 from globald.store.durable import replace_file
 from globald.store.names import REQUESTS_DIR
 

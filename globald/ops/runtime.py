@@ -11,8 +11,8 @@ import dataclasses
 import logging
 import time
 
-from globald import swallowed
-from globald.config import Config
+from globald.common import swallowed
+from globald.common.states import State
 from globald.engine.events import (
     BatchRestored,
     Committed,
@@ -33,8 +33,8 @@ from globald.ops.memory import KAFKA_STATS, HeapTrimmer, TracemallocRecorder, me
 from globald.ops.metrics import Metrics, Sample, SnapshotStats, callback_failures, disk_free_bytes
 from globald.ops.progress import ProgressDisplay, ProgressOptions, RestoreTracker
 from globald.ops.sdnotify import Notifier
-from globald.states import State
-from globald.status import DaemonStatus, HttpAddress, RestoreStatus
+from globald.service.status import DaemonStatus, HttpAddress, RestoreStatus
+from globald.settings.config import Config
 from globald.store.stalls import STALLS
 
 log = logging.getLogger(__name__)

@@ -13,7 +13,7 @@ import socket
 import time
 from collections.abc import Mapping
 
-from globald import swallowed
+from globald.common import swallowed
 
 log = logging.getLogger(__name__)
 

@@ -18,11 +18,11 @@ from pathlib import Path
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 from rocksdict import Rdict, WriteBatch
 
-from globald.config import Config, TableConfig
+from globald.common.errors import GlobaldError
 from globald.engine.fold import fold
-from globald.errors import GlobaldError
 from globald.kafka.clients import TransientKafkaError, make_consumer, partitions, watermarks
 from globald.kafka.identity import VERIFY_TIMEOUT_S, verify
+from globald.settings.config import Config, TableConfig
 from globald.snapshot.exact_requests import Code
 from globald.snapshot.manifest import Offsets
 from globald.store import layout

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from globald import swallowed
-from globald.config import Config, TableConfig
+from globald.common import swallowed
+from globald.settings.config import Config, TableConfig
 from globald.snapshot import manifest as manifests
 from globald.snapshot.builder import Builder, BuildRefused
 from globald.snapshot.exact_requests import Code, Request, Response

@@ -16,8 +16,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from globald.errors import ManifestError, ManifestIOError
-from globald.states import State
+from globald.common.errors import ManifestError, ManifestIOError
+from globald.common.states import State
 from globald.store.durable import replace_file
 
 # Offsets in JSON have one encoding and one validation (store.layout); imported from here by snapshot readers.

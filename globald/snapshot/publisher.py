@@ -18,11 +18,13 @@ import threading
 import time
 from pathlib import Path
 
-from globald import swallowed
-from globald.config import Config
+from globald.common import swallowed
+from globald.common.errors import ManifestError, ManifestIOError
+from globald.common.states import State
 from globald.engine.events import Event, StateChanged, Wiped
 from globald.engine.view import EngineView, TableView
-from globald.errors import ManifestError, ManifestIOError
+from globald.service.status import SnapshotStatus
+from globald.settings.config import Config
 from globald.snapshot import exact_requests as requests
 from globald.snapshot import leases
 from globald.snapshot import manifest as manifests
@@ -31,8 +33,6 @@ from globald.snapshot.exact_requests import Code, Request, Response
 from globald.snapshot.manifest import Manifest, Offsets, valid_id
 from globald.snapshot.reader import current_id, find_exact, manifests_of
 from globald.snapshot.space import DiskGuard
-from globald.states import State
-from globald.status import SnapshotStatus
 from globald.store import durable, space
 from globald.store.failures import out_of_space
 from globald.store.names import (

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypedDict
 
-from globald.errors import (
+from globald.common.errors import (
     ManifestError,
     SnapshotNotFoundError,
     SnapshotStaleError,

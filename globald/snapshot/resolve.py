@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
-from globald.errors import SnapshotStaleError, SnapshotUnavailableError
+from globald.common.errors import SnapshotStaleError, SnapshotUnavailableError
 from globald.snapshot import exact_requests
 from globald.snapshot import manifest as manifests
 from globald.snapshot.manifest import Manifest, Offsets

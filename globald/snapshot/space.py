@@ -23,9 +23,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from globald.errors import ManifestError
+from globald.common.errors import ManifestError
+from globald.service.status import DiskStatus
 from globald.snapshot import manifest as manifests
-from globald.status import DiskStatus
 from globald.store import space
 from globald.store.names import SNAPSHOT_BUILD_PREFIX
 from globald.store.space import MB, TableSpace, mb

@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from globald.errors import SnapshotError, SnapshotNotFoundError, SnapshotUnavailableError
+from globald.common.errors import SnapshotError, SnapshotNotFoundError, SnapshotUnavailableError
 from globald.snapshot.manifest import offsets_from_json
 from globald.snapshot.reader import OpenOptions, Snapshot
 from globald.snapshot.resolve import Policy, Resolution, resolve

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from globald.config import Config, load
-from globald.errors import ExecutorConfigError, GlobaldError
+from globald.common.errors import ExecutorConfigError, GlobaldError
+from globald.settings.config import Config, load
 
 CONFIG_ENV = "GLOBALD_CONFIG"
 FROM_ENV = f"${CONFIG_ENV}"

@@ -12,7 +12,7 @@ import logging
 from collections import deque
 from typing import Any
 
-from globald.errors import GlobaldError
+from globald.common.errors import GlobaldError
 
 log = logging.getLogger(__name__)
 

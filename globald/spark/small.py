@@ -23,7 +23,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from globald.errors import GlobaldError
+from globald.common.errors import GlobaldError
 from globald.snapshot.reader import open_snapshot
 from globald.spark.session import Carried, functions, is_connect
 

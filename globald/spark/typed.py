@@ -31,8 +31,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from globald.config import load
-from globald.errors import GlobaldError
+from globald.common.errors import GlobaldError
+from globald.settings.config import load
 from globald.spark import executor
 from globald.spark.batch import binary_keys
 from globald.spark.executor import MODE_BROADCAST, Settings, SnapshotHandle, _open

@@ -20,10 +20,10 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaException
 
-from globald import statusfile
-from globald.config import load
-from globald.errors import GlobaldError
+from globald.common.errors import GlobaldError
 from globald.kafka.clients import TransientKafkaError, make_consumer, partitions, watermarks
+from globald.service import statusfile
+from globald.settings.config import load
 from globald.snapshot.manifest import Offsets, offsets_to_json
 from globald.snapshot.resolve import Policy, resolve
 from globald.spark import small, typed

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from rocksdict import Checkpoint, ColumnFamily, Rdict, WriteBatch
 
-from globald.errors import StoreIOError, StoreUnavailableError
+from globald.common.errors import StoreIOError, StoreUnavailableError
 from globald.store import layout, memory, space
 from globald.store.failures import store_io
 from globald.store.names import META_CF, OFFSETS_CF, VALUES_CF, db_dir

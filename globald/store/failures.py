@@ -12,7 +12,7 @@ import errno
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from globald.errors import GlobaldError, StoreCorruptError, StoreIOError, StoreUnavailableError
+from globald.common.errors import GlobaldError, StoreCorruptError, StoreIOError, StoreUnavailableError
 
 # Errors of the disk or of a store, which the loop answers by rewinding to the stored offsets, never by ending.
 STORE_FAULTS = (StoreUnavailableError, StoreCorruptError, OSError)

@@ -18,7 +18,7 @@ from rocksdict import BlockBasedOptions, Cache, DBCompressionType, MemtableFacto
 from globald.store.names import COLUMN_FAMILIES, VALUES_CF
 
 if TYPE_CHECKING:  # only a type: at run time the store imports nothing above it (config imports kafka)
-    from globald.config import StoreConfig
+    from globald.settings.config import StoreConfig
 
 # Offsets and metadata hold a handful of keys: a small memtable keeps their arenas from costing memory.
 _SMALL_FAMILY_BUFFER_MB = 1

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from rocksdict import AccessType, BlockBasedOptions, Cache, Options, Rdict
 
-from globald.errors import StoreFormatError
+from globald.common.errors import StoreFormatError
 from globald.store import layout, plain
 from globald.store.codec import decode_format, unreadable_format
 from globald.store.failures import classify

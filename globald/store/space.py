@@ -134,7 +134,7 @@ def leftover_table_dirs(state_dir: Path, table: str) -> list[Path]:
 
 
 def minimum_state_dir(live: int, write_buffer_mb: int, rebuild_while_serving: bool = False) -> int:
-    """The documented sizing rule (README "Disk space"), in bytes, for one table whose live store (about its
+    """The documented sizing rule (docs/operations/disk-space.md), in bytes, for one table whose live store (about its
     compacted topic's size) is ``live``: a restore holds the bulk load's pile while the merge after it writes the
     table again (2x); later, a compaction rewriting the whole table needs as much free (2x); a memtable being
     flushed and the WAL take up to two write buffers. A KIP-406 rebuild that serves the stale snapshot keeps a

@@ -1,5 +1,5 @@
 """The process-wide count of writes RocksDB held back (``writes.write`` counts them; a bulk load's log and the
-operators' metrics read them). Per process, like ``globald.swallowed``: one daemon runs per process.
+operators' metrics read them). Per process, like ``globald.common.swallowed``: one daemon runs per process.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from rocksdict import WriteBatch
 
-from globald.errors import GlobaldError, StoreCorruptError, StoreFormatError, StoreUnavailableError
+from globald.common.errors import GlobaldError, StoreCorruptError, StoreFormatError, StoreUnavailableError
 from globald.store import checkpoint_file, durable, layout, plain
 from globald.store.codec import decode_format, unreadable_format
 from globald.store.database import Database

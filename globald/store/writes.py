@@ -11,7 +11,7 @@ from typing import Any
 
 from rocksdict import Rdict, WriteBatch, WriteOptions
 
-from globald.errors import StoreIOError
+from globald.common.errors import StoreIOError
 from globald.store.failures import classify, store_io
 from globald.store.stalls import STALLS
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from globald.typed.spec import SchemaError, ValueFormat, fingerprint
 
 if TYPE_CHECKING:
-    from globald.config import Config
+    from globald.settings.config import Config
     from globald.typed.arrow import Decoder
 
 __all__ = ["SchemaError", "ValueFormat", "check_schemas", "load", "load_table"]

@@ -21,7 +21,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from globald.errors import GlobaldError
+from globald.common.errors import GlobaldError
 from globald.typed.spec import ValueFormat
 
 ERROR_TYPE = pa.string()

@@ -37,7 +37,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from globald.errors import GlobaldError
+from globald.common.errors import GlobaldError
 from globald.store.durable import replace_file
 from globald.typed.arrow import ERROR_TYPE, DecodeFailure, Decoder, RecordContext
 

@@ -1,10 +1,10 @@
 """What a table declares about its values (``[tables.value]``) and keys (``[tables.key]``), and loading it.
 
-``ValueFormat`` is both the config section (each field a key declared through ``globald.configspec``) and the
+``ValueFormat`` is both the config section (each field a key declared through ``globald.settings.spec``) and the
 frozen options every decoder is built from, so the config, ``check-config --keys`` and the decoders cannot drift.
 Loading a format (``load``) reads every schema file it names; a file that is missing or does not parse is a
 ``SchemaError`` naming the key and the file, which the CLI prints as one line (exit 2). Nothing here imports a
-decoding library: ``globald.config`` imports this module, and the ``typed`` extra is needed only to decode.
+decoding library: ``globald.settings.config`` imports this module, and the ``typed`` extra is needed only to decode.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from globald.configspec import Choice, Directory, Text, declare
-from globald.errors import ConfigError
+from globald.common.errors import ConfigError
+from globald.settings.spec import Choice, Directory, Text, declare
 
 FORMATS = ("raw", "json", "avro", "protobuf")
 FRAMINGS = ("none", "confluent")

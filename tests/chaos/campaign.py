@@ -31,9 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from globald.common.errors import ManifestError
 from globald.embedded.admin import Record, TopicAdmin
 from globald.embedded.broker import EmbeddedKafka, free_port
-from globald.errors import ManifestError
 from globald.snapshot import exact_requests as snap_requests
 from globald.snapshot import leases
 from globald.snapshot import manifest as manifests

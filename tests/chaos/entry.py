@@ -103,13 +103,13 @@ def _build_of(arm: dict[str, Any], args: tuple[Any, ...], kwargs: dict[str, Any]
 HOOKS: dict[str, list[tuple[str, str, str, Predicate]]] = {
     "start": [("globald.engine.state_manager", "StateManager", "open_all", _any),
               ("globald.store.table_store", "TableStore", "open_or_wipe", _store_of)],
-    "restore": [("globald.states", "Listeners", "restore_event", _restore_at)],
+    "restore": [("globald.common.states", "Listeners", "restore_event", _restore_at)],
     "bulk-load end": [("globald.store.table_store", "TableStore", "end_bulk_load", _bulk_end)],
     "commit": [("globald.store.table_store", "TableStore", "sync", _durable_commit)],
     "snapshot publish": [("globald.store.table_store", "TableStore", "checkpoint", _store_of)],
     "exact build": [("globald.snapshot.builder", "Builder", "build", _build_of)],
     "stop": [("globald.engine.thread", "GlobalThread", "_shutdown", _any),
-             ("globald.daemon", "Daemon", "_shutdown", _any)],
+             ("globald.service.daemon", "Daemon", "_shutdown", _any)],
 }
 
 
@@ -286,7 +286,7 @@ def main() -> int:
         missing = [phase for phase, where in installed.items() if where is None]
         sys.stderr.write(f"CHAOS-HOOKS installed: {installed}" + (f"; missing: {missing}" if missing else "") + "\n")
         sys.stderr.flush()
-    from globald import cli
+    from globald.cli import main as cli
 
     return cli.main(sys.argv[1:])
 

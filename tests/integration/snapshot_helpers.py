@@ -9,8 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from globald.config import load
 from globald.embedded.oracle import Table
+from globald.settings.config import load
 from globald.snapshot import manifest as manifests
 from globald.snapshot.manifest import Manifest
 from globald.store.names import snapshots_dir

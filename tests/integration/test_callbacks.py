@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from globald import config as configmod
+from globald.common.states import Listeners, State
 from globald.engine.thread import GlobalThread
-from globald.states import Listeners, State
+from globald.settings import config as configmod
 from tests.harness import Broker, random_records, write_config
 
 pytestmark = pytest.mark.kafka

@@ -10,9 +10,9 @@ from collections.abc import Callable
 
 import pytest
 
-from globald import statusfile
-from globald.states import State
-from globald.status import DaemonStatus
+from globald.common.states import State
+from globald.service import statusfile
+from globald.service.status import DaemonStatus
 from tests.harness import Broker, DaemonProcess, oracle_at, random_records, values_only
 
 pytestmark = pytest.mark.kafka
@@ -176,7 +176,7 @@ def test_second_daemon_on_same_state_dir_is_refused(broker: Broker, topic: Calla
     first = daemon({"tbl": t})
     first.wait_running({"tbl": ends_of(broker, t)})
     second = DaemonProcess(first.config, first.log.with_name("second.log")).start()
-    assert second.proc is not None and second.proc.wait(30) == 4  # refused (globald.exitcodes.REFUSED)
+    assert second.proc is not None and second.proc.wait(30) == 4  # refused (globald.common.exitcodes.REFUSED)
     assert "owned by another globald" in second.log.read_text()
     assert first.alive()
     assert first.status()["pid"] == first.pid

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from globald.dev import READY_LINE
+from globald.cli.dev import READY_LINE
 
 pytestmark = pytest.mark.kafka
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from globald.dev import READY_LINE
+from globald.cli.dev import READY_LINE
 from globald.embedded.broker import stop_process
 from tests.harness import REPO
 

@@ -122,7 +122,7 @@ def test_metrics_health_status_get_and_reset(broker: Broker, topic: Callable[...
 
     # reset while the daemon runs: refused without confirmation, then done by the daemon itself.
     r = globald("reset", "--config", str(d.config), "--table", "tbl")
-    assert r.returncode == 4 and "--yes" in r.stderr  # refused (globald.exitcodes.REFUSED)
+    assert r.returncode == 4 and "--yes" in r.stderr  # refused (globald.common.exitcodes.REFUSED)
     assert d.status()["tables"]["tbl"]["wipes"] == 0
     r = globald("reset", "--config", str(d.config), "--table", "tbl", "--yes", "--json")
     assert r.returncode == 0, r.stderr

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from globald.errors import SnapshotStaleError
+from globald.common.errors import SnapshotStaleError
 from globald.snapshot import exact_requests, leases, open_snapshot
 from globald.snapshot.exact_requests import Code
 from globald.store.names import snapshots_dir

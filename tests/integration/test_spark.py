@@ -19,7 +19,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from globald.errors import SnapshotUnavailableError
+from globald.common.errors import SnapshotUnavailableError
 from globald.snapshot.reader import Snapshot
 from globald.snapshot.resolve import Resolution
 from globald.spark import GlobalTableView

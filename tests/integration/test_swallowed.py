@@ -15,11 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from globald import config as configmod
-from globald import statusfile, swallowed
-from globald.daemon import Daemon
-from globald.states import Listeners, State
-from globald.status import DaemonStatus
+from globald.common import swallowed
+from globald.common.states import Listeners, State
+from globald.service import statusfile
+from globald.service.daemon import Daemon
+from globald.service.status import DaemonStatus
+from globald.settings import config as configmod
 from globald.store.names import STATUS_FILE
 from tests.harness import Broker, random_records, write_config
 

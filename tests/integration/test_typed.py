@@ -20,8 +20,8 @@ import fastavro
 import pyarrow as pa
 import pytest
 
-from globald.config import load
 from globald.embedded.oracle import fold
+from globald.settings.config import load
 from globald.snapshot.reader import open_snapshot
 from globald.typed import load_table
 from globald.typed.arrow import python_rows
@@ -44,7 +44,7 @@ writer_schemas = "schemas/ids"
 # One Python worker of the host: the table's current snapshot, through its columnar file.
 WORKER = """
 import json, os, sys
-from globald.config import load
+from globald.settings.config import load
 from globald.snapshot.reader import open_snapshot
 from globald.typed import load_table
 from globald.typed.columnar import ensure_columnar

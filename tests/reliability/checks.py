@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from globald.common.errors import StoreUnavailableError
 from globald.embedded.oracle import Table, fold
-from globald.errors import StoreUnavailableError
 from globald.store.names import db_dir
 from globald.store.reader import StoreReader
 from tests.harness import Broker, DaemonProcess

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from globald import cli
+from globald.cli import main as cli
 from globald.store.names import CHECKPOINT_FILE, STATUS_FILE
 from globald.store.table_store import TableStore
 

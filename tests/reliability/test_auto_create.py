@@ -8,7 +8,7 @@ still absent, and rebuild once it is recreated.
 
 Deleting the topic while the daemon *runs* is beyond globald: the consumer library's own leader lookup for the
 assigned partitions names the topic and recreates it within a second, before the daemon can see anything. The
-second test measures that limitation (README.md, Limitations).
+second test measures that limitation (docs/limitations.md).
 """
 
 from __future__ import annotations
@@ -90,9 +90,9 @@ def test_topic_deleted_while_stopped_is_not_recreated(own: Own, topics: Callable
 
 def test_topic_deleted_while_running_comes_back_through_the_consumer_library(
         own: Own, topics: Callable[[], set[str]], fault: Callable[[str, str], FaultRow]) -> None:
-    """The limitation README.md states, measured: librdkafka's leader lookup for the assigned partitions names the
-    deleted topic, the broker recreates it empty, and the daemon wipes the table to match (same PID, no error).
-    When this test starts failing because the topic stays deleted, the limitation is gone: update the README."""
+    """The limitation docs/limitations.md states, measured: librdkafka's leader lookup for the assigned partitions
+    names the deleted topic, the broker recreates it empty, and the daemon wipes the table to match (same PID, no
+    error). When this test starts failing because the topic stays deleted, the limitation is gone: update that page."""
     broker, make = own
     row = fault("topic deleted while running, broker auto-creates topics",
                 "recreated empty by librdkafka's leader lookup (a limitation); wiped to match, same PID")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from globald import cli
+from globald.cli import main as cli
 from tests.reliability.ledger import FaultRow
 
 BASE = """state_dir = "{state}"

@@ -156,7 +156,7 @@ def test_second_daemon_with_another_config_touches_nothing(broker: Broker, topic
     cfg = write_config(tmp_path / "globald-other.toml", state, broker.settings, {"other": other},
                        http={"enabled": False})
     second = DaemonProcess(cfg, tmp_path / "second.log").start()
-    assert second.proc is not None and second.proc.wait(30) == 4  # refused (globald.exitcodes.REFUSED)
+    assert second.proc is not None and second.proc.wait(30) == 4  # refused (globald.common.exitcodes.REFUSED)
     row.injected += 1
     said = second.log.read_text().strip().splitlines()
     assert len(said) == 1 and f"pid {first.pid}" in said[0], said

@@ -98,7 +98,7 @@ def test_disk_filled_during_bulk_load_then_freed_then_restart(broker: Broker, to
 
 def test_restart_on_a_disk_at_the_documented_minimum(broker: Broker, topic: Topic, daemon: Daemon, tmp_path: Path,
                                                      fault: Callable[[str, str], FaultRow]) -> None:
-    """The sizing rule (``minimum_state_dir``, README "Disk space") holds: a bulk-load restore, a restart and
+    """The sizing rule (``minimum_state_dir``, docs/operations/disk-space.md) holds: a bulk-load restore, a restart and
     updates on a state_dir of exactly that size; the space figures in status agree with the disk."""
     row = fault("state_dir at exactly the documented minimum (2x live + 2 write buffers): restore, restart, updates",
                 "RUNNING, snapshots published, == oracle, never degraded")

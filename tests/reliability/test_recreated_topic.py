@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from globald.config import load
+from globald.settings.config import load
 from globald.snapshot.builder import Builder, BuildRefused
 from globald.snapshot.exact_requests import Code
 from globald.snapshot.reader import manifests_of

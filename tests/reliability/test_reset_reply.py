@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import pytest
 
-from globald import exitcodes
+from globald.common import exitcodes
 from globald.store.names import table_dir
 from tests.harness import Broker, DaemonProcess, globald, oracle_at, random_records, values_only
 from tests.reliability.checks import check_store, same_process

@@ -6,8 +6,8 @@ the broker). Tansu writes the markers but does not hide aborted records from rea
 only committed transactions are produced here.
 
 An exact-offset snapshot whose fold must read across a marker is refused as ``compacted``: the builder requires
-contiguous offsets, and a marker's offset cannot be told from a record the cleaner removed (README, "Transactional
-topics")."""
+contiguous offsets, and a marker's offset cannot be told from a record the cleaner removed
+(docs/guarantees.md, "Transactional topics")."""
 
 from __future__ import annotations
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 import re
 import subprocess
 
+from globald.common.states import State
 from globald.ops.metrics import Metrics, Sample
-from globald.states import State
-from globald.status import DaemonStatus, DiskStatus, TableStatus
+from globald.service.status import DaemonStatus, DiskStatus, TableStatus
 from tests.ci import require_tool
 from tests.harness import REPO
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from globald.errors import StoreUnavailableError
+from globald.common.errors import StoreUnavailableError
 from globald.store.options import StoreOptions
 from globald.store.reader import StoreReader
 from globald.store.table_store import TableStore

@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from globald import cli
-from globald.config import Config, Properties, Tables, load, parse
-from globald.configspec import Key, Section, declared_keys
-from globald.errors import ConfigError, UnknownTableError
+from globald.cli import main as cli
+from globald.common.errors import ConfigError, UnknownTableError
 from globald.kafka.properties import redact
+from globald.settings.config import Config, Properties, Tables, load, parse
+from globald.settings.spec import Key, Section, declared_keys
 from tests.harness import globald
 
 GOOD = """
@@ -93,7 +93,7 @@ def test_redaction_masks_passwords_and_secrets() -> None:
     assert redact(props) == {**dict.fromkeys(list(props)[:4], "***"), "bootstrap.servers": "b:1"}
 
 
-# Each key is declared once (globald/config.py); these hold the declarations to their own word and to the docs.
+# Each key is declared once (globald/settings/config.py); these hold the declarations to their own word and to the docs.
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "config" / "globald.toml"
 LEAVES = [k for k in declared_keys(Config) if not isinstance(k.spec, Section | Tables | Properties)]

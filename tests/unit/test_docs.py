@@ -47,7 +47,8 @@ def test_the_readme_is_a_front_door_with_the_two_commands() -> None:
 def test_the_sections_other_files_cite_are_in_the_site() -> None:
     # Cited by name in docstrings and comments: globald/store/space.py and tests/reliability/test_disk_space.py
     # ("Disk space"), test_auto_create.py ("Limitations"), tests/ci.py ("Test lanes"), tests/tansu/test_transactions.py
-    # ("Transactional topics"), globald/exitcodes.py ("Exit codes"), globald/errors.py (the Spark section).
+    # ("Transactional topics"), globald/common/exitcodes.py ("Exit codes"),
+    # globald/common/errors.py (the Spark section).
     cited = {"Disk space", "Limitations", "Test lanes: which broker proves what", "Transactional topics", "Exit codes",
              "Reading while a table rebuilds", "Snapshots and Spark", "Guarantees", "Upgrading", "Benchmarks",
              "Your first global table", "Architecture"}
@@ -55,8 +56,8 @@ def test_the_sections_other_files_cite_are_in_the_site() -> None:
 
 
 def test_the_configuration_reference_lists_every_declared_key() -> None:
-    from globald.config import Config
-    from globald.configspec import declared_keys
+    from globald.settings.config import Config
+    from globald.settings.spec import declared_keys
 
     page = hooks().config_reference()
     for key in declared_keys(Config):
@@ -67,7 +68,7 @@ def test_the_configuration_reference_lists_every_declared_key() -> None:
 def test_the_cli_reference_shows_every_command_and_argument() -> None:
     import argparse
 
-    from globald.cli import build_parser
+    from globald.cli.main import build_parser
 
     page = hooks().cli_reference()
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))

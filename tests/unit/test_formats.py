@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from rocksdict import Options, Rdict, WriteBatch
 
-from globald.errors import StoreCorruptError, StoreFormatError
-from globald.statedir import lock_state_dir
+from globald.common.errors import StoreCorruptError, StoreFormatError
+from globald.service.statedir import lock_state_dir
 from globald.store import checkpoint_file
 from globald.store.codec import encode_value
 from globald.store.names import (

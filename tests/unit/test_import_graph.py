@@ -145,7 +145,7 @@ def test_globald_run_imports_no_dev_demo_or_test_machinery(tmp_path: Path) -> No
              "print('\\n'.join(sorted(sys.modules)))\n")
     loaded = subprocess.run([sys.executable, "-c", probe, str(tmp_path / "missing.toml")], capture_output=True,
                             text=True, timeout=60, check=True).stdout.split()
-    assert "globald.cli" in loaded and "globald.config" in loaded, loaded  # the probe did run the command
-    unwanted = [m for m in loaded if m.startswith(("globald.dev", "globald.embedded", "globald.spark", "tests",
+    assert "globald.cli.main" in loaded and "globald.settings.config" in loaded, loaded  # the probe did run the command
+    unwanted = [m for m in loaded if m.startswith(("globald.cli.dev", "globald.embedded", "globald.spark", "tests",
                                                    "bench", "pyspark"))]
     assert unwanted == []

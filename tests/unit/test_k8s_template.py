@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from globald.config import load
+from globald.settings.config import load
 from globald.spark.host import CONFIG_ENV
 from tests.ci import require_module
 from tests.harness import REPO

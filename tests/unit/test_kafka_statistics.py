@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from globald.config import parse
 from globald.kafka import clients
 from globald.ops.memory import KAFKA_STATS
+from globald.settings.config import parse
 
 
 @pytest.fixture

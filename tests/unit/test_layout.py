@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 from rocksdict import WriteBatch
 
+from globald.common.states import State
+from globald.service.status import DaemonStatus, TableStatus
 from globald.snapshot import manifest
-from globald.states import State
-from globald.status import DaemonStatus, TableStatus
 from globald.store import layout
 from globald.store.names import FORMAT_TIMESTAMPED, META_FORMAT, META_TOPIC
 from globald.store.options import StoreOptions

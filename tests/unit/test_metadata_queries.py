@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from globald.config import parse
-from globald.errors import ConfigError
+from globald.common.errors import ConfigError
 from globald.kafka.clients import TopicUnavailableError, TransientKafkaError, partitions
+from globald.settings.config import parse
 
 
 class ListingConsumer:

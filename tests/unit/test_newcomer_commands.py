@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from globald import exitcodes
-from globald.cli import TABLE_HELP
-from globald.statedir import lock_state_dir
+from globald.cli.main import TABLE_HELP
+from globald.common import exitcodes
+from globald.service.statedir import lock_state_dir
 from globald.store.names import db_dir
 from tests.ci import require_tool
 from tests.harness import REPO, globald, write_config

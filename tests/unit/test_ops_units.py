@@ -16,17 +16,17 @@ from pathlib import Path
 
 import pytest
 
-from globald.config import HooksConfig
+from globald.common.logs import JsonFormatter, PlainFormatter, Redactor
+from globald.common.states import State
 from globald.engine.events import RebuildRequests
-from globald.logs import JsonFormatter, PlainFormatter, Redactor
 from globald.ops import operator_requests
 from globald.ops.health import liveness, readiness
 from globald.ops.hooks import HookRunner
 from globald.ops.metrics import Metrics, Sample
 from globald.ops.progress import ProgressDisplay, ProgressOptions, RestoreTracker
 from globald.ops.sdnotify import Notifier
-from globald.states import State
-from globald.status import DaemonStatus
+from globald.service.status import DaemonStatus
+from globald.settings.config import HooksConfig
 from globald.store.stalls import Stalls
 
 

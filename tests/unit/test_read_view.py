@@ -221,7 +221,7 @@ def test_a_damaged_block_mid_scan_raises_and_dump_says_it_is_incomplete(tmp_path
     with open(sst, "r+b") as f:
         f.seek(sst.stat().st_size // 2)
         f.write(b"\0" * 4096)
-    from globald.errors import StoreCorruptError
+    from globald.common.errors import StoreCorruptError
 
     # A damaged block is corruption (the owner rebuilds such a store), never a disk that may heal.
     with StoreReader(db_dir(state, "tbl")) as r, pytest.raises(StoreCorruptError, match="read failed"):

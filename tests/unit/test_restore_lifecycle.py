@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from globald.config import parse
+from globald.common.errors import StoreIOError
+from globald.common.states import State
 from globald.engine.events import RestoreEnded, StateChanged
 from globald.engine.state_manager import StateManager
 from globald.engine.table import Restore, TableRuntime
-from globald.errors import StoreIOError
-from globald.states import State
+from globald.settings.config import parse
 from tests.stores import write_records
 
 

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from globald.config import HttpConfig, is_loopback, load
-from globald.errors import ConfigError
+from globald.common.errors import ConfigError
+from globald.common.logs import JsonFormatter, PlainFormatter, Redactor
 from globald.kafka.properties import CONSUMER_DEFAULTS, MANAGED_KAFKA_PROPERTIES, printable, redact, secret_values
-from globald.logs import JsonFormatter, PlainFormatter, Redactor
 from globald.ops.health import Liveness
 from globald.ops.http import Endpoints, HttpServer
+from globald.settings.config import HttpConfig, is_loopback, load
 
 # Properties that carry a credential, or may: none may ever be printed, whatever its name looks like.
 CREDENTIALS = [

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from globald.errors import ManifestError, SnapshotNotFoundError, SnapshotStaleError
+from globald.common.errors import ManifestError, SnapshotNotFoundError, SnapshotStaleError
 from globald.snapshot import exact_requests, leases, listing, open_snapshot
 from globald.snapshot import manifest as manifests
 from globald.snapshot.builder import BuildRefused, check_target
@@ -395,8 +395,8 @@ def test_open_refuses_missing_bad_and_stale(tmp_path: Path) -> None:
 
 
 def _publisher(state: Path) -> Any:
-    from globald.config import parse
     from globald.engine.state_manager import StateManager
+    from globald.settings.config import parse
     from globald.snapshot.publisher import SnapshotPublisher
 
     cfg = parse({"state_dir": str(state), "kafka": {"bootstrap.servers": "127.0.0.1:9"},

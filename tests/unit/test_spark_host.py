@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from globald.errors import ExecutorConfigError, SnapshotUnavailableError
+from globald.common.errors import ExecutorConfigError, SnapshotUnavailableError
 from globald.spark import executor
 from globald.spark.host import CONFIG_ENV, FROM_DRIVER, FROM_ENV, config_path, sidecar
 from tests.harness import write_config

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from globald.errors import StoreCorruptError, StoreIOError
-from globald.states import IllegalTransition, State, StateMachine
+from globald.common.errors import StoreCorruptError, StoreIOError
+from globald.common.states import IllegalTransition, State, StateMachine
 from globald.store import checkpoint_file
 from globald.store.codec import decode_value, encode_value
 from globald.store.failures import classify, out_of_space

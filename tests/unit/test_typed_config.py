@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from globald.config import Config, load, parse
-from globald.configspec import declared_keys
-from globald.errors import ConfigError
+from globald.common.errors import ConfigError
+from globald.settings.config import Config, load, parse
+from globald.settings.spec import declared_keys
 from tests.harness import globald
 from tests.unit.typed_fixtures import FIXTURES
 
@@ -107,7 +107,7 @@ def test_dump_decode_lines_decode_keys_too_and_keep_reasons() -> None:
     import json
 
     from globald import typed
-    from globald.cli_read import decoded_lines
+    from globald.cli.read import decoded_lines
     from globald.typed.arrow import DecodeFailure
     from globald.typed.spec import ValueFormat
 

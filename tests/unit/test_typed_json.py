@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 
 from globald import typed
-from globald.errors import ConfigError
+from globald.common.errors import ConfigError
 from globald.typed.arrow import Decoder, python_rows
 from globald.typed.spec import ValueFormat
 from tests.unit.typed_fixtures import FIXTURES, confluent

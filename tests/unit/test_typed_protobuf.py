@@ -14,7 +14,7 @@ import pyarrow as pa
 import pytest
 
 from globald import typed
-from globald.errors import ConfigError
+from globald.common.errors import ConfigError
 from globald.typed.arrow import Decoder, python_rows
 from globald.typed.spec import ValueFormat
 from tests.unit.typed_fixtures import confluent, descriptor_set, proto_classes

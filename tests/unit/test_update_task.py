@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 from confluent_kafka import KafkaError
 
-from globald.config import TableConfig
+from globald.common.errors import StoreUnavailableError
+from globald.common.states import StateMachine
 from globald.engine.table import TableRuntime
 from globald.engine.update_task import UpdateTask
-from globald.errors import StoreUnavailableError
-from globald.states import StateMachine
+from globald.settings.config import TableConfig
 from globald.store.options import StoreOptions
 from globald.store.table_store import TableStore
 

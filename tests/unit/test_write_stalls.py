@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from rocksdict import Options, Rdict, WriteBatch
 
-from globald.errors import StoreIOError
+from globald.common.errors import StoreIOError
 from globald.store.stalls import STALLS
 from globald.store.writes import WRITE_STALL, write, write_options
 

@@ -96,5 +96,5 @@ class SnapshotUnavailableError(SnapshotError):
 class ExecutorConfigError(GlobaldError):
     """A Spark executor cannot use its host's globald config: the file cannot be read, does not mirror the table,
     or mirrors another topic under that name. The message names the host and the file. Point ``GLOBALD_CONFIG`` in
-    the executors' environment at this host's config (see the README's Spark section), with the same tables as the
+    the executors' environment at this host's config (see docs/spark/index.md), with the same tables as the
     driver's."""

@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import IO
 
-from globald.errors import StateDirError, StateDirLockedError
+from globald.common.errors import StateDirError, StateDirLockedError
 from globald.store.names import LOCK_FILE
 
 log = logging.getLogger(__name__)

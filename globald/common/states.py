@@ -12,7 +12,7 @@ from collections.abc import Callable
 from enum import StrEnum
 from typing import Any, Protocol
 
-from globald import swallowed
+from globald.common import swallowed
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,8 @@
 """The reading commands: ``get``, ``dump`` and ``snapshots``. None takes the daemon's lock or changes anything.
 
-``get`` and ``dump`` answer from one consistent version of a table (``globald.readview``); exit codes follow
-``globald.exitcodes``: a key or table that is absent is NOT_FOUND, a version that cannot be served now UNAVAILABLE.
+``get`` and ``dump`` answer from one consistent version of a table (``globald.cli.readview``); exit codes
+follow ``globald.common.exitcodes``: a key or table that is absent is NOT_FOUND, a version that cannot be served
+now UNAVAILABLE.
 """
 
 from __future__ import annotations
@@ -16,12 +17,12 @@ from collections.abc import Iterable, Iterator
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
-from globald import config as configmod
-from globald import exitcodes
-from globald.errors import GlobaldError, UsageError
+from globald.common import exitcodes
+from globald.common.errors import GlobaldError, UsageError
+from globald.settings import config as configmod
 
 if TYPE_CHECKING:
-    from globald.readview import ReadView
+    from globald.cli.readview import ReadView
     from globald.typed.arrow import Decoder
 
 # How dump writes keys and values. base64 is exact for any bytes; text is readable for UTF-8 keys and values.
@@ -95,7 +96,7 @@ def _decoders(cfg: configmod.Config, table: str, decode: bool) -> tuple[Decoder,
 
 def _consistent_view(cfg: configmod.Config, table: str) -> ReadView | None:
     """The version get and dump answer from; None, once the reason is printed, when none can be served now."""
-    from globald import readview
+    from globald.cli import readview
 
     try:
         return readview.open_view(cfg, table)
@@ -115,7 +116,7 @@ def _announce(view: ReadView, as_json: bool) -> None:
 
 
 def cmd_dump(args: argparse.Namespace) -> int:
-    from globald import readview
+    from globald.cli import readview
 
     cfg = configmod.load(args.config)
     table = cfg.table(args.table)

@@ -18,19 +18,20 @@ from contextlib import contextmanager
 from types import FrameType
 from typing import IO
 
-from globald import statusfile, swallowed
-from globald.config import Config
+from globald.common import swallowed
+from globald.common.states import Listeners, State
 from globald.engine.events import Committed, Event, EventBus, RebuildRequests, StateChanged, Subscriber, deliver
 from globald.engine.state_manager import StateManager
 from globald.engine.thread import GlobalThread
 from globald.engine.view import LoopStats
 from globald.ops.progress import ProgressOptions
 from globald.ops.runtime import Operations
+from globald.service import statusfile
+from globald.service.statedir import DiskNotReady, lock_state_dir, prepare_state_dir
+from globald.service.status import DaemonStatus, TableStatus
+from globald.settings.config import Config
 from globald.snapshot.publisher import SnapshotPublisher
 from globald.snapshot.space import disk_status
-from globald.statedir import DiskNotReady, lock_state_dir, prepare_state_dir
-from globald.states import Listeners, State
-from globald.status import DaemonStatus, TableStatus
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +40,7 @@ _STATUS_EVERY_S = 1.0
 
 
 def _guarded(fn: Subscriber) -> Subscriber:
-    """``fn``, with what it raises counted and logged at a bounded rate (``globald.swallowed``), never raised: the
+    """``fn``, with what it raises counted and logged at a bounded rate (``common.swallowed``), never raised: the
     bus would log each failure of a subscriber that fails on every event with its traceback."""
 
     def call(event: Event) -> None:

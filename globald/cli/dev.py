@@ -20,10 +20,10 @@ import sys
 import time
 from pathlib import Path
 
-from globald import exitcodes
+from globald.common import exitcodes
+from globald.common.errors import RefusedError
 from globald.embedded.broker import stop_process
 from globald.embedded.interrupts import Interrupts
-from globald.errors import RefusedError
 
 TOPIC = TABLE = "customers"
 PARTITIONS = 3
@@ -67,7 +67,7 @@ def main(args: argparse.Namespace) -> int:
         raise RefusedError(f"{work} exists and is not an empty directory (another `globald dev`, or one stopped "
                            "with --keep?): remove it, or pass --dir")
     if args.customers < 1:
-        from globald.errors import UsageError
+        from globald.common.errors import UsageError
 
         raise UsageError(f"--customers must be at least 1, not {args.customers}")
     # librdkafka's lines (the set-up's own clients) go through globald's filters: harmless 0.9 lines at DEBUG,
@@ -153,7 +153,7 @@ class _Session:
         self.say(self._remove())
 
     def _remove(self) -> str:
-        from globald.statedir import lock_holder
+        from globald.service.statedir import lock_holder
 
         if self.args.keep or not self.created_dir:
             return f"globald dev: stopped; {self.work} kept"

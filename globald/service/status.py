@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from globald.states import State
+from globald.common.states import State
 from globald.store.layout import offsets_from_json, offsets_to_json
 
 if TYPE_CHECKING:
@@ -105,7 +105,7 @@ class DaemonStatus:
     updated: float | None = None
     http: HttpAddress | None = None
     memory: dict[str, Any] | None = None  # RSS and each store's RocksDB memory (globald.ops.memory)
-    # Exceptions globald caught that are not expected I/O, store or Kafka errors (globald.swallowed): defects, shown
+    # Exceptions globald caught that are not expected I/O, store or Kafka errors (common.swallowed): defects, shown
     # until the process ends, each {"where", "error", "count", "first", "last"}.
     bugs: list[dict[str, Any]] = field(default_factory=list)
     disk: DiskStatus | None = None

@@ -1,4 +1,4 @@
-"""The ``globald`` command line. Every command exits with a code from ``globald.exitcodes``; every error it
+"""The ``globald`` command line. Every command exits with a code from ``globald.common.exitcodes``; every error it
 expects (config, usage, a state_dir it may not read, a refusal) is one line on stderr, never a traceback."""
 
 from __future__ import annotations
@@ -11,10 +11,9 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from globald import config as configmod
-from globald import configspec, exitcodes
-from globald.cli_read import DECODE_HELP, DUMP_FORMATS, cmd_dump, cmd_get, cmd_snapshots
-from globald.errors import (
+from globald.cli.read import DECODE_HELP, DUMP_FORMATS, cmd_dump, cmd_get, cmd_snapshots
+from globald.common import exitcodes
+from globald.common.errors import (
     ConfigError,
     GlobaldError,
     RefusedError,
@@ -25,12 +24,14 @@ from globald.errors import (
     UsageError,
 )
 from globald.kafka.properties import check_kafka_properties, redact, secret_values
+from globald.settings import config as configmod
+from globald.settings import spec as configspec
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from globald import logs
-    from globald.daemon import Daemon
+    from globald.common import logs
     from globald.ops.memory import tune_allocator
+    from globald.service.daemon import Daemon
 
     cfg = configmod.load(args.config)
     check_kafka_properties(cfg)
@@ -40,7 +41,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from globald import statusfile
+    from globald.service import statusfile
 
     doc = statusfile.current(configmod.load(args.config))
     if args.json:
@@ -80,7 +81,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         return exitcodes.OK
     if args.config is None:  # optional only so that --keys needs no file
         raise ConfigError("--config", "is required (or pass --keys to list the config keys)")
-    from globald.statedir import check_state_dir
+    from globald.service.statedir import check_state_dir
     from globald.typed import check_schemas
 
     cfg = configmod.load(args.config)
@@ -108,7 +109,7 @@ def _offsets_text(offsets: dict[int, int]) -> str:
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
-    from globald.migrate import migrate
+    from globald.cli.migrate import migrate
 
     report = migrate(configmod.load(args.config), args.table)
     if args.json:
@@ -129,7 +130,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 def cmd_import_kafka_streams(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from globald.kstreams import import_store
+    from globald.cli.kstreams import import_store
 
     r = import_store(configmod.load(args.config), Path(args.state_dir), args.application_id, args.store,
                      args.table, replace=args.replace)
@@ -148,7 +149,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_dev(args: argparse.Namespace) -> int:
-    from globald.dev import main as dev_main
+    from globald.cli.dev import main as dev_main
 
     return dev_main(args)
 
@@ -267,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"globald: {e}", file=sys.stderr)
         return exitcodes.UNAVAILABLE
     except StateDirError as e:
-        from globald.statedir import DiskNotReady
+        from globald.service.statedir import DiskNotReady
 
         print(f"globald: {e}", file=sys.stderr)
         return exitcodes.FAILED if isinstance(e, DiskNotReady) else exitcodes.USAGE

@@ -12,10 +12,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from globald.config import Config
-from globald.errors import StoreCorruptError, StoreUnavailableError
-from globald.states import State
-from globald.status import DaemonStatus, TableStatus
+from globald.common.errors import StoreCorruptError, StoreUnavailableError
+from globald.common.states import State
+from globald.service.status import DaemonStatus, TableStatus
+from globald.settings.config import Config
 from globald.store import checkpoint_file
 from globald.store.durable import replace_file
 from globald.store.names import STATUS_FILE, checkpoint_path, db_dir

@@ -4,7 +4,7 @@ A key is a dataclass field whose metadata (``declare``) holds a ``Spec``: its ty
 the field's. Guarantees: ``build`` accepts exactly the declared keys of a table, checks each value with its spec,
 raises ``ConfigError`` naming the first offending key by its full path (``tables[1].name``) and supplies every
 default; ``declared_keys`` and ``reference`` list the same declarations, so the reference cannot drift from the
-validation. Nothing here knows globald's own config (``globald.config``) or touches the disk.
+validation. Nothing here knows globald's own config (``globald.settings.config``) or touches the disk.
 """
 
 from __future__ import annotations
@@ -16,16 +16,16 @@ from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from globald.errors import ConfigError
+from globald.common.errors import ConfigError
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
-# Each config key is declared once, as a field of a frozen dataclass (globald.config's): the field holds its
+# Each config key is declared once, as a field of a frozen dataclass (globald.settings.config's): the field holds its
 # default, and its metadata under _KEY holds a Spec (type, bounds, help). Validation, the keys each section allows
 # and the reference `globald check-config --keys` prints all walk these fields, so none of them can drift from
 # another. A field without _KEY (Config.source) is not a key of the file.
-_KEY = "globald.config.key"
+_KEY = "globald.settings.config.key"
 
 
 @dataclass(frozen=True)

@@ -18,15 +18,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from globald import statusfile
-from globald.config import Config
-from globald.errors import (
+from globald.common.errors import (
     GlobaldError,
     SnapshotNotFoundError,
     StoreCorruptError,
     StoreFormatError,
     StoreUnavailableError,
 )
+from globald.service import statusfile
+from globald.settings.config import Config
 from globald.snapshot.manifest import offsets_to_json
 from globald.snapshot.reader import Snapshot, current_id, open_snapshot
 from globald.store.names import db_dir

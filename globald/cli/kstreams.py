@@ -18,10 +18,10 @@ from typing import Any
 from confluent_kafka import Consumer
 from rocksdict import Rdict, WriteBatch
 
-from globald.config import TOPIC_NAME_RE, Config
-from globald.errors import ConfigError, ImportRefusedError, StoreCorruptError
+from globald.common.errors import ConfigError, ImportRefusedError, StoreCorruptError
 from globald.kafka.clients import TransientKafkaError, partitions, watermarks
-from globald.statedir import lock_state_dir, prepare_state_dir
+from globald.service.statedir import lock_state_dir, prepare_state_dir
+from globald.settings.config import TOPIC_NAME_RE, Config
 from globald.store import checkpoint_file, durable, layout
 from globald.store.names import (
     COLUMN_FAMILIES,

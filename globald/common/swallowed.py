@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from confluent_kafka import KafkaException
 
-from globald.errors import GlobaldError
+from globald.common.errors import GlobaldError
 
 LOG_EVERY_S = 60.0
 MESSAGE_LIMIT = 300

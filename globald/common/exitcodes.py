@@ -1,7 +1,7 @@
 """The exit codes of every ``globald`` command: one table, so a script can branch on them the same way everywhere.
 
-The README's "Exit codes" table is this one; ``tests/integration/test_newcomer_commands.py`` holds every command
-to it. A code says what kind of outcome it was, never which command produced it.
+The "Exit codes" table of docs/reference/cli.md is this one; ``tests/unit/test_newcomer_commands.py`` holds every
+command to it. A code says what kind of outcome it was, never which command produced it.
 """
 
 from __future__ import annotations

@@ -1,0 +1,2 @@
+"""Configuration: every key declared once (spec), the loaded and validated Config (config).
+"""
