@@ -28,8 +28,8 @@ from bench import loadgen
 from bench.data import Dataset
 from bench.env import BenchEnv
 from bench.restore import TABLE
-from globald import statusfile
-from globald.states import State
+from globald.common.states import State
+from globald.service import statusfile
 from globald.store import space
 from globald.store.names import db_dir
 from tests.harness import DaemonProcess, globald

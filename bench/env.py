@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from globald import config as configmod
-from globald.config import Config
 from globald.embedded.admin import TopicAdmin
 from globald.embedded.broker import EmbeddedKafka
+from globald.settings import config as configmod
+from globald.settings.config import Config
 from tests.harness import DaemonProcess, write_config
 
 

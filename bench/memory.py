@@ -16,9 +16,9 @@ import psutil
 from bench.data import Dataset
 from bench.env import BenchEnv
 from bench.restore import TABLE
-from globald import statusfile
-from globald.states import State
-from globald.status import DaemonStatus
+from globald.common.states import State
+from globald.service import statusfile
+from globald.service.status import DaemonStatus
 
 MB = 1 << 20
 

@@ -21,14 +21,14 @@ from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaError, Topic
 from rocksdict import Rdict, WriteBatch
 
 from bench.data import Record
-from globald.config import Config
+from globald.common.states import Listeners, State
 from globald.engine.events import EventBus, deliver
 from globald.engine.loop import LoopService
 from globald.engine.state_manager import StateManager
 from globald.engine.thread import GlobalThread
 from globald.kafka.properties import CONSUMER_DEFAULTS
+from globald.settings.config import Config
 from globald.snapshot.publisher import SnapshotPublisher
-from globald.states import Listeners, State
 from globald.store.codec import NO_TIMESTAMP, encode_offset, pack_i64, partition_key
 from globald.store.names import OFFSETS_CF, VALUES_CF
 from globald.store.options import L0_COMPACTION_TRIGGER, StoreOptions

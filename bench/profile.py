@@ -15,8 +15,8 @@ from bench import data
 from bench.__main__ import RESULTS, size_name
 from bench.env import BenchEnv
 from bench.restore import TABLE
+from globald.common.states import Listeners, State
 from globald.engine.thread import GlobalThread
-from globald.states import Listeners, State
 
 
 def profile_restore(env: BenchEnv, topic: str, state: Path) -> tuple[str, float]:
