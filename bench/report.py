@@ -74,7 +74,8 @@ def targets(r: dict[str, Any]) -> list[dict[str, Any]]:
     spark = (r.get("spark") or {}).get("vs_broadcast_dict", {})
     for mode, name, bound in (("join_mapInArrow", "Spark join (mapInArrow) vs dict in mapInArrow", 1.0),
                               ("pandas_udf", "Spark pandas UDF vs dict pandas UDF", 1.0),
-                              ("small_table_join", "Spark small-table join vs dict in mapInArrow", 3.0)):
+                              # Issue 23's bar: small-table mode at least as fast as the dict a user writes.
+                              ("small_table_join", "Spark small-table join vs dict in mapInArrow", 1.0)):
         v = spark.get(mode)
         out.append(_target(name, f">= {bound}x per core", v, v is not None and v >= bound, f"{v}x"))
     return out + disk.targets(r, _target)
