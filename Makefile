@@ -27,9 +27,10 @@ docs: $(BIN)/.installed
 test: lint docs sysdeps
 	$(BIN)/python -m pytest -q -ra --durations=25 -m "not long"
 
-# The long forms, each several minutes (marker `long`): the chaos campaign's and the power-loss lane's short seeded
-# forms, SIGKILL at random points, the multi-host Spark cluster (classic and through a Connect server). Not part of
-# the 25-minute suite; CI (.ci/run) runs this lane after it.
+# The long forms (marker `long`): the chaos campaign's and the power-loss lane's short seeded
+# forms, SIGKILL at random points, the multi-host Spark cluster (classic and through a Connect server), and every
+# test over 30 s on an idle 2-core machine (the demo, the tutorial, the disk-filling restores, the bench smoke).
+# Not part of the 25-minute suite; CI (.ci/run) runs this lane after it.
 test-long: $(BIN)/.installed sysdeps
 	$(BIN)/python -m pytest -q -ra --durations=10 -m long
 

@@ -41,6 +41,7 @@ def leftover_processes(marker: str) -> list[str]:
 
 
 @pytest.mark.timeout(960)  # the demo's own phase bounds (PHASE_TIMEOUT_S) decide; this only stops a hang
+@pytest.mark.long  # over 30 s on an idle 2-core machine: the long lane (make test-long)
 def test_demo_runs_end_to_end_from_any_directory(tmp_path: Path) -> None:
     started = time.monotonic()
     r = subprocess.run([GLOBALD, "demo"], cwd=tmp_path, capture_output=True, text=True, timeout=900,

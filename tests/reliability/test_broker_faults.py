@@ -82,6 +82,7 @@ def finish(broker: Broker, d: DaemonProcess, topic: str, row: FaultRow, pid: int
 
 
 @pytest.mark.parametrize("seconds", OUTAGES)
+@pytest.mark.long  # over 30 s on an idle 2-core machine: the long lane (make test-long)
 def test_broker_stopped_during_restore(own: Own, fault: Callable[[str, str], FaultRow], seconds: int) -> None:
     broker, make = own
     row = fault(f"broker stopped {seconds} s during restore", "degraded meanwhile; resumed by itself, no wipe")
@@ -183,6 +184,7 @@ def test_broker_refusing_connections_from_the_start(own: Own, fault: Callable[[s
     finish(broker, d, t, row, pid)
 
 
+@pytest.mark.long  # over 30 s on an idle 2-core machine: the long lane (make test-long)
 def test_exact_build_waits_out_a_broker_outage(own: Own, fault: Callable[[str, str], FaultRow]) -> None:
     """Chaos campaign seeds 2 #12 and 6 #4: an exact build asked for while the broker was down gave up after 15 s
     (and its consumer could stay disconnected after the broker came back). It must keep asking, with a new consumer
