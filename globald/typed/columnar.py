@@ -40,6 +40,7 @@ import pyarrow.compute as pc
 from globald.common.errors import GlobaldError
 from globald.store.durable import replace_file
 from globald.typed.arrow import ERROR_TYPE, DecodeFailure, Decoder, RecordContext
+from globald.typed.keys import canonical, decoded_keys, fingerprint, latest_rows, require_canonical
 
 if TYPE_CHECKING:
     from globald.snapshot.reader import Snapshot
@@ -138,8 +139,8 @@ def slot_table(hashes: np.ndarray) -> tuple[np.ndarray, int]:
     return slots, step
 
 
-def columnar_path(snapshot_dir: Path, decoder: Decoder) -> Path:
-    return snapshot_dir / f"{PREFIX}{decoder.fingerprint[:24]}{SUFFIX}"
+def columnar_path(snapshot_dir: Path, decoder: Decoder, key_decoder: Decoder | None = None) -> Path:
+    return snapshot_dir / f"{PREFIX}{fingerprint(decoder, key_decoder)[:24]}{SUFFIX}"
 
 
 @dataclass(frozen=True)
@@ -151,21 +152,38 @@ class Lookup:
     error_count: int  # looked-up keys whose value did not decode: the per-query count
 
 
-def build_table(items: Iterable[tuple[bytes, bytes, int]], decoder: Decoder, about: dict[str, Any]) -> pa.Table:
+def build_table(items: Iterable[tuple[bytes, bytes, int]], decoder: Decoder, about: dict[str, Any],
+                key_decoder: Decoder | None = None) -> pa.Table:
     """The file's content from (key, value, timestamp) in key order. Decode errors are kept per row, never raised
-    here: under on_error = "fail" it is the lookup of that key that fails."""
+    here: under on_error = "fail" it is the lookup of that key that fails. With a typed ``key_decoder`` the rows are
+    indexed on the canonical form of the decoded key (``globald.typed.keys``): keys that do not decode are left
+    out and counted (``key_errors``), and of keys decoding alike the latest is kept (``key_shadowed``)."""
     started = time.monotonic()
+    typed_key = key_decoder is not None and key_decoder.typed
+    if typed_key:
+        assert key_decoder is not None
+        require_canonical(key_decoder, str(about.get("table")))
     keys: list[pa.Array] = []
     hashes: list[np.ndarray] = []
     stamps: list[np.ndarray] = []
     values: list[pa.Array] = []
     errors: list[pa.Array] = []
+    key_errors = 0
     records = iter(items)
     while batch := list(islice(records, DECODE_BATCH)):
-        keys.append(pa.array([k for k, _, _ in batch], pa.binary()))
+        raw_keys = pa.array([k for k, _, _ in batch], pa.binary())
+        stamp = np.fromiter((ts for _, _, ts in batch), np.int64, len(batch))
+        raw_values = pa.array([v for _, v, _ in batch], pa.binary())
+        if typed_key:
+            assert key_decoder is not None
+            raw_keys, rows = decoded_keys(raw_keys, key_decoder)
+            if len(rows) < len(batch):  # keys that do not decode: no join column can ask for them
+                key_errors += len(batch) - len(rows)
+                stamp, raw_values = stamp[rows], raw_values.take(pa.array(rows))
+        keys.append(raw_keys)
         hashes.append(key_hashes(keys[-1]))
-        stamps.append(np.fromiter((ts for _, _, ts in batch), np.int64, len(batch)))
-        decoded = decoder.decode(pa.array([v for _, v, _ in batch], pa.binary()), collect=True)
+        stamps.append(stamp)
+        decoded = decoder.decode(raw_values, collect=True)
         values.append(decoded.values)
         errors.append(decoded.errors)
     try:
@@ -174,15 +192,30 @@ def build_table(items: Iterable[tuple[bytes, bytes, int]], decoder: Decoder, abo
     except (pa.ArrowInvalid, pa.ArrowCapacityError) as e:  # 32-bit offsets of a binary or string column
         raise ColumnarTooLarge(f"{about.get('table')} snapshot {about.get('snapshot')}: {e}") from None
     hash_column = np.concatenate(hashes) if hashes else np.empty(0, np.uint64)
-    slots, probes = slot_table(hash_column)
+    stamp_column = np.concatenate(stamps) if stamps else np.empty(0, np.int64)
     error = pa.concat_arrays(errors) if errors else pa.array([], ERROR_TYPE)
-    meta = {**about, "fingerprint": decoder.fingerprint, "where": decoder.where, "hash": HASH, "probes": probes,
-            "on_error": decoder.format.on_error, "rows": len(hash_column), "errors": len(error) - error.null_count,
-            "decode_s": round(time.monotonic() - started, 3)}
+    key_meta: dict[str, Any] = {}
+    if typed_key:
+        assert key_decoder is not None
+        kept = latest_rows(key_column, hash_column, stamp_column)
+        shadowed = 0 if kept is None else len(key_column) - len(kept)
+        if kept is not None:
+            take = pa.array(kept)
+            key_column, value_column, error = key_column.take(take), value_column.take(take), error.take(take)
+            hash_column, stamp_column = hash_column[kept], stamp_column[kept]
+        key_meta = {"key": key_decoder.where, "key_type": str(key_decoder.arrow_type), "key_errors": key_errors,
+                    "key_shadowed": shadowed}
+        if key_errors or shadowed:
+            log.warning("%s snapshot %s: %d key(s) do not decode and are left out, %d shadowed by a later record "
+                        "with the same decoded key", about.get("table"), about.get("snapshot"), key_errors, shadowed)
+    slots, probes = slot_table(hash_column)
+    meta = {**about, "fingerprint": fingerprint(decoder, key_decoder), "where": decoder.where, "hash": HASH,
+            "probes": probes, "on_error": decoder.format.on_error, "rows": len(hash_column),
+            "errors": len(error) - error.null_count, **key_meta, "decode_s": round(time.monotonic() - started, 3)}
     slot_type = pa.int32() if slots.dtype == np.int32 else pa.int64()
     return pa.table({
         "key": key_column,
-        "timestamp": pa.array(np.concatenate(stamps) if stamps else np.empty(0, np.int64)),
+        "timestamp": pa.array(stamp_column),
         "value": value_column,
         "error": error,
         "hash": pa.array(hash_column),
@@ -215,6 +248,7 @@ class ColumnarTable:
         self._probes = int(self.meta.get("probes", 0))
         self.fail = self.meta.get("on_error") == "fail"
         self.where = str(self.meta.get("where", "table"))
+        self.typed_key = "key" in self.meta  # indexed on canonical decoded keys (globald.typed.keys)
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -246,7 +280,7 @@ class ColumnarTable:
         pos = np.full(len(keys), -1, np.int64)
         if not len(self) or not len(keys):
             return pos
-        keys = _binary(keys)
+        keys = canonical(keys) if self.typed_key else _binary(keys)
         wanted = key_hashes(keys)
         todo = np.flatnonzero(np.asarray(keys.is_valid().to_numpy(zero_copy_only=False), bool))
         found_at, found_row = self._probe(wanted, todo, 0)
@@ -287,8 +321,9 @@ class ColumnarTable:
         return -1
 
     def lookup(self, keys: pa.Array, context: RecordContext | None = None) -> Lookup:
-        """The rows of ``keys`` (binary or string). Under on_error = "fail", a looked-up value that did not decode
-        raises DecodeFailure naming its key (a store keeps no partition or offset per key)."""
+        """The rows of ``keys`` (binary or string; a typed-key table also integers, by their decimal text). Under
+        on_error = "fail", a looked-up value that did not decode raises DecodeFailure naming its key (a store keeps
+        no partition or offset per key; a typed key is named by its decoded form)."""
         pos = self.positions(keys)
         missing = pos < 0
         take = pa.array(np.where(missing, 0, pos), mask=missing)
@@ -320,27 +355,28 @@ def _host_lock(directory: Path) -> Iterator[None]:
         os.close(fd)  # releases the lock
 
 
-def ensure_columnar(snapshot: Snapshot, decoder: Decoder) -> ColumnarTable:
+def ensure_columnar(snapshot: Snapshot, decoder: Decoder, key_decoder: Decoder | None = None) -> ColumnarTable:
     """The snapshot decoded by ``decoder``, from its columnar file; decoded and written first when there is none.
 
-    What the Spark side calls once per descriptor and worker. A snapshot directory this user may not write (a
+    What the Spark side calls once per descriptor and worker; with a typed ``key_decoder`` the file is indexed on
+    the decoded keys (``build_table``) and has a name of its own. A snapshot directory this user may not write (a
     reader that is not the daemon's user) is decoded into this process's memory instead, and logged. Raises
     ColumnarTooLarge for a snapshot that does not fit one file: the caller decodes per batch."""
     directory = snapshot.table_dir / snapshot.id
-    path = columnar_path(directory, decoder)
+    path, fp = columnar_path(directory, decoder, key_decoder), fingerprint(decoder, key_decoder)
     with contextlib.suppress(FileNotFoundError, ColumnarInvalid):
-        return ColumnarTable.open(path, decoder.fingerprint)
+        return ColumnarTable.open(path, fp)
     about = {"table": snapshot.manifest.table, "snapshot": snapshot.id,
              "offsets": {str(p): o for p, o in snapshot.offsets.items()}}
     try:
         with _host_lock(directory):
             try:
-                return ColumnarTable.open(path, decoder.fingerprint)  # another worker decoded it meanwhile
+                return ColumnarTable.open(path, fp)  # another worker decoded it meanwhile
             except FileNotFoundError:
                 pass
             except ColumnarInvalid as e:
                 log.info("columnar file rebuilt: %s", e)
-            table = build_table(snapshot, decoder, about)
+            table = build_table(snapshot, decoder, about, key_decoder)
             write_columnar(path, table)
             log.info("decoded snapshot %s of %s into %s: %d rows, %d decode errors, %.2fs", snapshot.id,
                      about["table"], path.name, table.num_rows, table.num_rows - table.column("error").null_count,
@@ -348,5 +384,5 @@ def ensure_columnar(snapshot: Snapshot, decoder: Decoder) -> ColumnarTable:
     except PermissionError as e:
         log.warning("cannot write the columnar file of snapshot %s (%s): decoding it in this worker's memory",
                     snapshot.id, e)
-        return ColumnarTable(build_table(snapshot, decoder, about))
-    return ColumnarTable.open(path, decoder.fingerprint)
+        return ColumnarTable(build_table(snapshot, decoder, about, key_decoder))
+    return ColumnarTable.open(path, fp)

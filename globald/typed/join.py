@@ -19,9 +19,11 @@ if TYPE_CHECKING:
     from globald.snapshot.reader import Snapshot
 
 
-def open_typed(snapshot: Snapshot, decoder: Decoder) -> ColumnarTable:
-    """The snapshot decoded by ``decoder``: its columnar file, written first by whichever worker comes first."""
-    return ensure_columnar(snapshot, decoder)
+def open_typed(snapshot: Snapshot, decoder: Decoder, key_decoder: Decoder | None = None) -> ColumnarTable:
+    """The snapshot decoded by ``decoder``: its columnar file, written first by whichever worker comes first. With
+    a typed ``key_decoder`` it is indexed on the decoded keys (``globald.typed.keys``): the join column is then
+    matched by its canonical form (strings by UTF-8, integers by decimal text)."""
+    return ensure_columnar(snapshot, decoder, key_decoder)
 
 
 def columns_of(values: pa.Array, errors: pa.Array, value_col: str, *, flatten_prefix: str | None = None,
