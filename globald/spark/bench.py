@@ -5,6 +5,11 @@ publish time for an N-key table, reader open time, exact-request latency, refres
 executors reading the new snapshot) and lookups/s per executor core in each lookup mode, against a plain
 broadcast dict in the same Spark session (local[1], so every figure is per core). Figures are wall-clock and
 noisy on a shared machine; nothing here is a pass/fail test.
+
+``--benches`` picks among ``publish``, ``spark`` (the default run), ``typed`` (the typed join against a user's
+dict + per-value decode, per core, with the one-off decode and the columnar file's bytes per key:
+``globald.spark.bench_typed``) and ``executor-memory`` (the Python workers of a local[4] executor before and after
+the columnar file: ``globald.spark.bench_memory``); ``--typed`` and ``--executor-memory`` add those two.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -144,15 +150,20 @@ def request_ms(state: Path, target: dict[int, int]) -> float:
     return took
 
 
-def spark_session(batch: int = DEFAULT_ARROW_BATCH) -> Any:
+def spark_session(master: str = "local[1]", conf: dict[str, str] | None = None,
+                  batch: int = DEFAULT_ARROW_BATCH) -> Any:
+    """A classic session; local[1] (one core: every figure per core) unless ``master`` says otherwise."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
-    s = (SparkSession.builder.master("local[1]").appName("globald-bench").config("spark.ui.enabled", "false")
+    b = (SparkSession.builder.master(master).appName("globald-bench").config("spark.ui.enabled", "false")
          .config("spark.ui.showConsoleProgress", "false")
          .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
          .config("spark.sql.execution.arrow.maxRecordsPerBatch", str(batch))
-         .config("spark.driver.memory", "2g").getOrCreate())
+         .config("spark.driver.memory", "2g"))
+    for k, v in (conf or {}).items():
+        b = b.config(k, v)
+    s = b.getOrCreate()
     s.sparkContext.setLogLevel("ERROR")
     return s
 
@@ -337,21 +348,41 @@ def measure_spark(admin: TopicAdmin, topic: str, config: Path, state: Path, look
     return out
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--keys", type=int, default=1_000_000, help="table size for the publish measurement")
-    ap.add_argument("--spark-keys", type=int, default=100_000, help="table size for the Spark measurements")
+BENCHES = ("publish", "spark", "typed", "executor-memory")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--keys", type=int, default=1_000_000,
+                    help="table size for the publish and executor-memory measurements")
+    ap.add_argument("--spark-keys", type=int, default=100_000, help="table size for the Spark and typed measurements")
     ap.add_argument("--lookups", type=int, default=300_000)
     ap.add_argument("--hit-rate", type=float, default=0.9, help="share of lookups whose key is in the table")
     ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds per Spark mode (best reported)")
-    args = ap.parse_args()
+    ap.add_argument("--benches", default="publish,spark", help=f"comma-separated, among {', '.join(BENCHES)}")
+    ap.add_argument("--typed", action="store_true", help="add the typed join (benches: typed)")
+    ap.add_argument("--typed-rounds", type=int, default=3, help="interleaved rounds of the typed join's modes")
+    ap.add_argument("--formats", default="avro,protobuf", help="the typed join's formats, measured in this order")
+    ap.add_argument("--executor-memory", action="store_true", help="add the executor's workers' memory")
+    args = ap.parse_args(argv)
+    benches = [b for b in args.benches.split(",") if b]
+    benches += [b for b, on in (("typed", args.typed), ("executor-memory", args.executor_memory))
+                if on and b not in benches]
+    unknown = set(benches) - set(BENCHES)
+    if unknown:
+        ap.error(f"--benches: unknown {sorted(unknown)}; choose among {', '.join(BENCHES)}")
     work = Path(tempfile.mkdtemp(prefix="globald-bench-"))
     kafka = EmbeddedKafka(work / "kafka").start()
     admin = TopicAdmin.for_broker(kafka.client_settings, kafka.zookeeper)
-    result: dict[str, Any] = {"keys": args.keys}
+    result: dict[str, Any] = {"benches": benches, "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
+                              "cores": os.cpu_count()}
+    if {"publish", "executor-memory"} & set(benches):
+        result["keys"] = args.keys
     procs: list[subprocess.Popen[bytes]] = []
     try:
         for name, n in (("publish", args.keys), ("spark", args.spark_keys)):
+            if name not in benches:
+                continue
             topic = f"bench-{name}"
             admin.create(topic, partitions=3)
             log(f"producing {n} records to {topic}")
@@ -368,8 +399,22 @@ def main() -> int:
                 result["spark"] = measure_spark(admin, topic, config, state, args.lookups, keys, args.hit_rate,
                                                 args.rounds)
                 assert current_id(state, TABLE)
+        if "typed" in benches:  # imported here: the typed extra (fastavro, protobuf) is needed only for it
+            from globald.spark.bench_typed import measure_typed
+
+            spark = spark_session()
+            result["typed"] = measure_typed(spark, admin, kafka.client_settings, work, args.spark_keys,
+                                            args.lookups, args.typed_rounds, args.formats.split(","), procs)
+            spark.stop()
+        if "executor-memory" in benches:
+            from globald.spark.bench_memory import measure_executor_memory
+
+            result["executor_memory"] = measure_executor_memory(admin, kafka.client_settings, work, args.keys,
+                                                                procs)
     finally:
         stop_all(procs, admin, kafka)
+        shutil.rmtree(work, ignore_errors=True)  # the broker's log and the state_dirs: gigabytes at 1M keys
+    result["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
     print(json.dumps(result, indent=2))
     return 0
 

@@ -1,0 +1,203 @@
+"""Memory of a real Spark executor's Python workers, before and after the columnar file (issue 24).
+
+    python -m globald.spark.bench --benches executor-memory --keys 1000000
+
+A classic ``local[4]`` session is the executor: ``spark.python.worker.reuse`` on, and the probe DataFrame in 4
+partitions, so 4 Python workers (forked by the pyspark daemon) run the 4 tasks at once. The table is N Avro
+records of 10 fields (``globald.spark.bench_typed``), mirrored by two real daemons: raw, and typed. Phases, each
+in a fresh session (so fresh workers), each looking every key of the table up once:
+- ``imports``: a ``mapInArrow`` that imports globald's Spark side and passes the batches through: what every
+  worker holds anyway (interpreter, pyarrow, pandas, numpy, pyspark, globald);
+- ``before``: the raw ``view.join`` with ``memory_index_mb`` large enough for the table, so each worker reads the
+  snapshot into its own in-memory index (``globald.spark.memindex``): what every worker did before issue 24, and
+  what a raw join still does (a user then decodes each value per query, which holds nothing);
+- ``after_first_decodes``: the typed ``view.join``; the snapshot has no columnar file yet, so the first worker
+  decodes it into one while the others wait on its lock, then all map it;
+- ``after_mapped``: the same in fresh workers, the file already there: every worker only maps it.
+Each worker's ``Rss`` and ``Pss`` come from ``/proc/<pid>/smaps_rollup`` right after the query, while the idle
+workers still hold their handles (Spark keeps reused workers for a minute), and at their highest sum during it
+(sampled every 0.2 s). PSS divides a shared page among the processes mapping it, so its sum is what the workers
+cost the host; RSS counts the file's pages in each. The workers are the children of the pyspark daemon among this
+process's descendants (other jobs' Spark workers on the host are not counted); the JVM is not counted.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from globald.embedded.admin import TopicAdmin
+from globald.spark.bench import TABLE, log, spark_session, wait
+from globald.spark.bench_typed import Format, mirror, produce
+
+MB = 2**20
+PHASES = ("imports", "before", "after_first_decodes", "after_mapped")
+KEY_FORMAT = "cust-%011d"  # bench_typed.key_of, as Spark's format_string
+INDEX_MB = 8192  # the raw view's memory_index_mb: the whole table fits, so every worker indexes it in memory
+
+
+def smaps_rollup(pid: int) -> dict[str, int]:
+    """``Rss`` and ``Pss`` of a process in bytes (Linux); empty once it is gone."""
+    found: dict[str, int] = {}
+    try:
+        text = Path(f"/proc/{pid}/smaps_rollup").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return found
+    for line in text.splitlines():
+        name, _, rest = line.partition(":")
+        if name in ("Rss", "Pss"):
+            found[name.lower()] = int(rest.split()[0]) * 1024
+    return found
+
+
+def _parents() -> dict[int, int]:
+    """pid -> parent pid of every process, from /proc/<pid>/stat (after the command's closing parenthesis)."""
+    out: dict[int, int] = {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                stat = Path(entry.path, "stat").read_text()
+            except OSError:
+                continue
+            out[int(entry.name)] = int(stat[stat.rindex(")") + 2:].split()[1])
+    return out
+
+
+def pyspark_workers(root: int | None = None) -> tuple[list[int], list[int]]:
+    """(daemons, workers) among the descendants of ``root`` (this process): pyspark daemon processes, and the
+    workers they forked (which keep the daemon's command line)."""
+    parents = _parents()
+    mine = {root or os.getpid()}
+    grew = True
+    while grew:
+        more = {p for p, pp in parents.items() if pp in mine and p not in mine}
+        mine |= more
+        grew = bool(more)
+    pyspark = set()
+    for pid in mine:
+        try:
+            if b"pyspark.daemon" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                pyspark.add(pid)
+        except OSError:
+            continue
+    daemons = sorted(p for p in pyspark if parents.get(p) not in pyspark)
+    return daemons, sorted(pyspark - set(daemons))
+
+
+def workers_memory() -> dict[str, Any]:
+    daemons, workers = pyspark_workers()
+    mem = [smaps_rollup(p) for p in workers]
+    mem = [m for m in mem if m]
+    return {"workers": len(mem), "rss_mb_sum": round(sum(m["rss"] for m in mem) / MB, 1),
+            "pss_mb_sum": round(sum(m["pss"] for m in mem) / MB, 1),
+            "rss_mb_each": [round(m["rss"] / MB) for m in mem], "pss_mb_each": [round(m["pss"] / MB) for m in mem],
+            "daemon_pss_mb": round(sum(smaps_rollup(p).get("pss", 0) for p in daemons) / MB, 1)}
+
+
+class Sampler:
+    """The workers' memory every ``interval`` s in a thread; ``peak`` keeps the sample of the highest PSS sum."""
+
+    def __init__(self, interval: float = 0.2) -> None:
+        self.peak: dict[str, Any] = {"pss_mb_sum": 0.0}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(interval,), daemon=True)
+
+    def _run(self, interval: float) -> None:
+        while not self._stop.wait(interval):
+            got = workers_memory()
+            if got["pss_mb_sum"] > self.peak["pss_mb_sum"]:
+                self.peak = got
+
+    def __enter__(self) -> Sampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def passthrough(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """The ``imports`` phase: what a worker of a globald join imports (and the Avro decoder's), nothing looked up."""
+    import globald.spark.executor
+    import globald.spark.typed
+    import globald.typed.avro  # noqa: F401
+
+    for b in batches:
+        yield pa.RecordBatch.from_arrays([b.column(0), pa.nulls(b.num_rows, pa.int64())], ["k", "n"])
+
+
+def phase(name: str, raw: Path, typed: Path, keys: int) -> dict[str, Any]:
+    """One phase in a fresh local[4] session: the query, then the workers' memory while they hold their handles."""
+    from pyspark.sql import functions as F
+
+    from globald.spark import GlobalTableView
+
+    spark = spark_session("local[4]", {"spark.python.worker.reuse": "true"})
+    try:
+        # Every key once, made in the JVM: a DataFrame from a Python list would start Python workers of its own.
+        df = spark.range(keys).select(F.format_string(KEY_FORMAT, "id").alias("k")).repartition(4).cache()
+        df.count()
+        query: Callable[[], Any]
+        view = None
+        if name == "imports":
+            query = df.mapInArrow(passthrough, "k string, n long").agg(F.count("k")).collect
+        elif name == "before":
+            view = GlobalTableView(spark, raw, TABLE, memory_index_mb=INDEX_MB)
+            view.refresh()
+            query = view.join(df, "k").agg(F.sum(F.length("value")), F.count("value")).collect
+        else:
+            view = GlobalTableView(spark, typed, TABLE)
+            view.refresh()
+            query = view.join(df, "k").agg(F.sum(F.col("value.visits")), F.count("value")).collect
+        log(f"executor memory: {name}")
+        started = time.perf_counter()
+        with Sampler() as sampler:
+            rows = query()
+        took = time.perf_counter() - started
+        held = workers_memory()
+        if view is not None:
+            view.close()
+        found = int(rows[0][-1])
+        peak = {k: sampler.peak.get(k) for k in ("rss_mb_sum", "pss_mb_sum")}
+        return {**held, "query_s": round(took, 2), "found": found, "peak_during_query": peak}
+    finally:
+        spark.stop()
+        wait(lambda: not any(pyspark_workers()), 60, "the pyspark daemon and workers to exit")
+
+
+def measure_executor_memory(admin: TopicAdmin, kafka: dict[str, str], work: Path, keys: int,
+                            procs: list[Any]) -> dict[str, Any]:
+    """The four phases over a table of ``keys`` Avro records; the daemons started join ``procs``."""
+    fdir = work / "memory-avro"
+    fdir.mkdir()
+    fmt = Format("avro", fdir, keys)
+    topic = "bench-memory-avro"
+    produce(admin, topic, fmt)
+    raw, _ = mirror(admin, kafka, work, topic, None, procs)
+    typed, typed_state = mirror(admin, kafka, work, topic, fmt.section, procs)
+    value_bytes = sum(len(v) for _, v, _ in fmt.items)
+    assert fmt.items[-1][0] == (KEY_FORMAT % (keys - 1)).encode()
+    del fmt
+    out: dict[str, Any] = {"keys": keys, "executor": "local[4]", "python_workers": 4, "format": "avro",
+                           "raw_value_bytes_per_key": round(value_bytes / keys, 1), "key_bytes": 16}
+    for name in PHASES:
+        out[name] = phase(name, raw, typed, keys)
+        assert out[name]["workers"] == 4, f"{name}: {out[name]['workers']} Python workers, not 4"
+        assert name == "imports" or out[name]["found"] == keys, out[name]
+        log(f"executor memory: {name}: RSS {out[name]['rss_mb_sum']} MB, PSS {out[name]['pss_mb_sum']} MB")
+    files = list(typed_state.rglob("columnar-*.arrow"))
+    out["columnar_file_mb"] = round(sum(f.stat().st_size for f in files) / MB, 1)
+    base = out["imports"]
+    for name in PHASES[1:]:
+        out[name]["pss_mb_above_imports"] = round(out[name]["pss_mb_sum"] - base["pss_mb_sum"], 1)
+        out[name]["rss_mb_above_imports"] = round(out[name]["rss_mb_sum"] - base["rss_mb_sum"], 1)
+    out["before_vs_after_pss_above_imports"] = round(
+        out["before"]["pss_mb_above_imports"] / max(out["after_mapped"]["pss_mb_above_imports"], 0.1), 2)
+    return out

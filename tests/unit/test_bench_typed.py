@@ -1,0 +1,41 @@
+"""The typed benchmark's own parts (``globald.spark.bench_typed``, ``bench_memory``), without Spark or a broker:
+the records it produces decode under globald's decoder exactly as the user's per-value decode reads them (else
+the comparison would time two different outputs), and the /proc readers find this process's memory."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+pytest.importorskip("fastavro")
+pytest.importorskip("google.protobuf")
+
+from globald.spark.bench_memory import pyspark_workers, smaps_rollup
+from globald.spark.bench_typed import FIELDS, Format, key_of, lookups_of
+
+
+@pytest.mark.parametrize("name", ["avro", "protobuf"])
+def test_both_sides_decode_the_same_records(tmp_path: Path, name: str) -> None:
+    fmt = Format(name, tmp_path, 50)
+    assert FIELDS >= 8 and len(fmt.items) == 50 and fmt.items[7][0] == key_of(7) and len(key_of(7)) == 16
+    decoded = fmt.decoder.decode(pa.array([v for _, v, _ in fmt.items], pa.binary()))
+    assert decoded.error_count == 0
+    user = pa.array([fmt.user(v) for _, v, _ in fmt.items], fmt.decoder.arrow_type)
+    assert decoded.values.equals(user)
+    assert str(tmp_path) in fmt.section  # the config section points at the schema files written here
+
+
+def test_lookups_hit_nine_in_ten() -> None:
+    keys = lookups_of(1000, 10_000)
+    hits = sum(int(k[5:]) < 1000 for k in keys)
+    assert 8_700 < hits < 9_300
+
+
+def test_memory_readers_see_this_process() -> None:
+    mem = smaps_rollup(os.getpid())
+    assert mem["rss"] >= mem["pss"] > 0
+    assert smaps_rollup(2**31 - 1) == {}
+    assert pyspark_workers() == ([], [])  # no Spark started by this test: no pyspark daemon among our children
