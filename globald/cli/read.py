@@ -29,7 +29,9 @@ if TYPE_CHECKING:
 DUMP_FORMATS = ("base64", "text")
 DECODE_HELP = ("decode the value (and the key) by the table's [tables.value] / [tables.key] format and print it as "
                "JSON: timestamps and dates ISO 8601, decimals as strings, bytes base64; a value that does not decode "
-               "is null with an \"error\" saying why (on_error = \"fail\": exit 5 naming the key)")
+               "is null with an \"error\" saying why (on_error = \"fail\": exit 5 naming the key). get --decode on a "
+               "table whose [tables.key] is typed takes KEY as the decoded key (its text; an integer key its decimal "
+               "text) and finds it by decoding every key of the table")
 DECODE_BATCH = 4096  # records decoded per Arrow batch by dump --decode
 
 
@@ -165,7 +167,10 @@ def cmd_get(args: argparse.Namespace) -> int:
     if view is None:
         return exitcodes.UNAVAILABLE
     with view:
-        found = view.get(key)
+        if decoders is not None and decoders[0].typed:
+            key, found = _find_decoded(view, key, decoders[0])
+        else:
+            found = view.get(key)
     _announce(view, as_json=False)
     if decoders is not None and found is not None:
         return _print_decoded(view, key, found, decoders[1], args.json)
@@ -190,6 +195,21 @@ def cmd_get(args: argparse.Namespace) -> int:
         print(f"value:     {shown}")
         print(f"timestamp: {_timestamp_text(ts)}")
     return exitcodes.OK if found is not None else exitcodes.NOT_FOUND
+
+
+def _find_decoded(view: ReadView, wanted: bytes, keys: Decoder) -> tuple[bytes, tuple[bytes, int] | None]:
+    """(stored key, (value, timestamp)) of the record whose decoded key is ``wanted``: the store is keyed by the raw
+    bytes, so every key is decoded (a scan). Of stored keys decoding alike the latest is answered, as in Spark."""
+    from globald.typed.keys import find_decoded, require_canonical
+
+    require_canonical(keys, view.table)
+    record, shadowed = find_decoded(view.items(), keys, wanted)
+    if record is None:
+        return wanted, None
+    if shadowed:
+        print(f"globald: {shadowed} other stored key(s) of {view.table} decode to the same key; answering the one "
+              "with the latest timestamp", file=sys.stderr)
+    return record[0], (record[1], record[2])
 
 
 def _print_decoded(view: ReadView, key: bytes, found: tuple[bytes, int], values: Decoder, as_json: bool) -> int:

@@ -42,6 +42,8 @@ from globald.typed import load_table
 from globald.typed.arrow import Decoder, RecordContext
 from globald.typed.columnar import ColumnarTable, ColumnarTooLarge, Lookup, build_table
 from globald.typed.join import open_typed, spark_type, typed_columns
+from globald.typed.keys import canonical, require_canonical
+from globald.typed.keys import fingerprint as file_fingerprint
 
 ERRORS_COL = "__globald_decode_errors"  # hidden: a batch's decode errors, on its first row
 
@@ -58,8 +60,9 @@ def decoders(path: str, table: str) -> tuple[Decoder, Decoder]:
 
 
 def is_typed(view: Any) -> bool:
-    """Whether the view's table declares a value format other than raw."""
-    return decoders(view.config_path, view.table.name)[1].typed
+    """Whether the view's table declares a value or a key format other than raw."""
+    key_dec, val_dec = decoders(view.config_path, view.table.name)
+    return key_dec.typed or val_dec.typed
 
 
 def counter(view: Any) -> Fallbacks:
@@ -74,7 +77,7 @@ def counter(view: Any) -> Fallbacks:
 class Shape:
     """What a typed lookup appends, shipped with the function."""
 
-    fingerprint: str  # the driver's value decoder: every executor must decode alike
+    fingerprint: str  # the driver's decoders (value, and a typed key): every executor must decode alike
     value_col: str
     timestamp_col: str | None
     flatten_prefix: str | None
@@ -87,10 +90,10 @@ class TypedHandle:
 
     def __init__(self, settings: Settings, desc: dict[str, Any], data: Any, fingerprint: str) -> None:
         path, source = config_path(settings.config_path)
-        self.decoder = decoders(path, settings.table)[1]
-        if self.decoder.fingerprint != fingerprint:
-            raise TypedDeclarationError(f"config {path} ({source}): table {settings.table} declares its value "
-                                        f"format otherwise than the driver's config {settings.config_path}")
+        self.key_decoder, self.decoder = decoders(path, settings.table)
+        if file_fingerprint(self.decoder, self.key_decoder) != fingerprint:
+            raise TypedDeclarationError(f"config {path} ({source}): table {settings.table} declares its value or "
+                                        f"key format otherwise than the driver's config {settings.config_path}")
         self.raw: SnapshotHandle | None = None
         self.table: ColumnarTable | None = None
         self.snapshot: str | None = desc.get("snapshot")
@@ -98,19 +101,24 @@ class TypedHandle:
         if desc.get("mode") == MODE_BROADCAST:
             content: pa.Table = data.value
             items = zip(*(content.column(c).to_pylist() for c in ("key", "value", "timestamp")), strict=True)
-            self.table = ColumnarTable(build_table(items, self.decoder, {"table": settings.table,
-                                                                         "snapshot": self.snapshot}))
+            about = {"table": settings.table, "snapshot": self.snapshot}
+            self.table = ColumnarTable(build_table(items, self.decoder, about, self.key_decoder))
             return
         raw = _open(dataclasses.replace(settings, memory_index_mb=0), desc, data)  # keeps the snapshot open
         assert isinstance(raw, SnapshotHandle) and raw.snap is not None
         self.raw, self.snapshot, self.exact, self.note = raw, raw.snapshot, raw.exact, raw.note
         try:
-            self.table = open_typed(raw.snap, self.decoder)
-        except ColumnarTooLarge:
+            self.table = open_typed(raw.snap, self.decoder, self.key_decoder)
+        except ColumnarTooLarge as e:
+            if self.key_decoder.typed:  # the store is keyed by the raw bytes: a decoded key has no multi-get
+                raise ColumnarTooLarge(f"{e}; table {settings.table} declares a typed key, which only the "
+                                       "columnar file can look up: declare the key raw to join it") from None
             self.table = None  # decoded per batch, from the multi-get's values
 
-    def lookup(self, keys: pa.Array) -> Lookup:
-        """Decoded value, timestamp and error of each (binary) key; DecodeFailure under on_error = "fail"."""
+    def lookup(self, column: pa.Array | pa.ChunkedArray) -> Lookup:
+        """Decoded value, timestamp and error of each key of ``column`` (binary or string; a typed key also
+        integers, matched by canonical form); DecodeFailure under on_error = "fail"."""
+        keys = canonical(column) if self.key_decoder.typed else binary_keys(column)
         if self.table is not None:
             return self.table.lookup(keys)
         assert self.raw is not None
@@ -162,7 +170,7 @@ def arrow_fn(settings: Settings, desc_bc: Any, data_bc: Any, on: str, shape: Sha
         h = handle(settings, desc_bc.value, data_bc, shape.fingerprint)
         unreported = not h.exact
         for batch in batches:
-            found = h.lookup(binary_keys(batch.column(on)))
+            found = h.lookup(batch.column(on))
             added = typed_columns(found, shape.value_col, timestamp_col=shape.timestamp_col,
                                   flatten_prefix=shape.flatten_prefix, error_col=shape.error_col)
             # In the declared order (Spark reads the columns by position), as the types Spark expects.
@@ -192,11 +200,9 @@ def join(view: Any, df: Any, on: str, value_col: str, timestamp_col: str, snapsh
     from pyspark.sql.types import LongType, StringType, StructField, StructType
 
     key_dec, val_dec = decoders(view.config_path, view.table.name)
-    if key_dec.typed:
-        raise TypeError(f"join: table {view.table.name} declares a {key_dec.format.format} key; a join matches raw "
-                        "(or UTF-8 string) keys only")
+    require_canonical(key_dec, view.table.name)
     prefix = (value_col + "_" if flatten is True else flatten) or None
-    shape = Shape(val_dec.fingerprint, value_col, timestamp_col, prefix, error_col)
+    shape = Shape(file_fingerprint(val_dec, key_dec), value_col, timestamp_col, prefix, error_col)
     fields = _value_fields(val_dec, shape)
     fields.append(StructField(timestamp_col, LongType(), True))
     if error_col is not None:
@@ -226,8 +232,9 @@ def udf(view: Any) -> Any:
     """``view.udf()`` of a typed table: an Arrow UDF, key -> struct<value, timestamp, error>."""
     from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-    val_dec = decoders(view.config_path, view.table.name)[1]
-    shape = Shape(val_dec.fingerprint, "value", None, None, None)
+    key_dec, val_dec = decoders(view.config_path, view.table.name)
+    require_canonical(key_dec, view.table.name)
+    shape = Shape(file_fingerprint(val_dec, key_dec), "value", None, None, None)
     kind = StructType([*_value_fields(val_dec, shape), StructField("timestamp", LongType(), True),
                        StructField("error", StringType(), True)])
     target = _arrow_of(StructField("r", kind))
@@ -235,7 +242,7 @@ def udf(view: Any) -> Any:
 
     def run(keys: pa.Array) -> pa.Array:
         h = handle(settings, desc_bc.value, data_bc, shape.fingerprint)
-        found = h.lookup(binary_keys(keys))
+        found = h.lookup(keys)
         return pa.StructArray.from_arrays([found.values, found.timestamps, found.errors],
                                           names=["value", "timestamp", "error"]).cast(target)
 

@@ -20,6 +20,8 @@ Contract:
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable
+from itertools import islice
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -110,3 +112,21 @@ def latest_rows(keys: pa.Array, hashes: np.ndarray, stamps: np.ndarray) -> np.nd
                                .to_numpy(zero_copy_only=False), bool)
     kept = np.sort(ranked_np[last])
     return None if len(kept) == n else kept
+
+
+def find_decoded(items: Iterable[tuple[bytes, bytes, int]], key_decoder: Decoder, wanted: bytes,
+                 batch: int = 4096) -> tuple[tuple[bytes, bytes, int] | None, int]:
+    """(the record whose decoded key's canonical form is ``wanted``, how many others it shadows), by decoding every
+    key of ``items`` (key order) in batches: what ``get --decode`` does on a typed-key table, whose store is keyed
+    by the raw bytes. The same rule as the columnar file: the greatest timestamp, on a tie the later key."""
+    best: tuple[bytes, bytes, int] | None = None
+    matches = 0
+    records = iter(items)
+    while chunk := list(islice(records, batch)):
+        keys, rows = decoded_keys(pa.array([k for k, _, _ in chunk], pa.binary()), key_decoder)
+        hit = np.asarray(pc.equal(keys, pa.scalar(wanted, keys.type)).to_numpy(zero_copy_only=False), bool)
+        for row in rows[hit]:
+            matches += 1
+            if best is None or chunk[row][2] >= best[2]:
+                best = chunk[row]
+    return best, max(matches - 1, 0)

@@ -6,11 +6,14 @@ the oracle fold at the descriptor's offsets: Avro under two writer ids, Protobuf
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
 import decimal
+import json
 import random
 import shutil
 import time
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,18 +21,24 @@ from typing import Any
 
 import pytest
 
+from globald.common.exitcodes import NOT_FOUND
+from globald.embedded.oracle import fold_timestamped
 from globald.spark import GlobalTableView
-from tests.harness import Broker, daemon_factory, oracle_at
+from tests.harness import Broker, daemon_factory, globald, oracle_at
 from tests.integration.test_spark import keys_df, session, spark
-from tests.integration.test_typed import READER, records, reference
+from tests.integration.test_typed import READER, as_json, records, reference
 from tests.support.spark_connect import connect_server, connect_session
 from tests.unit.typed_fixtures import (
     FIXTURES,
     avro_payload,
+    avro_string,
     confluent,
     customer_v1,
     descriptor_set,
+    json_reference,
+    json_value,
     proto_classes,
+    string_key_reference,
 )
 
 __all__ = ["connect_server", "connect_session", "session", "spark"]  # fixtures, used by name
@@ -37,12 +46,19 @@ __all__ = ["connect_server", "connect_session", "session", "spark"]  # fixtures,
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 
 INDEX_1 = b"\x02\x02"  # the message-index array [1] (count 1, index 1; zigzag varints): shop.Customer
+VALUE = "[tables.value]\n"
 SECTIONS = {
-    "cust": 'format = "avro"\nschema = "schemas/customer_reader.avsc"\nframing = "confluent"\n'
-            'writer_schemas = "schemas/ids"\n',
-    "custfail": 'format = "avro"\nschema = "schemas/customer_reader.avsc"\nframing = "confluent"\n'
-                'writer_schemas = "schemas/ids"\non_error = "fail"\n',
-    "prod": 'format = "protobuf"\nschema = "schemas/shop.desc"\nmessage = "shop.Customer"\nframing = "confluent"\n',
+    "cust": VALUE + 'format = "avro"\nschema = "schemas/customer_reader.avsc"\nframing = "confluent"\n'
+                    'writer_schemas = "schemas/ids"\n',
+    "custfail": VALUE + 'format = "avro"\nschema = "schemas/customer_reader.avsc"\nframing = "confluent"\n'
+                        'writer_schemas = "schemas/ids"\non_error = "fail"\n',
+    "prod": VALUE + 'format = "protobuf"\nschema = "schemas/shop.desc"\nmessage = "shop.Customer"\n'
+                    'framing = "confluent"\n',
+    "json": VALUE + 'format = "json"\nschema = "schemas/customer.ddl"\n',  # a Spark DDL string
+    # An Avro string key, Confluent-framed under writer ids 1 and 2; a Confluent-framed JSON value (a JSON Schema).
+    "jkey": '[tables.key]\nformat = "avro"\nschema = "schemas/key.avsc"\nframing = "confluent"\n'
+            'writer_schemas = "schemas/keyids"\n' + VALUE + 'format = "json"\nschema = "schemas/customer.schema.json"\n'
+            'framing = "confluent"\n',
 }
 
 
@@ -85,6 +101,30 @@ def proto_records(cls: Any, n: int, keys: int, seed: int) -> list[tuple[bytes, b
     return out
 
 
+def json_records(n: int, keys: int, seed: int) -> list[tuple[bytes, bytes | None]]:
+    rnd = random.Random(seed)
+    return [(b"json-%04d" % rnd.randrange(keys), None if rnd.random() < 0.04 else json_value(i, rnd))
+            for i in range(n)]
+
+
+def keyed_records(n: int, keys: int, seed: int) -> list[tuple[bytes, bytes | None, int, None]]:
+    """Avro string keys framed under ids 1 and 2 (so one logical key is often stored under two raw keys), a few
+    under an unknown id or truncated (keys that do not decode); few distinct timestamps, so that ties happen."""
+    rnd = random.Random(seed)
+    out: list[tuple[bytes, bytes | None, int, None]] = []
+    for i in range(n):
+        text, sid, roll = f"user-{rnd.randrange(keys):04d}-\u00f8", rnd.choice((1, 2)), rnd.random()
+        if roll < 0.03:
+            key = confluent(9, avro_string(text))
+        elif roll < 0.05:
+            key = confluent(sid, avro_string(text)[:-1])  # cuts the ø in half
+        else:
+            key = confluent(sid, avro_string(text))
+        value = None if rnd.random() < 0.04 else confluent(1, json_value(i, rnd))
+        out.append((key, value, 1_700_000_000_000 + rnd.randrange(40), None))
+    return out
+
+
 @pytest.fixture(scope="module")
 def typed_tables(broker: Broker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Typed]:
     """One daemon mirroring three typed tables, shared by the classic and the Connect run."""
@@ -96,6 +136,8 @@ def typed_tables(broker: Broker, tmp_path_factory: pytest.TempPathFactory) -> It
         broker.admin.create(t, partitions=3, compact=True)
     broker.admin.produce(topics["cust"], records(900, keys=300, seed=24))
     broker.admin.produce(topics["prod"], proto_records(classes["shop.Customer"], 600, keys=200, seed=25))
+    broker.admin.produce(topics["json"], json_records(700, keys=250, seed=26))
+    broker.admin.produce(topics["jkey"], keyed_records(800, keys=200, seed=27))
     broker.admin.produce(topics["custfail"], [(b"good", confluent(1, avro_payload("customer_v1.avsc",
                                                                                    customer_v1(1)))),
                                               (b"bad-one", confluent(9, b"\x00"))])
@@ -104,7 +146,7 @@ def typed_tables(broker: Broker, tmp_path_factory: pytest.TempPathFactory) -> It
         text = d.config.read_text()
         for name, section in SECTIONS.items():
             line = f'topic = "{topics[name]}"\n'
-            text = text.replace(line, line + "[tables.value]\n" + section)
+            text = text.replace(line, line + section)
         d.config.write_text(text)
         d.start()
         d.wait_running({name: broker.admin.end_offsets(t) for name, t in topics.items()})
@@ -223,7 +265,6 @@ def test_typed_protobuf_and_on_error_fail(session: Any, typed_tables: Typed) -> 
     failing.close()
 
 
-
 def test_a_snapshot_too_large_for_the_columnar_file_decodes_per_batch_alike(
         spark: Any, typed_tables: Typed, monkeypatch: pytest.MonkeyPatch) -> None:
     """The executor's handle, in this process: with ColumnarTooLarge it multi-gets and decodes each batch, and
@@ -261,3 +302,105 @@ def test_a_snapshot_too_large_for_the_columnar_file_decodes_per_batch_alike(
         mapped.close()
         per_batch.close()
         view.close()
+
+
+def test_json_values_missing_and_extra_fields_and_bad_records_equal_stdlib_json(session: Any,
+                                                                                 typed_tables: Typed) -> None:
+    env = typed_tables
+    view = GlobalTableView(session, env.config, "json")
+    desc = view.refresh()
+    oracle = oracle_at(env.broker, env.topics["json"], desc["offsets"])
+    expected = {k: json_reference(v, decimal_balance=True) for k, v in oracle.items()}
+    bad = [k for k, (_, error) in expected.items() if error]
+    assert bad and any(v is not None and None in v.values() for v, _ in expected.values())  # missing fields
+    assert any(b"extra" in v for v in oracle.values()) and any(v == b"null" for v in oracle.values())
+    keys: list[bytes | None] = [*sorted(oracle), b"json-absent", None]
+    before = view.decode_errors.value
+    rows = rows_of(view.join(keys_df(session, keys), "k", error_col="err"))
+    assert len(rows) == len(keys)
+    for r in rows:
+        k = as_key(r["k"])
+        want, error = expected.get(k, (None, False)) if k is not None else (None, False)
+        assert r["value"] == want, r["k"]
+        assert (r["err"] is not None) == error, r
+        assert (r["timestamp"] is None) == (k not in oracle), r
+    reasons = " ".join(r["err"] for r in rows if r["err"] is not None)
+    assert "invalid JSON" in reasons and "id: expected an integer" in reasons
+    assert wait_count(view.decode_errors) - before == len(bad)
+    view.close()
+
+
+def latest_by_decoded_key(env: Typed, offsets: dict[str, int]) -> tuple[dict[str, tuple[int, bytes, bytes]], int,
+                                                                         int]:
+    """The oracle fold of the typed-key table, by decoded key: ({key text: (timestamp, raw key, value)} of the
+    record each key resolves to (the greatest timestamp, on a tie the greater raw key), keys that do not decode,
+    raw keys shadowed)."""
+    timed = fold_timestamped(env.broker.settings, env.topics["jkey"], {int(p): o for p, o in offsets.items()})
+    latest: dict[str, tuple[int, bytes, bytes]] = {}
+    undecodable = 0
+    for raw, (value, ts) in timed.items():
+        text = string_key_reference(raw)
+        if text is None:
+            undecodable += 1
+        elif text not in latest or (ts, raw) > latest[text][:2]:
+            latest[text] = (ts, raw, value)
+    return latest, undecodable, len(timed) - undecodable - len(latest)
+
+
+def test_a_typed_string_key_joins_on_a_string_column(session: Any, typed_tables: Typed) -> None:
+    """An Avro string key, Confluent-framed under two writer ids: joined, through the UDF and in small-table mode,
+    on a string column holding the decoded key; every row equals the oracle fold resolved by decoded key."""
+    from globald.settings.config import load
+    from globald.snapshot.reader import open_snapshot
+    from globald.typed import load_table
+    from globald.typed.columnar import ensure_columnar
+
+    env = typed_tables
+    view = GlobalTableView(session, env.config, "jkey")
+    desc = view.refresh()
+    latest, undecodable, shadowed = latest_by_decoded_key(env, desc["offsets"])
+    assert undecodable and shadowed, "the topic must hold keys that do not decode and keys decoding alike"
+    keys: list[bytes | None] = [*(t.encode() for t in sorted(latest)), "user-absent-\u00f8".encode(), None]
+    df = keys_df(session, keys)
+    rows = rows_of(view.join(df, "k", error_col="err"))
+    assert len(rows) == len(keys)
+    for r in rows:
+        ts, _, value = latest.get(r["k"], (None, b"", b""))
+        want, error = json_reference(value[5:], decimal_balance=False) if ts is not None else (None, False)
+        assert (r["value"], r["timestamp"], r["err"] is not None) == (want, ts, error), r["k"]
+
+    got = rows_of(df.select("id", "k", view.udf()("k").alias("r")))
+    assert [(g["r"]["value"], g["r"]["timestamp"], g["r"]["error"]) for g in got] == \
+        [(r["value"], r["timestamp"], r["err"]) for r in rows]
+
+    small = GlobalTableView(session, env.config, "jkey", mode="broadcast")
+    small.refresh(offsets={int(p): o for p, o in desc["offsets"].items()})
+    assert rows_of(small.join(df, "k", error_col="err")) == rows
+    small.close()
+
+    # The columnar file the executors wrote counts what it left out (mapped, not decoded again, here).
+    cfg = load(env.config)
+    with open_snapshot(cfg.state_dir, "jkey", desc["snapshot"]) as snap:
+        key_dec, val_dec = load_table(cfg, "jkey")
+        table = ensure_columnar(snap, val_dec, key_dec)
+    assert (table.meta["key_errors"], table.meta["key_shadowed"], len(table)) == (undecodable, shadowed, len(latest))
+    view.close()
+
+
+def test_get_decode_takes_the_decoded_key_of_a_typed_key_table(typed_tables: Typed) -> None:
+    env = typed_tables
+    latest, _, _ = latest_by_decoded_key(env, {str(p): o for p, o in
+                                               env.broker.admin.end_offsets(env.topics["jkey"]).items()})
+    twice = Counter(string_key_reference(raw) for raw in
+                    fold_timestamped(env.broker.settings, env.topics["jkey"],
+                                     env.broker.admin.end_offsets(env.topics["jkey"])))
+    text = min(t for t, n in twice.items() if t is not None and n > 1)  # a key stored under two raw keys
+    r = globald("get", "--config", str(env.config), "--table", "jkey", "--decode", "--json", text)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    ts, raw, value = latest[text]
+    assert (doc["value"], doc["timestamp"], doc["key_base64"]) == (
+        as_json(json_reference(value[5:], decimal_balance=False)[0]), ts, base64.b64encode(raw).decode())
+    assert "other stored key(s) of jkey decode to the same key" in r.stderr
+    missing = globald("get", "--config", str(env.config), "--table", "jkey", "--decode", "user-absent")
+    assert missing.returncode == NOT_FOUND, missing.stderr

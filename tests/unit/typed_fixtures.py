@@ -10,6 +10,7 @@ import datetime as dt
 import decimal
 import io
 import json
+import random
 import struct
 from pathlib import Path
 from typing import Any
@@ -72,3 +73,79 @@ def proto_classes(desc: Path) -> dict[str, Any]:
         pool.Add(f)
     return {name: message_factory.GetMessageClass(pool.FindMessageTypeByName(name))
             for name in ("shop.Header", "shop.Customer")}
+
+
+# JSON values and Avro string keys, written and read back here without globald's code (stdlib json, a hand-rolled
+# Avro string reader), so that the typed tests compare globald with an independent decode.
+JSON_FIELDS = ("name", "tags", "scores", "address", "balance", "since", "updated", "active")
+
+
+def json_value(i: int, rnd: random.Random) -> bytes:
+    """A customer as JSON text: fields missing at random, some the schema does not name; a few invalid JSON, a few
+    with an id that is not an integer, a few JSON null."""
+    roll = rnd.random()
+    if roll < 0.04:
+        return b'{"id": %d, "name": "cut sh' % i
+    if roll < 0.07:
+        return json.dumps({"id": f"x{i}", "name": "id is text"}).encode()
+    if roll < 0.08:
+        return b"null"
+    doc: dict[str, Any] = {
+        "id": i, "name": f"Customer {i} \u00f8", "tags": [f"t{j}" for j in range(i % 3)], "scores": {"a": i, "b": -i},
+        "address": {"city": "Oslo", "zip": f"{i:04d}", "floor": i % 7}, "balance": i / 4,
+        "since": (dt.date(2020, 1, 1) + dt.timedelta(days=i)).isoformat(),
+        "updated": (dt.datetime(2024, 5, 1, tzinfo=dt.UTC) + dt.timedelta(milliseconds=i * 1001)).isoformat(),
+        "active": bool(i % 2)}
+    for f in JSON_FIELDS:
+        if rnd.random() < 0.2:
+            del doc[f]
+    if "address" in doc and rnd.random() < 0.3:
+        del doc["address"]["zip"]
+    if rnd.random() < 0.3:
+        doc.update(extra={"nested": [1, 2]}, loyalty="gold")
+    return json.dumps(doc).encode()
+
+
+def json_reference(payload: bytes, decimal_balance: bool) -> tuple[dict[str, Any] | None, bool]:
+    """(the row Spark's from_json gives for customer.ddl, or for customer.schema.json when not
+    ``decimal_balance``; whether the value is an error), by the standard library's json."""
+    try:
+        doc = json.loads(payload)
+    except ValueError:
+        return None, True
+    if doc is None:
+        return None, False
+    if not isinstance(doc.get("id"), int) or isinstance(doc["id"], bool):
+        return None, True
+    a, b, since, updated = doc.get("address"), doc.get("balance"), doc.get("since"), doc.get("updated")
+    return {"id": doc["id"], "name": doc.get("name"), "tags": doc.get("tags"), "scores": doc.get("scores"),
+            "address": None if a is None else {"city": a.get("city"), "zip": a.get("zip")},
+            "balance": None if b is None else decimal.Decimal(str(b)) if decimal_balance else float(b),
+            "since": None if since is None else dt.date.fromisoformat(since),
+            "updated": None if updated is None else dt.datetime.fromisoformat(updated),
+            "active": doc.get("active")}, False
+
+
+def avro_string(text: str) -> bytes:
+    return avro_payload("key.avsc", text)  # type: ignore[arg-type]
+
+
+def string_key_reference(raw: bytes, ids: tuple[int, ...] = (1, 2)) -> str | None:
+    """A Confluent-framed Avro string read by hand (magic, id, zigzag varint length, UTF-8); None where it is
+    not one whole such string under one of ``ids``."""
+    if len(raw) < 6 or raw[0] != 0 or int.from_bytes(raw[1:5], "big") not in ids:
+        return None
+    n = shift = 0
+    at = 5
+    while at < len(raw):
+        byte = raw[at]
+        n, shift, at = n | (byte & 0x7F) << shift, shift + 7, at + 1
+        if not byte & 0x80:
+            break
+    length = (n >> 1) ^ -(n & 1)
+    if length < 0 or at + length != len(raw):
+        return None
+    try:
+        return raw[at:].decode("utf-8")
+    except UnicodeDecodeError:
+        return None
