@@ -8,6 +8,7 @@ the loop's age and the commit-latency histogram are read live.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -83,6 +84,7 @@ class DaemonCollector(Collector):
         yield from _restores(s)
         yield from _counters(s)
         yield from _snapshots(s)
+        yield from _decodes(s)
         loop_age, progress_age = self._loop_age()
         yield GaugeMetricFamily(f"{PREFIX}_loop_age_seconds", "Seconds since the loop last iterated", value=loop_age)
         yield GaugeMetricFamily(f"{PREFIX}_progress_age_seconds", "Seconds since a poll last moved an offset",
@@ -208,6 +210,42 @@ def _snapshots(s: Sample) -> Iterator[Metric]:
         if snap.publish_seconds is not None:
             publish.add_metric([name], snap.publish_seconds)
     yield from (age, publish)
+
+
+def _decodes(s: Sample) -> Iterator[Metric]:
+    """Typed tables only (globald.ops.decoding): the newest snapshot the daemon decoded, as its columnar file says,
+    and the decode processes it ran. The age is taken at the scrape, from the snapshot's creation time."""
+    labels = ["table"]
+    errors = GaugeMetricFamily(f"{PREFIX}_table_decode_errors", "Values of the newest decoded snapshot that did not "
+                               "decode (null in every reader)", labels=labels)
+    values = GaugeMetricFamily(f"{PREFIX}_table_decoded_values", "Values (keys) of the newest decoded snapshot",
+                               labels=labels)
+    age = GaugeMetricFamily(f"{PREFIX}_table_decoded_snapshot_age_seconds", "Age of the newest snapshot decoded into "
+                            "its columnar file", labels=labels)
+    seconds = GaugeMetricFamily(f"{PREFIX}_table_decode_seconds", "How long decoding the newest decoded snapshot took",
+                                labels=labels)
+    active = GaugeMetricFamily(f"{PREFIX}_table_decode_active", "1 while a decode process runs for the table",
+                               labels=labels)
+    runs = CounterMetricFamily(f"{PREFIX}_table_decodes", "Decode processes that ended well (file written or found)",
+                               labels=labels)
+    failures = CounterMetricFamily(f"{PREFIX}_table_decode_failures", "Decode processes that failed or timed out",
+                                   labels=labels)
+    now = time.time()
+    for name, t in sorted(s.doc.tables.items()):
+        d = t.decode
+        if d is None:
+            continue
+        if d.snapshot is not None and not d.too_large:
+            errors.add_metric([name], d.errors)
+            values.add_metric([name], d.values)
+        if d.created is not None:
+            age.add_metric([name], max(0.0, now - d.created))
+        if d.decode_seconds is not None:
+            seconds.add_metric([name], d.decode_seconds)
+        active.add_metric([name], 1.0 if d.running_pid is not None else 0.0)
+        runs.add_metric([name], d.runs)
+        failures.add_metric([name], d.failures)
+    yield from (errors, values, age, seconds, active, runs, failures)
 
 
 class Metrics:

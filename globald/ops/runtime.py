@@ -1,4 +1,5 @@
-"""Operations of a running daemon: restore progress, hooks, sd_notify, HTTP/metrics and operator requests.
+"""Operations of a running daemon: restore progress, hooks, sd_notify, HTTP/metrics, operator requests and the
+processes decoding typed tables' snapshots (``decoding``).
 
 It learns what happens from the engine's events and acts between polls as a loop service; the HTTP handlers and
 the hook worker only read the last ``Sample`` or their own queue. Nothing here can stop the loop: event and tick
@@ -26,6 +27,7 @@ from globald.engine.view import EngineView, LoopStats
 from globald.kafka.clients import on_statistics
 from globald.kafka.properties import redact
 from globald.ops import operator_requests as requests
+from globald.ops.decoding import SnapshotDecodes
 from globald.ops.health import Liveness, Readiness, SnapshotSource, liveness, readiness
 from globald.ops.hooks import HookRunner
 from globald.ops.http import Endpoints, HttpServer
@@ -60,6 +62,7 @@ class Operations:
         self.metrics = Metrics(self.sample, self._ages)
         self.http = HttpServer(config.http, Endpoints(self.metrics.render, self.status_doc, self.liveness)) \
             if config.http.enabled else None
+        self.decodes = SnapshotDecodes(config)  # typed tables' CURRENT into columnar files, in a child process
         self.inbox = requests.RequestInbox(config.state_dir, {t.name for t in config.tables}, rebuilds.put)
         self._sample: Sample | None = None
         self._state, self._reason = State.CREATED, "created"
@@ -85,6 +88,7 @@ class Operations:
                  redact(self.config.kafka), self.hooks.describe())
 
     def stop(self) -> None:
+        self.decodes.close()  # first: a decode process never outlives the daemon
         self.inbox.close()  # the loop has ended: a reset it never ran is answered, not left to time out
         if self.http is not None:
             self.http.stop()
@@ -131,6 +135,7 @@ class Operations:
             if any(s.active for s in self.tracker.stats().values()):
                 self.notifier.status(self._status_line())  # `systemctl status` shows the restore moving
         self.inbox.poll()
+        self.decodes.tick(self._sample.doc if self._sample is not None else None)
         if self.snapshots is not None and not self.notifier.ready_sent and self._live_readiness().ready:
             self.notifier.ready(self._status_line())
 
@@ -142,6 +147,7 @@ class Operations:
 
     def observe(self, doc: DaemonStatus) -> DaemonStatus:
         """Complete the status document with what operations know, and keep it as the sample HTTP serves."""
+        doc = self.decodes.observe(doc)
         r = readiness(doc.state.value, {n: t.state for n, t in doc.tables.items()}, self.snapshots)
         address = self.http.address if self.http is not None else None
         doc = dataclasses.replace(

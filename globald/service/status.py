@@ -49,6 +49,50 @@ class SnapshotStatus:
 
 
 @dataclass(frozen=True)
+class DecodeStatus:
+    """A typed table's snapshots decoded by the daemon into their columnar files (globald.ops.decoding): the newest
+    one decoded, its figures (read from the file's metadata), and the decode runs of this process."""
+
+    snapshot: str | None = None  # the newest snapshot whose columnar file the daemon wrote or found
+    offsets: dict[int, int] = field(default_factory=dict)
+    created: float | None = None  # that snapshot's creation (wall clock), for its age
+    values: int = 0  # rows of the file: the snapshot's keys
+    errors: int = 0  # of them, values that did not decode
+    decode_seconds: float | None = None  # how long decoding the file took (whoever wrote it)
+    written: bool = False  # False: the file was already there (a reader on the host wrote it first)
+    too_large: bool = False  # the snapshot does not fit one columnar file: readers decode per batch
+    runs: int = 0  # decode processes that ended well since the daemon started
+    failures: int = 0  # those that failed, timed out or were killed at stop
+    running_pid: int | None = None  # the decode process in flight for this table, if any
+    last_error: str | None = None  # why the last run failed (None once one succeeds)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"snapshot": self.snapshot, "offsets": offsets_to_json(self.offsets), "created": self.created,
+                "values": self.values, "errors": self.errors, "decode_seconds": self.decode_seconds,
+                "written": self.written, "too_large": self.too_large, "runs": self.runs, "failures": self.failures,
+                "running_pid": self.running_pid, "last_error": self.last_error}
+
+    @classmethod
+    def from_json(cls, raw: Any) -> DecodeStatus | None:
+        if not isinstance(raw, dict):
+            return None
+
+        def typed(key: str, kind: type | tuple[type, ...], default: Any) -> Any:
+            # Read leniently: a figure of the wrong type (a damaged file) is left at its default, never shown.
+            value = raw.get(key, default)
+            if isinstance(value, bool) != (kind is bool):  # a bool is an int to Python, never a count here
+                return default
+            return value if isinstance(value, kind) else default
+
+        return cls(snapshot=typed("snapshot", str, None), offsets=_offsets_read_back(raw.get("offsets")),
+                   created=typed("created", (int, float), None), values=typed("values", int, 0),
+                   errors=typed("errors", int, 0), decode_seconds=typed("decode_seconds", (int, float), None),
+                   written=typed("written", bool, False), too_large=typed("too_large", bool, False),
+                   runs=typed("runs", int, 0), failures=typed("failures", int, 0),
+                   running_pid=typed("running_pid", int, None), last_error=typed("last_error", str, None))
+
+
+@dataclass(frozen=True)
 class TableStatus:
     state: str
     topic: str
@@ -63,6 +107,7 @@ class TableStatus:
     restore: RestoreStatus | None = None
     snapshot: SnapshotStatus | None = None
     source: str | None = None  # where a stopped daemon's offsets were read: store, checkpoint, none
+    decode: DecodeStatus | None = None  # typed tables: the daemon's decodes into columnar files
 
     @classmethod
     def of(cls, rt: TableView, positions: Mapping[int, int], ends: Mapping[int, int], records: int,
@@ -169,6 +214,8 @@ def _table_json(t: TableStatus) -> dict[str, Any]:
                            "stale": s.stale, "stale_reason": s.stale_reason, "published": s.published,
                            "exact_built": s.exact_built, "refused": dict(s.refused),
                            "last_publish_ms": round(s.last_publish_ms, 3), "last_error": s.last_error}
+    if t.decode is not None:
+        doc["decode"] = t.decode.to_json()
     return doc
 
 
@@ -186,4 +233,4 @@ def _table_from(raw: Any) -> TableStatus:
                                 bool(s.get("stale")), s.get("stale_reason"), s.get("published", 0),
                                 s.get("exact_built", 0), dict(s.get("refused") or {}), s.get("last_publish_ms", 0.0),
                                 s.get("last_error")) if isinstance(s, dict) else None,
-        source=t.get("source"))
+        source=t.get("source"), decode=DecodeStatus.from_json(t.get("decode")))

@@ -14,7 +14,7 @@ from typing import Any
 
 from globald.common.errors import StoreCorruptError, StoreUnavailableError
 from globald.common.states import State
-from globald.service.status import DaemonStatus, TableStatus
+from globald.service.status import DaemonStatus, DecodeStatus, TableStatus
 from globald.settings.config import Config
 from globald.store import checkpoint_file
 from globald.store.durable import replace_file
@@ -128,8 +128,25 @@ def status_lines(doc: DaemonStatus) -> list[str]:
         if snap is not None and snap.current:
             stale = f"  STALE: {snap.stale_reason}" if snap.stale else ""
             lines.append(f"  {'':<20} snapshot {snap.current}{stale}")
+        if t.decode is not None:
+            lines.append(f"  {'':<20} {decode_line(t.decode)}")
         lines += _disk_lines(doc, name)
     return lines
+
+
+def decode_line(d: DecodeStatus) -> str:
+    """A typed table's newest snapshot decoded by the daemon into its columnar file, and its decode in flight."""
+    if d.snapshot is None:
+        text = "decoded: nothing yet"
+    elif d.too_large:
+        text = f"decoded: snapshot {d.snapshot} is too large for a columnar file (readers decode per batch)"
+    else:
+        text = f"decoded: snapshot {d.snapshot}, {d.values:,} values, {d.errors:,} decode errors"
+    if d.running_pid is not None:
+        text += f"; decoding CURRENT now (pid {d.running_pid})"
+    if d.last_error is not None:
+        text += f"; last decode failed: {d.last_error}"
+    return text
 
 
 def _disk_lines(doc: DaemonStatus, table: str) -> list[str]:

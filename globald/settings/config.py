@@ -165,6 +165,10 @@ class SnapshotConfig:
              "false: refuse, exit 3, until it is RUNNING again")))
     build_timeout_ms: int = field(default=120_000, metadata=declare(Integer(
         100, 86_400_000, help="an exact-offset snapshot build taking longer is abandoned and answered 'timeout'")))
+    decode_interval_ms: int = field(default=30_000, metadata=declare(Integer(
+        0, 86_400_000, help="typed tables: the daemon decodes CURRENT into its columnar file in a separate "
+                            "low-priority process, at most once per this long per table, counted from the end of the "
+                            "previous decode and never sooner than it lasted; 0: never (the first reader decodes)")))
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,266 @@
+"""The daemon decodes each typed table's CURRENT snapshot into its columnar file, in a process of its own.
+
+Readers (``globald.typed.columnar.ensure_columnar``) decode a snapshot once per host when they first meet it; the
+daemon does it ahead of them, so that a Spark worker finds the file and only maps it, and it exports what the file
+says about the data (values, decode errors) as metrics and status. Decoding is Python per value (~40 us, holding
+the GIL), so it never runs in the daemon: a child process does it (``python -m globald.typed.decode_snapshot``),
+at nice 19 and SCHED_IDLE, holding the snapshot with a lease.
+
+What bounds its cost, so that it cannot slow ingestion:
+- one decode process at a time for the whole daemon, started from the loop's operations tick (a ``Popen``, then a
+  ``poll`` per tick: no thread, no blocking call);
+- per table, at most one decode per ``[snapshots] decode_interval_ms``, counted from the end of the previous one
+  and never sooner than that one lasted, so a table updated every second keeps a core at most half busy, and
+  ``decode_s / (decode_s + interval)`` of it for short decodes; after failures the wait doubles, up to 16 times;
+- only when CURRENT is not the snapshot decoded last; only tables with a typed value or key;
+- a decode running longer than ``TIMEOUT_S`` is killed and counted as failed.
+
+Stopping the daemon stops the process: SIGTERM (with SIGCONT, should it be stopped), which it answers by removing
+its temporary file and releasing its lease; SIGKILL after ``STOP_GRACE_S``, and then this module removes the
+temporary file it may have left. A failure is counted (``common.swallowed``, place ``snapshot_decode``, and the
+table's ``failures``), logged, and never more than that.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import IO, Any
+
+from globald.common import swallowed
+from globald.common.errors import GlobaldError
+from globald.service.status import DaemonStatus, DecodeStatus
+from globald.settings.config import Config
+from globald.store.durable import TMP_PREFIX, TMP_SUFFIX
+from globald.store.names import SNAPSHOT_LEASES_DIR, snapshots_dir
+
+log = logging.getLogger(__name__)
+
+MODULE = "globald.typed.decode_snapshot"
+LEASE_S = 60.0  # the child renews it every 15 s; a killed child's lease holds the snapshot at most this long
+TIMEOUT_S = 1800.0
+STOP_GRACE_S = 5.0
+MAX_BACKOFF = 16
+COLUMNAR_TMP = f"{TMP_PREFIX}columnar-"  # what replace_file names the columnar file while writing it
+
+
+class DecodeFailed(GlobaldError):
+    """The process decoding a snapshot into its columnar file failed; the daemon log above says why. Nothing is
+    lost: readers decode the snapshot themselves, and the daemon tries again after ``decode_interval_ms``."""
+
+
+def typed_tables(config: Config) -> list[str]:
+    return [t.name for t in config.tables if any(f is not None and f.typed for f in (t.value, t.key))]
+
+
+@dataclass
+class _Table:
+    status: DecodeStatus = field(default_factory=DecodeStatus)
+    next_at: float = 0.0  # monotonic: no decode of this table starts before
+    failed_in_row: int = 0
+    tried: str | None = None  # the CURRENT the last run was started for
+
+
+@dataclass
+class _Run:
+    table: str
+    proc: subprocess.Popen[bytes]
+    started: float  # monotonic
+
+
+class SnapshotDecodes:
+    """Starts, watches and stops the decode processes. Every method runs on the loop thread, except ``close``
+    (the daemon's main thread, once the loop has ended)."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.interval = config.snapshots.decode_interval_ms / 1000
+        self._tables = {name: _Table() for name in typed_tables(config)}
+        self._run: _Run | None = None
+        self._holder = _holder()
+        self.enabled = bool(self._tables) and self.interval > 0 and config.source is not None
+        if self._tables and self.interval > 0 and config.source is None:
+            log.info("typed tables are not decoded by the daemon: its config was not loaded from a file, which the "
+                     "decode process must read; readers decode the snapshots themselves")
+
+    # -- loop thread -------------------------------------------------------------------------------------------
+
+    def tick(self, doc: DaemonStatus | None) -> None:
+        """Collect a finished decode; else start one if a table's CURRENT (as ``doc`` says) awaits it."""
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        if self._run is not None:
+            self._watch(self._run, now)
+            return
+        if doc is None:
+            return
+        due = []
+        for name, tab in self._tables.items():
+            t = doc.tables.get(name)
+            current = t.snapshot.current if t is not None and t.snapshot is not None else None
+            if current is not None and current != tab.status.snapshot and now >= tab.next_at:
+                due.append((tab.next_at, name, current))
+        if due:
+            _, name, current = min(due)  # the table that has waited longest
+            self._start(name, current, now)
+
+    def status(self, table: str) -> DecodeStatus | None:
+        tab = self._tables.get(table)
+        if tab is None:
+            return None
+        running = self._run.proc.pid if self._run is not None and self._run.table == table else None
+        return replace(tab.status, running_pid=running)
+
+    def observe(self, doc: DaemonStatus) -> DaemonStatus:
+        """``doc`` with each typed table's decode status."""
+        tables = {name: replace(t, decode=self.status(name)) if name in self._tables else t
+                  for name, t in doc.tables.items()}
+        return replace(doc, tables=tables)
+
+    def _start(self, table: str, current: str, now: float) -> None:
+        assert self.config.source is not None
+        argv = [sys.executable, "-m", MODULE, "--config", str(self.config.source), "--table", table,
+                "--holder", self._holder_of(table), "--lease-s", str(LEASE_S), "--parent", str(os.getpid())]
+        tab = self._tables[table]
+        tab.tried = current
+        try:
+            # Its own session: a terminal's Ctrl-C reaches the daemon, which stops it; stderr is the daemon's log.
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, close_fds=True,
+                                    start_new_session=True)
+        except OSError as e:
+            self._failed(table, now, now, f"cannot start the decode process: {e}")
+            return
+        self._run = _Run(table, proc, now)
+        log.debug("table %s: decoding snapshot %s in process %d", table, current, proc.pid)
+
+    def _watch(self, run: _Run, now: float) -> None:
+        rc = run.proc.poll()
+        if rc is None:
+            if now - run.started > TIMEOUT_S:
+                self._stop(run)
+                self._failed(run.table, run.started, now, f"killed after {TIMEOUT_S:.0f}s without finishing")
+            return
+        self._run = None
+        lines = _lines(run.proc)
+        done = next((d for d in lines if d.get("event") == "done"), None)
+        if rc != 0 or done is None:
+            self._failed(run.table, run.started, now, f"the decode process exited with {rc} (see the log above)")
+            return
+        tab = self._tables[run.table]
+        tab.failed_in_row = 0
+        tab.next_at = now + max(self.interval, now - run.started)
+        s = tab.status
+        offsets = {int(p): int(o) for p, o in (done.get("offsets") or {}).items()}
+        tab.status = DecodeStatus(
+            snapshot=str(done["snapshot"]), offsets=offsets, created=_number(done.get("created")),
+            values=int(done.get("values") or 0), errors=int(done.get("errors") or 0),
+            decode_seconds=_number(done.get("decode_seconds")), written=bool(done.get("written")),
+            too_large=bool(done.get("too_large")), runs=s.runs + 1, failures=s.failures)
+        if tab.status.written:  # the decode process logged its figures already; this adds the whole run's time
+            log.debug("table %s: snapshot %s decoded into its columnar file: %d values, %d decode errors, %.1fs",
+                     run.table, tab.status.snapshot, tab.status.values, tab.status.errors, now - run.started)
+
+    def _failed(self, table: str, started: float, now: float, why: str) -> None:
+        tab = self._tables[table]
+        tab.failed_in_row += 1
+        backoff = min(2 ** (tab.failed_in_row - 1), MAX_BACKOFF)
+        tab.next_at = now + max(self.interval, now - started) * backoff
+        tab.status = replace(tab.status, failures=tab.status.failures + 1, last_error=why)
+        swallowed.record("snapshot_decode", DecodeFailed(why), log, "table %s: decoding snapshot %s failed: %s; "
+                         "readers decode it themselves, the daemon tries again in %.0fs", table, tab.tried, why,
+                         tab.next_at - now)
+
+    # -- shutdown (main thread, after the loop) ----------------------------------------------------------------
+
+    def close(self) -> None:
+        """Stop a decode in flight and wait for it: no process and no half-written file outlives the daemon."""
+        run, self._run = self._run, None
+        if run is None:
+            return
+        self._stop(run)  # not a failure: the next daemon decodes CURRENT again
+        log.info("table %s: decode of snapshot %s stopped with the daemon", run.table, self._tables[run.table].tried)
+
+    def _holder_of(self, table: str) -> str:
+        return f"{self._holder}-{_label(table)}"
+
+    def _stop(self, run: _Run) -> None:
+        proc = run.proc
+        if proc.poll() is None:
+            proc.terminate()
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGCONT)  # a stopped process acts on SIGTERM only once continued
+            try:
+                proc.wait(STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        killed = proc.returncode == -signal.SIGKILL
+        opened = next((d for d in _lines(proc) if d.get("event") == "open"), None)
+        if killed and opened is not None:
+            # SIGKILL left the process no chance to remove replace_file's temporary or to release its lease.
+            _remove_temporary(Path(str(opened.get("dir"))))
+            lease = snapshots_dir(self.config.state_dir, run.table) / SNAPSHOT_LEASES_DIR / \
+                f"{self._holder_of(run.table)}.json"
+            with contextlib.suppress(OSError):
+                lease.unlink(missing_ok=True)
+
+
+def _holder() -> str:
+    """This daemon's lease holder prefix, in the holder alphabet (globald.snapshot.leases.HOLDER_RE)."""
+    host = "".join(c if c.isalnum() or c in "_.-" else "_" for c in socket.gethostname()).lstrip(".-")[:64]
+    return f"{host or 'host'}-{os.getpid()}-decode"
+
+
+def _label(table: str) -> str:
+    return "".join(c if c.isalnum() or c in "_.-" else "_" for c in table)[:48]
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _lines(proc: subprocess.Popen[bytes]) -> list[dict[str, Any]]:
+    """The JSON lines a finished decode process wrote (a few hundred bytes: the pipe never fills)."""
+    out: IO[bytes] | None = proc.stdout
+    if out is None:
+        return []
+    with contextlib.suppress(OSError, ValueError):
+        raw = out.read()
+        out.close()
+        docs = []
+        for line in raw.decode(errors="replace").splitlines():
+            with contextlib.suppress(ValueError):
+                doc = json.loads(line)
+                if isinstance(doc, dict):
+                    docs.append(doc)
+        return docs
+    return []
+
+
+def _remove_temporary(directory: Path) -> None:
+    """The columnar file's temporary of a killed decode, if the host lock says no reader is writing one now."""
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:  # retention took the snapshot meanwhile: nothing left to clean
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # the lock ensure_columnar writes under
+        for entry in os.scandir(directory):
+            if entry.name.startswith(COLUMNAR_TMP) and entry.name.endswith(TMP_SUFFIX):
+                with contextlib.suppress(OSError):
+                    os.unlink(entry.path)
+    except OSError:  # a reader holds the lock and writes its own file: its temporary is not ours to remove
+        pass
+    finally:
+        os.close(fd)

@@ -1,0 +1,144 @@
+"""``python -m globald.typed.decode_snapshot``: decode a typed table's CURRENT snapshot into its columnar file.
+
+The daemon runs this as a separate process (``globald.ops.decoding``), never in one of its threads: decoding is
+Python per value (fastavro, protobuf and orjson hold the GIL, ~40 us a value), and a thread of the daemon would take
+that time from the loop that ingests. This process makes itself as unimportant to the scheduler as it can (nice
+19, and SCHED_IDLE where the kernel has it), so ingestion, commits and the Spark workers always run first.
+
+It opens CURRENT as it finds it at its start, pinned with a lease (renewed by a thread while it runs, released at
+the end), so retention cannot delete the snapshot under it; then ``ensure_columnar`` does what the first Spark
+worker would (the same file, the same host lock): a file already written is only mapped. SIGTERM (the daemon
+stopping) ends it at once and cleanly: the temporary file is removed, the lease released, no columnar file appears.
+If the daemon dies, the kernel sends it SIGTERM too (PR_SET_PDEATHSIG).
+
+Its stdout is for the daemon: one JSON line when the snapshot is open (``{"event": "open", "snapshot": id}``) and
+one when done (``{"event": "done", ...}``: the snapshot, its offsets, the file's rows and decode errors). Its log
+goes to stderr, which it shares with the daemon. Exit 0 when done (a snapshot too large for one file included:
+``"too_large": true``), 1 on a failure the log explains, 143 on SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from types import FrameType
+from typing import Any
+
+log = logging.getLogger("globald.typed.decode_snapshot")
+
+_PR_SET_PDEATHSIG = 1
+
+
+def lower_priority() -> None:
+    """The lowest CPU priority an unprivileged process can take: nice 19, then SCHED_IDLE (runs only on an
+    otherwise idle core). Each is best effort: a kernel or container that refuses one leaves the other."""
+    with contextlib.suppress(OSError):
+        os.nice(19 - os.nice(0))
+    if hasattr(os, "sched_setscheduler") and hasattr(os, "SCHED_IDLE"):
+        with contextlib.suppress(OSError):
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+
+
+def die_with(parent: int) -> None:
+    """SIGTERM when the daemon dies (Linux); exit now if it already has (it died before the call)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    if os.getppid() != parent:
+        raise SystemExit(143)
+
+
+def _on_term(signum: int, frame: FrameType | None) -> None:
+    # An exception, not an exit from the handler: it unwinds through replace_file (which removes its temporary
+    # file), the snapshot's context manager (which releases the lease) and the host lock.
+    raise SystemExit(143)
+
+
+def _emit(doc: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(doc) + "\n")
+    sys.stdout.flush()
+
+
+def _keep_leased(snap: Any, every_s: float, done: threading.Event) -> threading.Thread:
+    """Renew the snapshot's lease while the decode runs (``Snapshot.renew`` rewrites it once half has run out)."""
+
+    def run() -> None:
+        while not done.wait(every_s):
+            try:
+                snap.renew()
+            except OSError as e:  # a full disk: the lease written at the start still holds for its ttl
+                log.warning("cannot renew the lease on snapshot %s: %s", snap.id, e)
+
+    thread = threading.Thread(target=run, name="lease-renewal", daemon=True)
+    thread.start()
+    return thread
+
+
+def decode(config_path: str, table: str, holder: str, lease_s: float) -> dict[str, Any]:
+    """Open CURRENT of ``table`` under a lease, make sure its columnar file exists, and say what it holds."""
+    from globald.common import logs
+    from globald.settings.config import load
+    from globald.snapshot.reader import OpenOptions, Snapshot
+
+    config = load(config_path)
+    logs.setup(config.log_level, config.log_format)
+    with Snapshot(config.state_dir, table, None, OpenOptions(serve_stale=True, lease_s=lease_s, holder=holder)) \
+            as snap:
+        _emit({"event": "open", "snapshot": snap.id, "dir": str(snap.table_dir / snap.id)})
+        done = threading.Event()
+        renewer = _keep_leased(snap, lease_s / 4, done)
+        try:
+            # Imported only here: pyarrow and the decoding libraries are this process's cost, never the daemon's.
+            from globald.typed import load_table
+            from globald.typed.columnar import ColumnarTooLarge, columnar_path, ensure_columnar
+
+            decoder = load_table(config, table)[1]
+            path = columnar_path(snap.table_dir / snap.id, decoder)
+            existed = path.exists()
+            about: dict[str, Any] = {"event": "done", "snapshot": snap.id, "created": snap.manifest.created,
+                                     "offsets": {str(p): o for p, o in snap.offsets.items()}}
+            try:
+                columnar = ensure_columnar(snap, decoder)
+            except ColumnarTooLarge as e:
+                log.info("table %s: snapshot %s is too large for a columnar file (%s); readers decode per batch",
+                         table, snap.id, e)
+                return {**about, "too_large": True}
+            return {**about, "file": path.name, "values": len(columnar), "errors": columnar.error_count,
+                    "decode_seconds": columnar.meta.get("decode_s"), "written": not existed}
+        finally:
+            done.set()
+            renewer.join()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m globald.typed.decode_snapshot", description=__doc__)
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--table", required=True)
+    parser.add_argument("--holder", required=True, help="the lease holder name")
+    parser.add_argument("--lease-s", type=float, default=60.0)
+    parser.add_argument("--parent", type=int, default=0, help="the daemon's pid: this process ends with it")
+    args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, _on_term)
+    lower_priority()
+    if args.parent:
+        die_with(args.parent)
+    started = time.monotonic()
+    try:
+        doc = decode(args.config, args.table, args.holder, args.lease_s)
+    except Exception as e:  # the daemon counts the failure; this says why, in the daemon's log
+        log.error("table %s: decoding the current snapshot failed: %s: %s", args.table, type(e).__name__, e,
+                  exc_info=not isinstance(e, OSError))
+        return 1
+    _emit({**doc, "seconds": round(time.monotonic() - started, 3)})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
