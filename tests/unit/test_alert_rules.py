@@ -14,7 +14,7 @@ import subprocess
 
 from globald.common.states import State
 from globald.ops.metrics import Metrics, Sample
-from globald.service.status import DaemonStatus, DiskStatus, TableStatus
+from globald.service.status import DaemonStatus, DecodeStatus, DiskStatus, TableStatus
 from tests.ci import require_tool
 from tests.harness import REPO
 
@@ -22,15 +22,18 @@ RULES_DIR = REPO / "config" / "prometheus"
 RULES = RULES_DIR / "globald-alerts.yml"
 RULE_TESTS = RULES_DIR / "globald-alerts.test.yml"
 ALERTS = ("GlobaldNotReady", "GlobaldDegraded", "GlobaldLagHigh", "GlobaldDiskHeadroomLow", "GlobaldDiskBelowNextStep",
-          "GlobaldDiskFillsSoon", "GlobaldFailuresRepeating", "GlobaldBug", "GlobaldLoopStuck")
+          "GlobaldDiskFillsSoon", "GlobaldFailuresRepeating", "GlobaldBug", "GlobaldLoopStuck",
+          "GlobaldDecodeErrorsRising")
 
 
 def exported_names() -> set[str]:
-    """Metric names in the text a daemon's /metrics serves (one table, every family present)."""
+    """Metric names in the text a daemon's /metrics serves (one typed table, every family present)."""
     disk = DiskStatus(free_bytes=1 << 30, tables={"t": {"live_bytes": 10, "snapshot_bytes": 5, "leftover_bytes": 0,
                                                         "need_bytes": 20}})
     doc = DaemonStatus(state=State.RUNNING, pid=1, degraded=None, disk=disk, tables={
-        "t": TableStatus(state="RUNNING", topic="tt", offsets={0: 5}, end_offsets={0: 9})})
+        "t": TableStatus(state="RUNNING", topic="tt", offsets={0: 5}, end_offsets={0: 9},
+                         decode=DecodeStatus(snapshot="1", offsets={0: 5}, created=1.0, values=4, errors=1,
+                                             decode_seconds=0.5, runs=1, failures=0, running_pid=7))})
     sample = Sample(doc=doc, swallowed={"snapshot_publish": 1}, bugs={"user_callback": 1},
                     disk_free_bytes=(1 << 30, 1 << 34))
     text = Metrics(lambda: sample, lambda: (0.1, 0.2)).render().decode()
