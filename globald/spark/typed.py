@@ -11,6 +11,8 @@ Contract, on classic and Spark Connect sessions alike:
   struct<value: the schema's struct, timestamp: bigint, error: string>.
 - Small-table mode gives the same rows: the shipped content is decoded once per Python worker into the same
   lookup structure (``small_join="spark"`` has no typed form: a typed view always joins through the index).
+- A typed key (``[tables.key]``): the join column is matched against the decoded keys by canonical form
+  (``globald.typed.keys``: strings by UTF-8, integers by decimal text); a record key is refused before any job.
 - ``on_error = "fail"``: a looked-up value that does not decode fails the task with ``DecodeFailure`` naming the
   key and the reason (partition and offset "unknown": a snapshot keeps neither per key).
 

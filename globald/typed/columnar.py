@@ -16,7 +16,8 @@ under a temporary name and renamed into place (``globald.store.durable.replace_f
 whole one. Rows are in key order (the snapshot's) with columns key, timestamp, value, error and ``hash`` (the key's
 64-bit hash) and ``slots``: the open-addressing table (two slots a key, each a row or -1, linear probing from the
 hash modulo their number), stored two to a row so that every column has one entry a key. The index costs 16 bytes a
-key.
+key. A table whose key is declared typed is indexed on each decoded key's canonical form instead of the stored
+bytes, and looked up the same way (``globald.typed.keys``); its file has a name of its own.
 """
 
 from __future__ import annotations

@@ -31,12 +31,12 @@ from tests.support.spark_connect import connect_server, connect_session
 from tests.unit.typed_fixtures import (
     FIXTURES,
     avro_payload,
-    avro_string,
     confluent,
     customer_v1,
     descriptor_set,
+    json_records,
     json_reference,
-    json_value,
+    keyed_records,
     proto_classes,
     string_key_reference,
 )
@@ -59,6 +59,7 @@ SECTIONS = {
     "jkey": '[tables.key]\nformat = "avro"\nschema = "schemas/key.avsc"\nframing = "confluent"\n'
             'writer_schemas = "schemas/keyids"\n' + VALUE + 'format = "json"\nschema = "schemas/customer.schema.json"\n'
             'framing = "confluent"\n',
+    "rkey": '[tables.key]\nformat = "json"\nschema = "schemas/customer.ddl"\n',  # a record key: no join
 }
 
 
@@ -101,30 +102,6 @@ def proto_records(cls: Any, n: int, keys: int, seed: int) -> list[tuple[bytes, b
     return out
 
 
-def json_records(n: int, keys: int, seed: int) -> list[tuple[bytes, bytes | None]]:
-    rnd = random.Random(seed)
-    return [(b"json-%04d" % rnd.randrange(keys), None if rnd.random() < 0.04 else json_value(i, rnd))
-            for i in range(n)]
-
-
-def keyed_records(n: int, keys: int, seed: int) -> list[tuple[bytes, bytes | None, int, None]]:
-    """Avro string keys framed under ids 1 and 2 (so one logical key is often stored under two raw keys), a few
-    under an unknown id or truncated (keys that do not decode); few distinct timestamps, so that ties happen."""
-    rnd = random.Random(seed)
-    out: list[tuple[bytes, bytes | None, int, None]] = []
-    for i in range(n):
-        text, sid, roll = f"user-{rnd.randrange(keys):04d}-\u00f8", rnd.choice((1, 2)), rnd.random()
-        if roll < 0.03:
-            key = confluent(9, avro_string(text))
-        elif roll < 0.05:
-            key = confluent(sid, avro_string(text)[:-1])  # cuts the ø in half
-        else:
-            key = confluent(sid, avro_string(text))
-        value = None if rnd.random() < 0.04 else confluent(1, json_value(i, rnd))
-        out.append((key, value, 1_700_000_000_000 + rnd.randrange(40), None))
-    return out
-
-
 @pytest.fixture(scope="module")
 def typed_tables(broker: Broker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Typed]:
     """One daemon mirroring three typed tables, shared by the classic and the Connect run."""
@@ -138,6 +115,7 @@ def typed_tables(broker: Broker, tmp_path_factory: pytest.TempPathFactory) -> It
     broker.admin.produce(topics["prod"], proto_records(classes["shop.Customer"], 600, keys=200, seed=25))
     broker.admin.produce(topics["json"], json_records(700, keys=250, seed=26))
     broker.admin.produce(topics["jkey"], keyed_records(800, keys=200, seed=27))
+    broker.admin.produce(topics["rkey"], [(b'{"id": 1}', b"one")])
     broker.admin.produce(topics["custfail"], [(b"good", confluent(1, avro_payload("customer_v1.avsc",
                                                                                    customer_v1(1)))),
                                               (b"bad-one", confluent(9, b"\x00"))])
@@ -404,3 +382,16 @@ def test_get_decode_takes_the_decoded_key_of_a_typed_key_table(typed_tables: Typ
     assert "other stored key(s) of jkey decode to the same key" in r.stderr
     missing = globald("get", "--config", str(env.config), "--table", "jkey", "--decode", "user-absent")
     assert missing.returncode == NOT_FOUND, missing.stderr
+
+
+def test_a_record_key_is_refused_in_one_line(spark: Any, typed_tables: Typed) -> None:
+    from globald.typed.keys import KeyTypeUnsupported
+
+    view = GlobalTableView(spark, typed_tables.config, "rkey")
+    view.refresh()
+    for attempt in (lambda: view.join(keys_df(spark, [b"1"]), "k"), view.udf):
+        with pytest.raises(KeyTypeUnsupported, match=r"^table rkey: its key \(tables\[\d\]\.key, format json\) "
+                                                     r"decodes to struct<id: int64[^\n]*only string, bytes and "
+                                                     r"integer keys can$"):
+            attempt()
+    view.close()

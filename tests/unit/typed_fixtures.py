@@ -149,3 +149,27 @@ def string_key_reference(raw: bytes, ids: tuple[int, ...] = (1, 2)) -> str | Non
         return raw[at:].decode("utf-8")
     except UnicodeDecodeError:
         return None
+
+
+def json_records(n: int, keys: int, seed: int) -> list[tuple[bytes, bytes | None]]:
+    rnd = random.Random(seed)
+    return [(b"json-%04d" % rnd.randrange(keys), None if rnd.random() < 0.04 else json_value(i, rnd))
+            for i in range(n)]
+
+
+def keyed_records(n: int, keys: int, seed: int) -> list[tuple[bytes, bytes | None, int, None]]:
+    """Avro string keys framed under ids 1 and 2 (so one logical key is often stored under two raw keys), a few
+    under an unknown id or truncated (keys that do not decode); few distinct timestamps, so that ties happen."""
+    rnd = random.Random(seed)
+    out: list[tuple[bytes, bytes | None, int, None]] = []
+    for i in range(n):
+        text, sid, roll = f"user-{rnd.randrange(keys):04d}-\u00f8", rnd.choice((1, 2)), rnd.random()
+        if roll < 0.03:
+            key = confluent(9, avro_string(text))
+        elif roll < 0.05:
+            key = confluent(sid, avro_string(text)[:-1])  # cuts the ø in half
+        else:
+            key = confluent(sid, avro_string(text))
+        value = None if rnd.random() < 0.04 else confluent(1, json_value(i, rnd))
+        out.append((key, value, 1_700_000_000_000 + rnd.randrange(40), None))
+    return out
