@@ -23,8 +23,9 @@ Headers = list[tuple[str, bytes]]
 TimedRecord = tuple[bytes | None, bytes | None, int | None, Headers | None]
 
 # What a broker answers while it is (re)starting or moving leadership; worth asking again.
+# UNKNOWN: a 0.9 broker answers an offsets request that races the deletion of a segment (retention) with it.
 _SETTLING = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.UNKNOWN_TOPIC_OR_PART,
-             KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._ALL_BROKERS_DOWN}
+             KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._ALL_BROKERS_DOWN, KafkaError.UNKNOWN}
 
 
 class TopicAdmin:
