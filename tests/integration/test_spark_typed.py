@@ -253,7 +253,7 @@ def test_a_snapshot_too_large_for_the_columnar_file_decodes_per_batch_alike(
     from globald.typed.arrow import DecodeFailure
     from globald.typed.columnar import ColumnarTooLarge
 
-    def too_large(snapshot: Any, decoder: Any) -> Any:
+    def too_large(snapshot: Any, decoder: Any, key_decoder: Any = None) -> Any:
         raise ColumnarTooLarge(f"snapshot {snapshot.id}: pretend it is over 2 GB")
 
     env = typed_tables
@@ -280,6 +280,16 @@ def test_a_snapshot_too_large_for_the_columnar_file_decodes_per_batch_alike(
         mapped.close()
         per_batch.close()
         view.close()
+
+    # A typed key has no multi-get (the store is keyed by the raw bytes): the task fails saying so.
+    view = GlobalTableView(spark, env.config, "jkey")
+    desc = view.refresh()
+    key_dec, val_dec = spark_typed.decoders(view.config_path, "jkey")
+    with monkeypatch.context() as m, pytest.raises(ColumnarTooLarge, match="declares a typed key, which only the "
+                                                                           "columnar file can look up"):
+        m.setattr(spark_typed, "open_typed", too_large)
+        spark_typed.TypedHandle(view.settings, desc, None, spark_typed.file_fingerprint(val_dec, key_dec))
+    view.close()
 
 
 def test_json_values_missing_and_extra_fields_and_bad_records_equal_stdlib_json(session: Any,
