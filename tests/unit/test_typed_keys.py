@@ -141,3 +141,15 @@ def test_canonical_forms() -> None:
     assert canonical(pa.chunked_array([["x"], ["y"]])).to_pylist() == [b"x", b"y"]
     assert canonical(pa.array(["a", "b", "a"]).dictionary_encode()).to_pylist() == [b"a", b"b", b"a"]
     assert canonical(pa.nulls(2)).to_pylist() == [None, None]
+
+
+def test_get_finds_the_decoded_key_by_the_same_rule_as_the_file() -> None:
+    from globald.typed.keys import find_decoded
+
+    content = sorted([(avro_key("c", 1), b"c-1", 7), (avro_key("c", 2), b"c-2", 7), (avro_key("a", 2), b"a-new", 9),
+                      (avro_key("a", 1), b"a-old", 5), (confluent(9, b"\x02c"), b"unknown id", 99)])
+    assert find_decoded(content, key_decoder(), b"c", batch=2) == ((avro_key("c", 2), b"c-2", 7), 1)
+    assert find_decoded(content, key_decoder(), b"a", batch=2) == ((avro_key("a", 2), b"a-new", 9), 1)
+    assert find_decoded(content, key_decoder(), b"zz") == (None, 0)
+    table = ColumnarTable(build_table(content, RAW, {}, key_decoder()))
+    assert table.lookup(pa.array(["c", "a"])).values.to_pylist() == [b"c-2", b"a-new"]
