@@ -33,6 +33,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any
@@ -76,14 +77,16 @@ class _Run:
     table: str
     proc: subprocess.Popen[bytes]
     started: float  # monotonic
+    stopping_since: float | None = None  # when it was told to stop (past TIMEOUT_S)
 
 
 class SnapshotDecodes:
     """Starts, watches and stops the decode processes. Every method runs on the loop thread, except ``close``
     (the daemon's main thread, once the loop has ended)."""
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
+        self._clock = clock  # the throttle's clock: monotonic (a test passes its own)
         self.interval = config.snapshots.decode_interval_ms / 1000
         self._tables = {name: _Table() for name in typed_tables(config)}
         self._run: _Run | None = None
@@ -99,7 +102,7 @@ class SnapshotDecodes:
         """Collect a finished decode; else start one if a table's CURRENT (as ``doc`` says) awaits it."""
         if not self.enabled:
             return
-        now = time.monotonic()
+        now = self._clock()
         if self._run is not None:
             self._watch(self._run, now)
             return
@@ -147,15 +150,21 @@ class SnapshotDecodes:
     def _watch(self, run: _Run, now: float) -> None:
         rc = run.proc.poll()
         if rc is None:
-            if now - run.started > TIMEOUT_S:
-                self._stop(run)
-                self._failed(run.table, run.started, now, f"killed after {TIMEOUT_S:.0f}s without finishing")
+            # Past its limit: told to stop, then killed; never waited for here, on the loop thread.
+            if run.stopping_since is None and now - run.started > TIMEOUT_S:
+                run.stopping_since = now
+                _terminate(run.proc)
+            elif run.stopping_since is not None and now - run.stopping_since > STOP_GRACE_S:
+                run.proc.kill()
             return
         self._run = None
         lines = _lines(run.proc)
         done = next((d for d in lines if d.get("event") == "done"), None)
         if rc != 0 or done is None:
-            self._failed(run.table, run.started, now, f"the decode process exited with {rc} (see the log above)")
+            self._cleanup(run, lines)
+            why = f"killed after {TIMEOUT_S:.0f}s without finishing" if run.stopping_since is not None else \
+                f"the decode process exited with {rc} (see the log above)"
+            self._failed(run.table, run.started, now, why)
             return
         tab = self._tables[run.table]
         tab.failed_in_row = 0
@@ -195,25 +204,34 @@ class SnapshotDecodes:
         return f"{self._holder}-{_label(table)}"
 
     def _stop(self, run: _Run) -> None:
+        """SIGTERM, then SIGKILL after STOP_GRACE_S; waits (the daemon's main thread, once the loop has ended)."""
         proc = run.proc
         if proc.poll() is None:
-            proc.terminate()
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(proc.pid, signal.SIGCONT)  # a stopped process acts on SIGTERM only once continued
+            _terminate(proc)
             try:
                 proc.wait(STOP_GRACE_S)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-        killed = proc.returncode == -signal.SIGKILL
-        opened = next((d for d in _lines(proc) if d.get("event") == "open"), None)
-        if killed and opened is not None:
-            # SIGKILL left the process no chance to remove replace_file's temporary or to release its lease.
-            _remove_temporary(Path(str(opened.get("dir"))))
-            lease = snapshots_dir(self.config.state_dir, run.table) / SNAPSHOT_LEASES_DIR / \
-                f"{self._holder_of(run.table)}.json"
-            with contextlib.suppress(OSError):
-                lease.unlink(missing_ok=True)
+        self._cleanup(run, _lines(proc))
+
+    def _cleanup(self, run: _Run, lines: list[dict[str, Any]]) -> None:
+        """After SIGKILL, what the process had no chance to remove: replace_file's temporary and its lease."""
+        opened = next((d for d in lines if d.get("event") == "open"), None)
+        if run.proc.returncode != -signal.SIGKILL or opened is None:
+            return
+        _remove_temporary(Path(str(opened.get("dir"))))
+        lease = snapshots_dir(self.config.state_dir, run.table) / SNAPSHOT_LEASES_DIR / \
+            f"{self._holder_of(run.table)}.json"
+        with contextlib.suppress(OSError):
+            lease.unlink(missing_ok=True)
+
+
+def _terminate(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, and SIGCONT: a stopped process acts on SIGTERM only once continued."""
+    with contextlib.suppress(ProcessLookupError):
+        proc.terminate()
+        os.kill(proc.pid, signal.SIGCONT)
 
 
 def _holder() -> str:

@@ -28,6 +28,7 @@ from globald.typed.columnar import ColumnarTable, columnar_path
 from tests.harness import Broker, DaemonProcess, globald
 from tests.integration.test_ops_http import HTTP, metric, port_of, scrape
 from tests.integration.test_typed import SECTION, records, reference
+from tests.unit.test_typed_decodes import alive
 from tests.unit.typed_fixtures import FIXTURES, avro_payload, confluent, customer_v1
 
 pytestmark = pytest.mark.kafka
@@ -142,13 +143,6 @@ def host_lock(directory: Path) -> Iterator[Callable[[], None]]:
         yield release
     finally:
         release()
-
-
-def alive(pid: int) -> bool:
-    try:
-        return b"decode_snapshot" in Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return False
 
 
 def test_a_decode_in_flight_holds_its_snapshot_not_the_daemon_and_stops_with_it(
