@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from globald.common.states import Listeners, State
+from globald.store.fingerprint import Fingerprint
 
 log = logging.getLogger(__name__)
 
@@ -40,11 +41,30 @@ class Committed:
 
 @dataclass(frozen=True)
 class Wiped:
-    """``table``'s store was emptied (``kind``: invalid_offset, corrupt_store, operator_reset); it rebuilds."""
+    """``table``'s store was emptied (``kind``: invalid_offset, corrupt_store, operator_reset, topic_recreated); it
+    rebuilds.
+
+    ``verified`` is set when the store may hold records of another topic of the same name (``topic_recreated``):
+    per partition, the offset below which its records were shown to be the mirrored topic's (``Verified``). What
+    was applied past it, and every snapshot taken past it, may mix two topics. An empty mapping: nothing was shown
+    in this run (the recreation was found by the first check after the daemon started). None: no such doubt."""
 
     table: str
     kind: str
     reason: str
+    verified: Mapping[int, int] | None = None
+
+
+@dataclass(frozen=True)
+class Verified:
+    """A check read ``table``'s topic back at the fingerprints of the records applied (``kafka.identity``) and found
+    them: below ``offsets`` (per partition) the store holds records of the topic it mirrors, and of no other.
+    ``fingerprints`` (newest first) are those the next check reads back first: a record past ``offsets`` is shown
+    to be of the same topic only by a check that finds them again."""
+
+    table: str
+    offsets: Mapping[int, int]
+    fingerprints: Mapping[int, tuple[Fingerprint, ...]]
 
 
 @dataclass(frozen=True)
@@ -70,7 +90,7 @@ class RestoreEnded:
     total: int
 
 
-Event = StateChanged | Committed | Wiped | RestoreStarted | BatchRestored | RestoreEnded
+Event = StateChanged | Committed | Wiped | Verified | RestoreStarted | BatchRestored | RestoreEnded
 Subscriber = Callable[[Event], None]
 Emit = Callable[[Event], None]
 

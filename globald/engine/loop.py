@@ -22,14 +22,13 @@ from globald.common import swallowed
 from globald.common.states import State, StateMachine
 from globald.engine.events import OPERATOR_RESET, Emit, RebuildRequests
 from globald.engine.problems import KAFKA, STORE, Problems
-from globald.engine.state_manager import StateManager
+from globald.engine.state_manager import TOPIC_RECREATED, StateManager, union
 from globald.engine.table import TableRuntime
 from globald.engine.update_task import PollResult, UpdateTask
 from globald.engine.view import LoopStats
 from globald.kafka.clients import TopicUnavailableError, TransientKafkaError, partitions, watermarks
 from globald.settings.config import Config
 from globald.store.failures import STORE_FAULTS
-from globald.store.fingerprint import Fingerprint, Ladder
 
 log = logging.getLogger(__name__)
 
@@ -330,7 +329,7 @@ class Loop:
             self.problems.resolved(KAFKA)
             lost = [p for p in rt.partitions if p not in listed]
             if lost:  # a topic never loses partitions: this one was recreated with fewer
-                self.rebuild(rt.name, "topic_recreated", f"topic {rt.topic} has no partitions {lost} any more")
+                self.rebuild(rt.name, TOPIC_RECREATED, f"topic {rt.topic} has no partitions {lost} any more")
                 continue
             if not self._same_topic(rt):
                 continue
@@ -361,16 +360,16 @@ class Loop:
         fingerprint could be compared: the daemon saw it go, and cannot show it is the same."""
         changed = self.manager.changed_id(rt)
         if changed:
-            self.rebuild(rt.name, "topic_recreated", f"topic {rt.topic} is not the one the store mirrors: {changed}")
+            self.rebuild(rt.name, TOPIC_RECREATED, f"topic {rt.topic} is not the one the store mirrors: {changed}")
             return False
         applied = self.task.ladders(rt.name)
-        rungs = {p: _union(rt.verified.get(p), applied.get(p)) for p in rt.partitions}
+        rungs = {p: union(rt.verified.get(p), applied.get(p)) for p in rt.partitions}
         rungs = {p: r for p, r in rungs.items() if r}
         verdict = self.manager.verify(rt, rungs, _REFRESH_TIMEOUT_S)  # the loop waits meanwhile: keep it short
         log.debug("table %s: identity check of %s: %s", rt.name, {p: [f.offset for f in r] for p, r in rungs.items()},
                   verdict)
         if verdict.recreated:  # conclusive, whatever the partitions that did not answer would have said
-            self.rebuild(rt.name, "topic_recreated", f"topic {rt.topic} is not the one the store mirrors: "
+            self.rebuild(rt.name, TOPIC_RECREATED, f"topic {rt.topic} is not the one the store mirrors: "
                          f"{verdict.describe()}")
             return False
         if verdict.unreachable:  # decided at a later refresh; a vanished topic stays paused meanwhile
@@ -380,10 +379,10 @@ class Loop:
                 self._next_metadata = min(self._next_metadata, time.monotonic() + _VANISHED_REFRESH_S)
             return True
         if rt.vanished and verdict.unverifiable:
-            self.rebuild(rt.name, "topic_recreated", f"topic {rt.topic} vanished and came back, and it cannot be "
+            self.rebuild(rt.name, TOPIC_RECREATED, f"topic {rt.topic} vanished and came back, and it cannot be "
                          f"shown to be the same: {'; '.join(sorted(set(verdict.unverifiable.values())))}")
             return False
-        rt.verified = applied
+        self.manager.checked(rt, applied, verdict)
         if rt.vanished:
             rt.vanished = False
             self.consumer.resume(rt.assignment())
@@ -416,9 +415,3 @@ class Loop:
         else:
             self.machine.to(State.RUNNING, "every table restored")
 
-
-def _union(verified: Ladder | None, applied: Ladder | None) -> tuple[Fingerprint, ...]:
-    """The verified rungs first (see TableRuntime.verified), then the newer ones applied since."""
-    seen = list(verified.rungs if verified else ())
-    offsets = {f.offset for f in seen}
-    return tuple(seen + [f for f in (applied.rungs if applied else ()) if f.offset not in offsets])

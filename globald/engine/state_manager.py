@@ -31,6 +31,7 @@ from globald.engine.events import (
     RestoreEnded,
     RestoreStarted,
     StateChanged,
+    Verified,
     Wiped,
 )
 from globald.engine.table import Restore, TableRuntime
@@ -48,6 +49,14 @@ log = logging.getLogger(__name__)
 # A restore of at least this many records runs as a bulk load (WAL off, append-only memtable); smaller ones are
 # not worth the two reopens of the store.
 BULK_LOAD_MIN_RECORDS = 100_000
+TOPIC_RECREATED = "topic_recreated"  # the wipe kind of a table whose topic was found to be another one
+
+
+def union(verified: Ladder | None, applied: Ladder | None) -> tuple[Fingerprint, ...]:
+    """The verified rungs first (see TableRuntime.verified), then the newer ones applied since."""
+    seen = list(verified.rungs if verified else ())
+    offsets = {f.offset for f in seen}
+    return tuple(seen + [f for f in (applied.rungs if applied else ()) if f.offset not in offsets])
 
 
 @dataclass(frozen=True)
@@ -68,6 +77,9 @@ class StateManager:
         self.wipes: Counter[tuple[str, str]] = Counter()  # (table, kind) -> count
         self._suspect = False
         self._unverifiable: set[tuple[str, int]] = set()  # (table, partition) whose last check could not be made
+        # Per table, per partition: the offset below which this run showed the store to hold its topic's records
+        # (see ``Verified``); a wipe for ``topic_recreated`` hands it to the snapshots with the ``Wiped`` event.
+        self._shown: dict[str, dict[int, int]] = {}
         self.topic_ids = TopicIds(config.consumer_settings())
 
     @property
@@ -124,7 +136,10 @@ class StateManager:
             stored = {}
         ladders = rt.store.fingerprints() if stored else {}
         if stored:
-            verdict = self.verify(rt, {p: f.rungs for p, f in ladders.items() if p in marks})
+            # The rungs this run verified first: records applied since (a rewind in the window before a refresh
+            # found a recreation) cannot vouch for themselves.
+            rungs = {p: union(rt.verified.get(p), f) for p, f in ladders.items() if p in marks}
+            verdict = self.verify(rt, rungs)
             if verdict.unreachable:  # resuming unchecked could mirror another topic: ask again later
                 raise TransientKafkaError(f"cannot check that topic {rt.topic} is the one the store mirrors: "
                                           f"{'; '.join(verdict.unreachable.values())}")
@@ -136,6 +151,7 @@ class StateManager:
         rt.vanished = False
         start = {p: stored.get(p, low) for p, (low, _) in marks.items()}
         self._store_starts(rt, {p: o for p, o in start.items() if p not in stored})
+        self._show(rt, start, replace=True)  # checked above, or empty: the topic there now from its log start
         rt.partitions = parts
         rt.end_offsets = {p: high for p, (_, high) in marks.items()}
         targets = {p: high for p, (_, high) in marks.items() if start[p] < high}
@@ -150,6 +166,7 @@ class StateManager:
         """Partitions added to the topic while ``rt`` is assigned: each starts at its log start, stored at once."""
         start = {p: low for p, (low, _) in marks.items()}
         self._store_starts(rt, start)
+        self._show(rt, start)
         rt.partitions = sorted(set(rt.partitions) | set(start))
         rt.end_offsets.update({p: high for p, (_, high) in marks.items()})
         targets = {p: high for p, (low, high) in marks.items() if low < high}
@@ -230,6 +247,24 @@ class StateManager:
         self._unverifiable = (self._unverifiable - checked) | {(rt.name, p) for p in verdict.unverifiable}
         return verdict
 
+    def checked(self, rt: TableRuntime, applied: Mapping[int, Ladder], verdict: Verdict) -> None:
+        """A refresh's check of ``rt`` (``verdict``, on the rungs verified before and ``applied`` since) found no
+        other topic: the ``applied`` fingerprints are the verified ones now, and every partition whose check
+        compared a record holds its topic's records up to its newest fingerprint."""
+        rt.verified = dict(applied)
+        doubtful = set(verdict.unverifiable) | set(verdict.unreachable) | set(verdict.mismatches)
+        self._show(rt, {p: ladder.rungs[0].offset + 1 for p, ladder in applied.items()
+                        if ladder.rungs and p not in doubtful}, force=True)
+
+    def _show(self, rt: TableRuntime, offsets: Mapping[int, int], replace: bool = False, force: bool = False) -> None:
+        """Record that ``rt``'s store holds its topic's records below ``offsets`` (never moving one back unless
+        ``replace``: a plan's own check); subscribers hear it with the fingerprints verified (``Verified``)."""
+        before = self._shown.get(rt.name, {})
+        now = dict(offsets) if replace else {**before, **{p: max(o, before.get(p, o)) for p, o in offsets.items()}}
+        if now != before or force or replace:
+            self._shown[rt.name] = now
+            self._emit(Verified(rt.name, dict(now), {p: ladder.rungs for p, ladder in rt.verified.items()}))
+
     def changed_id(self, rt: TableRuntime) -> str | None:
         """Why ``rt``'s topic is another one by its ID (KIP-516); None when it is the same or either is unknown."""
         stored = rt.store.topic_id
@@ -245,7 +280,7 @@ class StateManager:
         """Wipe ``rt``, whose topic was found to be another one of the same name; the caller restores it."""
         detail = f"topic {rt.topic} is not the one the store mirrors: {why}"
         rt.machine.to(State.RESTORING, f"topic recreated, rebuilding: {detail}")
-        self.wipe(rt, "topic_recreated", detail)
+        self.wipe(rt, TOPIC_RECREATED, detail)
 
     # -- wipes and recovery -------------------------------------------------------------------------------------
 
@@ -261,7 +296,10 @@ class StateManager:
     def _count_wipe(self, rt: TableRuntime, kind: str, detail: str) -> None:
         self.wipes[(rt.name, kind)] += 1
         log.warning("table %s: WIPE (%s): %s", rt.name, kind, detail)
-        self._emit(Wiped(rt.name, kind, detail))
+        shown = self._shown.pop(rt.name, {})  # nothing of an emptied store is shown until its next plan
+        # Another topic under the name: what was applied past the offsets last shown, and every snapshot taken
+        # past them, may hold records of both. Empty when this run showed nothing (found by its first plan).
+        self._emit(Wiped(rt.name, kind, detail, shown if kind == TOPIC_RECREATED else None))
 
     def recover_stores(self) -> dict[str, dict[int, int]]:
         """After a failed write or commit: (re)open every store that refuses writes, wipe one found corrupt.

@@ -12,6 +12,7 @@ import os
 import shutil
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,7 +29,7 @@ from globald.snapshot.manifest import Offsets
 from globald.store import layout
 from globald.store.durable import sync_tree
 from globald.store.failures import store_io
-from globald.store.fingerprint import Ladder, ladders_in
+from globald.store.fingerprint import Fingerprint, Ladder, ladders_in
 from globald.store.names import (
     COLUMN_FAMILIES,
     FORMAT_VERSION,
@@ -129,8 +130,9 @@ class Builder:
             delay = min(delay * 2, 2.0)
 
     def build(self, table: TableConfig, target: Offsets, base: Offsets | None, base_dir: Path | None,
-              work: Path, deadline: float) -> Built:
-        """Write the snapshot database into ``work/db``, durably; raises BuildRefused."""
+              work: Path, deadline: float, verified: Mapping[int, Sequence[Fingerprint]] | None = None) -> Built:
+        """Write the snapshot database into ``work/db``, durably; raises BuildRefused. ``verified``: the fingerprints
+        the engine's last identity check found (``engine.events.Verified``), read back before the base's own."""
         marks = self._marks(table.topic, deadline)
         start = check_target(target, marks, base)
         db_path = work / SNAPSHOT_DB_DIR
@@ -147,7 +149,7 @@ class Builder:
             else:
                 meta = db.get_column_family(META_CF)
                 self._check_same_topic(table.topic, ladders_in(meta.items(from_key=META_FINGERPRINT_PREFIX))[0],
-                                       deadline)
+                                       deadline, verified or {})
                 del meta
             consumed = self._apply(db, table.topic, start, target, deadline)
 
@@ -169,10 +171,17 @@ class Builder:
         sync_tree(db_path, synced_suffixes=(".sst",))  # the base's, linked, were durable; RocksDB syncs its own
         return Built(dict(target), records, consumed)
 
-    def _check_same_topic(self, topic: str, ladders: dict[int, Ladder], deadline: float) -> None:
-        """Refuse to add records to a base snapshot of another topic of the same name (see kafka.identity)."""
+    def _check_same_topic(self, topic: str, ladders: dict[int, Ladder], deadline: float,
+                          verified: Mapping[int, Sequence[Fingerprint]]) -> None:
+        """Refuse to add records to a base snapshot of another topic of the same name (see kafka.identity).
+
+        The base's newest records may have been applied after the topic was replaced and before the daemon's next
+        check found out (a base past the offsets that check showed): they would vouch for themselves. So the
+        fingerprints the daemon verified last are read back first, as its next check will: found again, the topic
+        is the one they were found in, and so is every record applied since."""
         timeout = max(0.5, min(VERIFY_TIMEOUT_S, deadline - time.monotonic()))
-        verdict = verify(self.config.consumer_settings(), topic, {p: f.rungs for p, f in ladders.items()}, timeout)
+        rungs = {p: _first(verified.get(p, ()), f.rungs) for p, f in ladders.items()}
+        verdict = verify(self.config.consumer_settings(), topic, rungs, timeout)
         if verdict.recreated:
             raise BuildRefused(Code.REBUILDING, f"topic {topic} was recreated since the base snapshot "
                                                 f"({verdict.describe()}): the table rebuilds")
@@ -244,3 +253,9 @@ class Builder:
         if offset + 1 >= goal:
             del todo[p]
         return True
+
+
+def _first(verified: Sequence[Fingerprint], own: Sequence[Fingerprint]) -> tuple[Fingerprint, ...]:
+    """``verified`` rungs, then the base's own that are not among them (each partition read back newest first)."""
+    offsets = {f.offset for f in verified}
+    return tuple(verified) + tuple(f for f in own if f.offset not in offsets)

@@ -26,8 +26,12 @@ from globald.snapshot.builder import Builder, BuildRefused
 from globald.snapshot.exact_requests import Code, Request, Response
 from globald.snapshot.manifest import Manifest, Offsets
 from globald.snapshot.reader import find_exact, manifests_of
+from globald.snapshot.space import BuildNeed, build_need
 from globald.store import durable
+from globald.store import space as store_space
+from globald.store.fingerprint import Fingerprint
 from globald.store.names import SNAPSHOT_BUILD_PREFIX
+from globald.store.space import mb
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +55,10 @@ class SnapshotTable:
     last_error: str | None = None  # why the last periodic publish failed, until one succeeds
     short_of_space: bool = False  # that failure was a full disk (failures.out_of_space): retention frees room
     unmarked: str | None = None  # a wipe's reason not yet written into every manifest (the disk refused)
+    # The last identity check the engine made (engine.events.Verified): the fingerprints it found, which a build
+    # reads back first, so that a base taken past the offsets it showed cannot vouch for itself.
+    fingerprints: dict[int, tuple[Fingerprint, ...]] = field(default_factory=dict)
+    no_room_said: float = float("-inf")  # when a refusal for room was last logged (monotonic)
 
 
 @dataclass(frozen=True)
@@ -141,15 +149,21 @@ class ExactBuilds:
             return done
         work = tab.dir / f"{SNAPSHOT_BUILD_PREFIX}{job.request.id}"
         with self._lock:
-            candidates = [m for m in manifests_of(self.config.state_dir, name) if not m.stale
-                          and set(m.offsets) == set(target) and all(m.offsets[p] <= o for p, o in target.items())]
-            base = candidates[0] if candidates else None
+            found = manifests_of(self.config.state_dir, name)
+            base = base_for(found, target)
             if base is not None:
                 tab.busy.add(base.id)
+            verified = dict(tab.fingerprints)
         try:
+            # Admitted with room (the publisher freed what it may); an earlier build may have taken it since.
+            need = build_need(self.config.state_dir, name, target, base, tab.dir / base.id if base else None,
+                              found[0].records if found else 0)
+            free = store_space.free_bytes(self.config.state_dir)
+            if free is not None and free < need.total:
+                raise BuildRefused(Code.NO_ROOM, no_room(name, target, need, free, 0))
             started = time.perf_counter()
             built = builder.build(tab.config, target, base.offsets if base else None,
-                                  tab.dir / base.id if base else None, work, job.deadline)
+                                  tab.dir / base.id if base else None, work, job.deadline, verified)
             with self._lock:
                 if job.generation != tab.generation:
                     raise BuildRefused(Code.REBUILDING, f"table {name} was wiped during the build; it is rebuilding")
@@ -169,3 +183,19 @@ class ExactBuilds:
                 if base is not None:
                     tab.busy.discard(base.id)
             shutil.rmtree(work, ignore_errors=True)
+
+
+def base_for(found: list[Manifest], target: Offsets) -> Manifest | None:
+    """The base of a build at ``target``: the newest fresh snapshot (``found`` is newest first) at or below it in
+    every partition; None when there is none (the build reads from the log start)."""
+    return next((m for m in found if not m.stale and set(m.offsets) == set(target)
+                 and all(m.offsets[p] <= o for p, o in target.items())), None)
+
+
+def no_room(table: str, target: Offsets, need: BuildNeed, free: int, freed: int) -> str:
+    """The refusal of a build the state_dir has no room for, naming the bytes missing."""
+    missing = need.total - free
+    return (f"no room on the state_dir for an exact snapshot of {table} at {target}: {missing} bytes "
+            f"({mb(missing)}) missing; it needs {need.describe()}, {mb(free)} free after freeing {mb(freed)} of "
+            f"globald's own (trash, abandoned builds, snapshots no reader holds). Free space on the state_dir, or ask "
+            f"at offsets a snapshot has")

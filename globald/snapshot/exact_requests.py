@@ -35,6 +35,7 @@ class Code(StrEnum):
     TIMEOUT = "timeout"  # no answer in time (client side), or the build took too long (daemon side)
     STOPPING = "stopping"  # the daemon is shutting down
     NO_DAEMON = "no_daemon"  # no live daemon owns the state_dir
+    NO_ROOM = "no_room"  # the state_dir lacks room for the build, after globald freed what it may (message: bytes)
     FAILED = "failed"  # an unexpected error; the daemon log has the details
 
 

@@ -21,18 +21,18 @@ from pathlib import Path
 from globald.common import swallowed
 from globald.common.errors import ManifestError, ManifestIOError
 from globald.common.states import State
-from globald.engine.events import Event, StateChanged, Wiped
+from globald.engine.events import Event, StateChanged, Verified, Wiped
 from globald.engine.view import EngineView, TableView
 from globald.service.status import SnapshotStatus
 from globald.settings.config import Config
 from globald.snapshot import exact_requests as requests
-from globald.snapshot import leases
+from globald.snapshot import leases, recreated
 from globald.snapshot import manifest as manifests
-from globald.snapshot.exact_builds import ExactBuilds, SnapshotTable
+from globald.snapshot.exact_builds import ExactBuilds, SnapshotTable, base_for, no_room
 from globald.snapshot.exact_requests import Code, Request, Response
 from globald.snapshot.manifest import Manifest, Offsets, valid_id
 from globald.snapshot.reader import current_id, find_exact, manifests_of
-from globald.snapshot.space import DiskGuard
+from globald.snapshot.space import DiskGuard, build_need
 from globald.store import durable, space
 from globald.store.failures import out_of_space
 from globald.store.names import (
@@ -42,8 +42,11 @@ from globald.store.names import (
     SNAPSHOT_TRASH_PREFIX,
     snapshots_dir,
 )
+from globald.store.space import mb
 
 log = logging.getLogger(__name__)
+
+NO_ROOM_EVERY_S = 60.0  # a build refused for room is logged at most this often per table (each one is counted)
 
 
 class SnapshotPublisher:
@@ -58,6 +61,7 @@ class SnapshotPublisher:
         self._builds = ExactBuilds(config, self._tables, self._lock, self)
         self._leases = {name: leases.LeaseClock(tab.dir) for name, tab in self._tables.items()}  # loop thread only
         self._last_id: str | None = None
+        self.unverified_dropped = 0  # snapshots taken past the offsets last shown to be of the topic (see Wiped)
         self._next_publish = 0.0
         self._next_sweep = 0.0
         self.disk = DiskGuard(config.state_dir, self.build_timeout)
@@ -79,6 +83,8 @@ class SnapshotPublisher:
                 self._last_id = found[0].id
             cur = current_id(self.config.state_dir, tab.config.name)
             tab.current = next((m for m in found if m.id == cur), None)
+            if tab.current is not None and recreated.unverified(tab.current):  # a crash inside _keep_verified
+                recreated.point_current(tab, None, {})
             if tab.current is not None:
                 tab.stale_reason = tab.current.stale_reason if tab.current.stale else None
                 tab.published_offsets = None if tab.current.stale else tab.current.offsets
@@ -91,10 +97,18 @@ class SnapshotPublisher:
 
     def on_event(self, event: Event) -> None:
         match event:
+            case Verified():
+                tab = self._tables.get(event.table)
+                if tab is not None:
+                    with self._lock:
+                        tab.fingerprints = dict(event.fingerprints)
             case Wiped():
                 tab = self._tables.get(event.table)
                 if tab is not None:
-                    self._mark_stale(tab, f"table wiped ({event.kind}) and rebuilding: {event.reason}")
+                    reason = f"table wiped ({event.kind}) and rebuilding: {event.reason}"
+                    if event.verified is not None:
+                        self._keep_verified(tab, dict(event.verified), reason)
+                    self._mark_stale(tab, reason)
             case StateChanged(table=None):
                 self._daemon_state = event.new
 
@@ -135,9 +149,17 @@ class SnapshotPublisher:
             if tab.current is not None:
                 tab.current = tab.current.marked_stale(tab.current.stale_reason or reason)
                 tab.stale_reason = tab.current.stale_reason
+
         log.warning("table %s: snapshots marked stale (%s); CURRENT stays at %s until the table is RUNNING again",
                     tab.config.name, reason, tab.current.id if tab.current else "nothing")
         self._write_stale_marks(tab)
+
+    def _keep_verified(self, tab: SnapshotTable, shown: Offsets, why: str) -> None:
+        """Snapshots past the offsets last shown to be of the table's topic go (``recreated.keep_verified``)."""
+        with self._lock:
+            tab.fingerprints = {}
+            held = self._leases[tab.config.name].refresh() | tab.busy
+            self.unverified_dropped += recreated.keep_verified(self.config.state_dir, tab, shown, why, held)
 
     def _write_stale_marks(self, tab: SnapshotTable) -> None:
         """Write a wipe's stale mark into every manifest; on a refusing disk, again at every tick until done."""
@@ -238,7 +260,35 @@ class SnapshotPublisher:
             return
         if live is not None and live != tab.published_offsets and all(live[p] <= o for p, o in req.offsets.items()):
             self._publish_live(rt)  # the closest possible base: the build reads only what is still ahead
+        short = self._room_for_build(tab, req)
+        if short is not None:  # refused before anything is written: nothing half-built is left
+            self.answer(tab, Response(req.id, Code.NO_ROOM, short))
+            return
         self._builds.submit(tab.config.name, req, tab.generation, time.monotonic() + self.build_timeout)
+
+    def _room_for_build(self, tab: SnapshotTable, req: Request) -> str | None:
+        """None when the state_dir has room for building ``req`` (``snapshot.space.BuildNeed``), after freeing what
+        globald may (leftovers, snapshots nobody holds beyond CURRENT and the build's base); else why not."""
+        name = tab.config.name
+        with self._lock:
+            found = manifests_of(self.config.state_dir, name)
+            base = base_for(found, req.offsets)
+            need = build_need(self.config.state_dir, name, req.offsets, base, tab.dir / base.id if base else None,
+                              found[0].records if found else 0)
+            free = space.free_bytes(self.config.state_dir)
+            if free is None or free >= need.total:
+                return None
+            keep = self._leases[name].refresh() | tab.busy | {m.id for m in (tab.current, base) if m is not None}
+            freed, doomed = self.disk.room_for_build(name, tab.dir, need.total - free, [m.id for m in found], keep)
+            for sid in doomed:
+                with contextlib.suppress(OSError):
+                    durable.remove_tree(tab.dir / sid, tab.dir / f"{SNAPSHOT_TRASH_PREFIX}{sid}")
+            free = space.free_bytes(self.config.state_dir) or 0
+            if free >= need.total:
+                log.info("table %s: freed %s (%d snapshots nobody held) for an exact build at %s", name, mb(freed),
+                         len(doomed), req.offsets)
+                return None
+            return no_room(name, req.offsets, need, free, freed)
 
     # -- answers (loop thread, and the exact-build worker: exact_builds.BuildHost) --------------------------------
 
@@ -256,8 +306,14 @@ class SnapshotPublisher:
         if not resp.ok:
             with self._lock:
                 tab.refused[resp.code.value] += 1
-            log.info("table %s: snapshot request %s refused: %s: %s", tab.config.name, resp.request, resp.code.value,
-                     resp.message)
+                # A disk that stays short refuses every request alike: said at a bounded rate (all are counted).
+                loud = resp.code != Code.NO_ROOM or time.monotonic() >= tab.no_room_said + NO_ROOM_EVERY_S
+                if loud and resp.code == Code.NO_ROOM:
+                    tab.no_room_said = time.monotonic()
+            if loud:
+                log.log(logging.WARNING if resp.code == Code.NO_ROOM else logging.INFO,
+                        "table %s: snapshot request %s refused: %s: %s (%d refused so far)", tab.config.name,
+                        resp.request, resp.code.value, resp.message, tab.refused[resp.code.value])
         try:
             requests.respond(self.config.state_dir, tab.config.name, resp)
         except OSError as e:  # a full or failing disk: the reader times out and may ask again once it heals
@@ -274,8 +330,10 @@ class SnapshotPublisher:
                 if not valid_id(e.name):
                     continue
                 try:
-                    manifests.read(Path(e.path), tab.config.name)
+                    m = manifests.read(Path(e.path), tab.config.name)
                     found.append(e.name)
+                    if recreated.unverified(m) and e.name not in keep:  # may mix two topics: kept only while held
+                        doomed.append(e.name)
                 except ManifestIOError as err:  # kept, and not counted towards retention: read again next sweep
                     log.warning("table %s: keeping snapshot %s for now: %s", tab.config.name, e.name, err)
                 except ManifestError as err:
@@ -285,7 +343,7 @@ class SnapshotPublisher:
                         continue
                     log.warning("table %s: deleting snapshot %s: %s", tab.config.name, e.name, err)
                     doomed.append(e.name)
-            doomed += leases.doomed(found, self.config.snapshots.retain, keep)
+            doomed += [i for i in leases.doomed(found, self.config.snapshots.retain, keep) if i not in doomed]
             # A disk short of room for the next step: all but CURRENT and the held go.
             short = self.disk.doomed(tab.config.name, tab.dir, found, held, cur, tab.short_of_space)
             doomed += [i for i in short if i not in doomed]
@@ -321,3 +379,4 @@ class SnapshotPublisher:
                 created=cur.created if cur else None, stale=tab.stale_reason is not None,
                 stale_reason=tab.stale_reason, published=tab.published, exact_built=tab.exact_built,
                 refused=dict(tab.refused), last_publish_ms=tab.last_publish_s * 1000, last_error=tab.last_error)
+

@@ -26,8 +26,9 @@ from pathlib import Path
 from globald.common.errors import ManifestError
 from globald.service.status import DiskStatus
 from globald.snapshot import manifest as manifests
+from globald.snapshot.manifest import Manifest, Offsets
 from globald.store import space
-from globald.store.names import SNAPSHOT_BUILD_PREFIX
+from globald.store.names import SNAPSHOT_BUILD_PREFIX, SNAPSHOT_DB_DIR, db_dir
 from globald.store.space import MB, TableSpace, mb
 
 log = logging.getLogger(__name__)
@@ -39,6 +40,54 @@ REPUBLISH_SHARE = 0.25
 REPUBLISH_MIN_BYTES = 1 * MB
 # A full disk is said again at most this often while it stays the same.
 NOTE_EVERY_S = 60.0
+# Bytes per record an exact build assumes when neither its base nor the newest snapshot has any record to tell.
+DEFAULT_RECORD_BYTES = 1024
+
+
+@dataclass(frozen=True)
+class BuildNeed:
+    """The room an exact build needs on the state_dir, at most. Its base is hard-linked (no new bytes), the records
+    it reads are written into new files, and a compaction of the build's database may rewrite the base and those
+    files together while its inputs still exist: base + 2 x the records read. Without a base, the build reads the
+    topic from its log start: about the table's live size."""
+
+    base: int  # bytes of the base snapshot's database (0: no base)
+    records: int  # records between the base and the target, at most (0: no base)
+    record_bytes: int  # estimated bytes per record
+    table: int  # the live store's bytes: the need when there is no base
+    has_base: bool
+
+    @property
+    def total(self) -> int:
+        return self.base + 2 * self.records * self.record_bytes if self.has_base else self.table
+
+    def describe(self) -> str:
+        if not self.has_base:
+            return f"{mb(self.total)}: no base snapshot, the table read from the log start (its live store's size)"
+        return (f"{mb(self.total)}: base snapshot {mb(self.base)} + up to {self.records} records of ~"
+                f"{self.record_bytes} bytes, written twice (the records, then a compaction)")
+
+
+def build_need(state_dir: Path, table: str, target: Offsets, base: Manifest | None, base_dir: Path | None,
+               newest_records: int) -> BuildNeed:
+    """What an exact build of ``table`` at ``target`` from ``base`` (in ``base_dir``) needs; ``newest_records``: the
+    records of the newest snapshot, to size a record when the base has none."""
+    live = _bytes(db_dir(state_dir, table))
+    if base is None or base_dir is None:
+        return BuildNeed(0, 0, 0, live, has_base=False)
+    base_bytes = _bytes(base_dir / SNAPSHOT_DB_DIR)
+    if base.records > 0:
+        per = base_bytes // base.records
+    elif newest_records > 0:
+        per = live // newest_records
+    else:
+        per = DEFAULT_RECORD_BYTES
+    records = sum(max(0, o - base.offsets.get(p, 0)) for p, o in target.items())
+    return BuildNeed(base_bytes, records, max(1, per), live, has_base=True)
+
+
+def _bytes(root: Path) -> int:
+    return sum({(st.st_dev, st.st_ino): st.st_blocks * 512 for st in space.files(root)}.values())
 
 
 @dataclass(frozen=True)
@@ -98,6 +147,22 @@ class DiskGuard:
             return False
         held = f.space.by_snapshot.get(current, 0)
         return held >= REPUBLISH_MIN_BYTES and (held >= REPUBLISH_SHARE * f.space.live or f.missing > 0)
+
+    def room_for_build(self, table: str, table_dir: Path, missing: int, found: list[str], keep: set[str]) -> tuple[
+            int, list[str]]:
+        """An exact build lacks ``missing`` bytes: leftovers are deleted here (bytes freed returned), and the
+        snapshots to delete are returned, oldest first, until what they hold alone covers what is still missing.
+        Never CURRENT, a leased or busy snapshot, or the build's base (all in ``keep``)."""
+        freed = self._drop_leftovers(table, table_dir)
+        own = space.measure(self.state_dir, table).by_snapshot
+        doomed: list[str] = []
+        for sid in sorted(found):
+            if freed >= missing:
+                break
+            if sid not in keep and own.get(sid, 0) > 0:  # one whose files the live store shares frees nothing
+                doomed.append(sid)
+                freed += own[sid]
+        return freed, doomed
 
     def _drop_leftovers(self, table: str, table_dir: Path) -> int:
         # .tmp-: only the loop thread (this one) writes them, so none is in progress now.

@@ -17,13 +17,19 @@ from pathlib import Path
 
 import pytest
 
+from globald.embedded.oracle import Table, fold
 from globald.settings.config import load
+from globald.snapshot import leases
 from globald.snapshot.builder import Builder, BuildRefused
 from globald.snapshot.exact_requests import Code
-from globald.snapshot.reader import manifests_of
+from globald.snapshot.manifest import Manifest
+from globald.snapshot.reader import current_id, manifests_of
 from globald.store.names import snapshots_dir
+from tests import midway
 from tests.harness import Broker, DaemonProcess, random_records
-from tests.reliability.checks import check_store, live, same_process
+from tests.integration.snapshot_helpers import wait_snapshot_at
+from tests.reliability import hold_refresh
+from tests.reliability.checks import check_store, diff, explain, live, read_store, same_process
 from tests.reliability.conftest import running
 from tests.reliability.ledger import FaultRow
 
@@ -139,3 +145,92 @@ def test_recreated_with_fewer_partitions_while_running(broker: Broker, topic: To
     replace_topic(broker, t, seed=69, partitions=1)
     row.injected += 1
     rebuilt_equal(broker, d, t, row, pid)
+
+
+def unverified(m: Manifest) -> bool:
+    """Marked as possibly mixing two topics (``globald.snapshot.recreated``; spelled out so that this test runs
+    against a globald from before it too)."""
+    return m.stale and (m.stale_reason or "").startswith("unverified")
+
+
+def named_snapshots(broker: Broker, d: DaemonProcess, t: str, old_ends: dict[int, int], old_fold: Table,
+                    leased: set[str]) -> str | None:
+    """Every snapshot CURRENT or a listed manifest names equals the oracle fold of the topic it claims at its
+    manifest's offsets: the old topic's for one published before the wipe (stale), the new topic's for one
+    published since. One marked unverified (it may mix both) is allowed only while the test's reader holds it, and
+    never as CURRENT. Returns CURRENT's id."""
+    cur = current_id(d.state_dir, "tbl")
+    found = manifests_of(d.state_dir, "tbl")
+    assert cur is None or cur in {m.id for m in found}, (cur, found)
+    for m in found:
+        if unverified(m):
+            assert m.id in leased and m.id != cur, f"unverified snapshot {m.id} listed unleased or CURRENT: {m}"
+            continue
+        data = read_store(snapshots_dir(d.state_dir, "tbl") / m.id / "db")[1]
+        if m.stale:  # of the old topic: published before the recreation was found
+            assert m.offsets == old_ends, f"stale snapshot {m.id} past the old topic's end {old_ends}: {m}"
+            expected = old_fold
+        else:
+            expected = fold(broker.settings, t, m.offsets)
+        assert diff(data, expected) == 0, f"snapshot {m.id} at {m.offsets} (current {cur}): {explain(data, expected)}"
+    return cur
+
+
+@pytest.mark.parametrize("retain", [10, 1])
+def test_snapshots_of_both_topics_are_never_served(broker: Broker, topic: Topic, daemon: Daemon, tmp_path: Path,
+                                                   fault: Callable[[str, str], FaultRow], retain: int) -> None:
+    """The daemon applies and publishes the new topic from the old offsets before its next check can tell (the
+    refresh held back while the topic is replaced and read): a snapshot that mixes both topics is CURRENT. Once the
+    check finds the recreation, only a snapshot at or below the offsets it last verified may stay CURRENT (the old
+    one, kept by ``retain = 10``), or none at all (``retain = 1`` deleted it); the mixed one a reader leased stays on
+    disk for its lease, marked unverified and never CURRENT, and goes once released."""
+    row = fault(f"topic recreated and its records published before the check finds it (retain {retain})",
+                "only snapshots at or below the verified offsets stay CURRENT during the rebuild; == oracle")
+    t = topic()
+    broker.admin.produce(t, random_records(OLD, keys=3_000, seed=70))  # keys the new topic lacks: mixed shows
+    old_ends = broker.admin.end_offsets(t)
+    old_fold = fold(broker.settings, t, old_ends)
+    hold, arm_file = tmp_path / "hold-refresh", tmp_path / "arm.json"
+    d = daemon({"tbl": t}, start=False, metadata_refresh_ms=500, snapshots={"retain": retain})
+    midway.arm(d, arm_file)
+    d.module, d.env = hold_refresh.__name__, {**(d.env or {}), hold_refresh.HOLD_ENV: str(hold)}
+    d.start()
+    d.wait_running({"tbl": old_ends})
+    before = wait_snapshot_at(d, "tbl", old_ends)["id"]
+    refreshed = hold_refresh.made(hold)
+    d.wait_for(lambda s: hold_refresh.made(hold) > refreshed, what="a refresh's check of the old topic at its end")
+    hold.touch()  # no check from now on: the window between two refreshes, held open
+    d.wait_for(lambda s: hold_refresh.made(hold, "held") > 0, what="a refresh held back (none under way)")
+    pid = d.pid
+    os.kill(pid, signal.SIGSTOP)  # the daemon never sees the topic missing
+    try:
+        replace_topic(broker, t, seed=71)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    row.injected += 1
+    new_ends = broker.admin.end_offsets(t)
+    mixed = wait_snapshot_at(d, "tbl", new_ends)["id"]
+    assert d.status()["tables"]["tbl"]["wipes"] == 0, "the recreation was found before the window was published"
+    data = read_store(snapshots_dir(d.state_dir, "tbl") / mixed / "db")[1]
+    assert diff(data, fold(broker.settings, t, new_ends)) > 0, "the snapshot taken in the window is not mixed"
+    root = snapshots_dir(d.state_dir, "tbl")
+    leases.take(root, "test-reader", mixed, 600)
+
+    midway.freeze_at_restore(arm_file, "tbl", 0.5)  # look at the snapshots in the middle of the rebuild
+    hold.unlink()
+    midway.wait_frozen(d, arm_file)
+    try:
+        cur = named_snapshots(broker, d, t, old_ends, old_fold, {mixed})
+        assert cur == (before if retain > 1 else None), (cur, before, manifests_of(d.state_dir, "tbl"))
+        assert (root / mixed).is_dir(), "a leased snapshot was deleted"
+        if cur is None:
+            reason = d.status()["tables"]["tbl"]["snapshot"]["stale_reason"] or ""
+            assert "no snapshot served" in reason, reason
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    rebuilt_equal(broker, d, t, row, pid)
+    wait_snapshot_at(d, "tbl", new_ends)
+    named_snapshots(broker, d, t, old_ends, old_fold, {mixed})
+    leases.release(root, "test-reader")
+    d.wait_for(lambda s: not (root / mixed).exists(), what=f"the unverified snapshot {mixed} deleted once released")
+    named_snapshots(broker, d, t, old_ends, old_fold, set())

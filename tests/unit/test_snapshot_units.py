@@ -441,3 +441,63 @@ def test_an_answer_the_disk_refuses_does_not_stop_the_publisher(tmp_path: Path) 
     responses.unlink()
     pub.answer(tab, Response("r2", Code.READY, "ready", ID1))
     assert (responses / "r2.json").exists()
+
+
+# -- a recreated topic: only snapshots at or below the offsets last verified stay CURRENT -------------------------
+
+
+def _wiped(pub: Any, verified: dict[int, int] | None) -> None:
+    from globald.engine.events import Wiped
+
+    pub.start()
+    try:
+        pub.on_event(Wiped("tbl", "topic_recreated", "the record at offset 9 differs", verified))
+    finally:
+        pub.close()
+
+
+def test_a_recreated_topic_moves_current_back_to_the_newest_verified_snapshot(tmp_path: Path) -> None:
+    old = publish(tmp_path, make(ID1, offsets={0: 10, 1: 4}))
+    leased = publish(tmp_path, make(ID2, offsets={0: 15, 1: 4}))  # past the verified offsets in partition 0
+    mixed = publish(tmp_path, make(ID3, offsets={0: 20, 1: 6}), current=True)
+    leases.take(leased.parent, "reader-1", ID2, 900)
+    pub = _publisher(tmp_path)
+    _wiped(pub, {0: 10, 1: 5})
+    assert (old.parent / SNAPSHOT_CURRENT).read_text().strip() == ID1
+    assert not mixed.exists()  # nobody held it: gone
+    kept = manifests.read(leased, "tbl")  # its reader keeps it for the lease, marked, never CURRENT
+    assert kept.stale and (kept.stale_reason or "").startswith("unverified"), kept
+    assert manifests.read(old, "tbl").stale
+    status = pub.status("tbl")
+    assert status.current == ID1 and status.stale
+    leases.release(leased.parent, "reader-1")
+    pub._gc(pub._tables["tbl"])
+    assert not leased.exists()  # released: an unverified snapshot goes, whatever retention says
+    assert old.exists()
+
+
+def test_a_recreated_topic_with_no_verified_snapshot_serves_none(tmp_path: Path) -> None:
+    publish(tmp_path, make(ID1, offsets={0: 12, 1: 0}), current=True)
+    pub = _publisher(tmp_path)
+    _wiped(pub, {})  # found by the first check of this run: nothing verified
+    assert not (snapshots_dir(tmp_path, "tbl") / SNAPSHOT_CURRENT).exists()
+    status = pub.status("tbl")
+    assert status.current is None and "no snapshot served" in (status.stale_reason or ""), status
+    assert not pub.servable("tbl")
+
+
+def test_other_wipes_keep_current_as_it_was(tmp_path: Path) -> None:
+    publish(tmp_path, make(ID1, offsets={0: 12, 1: 0}), current=True)
+    pub = _publisher(tmp_path)
+    _wiped(pub, None)
+    assert (snapshots_dir(tmp_path, "tbl") / SNAPSHOT_CURRENT).read_text().strip() == ID1
+    assert pub.status("tbl").stale
+
+
+def test_a_crash_inside_the_drop_leaves_an_unverified_current_that_the_next_run_unnames(tmp_path: Path) -> None:
+    publish(tmp_path, make(ID1, stale=True, stale_reason="unverified: taken past ..."), current=True)
+    pub = _publisher(tmp_path)
+    pub.start()
+    pub.close()
+    assert not (snapshots_dir(tmp_path, "tbl") / SNAPSHOT_CURRENT).exists()
+    assert pub.status("tbl").current is None

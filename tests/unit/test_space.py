@@ -76,3 +76,31 @@ def test_superseded_snapshots_go_and_current_holding_dropped_files_is_republishe
     new = _snapshot(tmp_path, "1000000000000002", {0: 7}, [db_dir(tmp_path, "t") / "000002.sst"], own=0)
     assert guard.doomed("t", root, [old.name, new.name], held=set(), current=new.name, refused=False) == [old.name]
     assert guard.doomed("t", root, [old.name, new.name], held={old.name}, current=new.name, refused=False) == []
+
+
+def test_an_exact_build_needs_its_base_and_twice_the_records_it_reads(tmp_path: Path) -> None:
+    from globald.snapshot.space import build_need
+
+    _file(db_dir(tmp_path, "t") / "000001.sst", 3 * MB)
+    base = _snapshot(tmp_path, "1000000000000001", {0: 100, 1: 50}, [], own=MB)
+    m = manifests.read(base, "t")
+    need = build_need(tmp_path, "t", {0: 150, 1: 60}, m, base, newest_records=0)  # 1 record: 1 MB each
+    assert need.records == 60 and MB <= need.base < MB + 64 * 1024
+    assert need.total == need.base + 2 * 60 * need.record_bytes
+    assert "60 records" in need.describe()
+    without = build_need(tmp_path, "t", {0: 150, 1: 60}, None, None, newest_records=0)
+    assert 3 * MB <= without.total < 3 * MB + 64 * 1024  # the live store's size: read from the log start
+
+
+def test_room_for_an_exact_build_comes_from_unheld_snapshots_oldest_first(tmp_path: Path) -> None:
+    live = _file(db_dir(tmp_path, "t") / "000001.sst", MB)
+    ids = [f"100000000000000{i}" for i in range(1, 6)]
+    for i, sid in enumerate(ids):
+        _snapshot(tmp_path, sid, {0: i}, [live], own=0 if i == 1 else MB)
+    root = snapshots_dir(tmp_path, "t")
+    _file(root / ".trash-x" / "db" / "a.sst", MB // 2)
+    guard = DiskGuard(tmp_path)
+    # ids[0] is the base, ids[4] CURRENT; ids[1] holds only its manifest, so two more are needed after it.
+    freed, doomed = guard.room_for_build("t", root, 2 * MB, ids, keep={ids[0], ids[4]})
+    assert doomed == [ids[1], ids[2], ids[3]]
+    assert freed >= 2 * MB and not (root / ".trash-x").exists()
