@@ -8,17 +8,17 @@ at nice 19 and SCHED_IDLE, holding the snapshot with a lease.
 
 What bounds its cost, so that it cannot slow ingestion:
 - one decode process at a time for the whole daemon, started from the loop's operations tick (a ``Popen``, then a
-  ``poll`` per tick: no thread, no blocking call);
+  ``poll`` per tick: no thread, and nothing waited for on the loop);
 - per table, at most one decode per ``[snapshots] decode_interval_ms``, counted from the end of the previous one
   and never sooner than that one lasted, so a table updated every second keeps a core at most half busy, and
   ``decode_s / (decode_s + interval)`` of it for short decodes; after failures the wait doubles, up to 16 times;
 - only when CURRENT is not the snapshot decoded last; only tables with a typed value or key;
-- a decode running longer than ``TIMEOUT_S`` is killed and counted as failed.
+- a decode running longer than ``TIMEOUT_S`` is stopped and counted as failed.
 
 Stopping the daemon stops the process: SIGTERM (with SIGCONT, should it be stopped), which it answers by removing
 its temporary file and releasing its lease; SIGKILL after ``STOP_GRACE_S``, and then this module removes the
-temporary file it may have left. A failure is counted (``common.swallowed``, place ``snapshot_decode``, and the
-table's ``failures``), logged, and never more than that.
+temporary file and the lease it may have left. A failure is counted (``common.swallowed``, place
+``snapshot_decode``, and the table's ``failures``), logged, and never more than that.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from globald.store.names import SNAPSHOT_LEASES_DIR, snapshots_dir
 log = logging.getLogger(__name__)
 
 MODULE = "globald.typed.decode_snapshot"
-LEASE_S = 60.0  # the child renews it every 15 s; a killed child's lease holds the snapshot at most this long
+LEASE_S = 60.0  # renewed every 15 s; if the daemon dies with its decode, the lease holds at most this long
 TIMEOUT_S = 1800.0
 STOP_GRACE_S = 5.0
 MAX_BACKOFF = 16
@@ -126,7 +126,9 @@ class SnapshotDecodes:
         return replace(tab.status, running_pid=running)
 
     def observe(self, doc: DaemonStatus) -> DaemonStatus:
-        """``doc`` with each typed table's decode status."""
+        """``doc`` with each typed table's decode status (none while the daemon does not decode)."""
+        if not self.enabled:
+            return doc
         tables = {name: replace(t, decode=self.status(name)) if name in self._tables else t
                   for name, t in doc.tables.items()}
         return replace(doc, tables=tables)

@@ -151,7 +151,8 @@ def test_a_decode_in_flight_holds_its_snapshot_not_the_daemon_and_stops_with_it(
     broker.admin.produce(t, records(6_000, keys=3_000, seed=7) + bad_records(2))
     d = typed_daemon(daemon, {"cust": t}, "cust", tmp_path, snapshots={"decode_interval_ms": 0, "retain": 1})
     d.start()
-    d.wait_running({"cust": broker.admin.end_offsets(t)})
+    first = d.wait_running({"cust": broker.admin.end_offsets(t)})
+    assert "decode" not in first["tables"]["cust"]  # decode_interval_ms = 0: the daemon does not decode
     d.stop()
     state = d.state_dir
     table_dir = snapshots_dir(state, "cust")
