@@ -140,6 +140,8 @@ class StateManager:
             # found a recreation) cannot vouch for themselves.
             rungs = {p: union(rt.verified.get(p), f) for p, f in ladders.items() if p in marks}
             verdict = self.verify(rt, rungs)
+            if not rt.verified and not verdict.recreated and not verdict.unreachable:
+                self._older_rungs(rt, {p: f for p, f in ladders.items() if p in marks}, verdict)
             if verdict.unreachable:  # resuming unchecked could mirror another topic: ask again later
                 raise TransientKafkaError(f"cannot check that topic {rt.topic} is the one the store mirrors: "
                                           f"{'; '.join(verdict.unreachable.values())}")
@@ -246,6 +248,19 @@ class StateManager:
         checked = {(rt.name, p) for p in rungs if p not in verdict.unreachable}
         self._unverifiable = (self._unverifiable - checked) | {(rt.name, p) for p in verdict.unverifiable}
         return verdict
+
+    def _older_rungs(self, rt: TableRuntime, ladders: Mapping[int, Ladder], verdict: Verdict) -> None:
+        """A run's first check has no verified rungs to read first, and a store stopped between a recreation and
+        the check that would have found it has the new topic's newest records, which vouch for themselves: each
+        older rung is read back too (a round each, at most three); one that differs adds to the mismatches."""
+        depth = max((len(f.rungs) for f in ladders.values()), default=0)
+        for i in range(1, depth):
+            rungs = {p: (f.rungs[i],) for p, f in ladders.items() if len(f.rungs) > i}
+            found = verify(self.config.consumer_settings(), rt.topic, rungs, VERIFY_TIMEOUT_S)
+            verdict.mismatches.update({p: why for p, why in found.mismatches.items() if p not in verdict.mismatches})
+            verdict.unreachable.update(found.unreachable)
+            if found.unreachable or found.mismatches:
+                return
 
     def checked(self, rt: TableRuntime, applied: Mapping[int, Ladder], verdict: Verdict) -> None:
         """A refresh's check of ``rt`` (``verdict``, on the rungs verified before and ``applied`` since) found no

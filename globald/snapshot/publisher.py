@@ -106,9 +106,10 @@ class SnapshotPublisher:
                 tab = self._tables.get(event.table)
                 if tab is not None:
                     reason = f"table wiped ({event.kind}) and rebuilding: {event.reason}"
-                    if event.verified is not None:
-                        self._keep_verified(tab, dict(event.verified), reason)
-                    self._mark_stale(tab, reason)
+                    with self._lock:  # no exact build may publish between the two (it checks the generation)
+                        if event.verified is not None:
+                            self._keep_verified(tab, dict(event.verified), reason)
+                        self._mark_stale(tab, reason)
             case StateChanged(table=None):
                 self._daemon_state = event.new
 

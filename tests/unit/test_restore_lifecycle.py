@@ -56,3 +56,26 @@ def test_a_restore_whose_offsets_are_not_durable_stays_restoring(tmp_path: Path)
         with pytest.raises(StoreIOError, match="durable offsets"):
             manager.restore_progress(rt, {0: 2}, {0: 2}, lambda s: pytest.fail("not durable"))
         assert rt.machine.state == State.RESTORING and not rt.store.complete
+
+
+def test_a_wipe_for_a_recreated_topic_carries_the_offsets_the_last_check_verified(tmp_path: Path) -> None:
+    """What a refresh's check verified travels to the snapshots: Verified as it happens, Wiped.verified with a
+    wipe for topic_recreated (and only then); a partition whose check could not be made is not moved on."""
+    from globald.engine.events import Verified, Wiped
+    from globald.kafka.identity import Verdict
+    from globald.store.fingerprint import Fingerprint, Ladder
+
+    with _restoring(tmp_path, {0: 2, 1: 1}) as (manager, rt, heard):
+        def ladder(*offsets: int) -> Ladder:
+            return Ladder(tuple(Fingerprint(o, b"\0" * 8) for o in offsets))
+
+        manager.checked(rt, {0: ladder(9, 4), 1: ladder(7)}, Verdict("topic", unverifiable={1: "compacted"}))
+        verified = [e for e in heard if isinstance(e, Verified)]
+        assert verified[-1].offsets == {0: 10} and verified[-1].fingerprints[0][0].offset == 9
+        manager.checked(rt, {0: ladder(5)}, Verdict("topic"))  # never moves back
+        assert [e for e in heard if isinstance(e, Verified)][-1].offsets == {0: 10}
+        manager.wipe(rt, "topic_recreated", "the record at offset 9 differs")
+        manager.wipe(rt, "operator_reset", "asked")
+        wiped = [e for e in heard if isinstance(e, Wiped)]
+        assert wiped[0].verified == {0: 10}  # the offsets of the last check, handed over
+        assert wiped[1].verified is None  # no doubt about the topic: nothing to restrict
