@@ -198,7 +198,8 @@ class GlobalTableView:
     def join(self, df: Any, on: str, value_col: str = "value", timestamp_col: str = "timestamp",
              snapshot_col: str | None = None, *, flatten: bool | str = False, error_col: str | None = None) -> Any:
         """``df`` left-joined with the table as of the current descriptor: ``value_col`` (binary) and
-        ``timestamp_col`` (long) are null where the key is absent. ``on`` may be a binary or string column.
+        ``timestamp_col`` (long) are null where the key is absent. ``on`` may be a binary or string column (or an
+        integer one, on a table whose declared key decodes to integers).
 
         A typed table (``[tables.value]``) makes ``value_col`` a struct of the schema's type; ``flatten`` (True, or
         a prefix) puts its fields at top level, ``error_col`` says why a value did not decode, and
@@ -207,13 +208,17 @@ class GlobalTableView:
         Snapshot mode: a mapInArrow looking each Arrow batch up at once in the executors' sidecar snapshots; its
         fallbacks are observed (``fallbacks``). Small-table mode: the same mapInArrow against the shipped content
         (``small_join="index"``), or Spark's own broadcast hash join against it (``"spark"``; ``small``)."""
-        from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType
+        from pyspark.sql.types import BinaryType, IntegralType, LongType, StringType, StructField, StructType
 
         if on not in df.columns:
             raise ValueError(f"join: no column {on!r} in {df.columns}")
         kind = df.schema[on].dataType
-        if not isinstance(kind, BinaryType | StringType):
-            raise TypeError(f"join: key column {on!r} must be binary or string, not {kind.simpleString()}")
+        # A typed key is matched by the canonical form of its decoded value (globald.typed.keys): an integer
+        # column then matches an integer key by its decimal text. Raw keys are bytes: only bytes or text match.
+        integral = isinstance(kind, IntegralType) and typed.decoders(self.config_path, self.table.name)[0].typed
+        if not (isinstance(kind, BinaryType | StringType) or integral):
+            raise TypeError(f"join: key column {on!r} must be binary or string (or an integer, for a table whose "
+                            f"[tables.key] declares an integer key), not {kind.simpleString()}")
         added = [c for c in (value_col, timestamp_col, snapshot_col) if c is not None]
         clash = [c for c in added if c in df.columns]
         if typed.is_typed(self):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import decimal
+import io
 import json
 import random
 import shutil
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import fastavro
 import pytest
 
 from globald.common.exitcodes import NOT_FOUND
@@ -36,6 +38,7 @@ from tests.unit.typed_fixtures import (
     descriptor_set,
     json_records,
     json_reference,
+    json_value,
     keyed_records,
     proto_classes,
     string_key_reference,
@@ -60,7 +63,17 @@ SECTIONS = {
             'writer_schemas = "schemas/keyids"\n' + VALUE + 'format = "json"\nschema = "schemas/customer.schema.json"\n'
             'framing = "confluent"\n',
     "rkey": '[tables.key]\nformat = "json"\nschema = "schemas/customer.ddl"\n',  # a record key: no join
+    # An unframed Avro long key with a JSON (DDL) value: joined on an integer column.
+    "ikey": '[tables.key]\nformat = "avro"\nschema = "schemas/long.avsc"\n' + VALUE + 'format = "json"\n'
+            'schema = "schemas/customer.ddl"\n',
 }
+LONG_KEYS = (-7, 0, 1, 42, 2**40, 2**62)  # zigzag varints of one to nine bytes
+
+
+def long_key(n: int) -> bytes:
+    out = io.BytesIO()
+    fastavro.schemaless_writer(out, "long", n)
+    return out.getvalue()
 
 
 @dataclass
@@ -116,6 +129,9 @@ def typed_tables(broker: Broker, tmp_path_factory: pytest.TempPathFactory) -> It
     broker.admin.produce(topics["json"], json_records(700, keys=250, seed=26))
     broker.admin.produce(topics["jkey"], keyed_records(800, keys=200, seed=27))
     broker.admin.produce(topics["rkey"], [(b'{"id": 1}', b"one")])
+    (tmp / "schemas" / "long.avsc").write_text('"long"')
+    rnd = random.Random(28)
+    broker.admin.produce(topics["ikey"], [(long_key(rnd.choice(LONG_KEYS)), json_value(i, rnd)) for i in range(60)])
     broker.admin.produce(topics["custfail"], [(b"good", confluent(1, avro_payload("customer_v1.avsc",
                                                                                    customer_v1(1)))),
                                               (b"bad-one", confluent(9, b"\x00"))])
@@ -404,4 +420,28 @@ def test_a_record_key_is_refused_in_one_line(spark: Any, typed_tables: Typed) ->
                                                      r"decodes to struct<id: int64[^\n]*only string, bytes and "
                                                      r"integer keys can$"):
             attempt()
+    view.close()
+
+
+def test_an_integer_key_joins_on_an_integer_column(session: Any, typed_tables: Typed) -> None:
+    """An Avro long key: a long column matches it by value (and a string column by its decimal text)."""
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    env = typed_tables
+    view = GlobalTableView(session, env.config, "ikey")
+    desc = view.refresh()
+    fold = fold_timestamped(env.broker.settings, env.topics["ikey"], {int(p): o for p, o in desc["offsets"].items()})
+    by_key = {fastavro.schemaless_reader(io.BytesIO(raw), "long", None): vt for raw, vt in fold.items()}
+    assert set(by_key) == set(LONG_KEYS), "every key must have been produced"
+    wanted = [*LONG_KEYS, 5, None]
+    df = session.createDataFrame([(i, k) for i, k in enumerate(wanted)],
+                                 StructType([StructField("id", LongType()), StructField("k", LongType())]))
+    rows = rows_of(view.join(df, "k"))
+    assert len(rows) == len(wanted)
+    for r in rows:
+        value, ts = by_key.get(r["k"], (None, None))
+        want = json_reference(value, decimal_balance=True)[0] if value is not None else None
+        assert (r["value"], r["timestamp"]) == (want, ts), r["k"]
+    as_text = rows_of(view.join(df.selectExpr("id", "CAST(k AS STRING) AS k"), "k"))
+    assert [(r["value"], r["timestamp"]) for r in as_text] == [(r["value"], r["timestamp"]) for r in rows]
     view.close()
