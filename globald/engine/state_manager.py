@@ -253,10 +253,10 @@ class StateManager:
         """A run's first check has no verified rungs to read first, and a store stopped between a recreation and
         the check that would have found it has the new topic's newest records, which vouch for themselves: each
         older rung is read back too (a round each, at most three); one that differs adds to the mismatches."""
-        depth = max((len(f.rungs) for f in ladders.values()), default=0)
-        for i in range(1, depth):
+        deadline = time.monotonic() + VERIFY_TIMEOUT_S  # all rounds together: the loop waits meanwhile
+        for i in range(1, max((len(f.rungs) for f in ladders.values()), default=0)):
             rungs = {p: (f.rungs[i],) for p, f in ladders.items() if len(f.rungs) > i}
-            found = verify(self.config.consumer_settings(), rt.topic, rungs, VERIFY_TIMEOUT_S)
+            found = verify(self.config.consumer_settings(), rt.topic, rungs, max(0.5, deadline - time.monotonic()))
             verdict.mismatches.update({p: why for p, why in found.mismatches.items() if p not in verdict.mismatches})
             verdict.unreachable.update(found.unreachable)
             if found.unreachable or found.mismatches:

@@ -20,11 +20,14 @@ import pytest
 from globald.embedded.oracle import Table, fold
 from globald.settings.config import load
 from globald.snapshot import leases
+from globald.snapshot import manifest as manifests
 from globald.snapshot.builder import Builder, BuildRefused
 from globald.snapshot.exact_requests import Code
 from globald.snapshot.manifest import Manifest
 from globald.snapshot.reader import current_id, manifests_of
-from globald.store.names import snapshots_dir
+from globald.store.fingerprint import ladders_in
+from globald.store.names import META_CF, META_FINGERPRINT_PREFIX, snapshots_dir
+from globald.store.reader import StoreReader
 from tests import midway
 from tests.harness import Broker, DaemonProcess, random_records
 from tests.integration.snapshot_helpers import wait_snapshot_at
@@ -203,6 +206,28 @@ def test_stopped_inside_the_window_the_next_start_finds_the_recreation(broker: B
     rebuilt_equal(broker, d, t, row, d.pid)
 
 
+def exact_build_on_a_mixed_base(d: DaemonProcess, tmp_path: Path, mixed: Path, verified: Path) -> None:
+    """The mixed snapshot's newest fingerprints are the new topic's: as a base of an exact build they vouch for
+    themselves. The fingerprints the daemon's last check verified (those of the old snapshot here), read back first,
+    refuse it."""
+    with StoreReader(verified / "db") as r:
+        meta = r._family(META_CF)
+        assert meta is not None
+        ladders, _ = ladders_in(meta.items(from_key=META_FINGERPRINT_PREFIX))
+        del meta
+    m = manifests.read(mixed, "tbl")
+    config = load(d.config)
+    builder = Builder(config, threading.Event())
+    try:
+        builder.build(config.tables[0], m.offsets, m.offsets, mixed, tmp_path / "unchecked", time.monotonic() + 60)
+        with pytest.raises(BuildRefused) as refused:
+            builder.build(config.tables[0], m.offsets, m.offsets, mixed, tmp_path / "checked", time.monotonic() + 60,
+                          {p: ladder.rungs for p, ladder in ladders.items()})
+    finally:
+        builder.close()
+    assert refused.value.code == Code.REBUILDING and "recreated" in str(refused.value), refused.value
+
+
 def unverified(m: Manifest) -> bool:
     """Marked as possibly mixing two topics (``globald.snapshot.recreated``; spelled out so that this test runs
     against a globald from before it too)."""
@@ -254,6 +279,8 @@ def test_snapshots_of_both_topics_are_never_served(broker: Broker, topic: Topic,
     row.injected += 1
     root = snapshots_dir(d.state_dir, "tbl")
     leases.take(root, "test-reader", mixed, 600)
+    if retain > 1:
+        exact_build_on_a_mixed_base(d, tmp_path, root / mixed, root / before)
 
     midway.freeze_at_restore(arm_file, "tbl", 0.5)  # look at the snapshots in the middle of the rebuild
     hold.unlink()
