@@ -61,7 +61,6 @@ class SnapshotPublisher:
         self._builds = ExactBuilds(config, self._tables, self._lock, self)
         self._leases = {name: leases.LeaseClock(tab.dir) for name, tab in self._tables.items()}  # loop thread only
         self._last_id: str | None = None
-        self.unverified_dropped = 0  # snapshots taken past the offsets last shown to be of the topic (see Wiped)
         self._next_publish = 0.0
         self._next_sweep = 0.0
         self.disk = DiskGuard(config.state_dir, self.build_timeout)
@@ -150,7 +149,6 @@ class SnapshotPublisher:
             if tab.current is not None:
                 tab.current = tab.current.marked_stale(tab.current.stale_reason or reason)
                 tab.stale_reason = tab.current.stale_reason
-
         log.warning("table %s: snapshots marked stale (%s); CURRENT stays at %s until the table is RUNNING again",
                     tab.config.name, reason, tab.current.id if tab.current else "nothing")
         self._write_stale_marks(tab)
@@ -160,7 +158,7 @@ class SnapshotPublisher:
         with self._lock:
             tab.fingerprints = {}
             held = self._leases[tab.config.name].refresh() | tab.busy
-            self.unverified_dropped += recreated.keep_verified(self.config.state_dir, tab, shown, why, held)
+            recreated.keep_verified(self.config.state_dir, tab, shown, why, held)
 
     def _write_stale_marks(self, tab: SnapshotTable) -> None:
         """Write a wipe's stale mark into every manifest; on a refusing disk, again at every tick until done."""

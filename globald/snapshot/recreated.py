@@ -43,9 +43,8 @@ def unverified(m: Manifest) -> bool:
     return m.stale and (m.stale_reason or "").startswith(UNVERIFIED)
 
 
-def keep_verified(state_dir: Path, tab: SnapshotTable, shown: Offsets, why: str, held: set[str]) -> int:
-    """Apply the rules above to ``tab`` (the publisher's lock held); ``held``: snapshots leased or being copied.
-    Returns how many snapshots were found past ``shown``."""
+def keep_verified(state_dir: Path, tab: SnapshotTable, shown: Offsets, why: str, held: set[str]) -> None:
+    """Apply the rules above to ``tab`` (the publisher's lock held); ``held``: snapshots leased or being copied."""
     name = tab.config.name
     found = manifests_of(state_dir, name)
     doubtful = [m for m in found if unverified(m) or (not m.stale and not within(m.offsets, shown))]
@@ -69,7 +68,6 @@ def keep_verified(state_dir: Path, tab: SnapshotTable, shown: Offsets, why: str,
     if doubtful:
         log.warning("table %s: %d snapshots past the offsets last shown to be of topic %s (%s) dropped from service",
                     name, len(doubtful), tab.config.topic, offsets_text(shown) or "none in this run")
-    return len(doubtful)
 
 
 def point_current(tab: SnapshotTable, m: Manifest | None, shown: Offsets) -> None:
