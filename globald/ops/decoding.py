@@ -77,7 +77,7 @@ class _Run:
     table: str
     proc: subprocess.Popen[bytes]
     started: float  # monotonic
-    stopping_since: float | None = None  # when it was told to stop (past TIMEOUT_S)
+    stopping_since: float | None = None  # time.monotonic() when it was told to stop (past TIMEOUT_S)
 
 
 class SnapshotDecodes:
@@ -152,11 +152,12 @@ class SnapshotDecodes:
     def _watch(self, run: _Run, now: float) -> None:
         rc = run.proc.poll()
         if rc is None:
-            # Past its limit: told to stop, then killed; never waited for here, on the loop thread.
+            # Past its limit: told to stop, then killed (the grace in real seconds, whatever the throttle's clock
+            # says); never waited for here, on the loop thread.
             if run.stopping_since is None and now - run.started > TIMEOUT_S:
-                run.stopping_since = now
+                run.stopping_since = time.monotonic()
                 _terminate(run.proc)
-            elif run.stopping_since is not None and now - run.stopping_since > STOP_GRACE_S:
+            elif run.stopping_since is not None and time.monotonic() - run.stopping_since > STOP_GRACE_S:
                 run.proc.kill()
             return
         self._run = None
@@ -164,8 +165,8 @@ class SnapshotDecodes:
         done = next((d for d in lines if d.get("event") == "done"), None)
         if rc != 0 or done is None:
             self._cleanup(run, lines)
-            why = f"killed after {TIMEOUT_S:.0f}s without finishing" if run.stopping_since is not None else \
-                f"the decode process exited with {rc} (see the log above)"
+            why = f"stopped after {TIMEOUT_S:.0f}s without finishing (exit {rc})" if run.stopping_since is not None \
+                else f"the decode process exited with {rc} (see the log above)"
             self._failed(run.table, run.started, now, why)
             return
         tab = self._tables[run.table]
@@ -218,15 +219,18 @@ class SnapshotDecodes:
         self._cleanup(run, _lines(proc))
 
     def _cleanup(self, run: _Run, lines: list[dict[str, Any]]) -> None:
-        """After SIGKILL, what the process had no chance to remove: replace_file's temporary and its lease."""
-        opened = next((d for d in lines if d.get("event") == "open"), None)
-        if run.proc.returncode != -signal.SIGKILL or opened is None:
+        """After a process that did not end well, what it may have had no chance to remove (SIGKILL, or SIGTERM
+        in the middle of its own clean-up): replace_file's temporary and its lease. Its lease is its own: one
+        process at a time per holder name."""
+        if run.proc.returncode == 0:
             return
-        _remove_temporary(Path(str(opened.get("dir"))))
         lease = snapshots_dir(self.config.state_dir, run.table) / SNAPSHOT_LEASES_DIR / \
             f"{self._holder_of(run.table)}.json"
         with contextlib.suppress(OSError):
             lease.unlink(missing_ok=True)
+        opened = next((d for d in lines if d.get("event") == "open"), None)
+        if opened is not None:
+            _remove_temporary(Path(str(opened.get("dir"))))
 
 
 def _terminate(proc: subprocess.Popen[bytes]) -> None:

@@ -8,8 +8,9 @@ that time from the loop that ingests. This process makes itself as unimportant t
 It opens CURRENT as it finds it at its start, pinned with a lease (renewed by a thread while it runs, released at
 the end), so retention cannot delete the snapshot under it; then ``ensure_columnar`` does what the first Spark
 worker would (the same file, the same host lock): a file already written is only mapped. SIGTERM (the daemon
-stopping) ends it at once and cleanly: the temporary file is removed, the lease released, no columnar file appears.
-If the daemon dies, the kernel sends it SIGTERM too (PR_SET_PDEATHSIG).
+stopping) ends it cleanly: at once while the snapshot is open (the temporary file is removed, the lease released, no
+columnar file appears), else at the next safe point (``_Termination``). If the daemon dies, the kernel sends it
+SIGTERM too (PR_SET_PDEATHSIG).
 
 Its stdout is for the daemon: one JSON line when the snapshot is open (``{"event": "open", "snapshot": id}``) and
 one when done (``{"event": "done", ...}``: the snapshot, its offsets, the file's rows and decode errors). Its log
@@ -55,10 +56,29 @@ def die_with(parent: int) -> None:
         raise SystemExit(143)
 
 
-def _on_term(signum: int, frame: FrameType | None) -> None:
-    # An exception, not an exit from the handler: it unwinds through replace_file (which removes its temporary
-    # file), the snapshot's context manager (which releases the lease) and the host lock.
-    raise SystemExit(143)
+class _Termination:
+    """SIGTERM, acted on only where unwinding is safe. While the snapshot is open, the handler raises SystemExit at
+    once: it unwinds through replace_file (which removes its temporary file), the host lock and the snapshot's
+    context manager (which releases the lease). Before that (imports, RocksDB opening the snapshot: an exit in the
+    middle of those could leave the lease taken, or a half-made database handle to finalize) it is only noted,
+    and honoured at the next ``checkpoint``."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self.interruptible = False
+
+    def handler(self, signum: int, frame: FrameType | None) -> None:
+        self.requested = True
+        if self.interruptible:
+            raise SystemExit(143)
+
+    def checkpoint(self, interruptible: bool) -> None:
+        self.interruptible = interruptible
+        if self.requested:
+            raise SystemExit(143)
+
+
+TERM = _Termination()
 
 
 def _emit(doc: dict[str, Any]) -> None:
@@ -86,20 +106,20 @@ def decode(config_path: str, table: str, holder: str, lease_s: float) -> dict[st
     from globald.common import logs
     from globald.settings.config import load
     from globald.snapshot.reader import OpenOptions, Snapshot
+    from globald.typed import load_table
+    from globald.typed.columnar import ColumnarTooLarge, columnar_path, ensure_columnar
 
     config = load(config_path)
     logs.setup(config.log_level, config.log_format)
+    decoder = load_table(config, table)[1]  # first: a schema that does not load touches no snapshot
+    TERM.checkpoint(interruptible=False)
     with Snapshot(config.state_dir, table, None, OpenOptions(serve_stale=True, lease_s=lease_s, holder=holder)) \
             as snap:
+        TERM.checkpoint(interruptible=True)
         _emit({"event": "open", "snapshot": snap.id, "dir": str(snap.table_dir / snap.id)})
         done = threading.Event()
         renewer = _keep_leased(snap, lease_s / 4, done)
         try:
-            # Imported only here: pyarrow and the decoding libraries are this process's cost, never the daemon's.
-            from globald.typed import load_table
-            from globald.typed.columnar import ColumnarTooLarge, columnar_path, ensure_columnar
-
-            decoder = load_table(config, table)[1]
             path = columnar_path(snap.table_dir / snap.id, decoder)
             existed = path.exists()
             about: dict[str, Any] = {"event": "done", "snapshot": snap.id, "created": snap.manifest.created,
@@ -125,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lease-s", type=float, default=60.0)
     parser.add_argument("--parent", type=int, default=0, help="the daemon's pid: this process ends with it")
     args = parser.parse_args(argv)
-    signal.signal(signal.SIGTERM, _on_term)
+    signal.signal(signal.SIGTERM, TERM.handler)
     lower_priority()
     if args.parent:
         die_with(args.parent)
@@ -133,8 +153,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         doc = decode(args.config, args.table, args.holder, args.lease_s)
     except Exception as e:  # the daemon counts the failure; this says why, in the daemon's log
+        from globald.common.swallowed import EXPECTED
+
+        # An expected error (a disk, a schema file, a snapshot gone) is one line; anything else is a defect.
         log.error("table %s: decoding the current snapshot failed: %s: %s", args.table, type(e).__name__, e,
-                  exc_info=not isinstance(e, OSError))
+                  exc_info=not isinstance(e, EXPECTED))
         return 1
     _emit({**doc, "seconds": round(time.monotonic() - started, 3)})
     return 0
