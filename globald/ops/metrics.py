@@ -2,7 +2,8 @@
 
 Every value comes from a ``Sample`` the loop thread takes when it publishes status, so a scrape sees the same
 numbers as ``status.json`` at that moment and never touches the consumer or a store from the HTTP thread. Only
-the loop's age and the commit-latency histogram are read live.
+the loop's age and the commit-latency histogram are read live (and decoded snapshots' ages, from the sample's
+creation times and the clock at the scrape).
 """
 
 from __future__ import annotations
