@@ -4,7 +4,7 @@ Readers (``globald.typed.columnar.ensure_columnar``) decode a snapshot once per 
 daemon does it ahead of them, so that a Spark worker finds the file and only maps it, and it exports what the file
 says about the data (values, decode errors) as metrics and status. Decoding is Python per value (~40 us, holding
 the GIL), so it never runs in the daemon: a child process does it (``python -m globald.typed.decode_snapshot``),
-at nice 19 and SCHED_IDLE, holding the snapshot with a lease.
+at nice 19 and SCHED_BATCH, holding the snapshot with a lease, decoding outside the host lock.
 
 What bounds its cost, so that it cannot slow ingestion:
 - one decode process at a time for the whole daemon, started from the loop's operations tick (a ``Popen``, then a
@@ -201,7 +201,8 @@ class SnapshotDecodes:
         if run is None:
             return
         self._stop(run)  # not a failure: the next daemon decodes CURRENT again
-        log.info("table %s: decode of snapshot %s stopped with the daemon", run.table, self._tables[run.table].tried)
+        log.info("table %s: decode of snapshot %s stopped with the daemon (exit %s)", run.table,
+                 self._tables[run.table].tried, run.proc.returncode)
 
     def _holder_of(self, table: str) -> str:
         return f"{self._holder}-{_label(table)}"

@@ -2,12 +2,13 @@
 
 The daemon runs this as a separate process (``globald.ops.decoding``), never in one of its threads: decoding is
 Python per value (fastavro, protobuf and orjson hold the GIL, ~40 us a value), and a thread of the daemon would take
-that time from the loop that ingests. This process makes itself as unimportant to the scheduler as it can (nice
-19, and SCHED_IDLE where the kernel has it), so ingestion, commits and the Spark workers always run first.
+that time from the loop that ingests. This process makes itself as unimportant to the scheduler as it can while
+still always progressing (nice 19 and SCHED_BATCH), so ingestion, commits and the Spark workers run first.
 
 It opens CURRENT as it finds it at its start, pinned with a lease (renewed by a thread while it runs, released at
 the end), so retention cannot delete the snapshot under it; then ``ensure_columnar`` does what the first Spark
-worker would (the same file, the same host lock): a file already written is only mapped. SIGTERM (the daemon
+worker would (the same file, the same host lock; the decoding itself outside the lock, see ``_columnar``): a
+file already written is only mapped. SIGTERM (the daemon
 stopping) ends it cleanly: at once while the snapshot is open (the temporary file is removed, the lease released, no
 columnar file appears), else at the next safe point (``_Termination``). If the daemon dies, the kernel sends it
 SIGTERM too (PR_SET_PDEATHSIG).
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import fcntl
 import json
 import logging
 import os
@@ -30,22 +32,27 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
 log = logging.getLogger("globald.typed.decode_snapshot")
 
 _PR_SET_PDEATHSIG = 1
+LOCK_POLL_S = 0.1
 
 
 def lower_priority() -> None:
-    """The lowest CPU priority an unprivileged process can take: nice 19, then SCHED_IDLE (runs only on an
-    otherwise idle core). Each is best effort: a kernel or container that refuses one leaves the other."""
+    """Nice 19 (about 1.5 % of a core against one normal process wanting it) and SCHED_BATCH (never preempts
+    another on waking). Not SCHED_IDLE, lower still: an unprivileged process cannot leave it, and one that gets no
+    CPU while it holds the host lock would make the readers waiting for that lock wait on it. Best effort: a
+    kernel or container refusing one leaves the other."""
     with contextlib.suppress(OSError):
         os.nice(19 - os.nice(0))
-    if hasattr(os, "sched_setscheduler") and hasattr(os, "SCHED_IDLE"):
+    if hasattr(os, "sched_setscheduler") and hasattr(os, "SCHED_BATCH"):
         with contextlib.suppress(OSError):
-            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+            os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
 
 
 def die_with(parent: int) -> None:
@@ -61,7 +68,9 @@ class _Termination:
     once: it unwinds through replace_file (which removes its temporary file), the host lock and the snapshot's
     context manager (which releases the lease). Before that (imports, RocksDB opening the snapshot: an exit in the
     middle of those could leave the lease taken, or a half-made database handle to finalize) it is only noted,
-    and honoured at the next ``checkpoint``."""
+    and honoured at the next ``checkpoint``. An exception raised by a signal handler can also be lost (seen: one
+    raised while an import compiled a module), so the request is checked again at safe points: every value read
+    for decoding, every poll of the host lock, before the write."""
 
     def __init__(self) -> None:
         self.requested = False
@@ -72,10 +81,17 @@ class _Termination:
         if self.interruptible:
             raise SystemExit(143)
 
-    def checkpoint(self, interruptible: bool) -> None:
-        self.interruptible = interruptible
+    def checkpoint(self, interruptible: bool | None = None) -> None:
+        if interruptible is not None:
+            self.interruptible = interruptible
         if self.requested:
             raise SystemExit(143)
+
+    def checked(self, items: Iterator[tuple[bytes, bytes, int]]) -> Iterator[tuple[bytes, bytes, int]]:
+        for item in items:
+            if self.requested:
+                raise SystemExit(143)
+            yield item
 
 
 TERM = _Termination()
@@ -107,7 +123,7 @@ def decode(config_path: str, table: str, holder: str, lease_s: float) -> dict[st
     from globald.settings.config import load
     from globald.snapshot.reader import OpenOptions, Snapshot
     from globald.typed import load_table
-    from globald.typed.columnar import ColumnarTooLarge, columnar_path, ensure_columnar
+    from globald.typed.columnar import build_table  # noqa: F401 - imported here, before the snapshot is open
 
     config = load(config_path)
     logs.setup(config.log_level, config.log_format)
@@ -120,21 +136,75 @@ def decode(config_path: str, table: str, holder: str, lease_s: float) -> dict[st
         done = threading.Event()
         renewer = _keep_leased(snap, lease_s / 4, done)
         try:
-            path = columnar_path(snap.table_dir / snap.id, decoder)
-            existed = path.exists()
             about: dict[str, Any] = {"event": "done", "snapshot": snap.id, "created": snap.manifest.created,
                                      "offsets": {str(p): o for p, o in snap.offsets.items()}}
-            try:
-                columnar = ensure_columnar(snap, decoder)
-            except ColumnarTooLarge as e:
-                log.info("table %s: snapshot %s is too large for a columnar file (%s); readers decode per batch",
-                         table, snap.id, e)
-                return {**about, "too_large": True}
-            return {**about, "file": path.name, "values": len(columnar), "errors": columnar.error_count,
-                    "decode_seconds": columnar.meta.get("decode_s"), "written": not existed}
+            return {**about, **_columnar(snap, decoder, table)}
         finally:
             done.set()
             renewer.join()
+
+
+def _columnar(snap: Any, decoder: Any, table: str) -> dict[str, Any]:
+    """What ``ensure_columnar`` does, with the decoding outside the host lock: a reader arriving meanwhile takes the
+    lock and decodes for itself, never waiting behind this process, which gets little CPU on a busy host (nice 19:
+    a priority inversion). Only the write, which decodes nothing, is made under the lock; a file a reader wrote
+    meanwhile is kept and ours dropped."""
+    from globald.typed.columnar import (
+        ColumnarInvalid,
+        ColumnarTable,
+        ColumnarTooLarge,
+        build_table,
+        columnar_path,
+        write_columnar,
+    )
+
+    directory = snap.table_dir / snap.id
+    path = columnar_path(directory, decoder)
+    with contextlib.suppress(FileNotFoundError, ColumnarInvalid):
+        found = ColumnarTable.open(path, decoder.fingerprint)
+        return _figures(found, path, written=False)
+    about = {"table": snap.manifest.table, "snapshot": snap.id,
+             "offsets": {str(p): o for p, o in snap.offsets.items()}}
+    try:
+        built = build_table(TERM.checked(iter(snap)), decoder, about)
+    except ColumnarTooLarge as e:
+        log.info("table %s: snapshot %s is too large for a columnar file (%s); readers decode per batch", table,
+                 snap.id, e)
+        return {"too_large": True}
+    with host_lock(directory):
+        with contextlib.suppress(FileNotFoundError, ColumnarInvalid):
+            found = ColumnarTable.open(path, decoder.fingerprint)
+            return _figures(found, path, written=False)  # a reader wrote it meanwhile
+        TERM.checkpoint()
+        write_columnar(path, built)
+    written = ColumnarTable.open(path, decoder.fingerprint)
+    log.info("decoded snapshot %s of %s into %s: %d rows, %d decode errors, %.2fs", snap.id, table, path.name,
+             len(written), written.error_count, written.meta.get("decode_s", 0.0))
+    return _figures(written, path, written=True)
+
+
+@contextlib.contextmanager
+def host_lock(directory: Path) -> Iterator[None]:
+    """The lock ensure_columnar writes under (an flock of the snapshot directory), taken by polling: a SIGTERM that
+    lands just before a blocking flock() would not interrupt it (Python runs handlers between bytecodes), and the
+    process would wait for a reader's whole decode before it stops."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                TERM.checkpoint()
+                time.sleep(LOCK_POLL_S)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _figures(columnar: Any, path: Any, written: bool) -> dict[str, Any]:
+    return {"file": path.name, "values": len(columnar), "errors": columnar.error_count,
+            "decode_seconds": columnar.meta.get("decode_s"), "written": written}
 
 
 def main(argv: list[str] | None = None) -> int:

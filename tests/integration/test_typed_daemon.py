@@ -8,10 +8,10 @@ publishes meanwhile, starts no second decode, and stopping it leaves no process,
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import shutil
-from collections.abc import Callable, Iterator
+import signal
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,7 @@ from globald.typed.columnar import ColumnarTable, columnar_path
 from tests.harness import Broker, DaemonProcess, globald
 from tests.integration.test_ops_http import HTTP, metric, port_of, scrape
 from tests.integration.test_typed import SECTION, records, reference
-from tests.unit.test_typed_decodes import alive
+from tests.unit.test_typed_decodes import alive, host_lock
 from tests.unit.typed_fixtures import FIXTURES, avro_payload, confluent, customer_v1
 
 pytestmark = pytest.mark.kafka
@@ -126,23 +126,6 @@ def test_the_daemon_decodes_current_without_a_reader_and_counts_its_decode_error
     assert f"decoded: snapshot {sid}, {len(oracle):,} values, {len(bad):,} decode errors" in text.stdout, text.stdout
 
 
-@contextlib.contextmanager
-def host_lock(directory: Path) -> Iterator[Callable[[], None]]:
-    """The lock ensure_columnar decodes under, held as a reader on the host would hold it while decoding."""
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    fcntl.flock(fd, fcntl.LOCK_EX)
-    released = False
-
-    def release() -> None:
-        nonlocal released
-        if not released:
-            os.close(fd)
-            released = True
-
-    try:
-        yield release
-    finally:
-        release()
 
 
 def test_a_decode_in_flight_holds_its_snapshot_not_the_daemon_and_stops_with_it(
@@ -159,9 +142,9 @@ def test_a_decode_in_flight_holds_its_snapshot_not_the_daemon_and_stops_with_it(
     held = (table_dir / SNAPSHOT_CURRENT).read_text().strip()
     assert columnar_files(state, "cust", held) == []  # decoding was off: no reader, no file yet
 
-    # A reader of the host is decoding CURRENT (it holds the host lock) when the next daemon starts: the daemon's
-    # decode process opens CURRENT under its lease and waits for the lock, as a second worker would.
-    with host_lock(table_dir / held) as release:
+    # A reader of the host holds the host lock (it is writing CURRENT's file) when the next daemon starts: the
+    # daemon's decode process opens CURRENT under its lease, decodes it for itself and waits for the lock to write.
+    with host_lock(table_dir / held):
         d2 = typed_daemon(daemon, {"cust": t}, "cust", tmp_path, snapshots={"decode_interval_ms": 1000, "retain": 1})
         d2.start()
         doc = d2.wait_for(lambda s: (s["tables"]["cust"].get("decode") or {}).get("running_pid"), timeout=60,
@@ -169,29 +152,26 @@ def test_a_decode_in_flight_holds_its_snapshot_not_the_daemon_and_stops_with_it(
         pid = doc["tables"]["cust"]["decode"]["running_pid"]
         d2.wait_for(lambda s: any(lease.snapshot == held for lease in leases.read_all(table_dir)[0]
                                   if "decode" in lease.holder), what="the decode process's lease on CURRENT")
+        os.kill(pid, signal.SIGSTOP)  # decoding or waiting for the lock: it cannot write its file while we hold it
+        try:
+            # Meanwhile the daemon ingests and publishes: CURRENT moves on, several times (retain = 1), and the held
+            # snapshot stays for the lease; no second decode starts while this one is in flight.
+            for batch in range(3):
+                broker.admin.produce(t, records(300, keys=3_000, seed=100 + batch))
+                ends = {str(p): o for p, o in broker.admin.end_offsets(t).items()}
+                doc = d2.wait_for(lambda s: s["tables"]["cust"]["snapshot"]["offsets"] == ends,  # noqa: B023
+                                  what="the new records in a published snapshot")
+            assert doc["tables"]["cust"]["snapshot"]["current"] != held
+            assert doc["tables"]["cust"]["decode"]["running_pid"] == pid and alive(pid)
+            assert (table_dir / held).is_dir()
 
-        # Meanwhile the daemon ingests and publishes: CURRENT moves on, several times (retain = 1), and the held
-        # snapshot stays for the lease; no second decode starts while this one is in flight.
-        for batch in range(3):
-            broker.admin.produce(t, records(300, keys=3_000, seed=100 + batch))
-            ends = {str(p): o for p, o in broker.admin.end_offsets(t).items()}
-            doc = d2.wait_for(lambda s: s["tables"]["cust"]["snapshot"]["offsets"] == ends,  # noqa: B023
-                              what="the new records in a published snapshot")
-        assert doc["tables"]["cust"]["snapshot"]["current"] != held
-        assert doc["tables"]["cust"]["decode"]["running_pid"] == pid and alive(pid)
-        assert (table_dir / held).is_dir()
-
-        # Let it decode, and stop it mid-decode (SIGSTOP: it cannot finish meanwhile, however slow the machine).
-        release()
-        os.kill(pid, 19)  # SIGSTOP
-    try:
-        assert columnar_files(state, "cust", held) == []
-        assert d2.stop() == 0
-        assert not alive(pid), "the decode process outlived the daemon"
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, 18)  # SIGCONT, should the daemon have left it stopped
+            # Stopping the daemon stops the decode in flight (SIGTERM, with SIGCONT: it is stopped) and waits for it.
+            assert d2.stop() == 0
+            assert not alive(pid), "the decode process outlived the daemon"
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)  # should the daemon have left it stopped
     assert columnar_files(state, "cust", held) == []  # neither a file nor a temporary
     assert not [lease for lease in leases.read_all(table_dir)[0] if "decode" in lease.holder]
     log = d2.log.read_text()
-    assert "stopped with the daemon" in log, log[-3000:]
+    assert "stopped with the daemon (exit 143)" in log, log[-3000:]  # it ended on SIGTERM, cleaning up after itself
