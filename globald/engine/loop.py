@@ -27,6 +27,7 @@ from globald.engine.table import TableRuntime
 from globald.engine.update_task import PollResult, UpdateTask
 from globald.engine.view import LoopStats
 from globald.kafka.clients import TopicUnavailableError, TransientKafkaError, partitions, watermarks
+from globald.kafka.identity import next_timeout
 from globald.settings.config import Config
 from globald.store.failures import STORE_FAULTS
 
@@ -88,6 +89,7 @@ class Loop:
         self._idle_wait = _IDLE_WAIT_MIN_S
         self._next_commit = time.monotonic() + self.config.commit_interval_ms / 1000
         self._next_metadata = time.monotonic() + self.config.metadata_refresh_ms / 1000
+        self._check_timeout_s = _REFRESH_TIMEOUT_S  # doubled by every unanswered identity check, reset by an answer
         self._next_end_check = 0.0
         for rt in self.manager.tables.values():
             self.manager.restoring(rt, "starting")
@@ -365,7 +367,8 @@ class Loop:
         applied = self.task.ladders(rt.name)
         rungs = {p: union(rt.verified.get(p), applied.get(p)) for p in rt.partitions}
         rungs = {p: r for p, r in rungs.items() if r}
-        verdict = self.manager.verify(rt, rungs, _REFRESH_TIMEOUT_S)  # the loop waits meanwhile: keep it short
+        verdict = self.manager.verify(rt, rungs, self._check_timeout_s)  # the loop waits meanwhile: keep it short
+        self._check_timeout_s = next_timeout(self._check_timeout_s, _REFRESH_TIMEOUT_S, bool(verdict.unreachable))
         log.debug("table %s: identity check of %s: %s", rt.name, {p: [f.offset for f in r] for p, r in rungs.items()},
                   verdict)
         if verdict.recreated:  # conclusive, whatever the partitions that did not answer would have said
@@ -414,4 +417,3 @@ class Loop:
             self.machine.to(State.RESTORING, f"restoring {', '.join(restoring)}")
         else:
             self.machine.to(State.RUNNING, "every table restored")
-

@@ -38,3 +38,13 @@ def test_encoding_round_trips_and_rejects_a_torn_value() -> None:
     assert Ladder.decode(b"") == EMPTY
     with pytest.raises(ValueError):
         Ladder.decode(ladder.encode()[:-1])
+
+
+def test_an_unanswered_identity_check_waits_longer_next_time_up_to_a_bound_and_an_answer_resets_it() -> None:
+    from globald.kafka.identity import MAX_TIMEOUT_S, next_timeout
+
+    bounds = [2.0]
+    for _ in range(6):
+        bounds.append(next_timeout(bounds[-1], 2.0, unanswered=True))
+    assert bounds == [2.0, 4.0, 8.0, 16.0, MAX_TIMEOUT_S, MAX_TIMEOUT_S, MAX_TIMEOUT_S]
+    assert next_timeout(MAX_TIMEOUT_S, 2.0, unanswered=False) == 2.0
