@@ -183,6 +183,7 @@ class SnapshotDecodes:
         tab.status = DecodeStatus(
             snapshot=str(done["snapshot"]), offsets=offsets, created=_number(done.get("created")),
             values=int(done.get("values") or 0), errors=int(done.get("errors") or 0),
+            key_errors=int(done.get("key_errors") or 0),
             decode_seconds=_number(done.get("decode_seconds")), written=bool(done.get("written")),
             too_large=bool(done.get("too_large")), runs=s.runs + 1, failures=s.failures)
         if tab.status.written:  # the decode process logged its figures already; this adds the whole run's time

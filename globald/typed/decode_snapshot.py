@@ -127,7 +127,9 @@ def decode(config_path: str, table: str, holder: str, lease_s: float) -> dict[st
 
     config = load(config_path)
     logs.setup(config.log_level, config.log_format)
-    decoder = load_table(config, table)[1]  # first: a schema that does not load touches no snapshot
+    # First: a schema that does not load touches no snapshot. Both decoders, as the Spark side loads them: a typed
+    # key gives the file another index and another name (globald.typed.keys.fingerprint).
+    key_decoder, decoder = load_table(config, table)
     TERM.checkpoint(interruptible=False)
     with Snapshot(config.state_dir, table, None, OpenOptions(serve_stale=True, lease_s=lease_s, holder=holder)) \
             as snap:
@@ -138,13 +140,13 @@ def decode(config_path: str, table: str, holder: str, lease_s: float) -> dict[st
         try:
             about: dict[str, Any] = {"event": "done", "snapshot": snap.id, "created": snap.manifest.created,
                                      "offsets": {str(p): o for p, o in snap.offsets.items()}}
-            return {**about, **_columnar(snap, decoder, table)}
+            return {**about, **_columnar(snap, decoder, key_decoder, table)}
         finally:
             done.set()
             renewer.join()
 
 
-def _columnar(snap: Any, decoder: Any, table: str) -> dict[str, Any]:
+def _columnar(snap: Any, decoder: Any, key_decoder: Any, table: str) -> dict[str, Any]:
     """What ``ensure_columnar`` does, with the decoding outside the host lock: a reader arriving meanwhile takes the
     lock and decodes for itself, never waiting behind this process, which gets little CPU on a busy host (nice 19:
     a priority inversion). Only the write, which decodes nothing, is made under the lock; a file a reader wrote
@@ -157,27 +159,28 @@ def _columnar(snap: Any, decoder: Any, table: str) -> dict[str, Any]:
         columnar_path,
         write_columnar,
     )
+    from globald.typed.keys import fingerprint
 
     directory = snap.table_dir / snap.id
-    path = columnar_path(directory, decoder)
+    path, fp = columnar_path(directory, decoder, key_decoder), fingerprint(decoder, key_decoder)
     with contextlib.suppress(FileNotFoundError, ColumnarInvalid):
-        found = ColumnarTable.open(path, decoder.fingerprint)
+        found = ColumnarTable.open(path, fp)
         return _figures(found, path, written=False)
     about = {"table": snap.manifest.table, "snapshot": snap.id,
              "offsets": {str(p): o for p, o in snap.offsets.items()}}
     try:
-        built = build_table(TERM.checked(iter(snap)), decoder, about)
+        built = build_table(TERM.checked(iter(snap)), decoder, about, key_decoder)
     except ColumnarTooLarge as e:
         log.info("table %s: snapshot %s is too large for a columnar file (%s); readers decode per batch", table,
                  snap.id, e)
         return {"too_large": True}
     with host_lock(directory):
         with contextlib.suppress(FileNotFoundError, ColumnarInvalid):
-            found = ColumnarTable.open(path, decoder.fingerprint)
+            found = ColumnarTable.open(path, fp)
             return _figures(found, path, written=False)  # a reader wrote it meanwhile
         TERM.checkpoint()
         write_columnar(path, built)
-    written = ColumnarTable.open(path, decoder.fingerprint)
+    written = ColumnarTable.open(path, fp)
     log.info("decoded snapshot %s of %s into %s: %d rows, %d decode errors, %.2fs", snap.id, table, path.name,
              len(written), written.error_count, written.meta.get("decode_s", 0.0))
     return _figures(written, path, written=True)
@@ -204,7 +207,8 @@ def host_lock(directory: Path) -> Iterator[None]:
 
 def _figures(columnar: Any, path: Any, written: bool) -> dict[str, Any]:
     return {"file": path.name, "values": len(columnar), "errors": columnar.error_count,
-            "decode_seconds": columnar.meta.get("decode_s"), "written": written}
+            "key_errors": columnar.meta.get("key_errors", 0), "decode_seconds": columnar.meta.get("decode_s"),
+            "written": written}
 
 
 def main(argv: list[str] | None = None) -> int:

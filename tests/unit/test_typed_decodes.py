@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 
 from globald.common import swallowed
@@ -28,10 +29,13 @@ from globald.settings.config import load
 from globald.snapshot import leases
 from globald.snapshot import manifest as manifests
 from globald.snapshot.manifest import Manifest
+from globald.snapshot.reader import open_snapshot
 from globald.store.codec import encode_value
 from globald.store.names import SNAPSHOT_CURRENT, snapshots_dir
 from globald.store.options import StoreOptions
 from globald.store.table_store import TableStore
+from globald.typed import load_table
+from globald.typed.columnar import ensure_columnar
 from tests.harness import write_config
 from tests.stores import write_records
 from tests.unit.typed_fixtures import FIXTURES, avro_payload, confluent, customer_v1
@@ -179,6 +183,33 @@ def test_a_failed_decode_is_counted_and_each_failure_in_a_row_waits_twice_as_lon
     assert started(d, good.name)
     s = finish(d, good.name)
     assert (s.snapshot, s.runs, s.failures, s.last_error) == (good.name, 1, 4, None)
+
+
+def test_a_typed_key_table_gets_the_very_file_its_readers_look_for(tmp_path: Path) -> None:
+    """With [tables.key] the file is indexed on the decoded keys and has a name of its own (both decoders'
+    fingerprint): the daemon must write that one, which a reader then maps without decoding again."""
+    shutil.copytree(FIXTURES, tmp_path / "schemas")
+    cfg = write_config(tmp_path / "globald.toml", tmp_path / "state", {"bootstrap.servers": "127.0.0.1:9"},
+                       {"tbl": "topic"}, snapshots={"decode_interval_ms": int(INTERVAL_S * 1000)})
+    key_section = ('[tables.key]\nformat = "avro"\nschema = "schemas/key.avsc"\nframing = "confluent"\n'
+                   'writer_schemas = "schemas/keyids"\n')
+    cfg.write_text(cfg.read_text() + key_section + SECTION)
+    d = SnapshotDecodes(load(cfg))
+    keys = {confluent(1, avro_payload("key.avsc", f"cust-{i}")): GOOD for i in range(6)}  # type: ignore[arg-type]
+    keys[confluent(9, b"\x02a")] = GOOD  # schema id 9: a key that does not decode
+    keys[confluent(2, avro_payload("key.avsc", "cust-bad"))] = GOOD[:-4]  # type: ignore[arg-type]
+    snap = publish(tmp_path / "state", "1700000000000001", keys)
+    assert started(d, snap.name)
+    s = finish(d, snap.name)
+    assert (s.values, s.key_errors, s.errors, s.written) == (7, 1, 1, True), s
+    [daemons] = files(snap)
+
+    key_decoder, value_decoder = load_table(load(cfg), "tbl")
+    with open_snapshot(tmp_path / "state", "tbl") as opened:
+        mapped = ensure_columnar(opened, value_decoder, key_decoder)
+    assert mapped.path == snap / daemons and mapped.meta["key_errors"] == 1
+    assert mapped.lookup(pa.array(["cust-3", "cust-bad"])).error_count == 1
+    assert files(snap) == [daemons]  # mapped, not decoded again under another name
 
 
 @contextlib.contextmanager
