@@ -11,8 +11,9 @@ in a fresh session (so fresh workers), each looking every key of the table up on
 - ``before``: the raw ``view.join`` with ``memory_index_mb`` large enough for the table, so each worker reads the
   snapshot into its own in-memory index (``globald.spark.memindex``): what every worker did before issue 24, and
   what a raw join still does (a user then decodes each value per query, which holds nothing);
-- ``after_first_decodes``: the typed ``view.join``; the snapshot has no columnar file yet, so the first worker
-  decodes it into one while the others wait on its lock, then all map it;
+- ``after_first_decodes``: the typed ``view.join`` at once; when the snapshot has no columnar file yet (the
+  daemon's own decode process, ``globald.ops.decoding``, has not written it: ``columnar_file_before_query``), the
+  first worker decodes it into one while the others wait on its lock, then all map it;
 - ``after_mapped``: the same in fresh workers, the file already there: every worker only maps it.
 Each worker's ``Rss`` and ``Pss`` come from ``/proc/<pid>/smaps_rollup`` right after the query, while the idle
 workers still hold their handles (Spark keeps reused workers for a minute), and at their highest sum during it
@@ -133,7 +134,7 @@ def passthrough(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         yield pa.RecordBatch.from_arrays([b.column(0), pa.nulls(b.num_rows, pa.int64())], ["k", "n"])
 
 
-def phase(name: str, raw: Path, typed: Path, keys: int) -> dict[str, Any]:
+def phase(name: str, raw: Path, typed: Path, keys: int, typed_state: Path) -> dict[str, Any]:
     """One phase in a fresh local[4] session: the query, then the workers' memory while they hold their handles."""
     from pyspark.sql import functions as F
 
@@ -156,12 +157,17 @@ def phase(name: str, raw: Path, typed: Path, keys: int) -> dict[str, Any]:
             view = GlobalTableView(spark, typed, TABLE)
             view.refresh()
             query = view.join(df, "k").agg(F.sum(F.col("value.visits")), F.count("value")).collect
+        # The daemon decodes typed snapshots too (globald.ops.decoding, at nice 19): whether a worker had to.
+        file_before = any(typed_state.rglob("columnar-*.arrow"))
         log(f"executor memory: {name}")
         started = time.perf_counter()
         with Sampler() as sampler:
             rows = query()
         took = time.perf_counter() - started
         held = workers_memory()
+        # The snapshot read: "after_mapped" maps the file "after_first_decodes" wrote only if it is the same one.
+        held["columnar_file_before_query"] = file_before
+        held["snapshot"] = None if view is None else (view.descriptor or {}).get("snapshot")
         if view is not None:
             view.close()
         found = int(rows[0][-1])
@@ -188,7 +194,7 @@ def measure_executor_memory(admin: TopicAdmin, kafka: dict[str, str], work: Path
     out: dict[str, Any] = {"keys": keys, "executor": "local[4]", "python_workers": 4, "format": "avro",
                            "raw_value_bytes_per_key": round(value_bytes / keys, 1), "key_bytes": 16}
     for name in PHASES:
-        out[name] = phase(name, raw, typed, keys)
+        out[name] = phase(name, raw, typed, keys, typed_state)
         assert out[name]["workers"] == 4, f"{name}: {out[name]['workers']} Python workers, not 4"
         assert name == "imports" or out[name]["found"] == keys, out[name]
         log(f"executor memory: {name}: RSS {out[name]['rss_mb_sum']} MB, PSS {out[name]['pss_mb_sum']} MB")

@@ -14,8 +14,8 @@ session (so every figure is per core) runs, interleaved, for each format:
   any way of producing this column pays Spark.
 All end in the same aggregate over one field. The first format's modes run untimed rounds first: the JVM's first
 queries of this shape run colder code (without them the first format measured came out ~1.7x slower). Before any
-query, the driver decodes the snapshot into its columnar file itself (``ensure_columnar``, what the first worker
-of a host would do), timed: the one-off decode; then the file's bytes per key, by column.
+query, the driver decodes the snapshot into a scratch columnar file, timed (the one-off decode: what the daemon's
+decode process, or else the first worker of a host, does once per snapshot), and gives the file's bytes per key.
 """
 
 from __future__ import annotations
@@ -32,13 +32,14 @@ from typing import Any
 
 import pyarrow as pa
 
+from globald.common.errors import SnapshotNotFoundError
 from globald.embedded.admin import TopicAdmin
 from globald.settings.config import load
-from globald.snapshot.reader import Snapshot
+from globald.snapshot.reader import OpenOptions, Snapshot
 from globald.spark.bench import TABLE, fastest, log, sidecar_config, snapshot_at_end, start_sidecar, wait
 from globald.typed import load_table
 from globald.typed.arrow import Decoder
-from globald.typed.columnar import ensure_columnar
+from globald.typed.columnar import build_table, columnar_path, ensure_columnar, write_columnar
 
 AVRO: dict[str, Any] = {"type": "record", "name": "Customer", "namespace": "bench", "fields": [
     {"name": "id", "type": "long"}, {"name": "name", "type": "string"}, {"name": "email", "type": "string"},
@@ -209,26 +210,46 @@ def mirror(admin: TopicAdmin, kafka: dict[str, str], work: Path, topic: str, sec
     return config, state
 
 
-def one_off_decode(view: Any, config: Path, state: Path) -> dict[str, Any]:
-    """The view's snapshot decoded into its columnar file by this process, as the first worker of a host does
-    (read from RocksDB, decode, index, write, fsync), timed; then the file's bytes per key, by column. The
-    workers then map this file."""
+def one_off_decode(view: Any, config: Path, state: Path, work: Path) -> dict[str, Any]:
+    """The view's snapshot decoded into a columnar file by this process (read from RocksDB, decode, index, write,
+    fsync), timed, into a scratch path: the daemon decodes each typed snapshot itself, in a process of its own
+    (``globald.ops.decoding``), and timing the real file would race with it. Then the snapshot's own file is made
+    or mapped (``ensure_columnar``), so that the workers map it; and the file's bytes per key, by column."""
     decoder = load_table(load(config), TABLE)[1]
-    snap = Snapshot(state, TABLE, view.descriptor["snapshot"])
-    try:
-        started = time.perf_counter()
-        table = ensure_columnar(snap, decoder)
-        took = time.perf_counter() - started
-    finally:
-        snap.close(release=True)
-    assert table.path is not None
+    for _ in range(5):  # the snapshot named may have been replaced (same offsets) and collected meanwhile
+        view.refresh()
+        sid = view.descriptor["snapshot"]
+        try:
+            snap = Snapshot(state, TABLE, sid, OpenOptions(lease_s=600))  # pinned: retention leaves it alone
+        except SnapshotNotFoundError:
+            time.sleep(1)
+            continue
+        try:
+            scratch = work / f"columnar-{sid}.arrow"
+            started = time.perf_counter()
+            write_columnar(scratch, build_table(snap, decoder, {"table": TABLE, "snapshot": sid}))
+            took = time.perf_counter() - started
+            by_daemon = columnar_path(snap.table_dir / snap.id, decoder).exists()
+            table = ensure_columnar(snap, decoder)
+        finally:
+            snap.close(release=True)
+        break
+    else:
+        raise RuntimeError(f"no snapshot of {view.table.name} stayed long enough to be opened: {state}")
     rows = len(table)
-    columns = pa.ipc.open_file(pa.memory_map(str(table.path), "r")).read_all()
+    columns = pa.ipc.open_file(pa.memory_map(str(scratch), "r")).read_all()
     per_column = {c: round(columns.column(c).nbytes / rows, 1) for c in columns.column_names}
-    return {"decode_once_s": round(took, 3), "file_mb": round(table.path.stat().st_size / 2**20, 1),
-            "file_bytes_per_key": round(table.path.stat().st_size / rows, 1),
+    scratch.unlink()
+    return {"snapshot": sid, "decode_once_s": round(took, 3), "snapshot_file_decoded_by_daemon": by_daemon,
+            "daemon_decode_s": table.meta.get("decode_s") if by_daemon else None,
+            "file_mb": round(file_size(table) / 2**20, 1), "file_bytes_per_key": round(file_size(table) / rows, 1),
             "bytes_per_key_by_column": per_column,
             "index_bytes_per_key": round(per_column["hash"] + per_column["slots"], 1)}
+
+
+def file_size(table: Any) -> int:
+    assert table.path is not None
+    return int(table.path.stat().st_size)
 
 
 def modes(spark: Any, config: Path, fmt: Format, probe: list[str]) -> tuple[dict[str, Callable[[], Any]], Any]:
@@ -288,7 +309,7 @@ def measure_typed(spark: Any, admin: TopicAdmin, kafka: dict[str, str], work: Pa
         produce(admin, topic, fmt)
         config, state = mirror(admin, kafka, work, topic, fmt.section, procs)
         runs, view = modes(spark, config, fmt, probe)
-        found: dict[str, Any] = one_off_decode(view, config, state)
+        found: dict[str, Any] = one_off_decode(view, config, state, fdir)
         found["raw_value_bytes_per_key"] = round(sum(len(v) for _, v, _ in fmt.items) / keys, 1)
         log(f"{name}: decoded {keys} values into the columnar file in {found['decode_once_s']} s, "
             f"{found['file_bytes_per_key']} B a key")
