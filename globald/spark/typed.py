@@ -39,7 +39,7 @@ from globald.spark import executor
 from globald.spark.batch import binary_keys
 from globald.spark.executor import MODE_BROADCAST, Settings, SnapshotHandle, _open
 from globald.spark.host import config_path
-from globald.spark.session import FALLBACK_COL, Fallbacks, functions
+from globald.spark.session import FALLBACK_COL, Fallbacks, functions, is_connect
 from globald.typed import load_table
 from globald.typed.arrow import Decoder, RecordContext
 from globald.typed.columnar import ColumnarTable, ColumnarTooLarge, Lookup, build_table
@@ -241,10 +241,18 @@ def udf(view: Any) -> Any:
                        StructField("error", StringType(), True)])
     target = _arrow_of(StructField("r", kind))
     settings, (desc_bc, data_bc) = view.settings, view._broadcasts()
+    errors = counter(view)
+    if errors.accumulator is None and not is_connect(view.spark):
+        errors.accumulator = view.spark.sparkContext.accumulator(0)
+    # A column function has no DataFrame to observe: on a classic session its errors go to an accumulator (a retried
+    # task adds again, as Spark's accumulators do in transformations); Connect has none, so its UDF counts nothing.
+    acc = errors.accumulator
 
     def run(keys: pa.Array) -> pa.Array:
         h = handle(settings, desc_bc.value, data_bc, shape.fingerprint)
         found = h.lookup(keys)
+        if acc is not None and found.error_count:
+            acc.add(found.error_count)
         return pa.StructArray.from_arrays([found.values, found.timestamps, found.errors],
                                           names=["value", "timestamp", "error"]).cast(target)
 

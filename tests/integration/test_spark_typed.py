@@ -26,6 +26,7 @@ import pytest
 from globald.common.exitcodes import NOT_FOUND
 from globald.embedded.oracle import fold_timestamped
 from globald.spark import GlobalTableView
+from globald.spark.session import is_connect
 from tests.harness import Broker, daemon_factory, globald, oracle_at
 from tests.integration.test_spark import keys_df, session, spark
 from tests.integration.test_typed import READER, as_json, records, reference
@@ -219,12 +220,14 @@ def test_typed_join_udf_flatten_and_small_equal_the_reference_decode(session: An
         want = expected.get(k) if k is not None else None
         assert {f: r[f"value_{f}"] for f in fields} == (want or dict.fromkeys(fields)), r["k"]
 
-    # The UDF: the same struct, with the timestamp and the error.
+    # The UDF: the same struct, with the timestamp and the error; on a classic session its errors are counted too.
+    before = view.decode_errors.value
     got = rows_of(df.select("id", "k", view.udf()("k").alias("r")))
     for r in got:
         k = as_key(r["k"])
         assert r["r"]["value"] == (expected.get(k) if k is not None else None), r["k"]
         assert (r["r"]["error"] is not None) == (k in oracle and expected[k] is None), r
+    assert view.decode_errors.value - before == (0 if is_connect(session) else len(bad))
 
     # Small-table mode: the same rows.
     small = GlobalTableView(session, env.config, "cust", mode="broadcast")
