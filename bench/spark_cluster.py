@@ -31,11 +31,11 @@ from typing import Any
 
 from globald.embedded.admin import TopicAdmin
 from globald.embedded.broker import EmbeddedKafka
-from globald.spark.bench import (
+from globald.spark.bench import request_ms
+from globald.spark.bench_harness import (
     TABLE,
     fastest,
     log,
-    request_ms,
     sidecar_config,
     snapshot_at,
     snapshot_at_end,

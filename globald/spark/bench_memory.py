@@ -34,7 +34,7 @@ from typing import Any
 import pyarrow as pa
 
 from globald.embedded.admin import TopicAdmin
-from globald.spark.bench import TABLE, log, spark_session, wait
+from globald.spark.bench_harness import TABLE, log, spark_session, wait
 from globald.spark.bench_typed import Format, mirror, produce
 
 MB = 2**20

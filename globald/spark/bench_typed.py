@@ -36,7 +36,7 @@ from globald.common.errors import SnapshotNotFoundError
 from globald.embedded.admin import TopicAdmin
 from globald.settings.config import load
 from globald.snapshot.reader import OpenOptions, Snapshot
-from globald.spark.bench import TABLE, fastest, log, sidecar_config, snapshot_at_end, start_sidecar, wait
+from globald.spark.bench_harness import TABLE, fastest, log, sidecar_config, snapshot_at_end, start_sidecar, wait
 from globald.typed import load_table
 from globald.typed.arrow import Decoder
 from globald.typed.columnar import build_table, columnar_path, ensure_columnar, write_columnar
