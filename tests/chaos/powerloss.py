@@ -206,12 +206,20 @@ class PowerSeed:
         self.daemon.start()
 
     def _settle(self) -> None:
-        """Pause the load; RUNNING and ready at every log end, or AssertionError."""
+        """Pause the load; RUNNING and ready at every log end, and each CURRENT a snapshot at those ends, or
+        AssertionError. The last part keeps the check after recovery from racing the daemon: a snapshot published
+        at the ends between the checker's listing and its read of CURRENT would be named by CURRENT and not listed."""
         for load in self.loads.values():
             load.pause()
         assert self.daemon is not None
         ends = {t: self.admin.end_offsets(topic) for t, topic in self.topics.items()}
         self.daemon.wait_running(ends, timeout=RECOVER_TIMEOUT_S)
+
+        def published_at_ends(doc: dict[str, Any]) -> bool:
+            return all(((doc["tables"][t]["snapshot"] or {}).get("offsets") or {}).get(str(p), 0) >= o
+                       for t, want in ends.items() for p, o in want.items())
+
+        self.daemon.wait_for(published_at_ends, RECOVER_TIMEOUT_S, f"CURRENT at {ends}")
 
     def _restart(self) -> None:
         """A daemon that did not recover is replaced, so that the seed can go on (the cut already failed)."""
