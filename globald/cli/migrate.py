@@ -33,7 +33,8 @@ def migrate(config: Config, table: str | None = None) -> dict[str, dict[str, Any
             try:
                 with StoreReader(db_dir(config.state_dir, tc.name)) as r:
                     before = r.format_version()
-                opened = TableStore.open(config.state_dir, tc.name, tc.topic, options, wipe_unusable=False)
+                opened = TableStore.open(config.state_dir, tc.name, tc.topic, options, wipe_unusable=False,
+                                         origins=tc.typed)
             except (StoreCorruptError, StoreUnavailableError) as e:
                 report[tc.name] = {"error": f"{e}; left as it is: the daemon will rebuild it from the topic"}
                 continue

@@ -9,14 +9,16 @@ from collections.abc import Callable, Iterable
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Message
 
 from globald.store.codec import NO_TIMESTAMP, pack_i64
+from globald.store.layout import OriginWriter
 
 Put = Callable[[bytes, bytes], None]
 Delete = Callable[[bytes], None]
 
 
-def fold(records: Iterable[Message], put: Put, delete: Delete) -> int:
+def fold(records: Iterable[Message], put: Put, delete: Delete, origins: OriginWriter | None = None) -> int:
     """Fold records (no error events), in order, into a batch: a tombstone deletes its key, a value is stored with
-    its record timestamp (KIP-258; NO_TIMESTAMP when the broker gives none). Returns the null keys, skipped."""
+    its record timestamp (KIP-258; NO_TIMESTAMP when the broker gives none) and, given ``origins`` (a typed
+    table), with its partition and offset. Returns the null keys, skipped."""
     # The restore's hot loop: one Python frame for the whole run, and codec.encode_value spelled out (a call per
     # record cost a fifth of the loop's CPU).
     pack = pack_i64
@@ -27,7 +29,12 @@ def fold(records: Iterable[Message], put: Put, delete: Delete) -> int:
             null_keys += 1
         elif (value := m.value()) is None:
             delete(key)
+            if origins is not None:
+                origins.delete(key)
         else:
             ts_type, ts = m.timestamp()
-            put(key, pack(NO_TIMESTAMP if ts_type == TIMESTAMP_NOT_AVAILABLE else ts) + value)
+            stored = pack(NO_TIMESTAMP if ts_type == TIMESTAMP_NOT_AVAILABLE else ts) + value
+            put(key, stored)
+            if origins is not None:
+                origins.put(key, m.partition(), m.offset(), stored)  # type: ignore[arg-type]  # set on records
     return null_keys

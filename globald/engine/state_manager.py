@@ -100,7 +100,7 @@ class StateManager:
         stored: dict[str, dict[int, int]] = {}
         refused: dict[str, str] = {}
         for tc in self.config.tables:
-            store = TableStore(self.config.state_dir, tc.name, tc.topic, self.options)
+            store = TableStore(self.config.state_dir, tc.name, tc.topic, self.options, tc.typed)
             rt = TableRuntime(config=tc, store=store, machine=StateMachine(self._notify, table=tc.name))
             self.tables[tc.name] = rt
             try:

@@ -4,9 +4,10 @@ Contract: the task owns every table's positions (next-offset per partition). Aft
 table's store holds the records of the poll together with the positions just past them, written atomically, and
 ``positions(table)`` equals the offsets stored in that table's store; a write that fails changes no position. A
 table that reported an invalid offset in the poll gets no write at all (it is about to be wiped). Null keys are
-skipped and counted; tombstones delete (``engine.fold``, the one fold, shared with the exact-snapshot builder). An
-end of partition past every end the table's plan saw (a transaction committed since: its marker takes an offset no
-record fills) moves no position until the broker confirms it (``confirm_ends``).
+skipped and counted; tombstones delete; a typed table's values carry their origins (``engine.fold``, the one fold,
+shared with the exact-snapshot builder). An end of partition past every end the table's plan saw (a transaction
+committed since: its marker takes an offset no record fills) moves no position until the broker confirms it
+(``confirm_ends``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from globald.engine.fold import Delete, Put, fold
 from globald.engine.table import TableRuntime
 from globald.kafka.identity import record_fingerprint
 from globald.store.fingerprint import EMPTY, Fingerprint, Ladder
+from globald.store.layout import OriginWriter
 from globald.store.table_store import Batch
 
 log = logging.getLogger(__name__)
@@ -153,7 +155,7 @@ class UpdateTask:
         """The batch ``update`` built for ``rt`` from ``messages``, made again (a write RocksDB held back)."""
         batch = rt.store.new_batch()
         fold((m for m in messages if m.error() is None and (self._only_topic or m.topic()) == rt.topic),
-             batch.put, batch.delete)
+             batch.put, batch.delete, rt.store.origin_writer(batch))
         rt.store.put_offsets(batch, positions, ladders)
         return batch
 
@@ -186,7 +188,7 @@ class UpdateTask:
         batch = batches.get(rt.name)
         if batch is None:
             batch = batches[rt.name] = rt.store.new_batch()
-        return _Target(tb, batch)
+        return _Target(tb, batch, rt.store.origin_writer(batch))
 
     def _on_error(self, m: Message, err: KafkaError, rt: TableRuntime | None, result: PollResult) -> None:
         code = err.code()
@@ -223,19 +225,21 @@ class UpdateTask:
 
 
 class _Target:
-    """One table's share of a poll: its counters and its write batch's bound methods."""
+    """One table's share of a poll: its counters, its write batch's bound methods and, for a typed table, what
+    writes the origins of its values into that batch."""
 
-    __slots__ = ("delete", "put", "tb")
+    __slots__ = ("delete", "origins", "put", "tb")
 
-    def __init__(self, tb: TableBatch, batch: Batch) -> None:
+    def __init__(self, tb: TableBatch, batch: Batch, origins: OriginWriter | None) -> None:
         self.tb = tb
         self.put: Put = batch.put
         self.delete: Delete = batch.delete
+        self.origins = origins
 
     def close_run(self, partition: int, run: Sequence[Message]) -> None:
         """Fold ``run``, consecutive records of ``partition``, into the batch and account for them."""
         tb = self.tb
-        tb.null_keys += fold(run, self.put, self.delete)
+        tb.null_keys += fold(run, self.put, self.delete, self.origins)
         last = run[-1]
         offset = last.offset()
         assert offset is not None  # librdkafka gives every record its offset

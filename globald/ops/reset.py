@@ -52,7 +52,8 @@ def reset_table(config: Config, table: str, timeout: float = 30.0) -> ResetResul
         if not table_dir(config.state_dir, name).exists():
             return ResetResult(name, "offline", None, had_store=False)
         had_store = (db_dir(config.state_dir, name) / "CURRENT").exists()
-        opened = TableStore.open(config.state_dir, name, topic, StoreOptions.from_config(config.store))
+        opened = TableStore.open(config.state_dir, name, topic, StoreOptions.from_config(config.store),
+                                 origins=config.table(table).typed)
         try:
             opened.store.wipe()
         finally:

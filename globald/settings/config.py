@@ -139,6 +139,11 @@ class TableConfig:
         ValueFormat, after=check_format_keys, help="optional: how the keys are encoded, with the same keys as "
         "[tables.value]; without it they are raw bytes (UTF-8 text for a string key)")))
 
+    @property
+    def typed(self) -> bool:
+        """Declares a value or key format: its store then records each value's origin (``store.names.ORIGINS_CF``)."""
+        return any(f is not None and f.typed for f in (self.value, self.key))
+
     def resolved(self, base: Path) -> TableConfig:
         """This table with the schema paths of its sections taken from ``base`` where relative."""
         return replace(self, value=self.value and self.value.resolved(base), key=self.key and self.key.resolved(base))

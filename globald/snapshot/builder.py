@@ -30,11 +30,13 @@ from globald.store import layout
 from globald.store.durable import sync_tree
 from globald.store.failures import store_io
 from globald.store.fingerprint import Fingerprint, Ladder, ladders_in
+from globald.store.layout import OriginWriter
 from globald.store.names import (
     COLUMN_FAMILIES,
     FORMAT_VERSION,
     META_CF,
     META_FINGERPRINT_PREFIX,
+    ORIGINS_CF,
     SNAPSHOT_DB_DIR,
     VALUES_CF,
 )
@@ -140,7 +142,11 @@ class Builder:
             link_base(base_dir / SNAPSHOT_DB_DIR, db_path)
         opts = self.options.rocksdb()
         with store_io(f"exact snapshot build: open {db_path}"):  # RocksDB's errors mapped as the live store's
-            db = Rdict(str(db_path), opts, column_families={cf: self.options.rocksdb() for cf in COLUMN_FAMILIES})
+            # A typed table's build records origins as the live store does; a base may have them even when the
+            # table is no longer typed (RocksDB opens a database only with all of its families).
+            origins = table.typed or (base_dir is not None and ORIGINS_CF in Rdict.list_cf(str(db_path)))
+            families = [*COLUMN_FAMILIES, *([ORIGINS_CF] if origins else [])]
+            db = Rdict(str(db_path), opts, column_families={cf: self.options.rocksdb() for cf in families})
         try:
             if base_dir is None:  # a new store, stamped as the live store stamps one
                 stamp = WriteBatch(raw_mode=True)
@@ -151,7 +157,7 @@ class Builder:
                 self._check_same_topic(table.topic, ladders_in(meta.items(from_key=META_FINGERPRINT_PREFIX))[0],
                                        deadline, verified or {})
                 del meta
-            consumed = self._apply(db, table.topic, start, target, deadline)
+            consumed = self._apply(db, table.topic, start, target, deadline, table.typed)
 
             def batch() -> WriteBatch:
                 b = WriteBatch(raw_mode=True)
@@ -189,7 +195,7 @@ class Builder:
             raise BuildRefused(Code.FAILED, f"cannot check that topic {topic} is the base snapshot's: "
                                             f"{'; '.join(verdict.unreachable.values())}")
 
-    def _apply(self, db: Rdict, topic: str, start: Offsets, target: Offsets, deadline: float) -> int:
+    def _apply(self, db: Rdict, topic: str, start: Offsets, target: Offsets, deadline: float, typed: bool) -> int:
         todo = {p: s for p, s in start.items() if s < target[p]}  # partition -> next offset expected
         if not todo:
             return 0
@@ -199,6 +205,7 @@ class Builder:
         assignment = [TopicPartition(topic, p) for p in todo]
         c.resume(assignment)  # librdkafka keeps a partition paused by an earlier build across re-assignment
         values = db.get_column_family_handle(VALUES_CF)
+        origins = db.get_column_family_handle(ORIGINS_CF) if typed else None
         consumed = 0
         try:
             while todo:
@@ -216,7 +223,8 @@ class Builder:
                 def batch(applied: list[Message] = applied) -> WriteBatch:
                     b = WriteBatch(raw_mode=True)
                     b.set_default_column_family(values)
-                    fold(applied, b.put, b.delete)  # the same fold as the live store's
+                    fold(applied, b.put, b.delete,  # the same fold as the live store's
+                         None if origins is None else OriginWriter(b, origins))
                     return b
 
                 write(db, batch(), write_options(), "exact snapshot build", rebuild=batch)

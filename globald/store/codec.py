@@ -2,12 +2,15 @@
 
 A stored value is the record timestamp as 8 big-endian signed bytes, then the value bytes. ``NO_TIMESTAMP``
 (-1) stands in when the broker gives none. Offsets are stored as 8 big-endian signed bytes under the partition
-number in decimal ASCII.
+number in decimal ASCII. An origin (a typed table's, see ``names.ORIGINS_CF``) is the partition as 4 and the offset
+as 8 big-endian signed bytes, then the CRC-32 of the stored value it describes: an origin left behind by a write
+that did not update it (a release that knew nothing of origins, a path that forgot) never names another record.
 """
 
 from __future__ import annotations
 
 import struct
+import zlib
 
 from globald.store import names
 
@@ -25,6 +28,23 @@ def decode_value(stored: bytes) -> tuple[bytes, int]:
     if len(stored) < 8:
         raise ValueError(f"stored value of {len(stored)} bytes is shorter than its timestamp prefix")
     return stored[8:], _I64.unpack_from(stored)[0]
+
+
+_ORIGIN = struct.Struct(">iqI")
+
+
+def encode_origin(partition: int, offset: int, stored: bytes) -> bytes:
+    """Where ``stored`` (a stored value: timestamp prefix, then the value) came from."""
+    return _ORIGIN.pack(partition, offset, zlib.crc32(stored))
+
+
+def decode_origin(raw: bytes | None, stored: bytes) -> tuple[int, int] | None:
+    """(partition, offset) of the record that wrote ``stored``; None when ``raw`` is absent, malformed, or
+    describes another value."""
+    if raw is None or len(raw) != _ORIGIN.size:
+        return None
+    partition, offset, crc = _ORIGIN.unpack(raw)
+    return (partition, offset) if crc == zlib.crc32(stored) else None
 
 
 def encode_offset(offset: int) -> bytes:

@@ -16,7 +16,7 @@ from rocksdict import Checkpoint, ColumnFamily, Rdict, WriteBatch
 from globald.common.errors import StoreIOError, StoreUnavailableError
 from globald.store import layout, memory, space
 from globald.store.failures import store_io
-from globald.store.names import META_CF, OFFSETS_CF, VALUES_CF, db_dir
+from globald.store.names import META_CF, OFFSETS_CF, ORIGINS_CF, VALUES_CF, db_dir
 from globald.store.options import StoreOptions
 from globald.store.plain import PlainMigration
 from globald.store.stalls import STALLS, Stalls
@@ -28,10 +28,11 @@ log = logging.getLogger(__name__)
 class Database:
     """The connection to one table's database; ``TableStore`` is the store built on it."""
 
-    def __init__(self, state_dir: Path, table: str, options: StoreOptions) -> None:
+    def __init__(self, state_dir: Path, table: str, options: StoreOptions, origins: bool = False) -> None:
         self.state_dir = state_dir
         self.table = table
         self.options = options
+        self.origins = origins  # a typed table: every value written with its origin (names.ORIGINS_CF)
         self.path = db_dir(state_dir, table)
         self._db: Rdict | None = None
         # Column-family handles, dropped before close so the LOCK is released.
@@ -39,6 +40,9 @@ class Database:
         self._values_cf: Rdict | None = None
         self._offsets: Rdict | None = None
         self._meta: Rdict | None = None
+        self._origins: ColumnFamily | None = None
+        self._origins_cf: Rdict | None = None
+        self.stale_origins = False  # opened holding an origins family although the table is no longer typed
         # Set while the store is FORMAT_MIXED (TableStore's upgrade): no bulk load then, and plain keys count too.
         self._migration: PlainMigration | None = None
         self._write_opts = write_options()
@@ -62,14 +66,20 @@ class Database:
         return self._values
 
     def _connect(self, bulk: bool) -> None:
-        db_options, families = (space.fit_bulk_load(self.options, self.state_dir) if bulk else self.options
-                                ).column_families(bulk)  # a pile the disk can hold (globald/store/space.py)
         with store_io(f"table {self.table}: cannot open {self.path}"):
+            # RocksDB opens a database only with every family it has named: one left by a typed declaration too.
+            self.stale_origins = not self.origins and (self.path / "CURRENT").exists() and \
+                ORIGINS_CF in Rdict.list_cf(str(self.path))
+            db_options, families = (space.fit_bulk_load(self.options, self.state_dir) if bulk else self.options
+                                    ).column_families(bulk, self.origins or self.stale_origins)  # see space.py
             self._db = Rdict(str(self.path), db_options, column_families=families)
         self._values = self._db.get_column_family_handle(VALUES_CF)
         self._values_cf = self._db.get_column_family(VALUES_CF)
         self._offsets = self._db.get_column_family(OFFSETS_CF)
         self._meta = self._db.get_column_family(META_CF)
+        if self.origins:
+            self._origins = self._db.get_column_family_handle(ORIGINS_CF)
+            self._origins_cf = self._db.get_column_family(ORIGINS_CF)
         self._bulk = bulk
         self._write_opts = write_options(disable_wal=bulk)
 
@@ -82,7 +92,7 @@ class Database:
             # reverse; RocksDB's shutdown first flushes every family in one atomic flush, after which those
             # single-family flushes find nothing to do. Running compactions are abandoned, not awaited.
             db.cancel_all_background(False)
-        self._values = self._values_cf = self._offsets = self._meta = None
+        self._values = self._values_cf = self._offsets = self._meta = self._origins = self._origins_cf = None
         try:
             db.close()
         except Exception as e:
@@ -177,7 +187,8 @@ class Database:
         if db is None:
             return None
         try:
-            return memory.usage(db, [h for h in (self._values_cf, self._offsets, self._meta) if h is not None])
+            return memory.usage(db, [h for h in (self._values_cf, self._offsets, self._meta, self._origins_cf)
+                                     if h is not None])
         except Exception as e:  # a store being reopened: the next sample has it
             log.debug("store memory of %s: %s", self.table, e)
             return None

@@ -7,12 +7,19 @@ snapshot build, an import of a Kafka Streams store) goes through these functions
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from rocksdict import Rdict, WriteBatch
 
-from globald.store.codec import decode_offset, encode_offset, fingerprint_key, partition_key
+from globald.store.codec import (
+    decode_offset,
+    decode_origin,
+    encode_offset,
+    encode_origin,
+    fingerprint_key,
+    partition_key,
+)
 from globald.store.fingerprint import Ladder
 from globald.store.names import META_CF, META_FORMAT, META_TOPIC, OFFSETS_CF
 
@@ -40,6 +47,27 @@ def put_offsets(batch: WriteBatch, db: Rdict, offsets: Mapping[int, int],
         batch.put(partition_key(partition), encode_offset(offset), handle)
     if ladders:
         put_meta(batch, db, {fingerprint_key(p): ladder.encode() for p, ladder in ladders.items()})
+
+
+class OriginWriter:
+    """Adds the origin of each value a batch writes (a typed table's ``names.ORIGINS_CF``), in the same batch."""
+
+    __slots__ = ("_batch", "_handle")
+
+    def __init__(self, batch: Any, handle: Any) -> None:  # a WriteBatch or an UpgradingBatch (plain)
+        self._batch, self._handle = batch, handle
+
+    def put(self, key: bytes, partition: int, offset: int, stored: bytes) -> None:
+        self._batch.put(key, encode_origin(partition, offset, stored), self._handle)
+
+    def delete(self, key: bytes) -> None:
+        self._batch.delete(key, self._handle)
+
+
+def origins_in(family: Rdict, keys: Sequence[bytes], stored: Sequence[bytes]) -> list[tuple[int, int] | None]:
+    """(partition, offset) of each stored value of ``keys``, from an origins family; None where not recorded."""
+    raws: list[bytes | None] = family.get(list(keys)) or []  # a multi-get: one answer a key
+    return [decode_origin(raw, s) for raw, s in zip(raws, stored, strict=True)]
 
 
 def offsets_in(items: Iterable[tuple[bytes | str | int | float | bool, Any]]) -> dict[int, int]:

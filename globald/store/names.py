@@ -4,6 +4,7 @@
 file. Inside the database, values live in the ``VALUES_CF`` family, next-offsets in ``OFFSETS_CF`` and store
 metadata in ``META_CF``. The default family holds only plain values still waiting for their upgrade (``FORMAT_MIXED``);
 a store records in ``META_FORMAT`` the oldest format that describes it, so an older globald reads what it can.
+A typed table's store also has ``ORIGINS_CF``.
 """
 
 from __future__ import annotations
@@ -27,6 +28,11 @@ VALUES_CF = "values_ts"
 OFFSETS_CF = "offsets"
 META_CF = "meta"
 COLUMN_FAMILIES = (VALUES_CF, OFFSETS_CF, META_CF)
+# Only in the store of a typed table (one declaring [tables.value] or [tables.key]): per key, where its stored value
+# came from (codec.encode_origin), written in the batch that writes the value, so that a value that does not decode
+# is named by partition and offset. Not in COLUMN_FAMILIES: a raw table's store never has it (it is dropped when a
+# table stops being typed), and a globald before it, meeting a store that has it, cannot open it and rebuilds.
+ORIGINS_CF = "origins"
 
 META_FORMAT = b"format_version"
 META_TOPIC = b"topic"

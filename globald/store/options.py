@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from rocksdict import BlockBasedOptions, Cache, DBCompressionType, MemtableFactory, Options
 
-from globald.store.names import COLUMN_FAMILIES, VALUES_CF
+from globald.store.names import COLUMN_FAMILIES, ORIGINS_CF, VALUES_CF
 
 if TYPE_CHECKING:  # only a type: at run time the store imports nothing above it (config imports kafka)
     from globald.settings.config import StoreConfig
@@ -91,21 +91,26 @@ class StoreOptions:
         o.set_block_based_table_factory(table)
         return o
 
-    def column_families(self, bulk: bool = False) -> tuple[Options, dict[str, Options]]:
-        """(database options, {family: options}) sharing one block cache.
+    def column_families(self, bulk: bool = False, origins: bool = False) -> tuple[Options, dict[str, Options]]:
+        """(database options, {family: options}) sharing one block cache; with ``origins`` a typed table's.
 
         With ``bulk`` the values family appends to a vector memtable that is sorted once when flushed: a
         several-fold cheaper write while nothing reads the live memtable (a restore), and slow point reads.
-        Its flushed files then wait in L0 for one compaction (see ``bulk_l0_mb``).
+        Its flushed files then wait in L0 for one compaction (see ``bulk_l0_mb``). The origins family has a
+        key for every value: it is tuned as the values family is, so its memtables never set off the atomic
+        flushes of both before the values' own fill.
         """
         cache = Cache(self.block_cache_mb << 20)
         families = {cf: self.rocksdb(cache=cache) for cf in COLUMN_FAMILIES}
         for cf, o in families.items():
             if cf != VALUES_CF:
                 o.set_write_buffer_size(_SMALL_FAMILY_BUFFER_MB << 20)
+        large = [VALUES_CF]
+        if origins:
+            families[ORIGINS_CF] = self.rocksdb(cache=cache)
+            large.append(ORIGINS_CF)
         db = self.rocksdb(cache=cache)
-        if bulk:
-            values = families[VALUES_CF]
+        for values in (families[cf] for cf in large if bulk):
             values.set_memtable_factory(MemtableFactory.vector())
             values.set_write_buffer_size(self.bulk_buffer_mb << 20)
             values.set_max_write_buffer_number(
@@ -116,6 +121,7 @@ class StoreOptions:
             # L0's compaction score also counts its bytes against the base level's: raised with the file
             # trigger, or the size alone would start the compactions the trigger puts off.
             values.set_max_bytes_for_level_base(self.bulk_l0_mb << 20)
+        if bulk:
             # Sorting and writing the memtables is then the work left behind the writer: two flush threads (a
             # quarter of the background jobs) halve the backlog a restore waits for at its end.
             db.set_max_background_jobs(_BULK_BACKGROUND_JOBS)

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from rocksdict import AccessType, BlockBasedOptions, Cache, Options, Rdict
 
 from globald.common.errors import StoreFormatError
 from globald.store import layout, plain
-from globald.store.codec import decode_format, unreadable_format
+from globald.store.codec import decode_format, encode_value, unreadable_format
 from globald.store.failures import classify
 from globald.store.names import (
     COMPLETE_YES,
@@ -27,10 +27,12 @@ from globald.store.names import (
     META_COMPLETE,
     META_FORMAT,
     OFFSETS_CF,
+    ORIGINS_CF,
     VALUES_CF,
 )
 from globald.store.options import StoreOptions
 
+Origin = tuple[int, int]  # (partition, offset) of the record a stored value came from
 READ_BLOCK_CACHE_MB = 64  # uncompressed blocks a reader keeps (allocated as used): a 100k-key table fits
 
 
@@ -90,6 +92,7 @@ class StoreReader:
         # rebuilt lacks it until the engine has restored it to a log end (see names.META_COMPLETE).
         self.complete = self._meta is not None and self._meta.get(META_COMPLETE) == COMPLETE_YES
         self._values = self._family(VALUES_CF)
+        self._origins = self._family(ORIGINS_CF)  # a typed table's (names.ORIGINS_CF)
         # Plain values are consulted only while the store says some may be left: format 1 pays nothing.
         self._plain: Rdict | None = self._db if self.format in (FORMAT_PLAIN, FORMAT_MIXED) else None
 
@@ -101,7 +104,7 @@ class StoreReader:
             return None
 
     def close(self) -> None:
-        self._values = self._plain = self._meta = None
+        self._values = self._plain = self._meta = self._origins = None
         self._db.close()
 
     def __enter__(self) -> StoreReader:
@@ -131,6 +134,14 @@ class StoreReader:
     def items(self, start: bytes | None = None, end: bytes | None = None) -> Iterator[tuple[bytes, bytes, int]]:
         """(key, value, timestamp) for keys in [start, end), in key order."""
         return plain.items(self._values, self._plain, start, end)
+
+    def origins(self, keys: Sequence[bytes], values: Sequence[bytes], stamps: Sequence[int]) -> list[Origin | None]:
+        """(partition, offset) of the record each (key, value, timestamp) was read from, as a typed table's store
+        recorded it; None where it did not (a raw table, a value written before the table was typed)."""
+        if self._origins is None or not keys:
+            return [None] * len(keys)
+        stored = [encode_value(ts, v) for v, ts in zip(values, stamps, strict=True)]
+        return layout.origins_in(self._origins, keys, stored)
 
     def prefix(self, prefix: bytes) -> Iterator[tuple[bytes, bytes, int]]:
         for item in self.items(start=prefix):

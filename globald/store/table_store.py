@@ -2,7 +2,8 @@
 
 Consistency contract: record data and the partition next-offsets that cover it are written in one WriteBatch,
 so every state a reader can observe (a read-only open, a checkpoint, the state after a crash) holds exactly the
-fold of the topic below its stored offsets. A store that is corrupt or of a format this globald cannot read is never
+fold of the topic below its stored offsets; a typed table's values are written with their origins in the same
+batch (``names.ORIGINS_CF``). A store that is corrupt or of a format this globald cannot read is never
 served: it is wiped and rebuilt from the topic. A plain-layout store is kept and upgraded lazily (see ``plain``).
 A bulk load (a long restore) writes without the WAL and leaves its flushes uncompacted in L0 (see
 ``StoreOptions.bulk_l0_mb``); an atomic flush of every column family ends it, so a crash loses restore
@@ -27,6 +28,7 @@ from globald.store.codec import decode_format, unreadable_format
 from globald.store.database import Database
 from globald.store.failures import classify, store_io
 from globald.store.fingerprint import Ladder, ladders_in
+from globald.store.layout import OriginWriter
 from globald.store.names import (
     COMPLETE_YES,
     FORMAT_MIXED,
@@ -38,6 +40,7 @@ from globald.store.names import (
     META_TOPIC,
     META_TOPIC_ID,
     META_UPGRADED,
+    ORIGINS_CF,
     STATUS_CLEAN,
     STATUS_OPEN,
     VALUES_CF,
@@ -65,18 +68,19 @@ class OpenResult:
 class TableStore(Database):
     """Read-write handle of one table's database. Not thread-safe: the daemon thread owns it (``get`` excepted)."""
 
-    def __init__(self, state_dir: Path, table: str, topic: str, options: StoreOptions) -> None:
-        super().__init__(state_dir, table, options)
+    def __init__(self, state_dir: Path, table: str, topic: str, options: StoreOptions, origins: bool = False) -> None:
+        super().__init__(state_dir, table, options, origins)
         self.topic = topic
 
     # -- lifecycle ------------------------------------------------------------------------------------------
 
     @classmethod
     def open(cls, state_dir: Path, table: str, topic: str, options: StoreOptions,
-             wipe_unusable: bool = True) -> OpenResult:
+             wipe_unusable: bool = True, origins: bool = False) -> OpenResult:
         """Open (creating if needed) the store; wipe it first when it is corrupt, foreign, of another topic or of
-        a format this globald cannot read. With ``wipe_unusable=False`` raise StoreCorruptError instead."""
-        return cls(state_dir, table, topic, options).open_or_wipe(wipe_unusable)
+        a format this globald cannot read. With ``wipe_unusable=False`` raise StoreCorruptError instead.
+        ``origins``: the table is typed (``TableConfig.typed``), and its values are written with their origins."""
+        return cls(state_dir, table, topic, options, origins).open_or_wipe(wipe_unusable)
 
     def open_or_wipe(self, wipe_unusable: bool = True) -> OpenResult:
         """Open this (closed) store as ``open`` does. Raises StoreIOError while the disk refuses, leaving it closed."""
@@ -122,6 +126,11 @@ class TableStore(Database):
             raise StoreCorruptError(f"store holds topic {stored_topic.decode(errors='replace')!r}, not {self.topic!r}")
         if fmt == FORMAT_MIXED:
             self._migration = PlainMigration(self.db)
+        if self.stale_origins:  # left by a typed declaration: no longer kept up to date, so not kept at all
+            with store_io(f"table {self.table}: drop the origins of a table no longer typed"):
+                self.db.drop_column_family(ORIGINS_CF)
+            self.stale_origins = False
+            log.info("table %s: the table is no longer typed; dropped the origins recorded for its values", self.table)
         crashed = status == STATUS_OPEN
         if crashed:
             log.warning("table %s: previous run did not close the store cleanly; resuming from its offsets",
@@ -227,6 +236,10 @@ class TableStore(Database):
         if self._migration is None:
             return batch
         return UpgradingBatch(batch, self)
+
+    def origin_writer(self, batch: Batch) -> OriginWriter | None:
+        """What adds the origins of the values ``batch`` writes, for a typed table; None for a raw one."""
+        return None if self._origins is None else OriginWriter(batch, self._origins)
 
     @property
     def plain_handle(self) -> object:
