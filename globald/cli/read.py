@@ -13,7 +13,7 @@ import binascii
 import json
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
@@ -61,7 +61,8 @@ def dump_lines(items: Iterator[tuple[bytes, bytes, int]], fmt: str = "base64") -
             yield json.dumps({"key": _b64(key), "value": _b64(value), "timestamp": ts})
 
 
-def decoded_lines(items: Iterable[tuple[bytes, bytes, int]], keys: Decoder, values: Decoder) -> Iterator[str]:
+def decoded_lines(items: Iterable[tuple[bytes, bytes, int]], keys: Decoder, values: Decoder,
+                  origin: Callable[[bytes, bytes, int], tuple[int, int] | None] | None = None) -> Iterator[str]:
     """``dump --decode``: one JSON object per record, key and value decoded (a raw key as text, or key_base64)."""
     import pyarrow as pa
 
@@ -70,7 +71,8 @@ def decoded_lines(items: Iterable[tuple[bytes, bytes, int]], keys: Decoder, valu
     records = iter(items)
     while batch := list(islice(records, DECODE_BATCH)):
         raw_keys = [k for k, _, _ in batch]
-        context = RecordContext(keys=raw_keys)
+        context = RecordContext(keys=raw_keys, origin=None if origin is None else
+                                lambda row, batch=batch: origin(*batch[row]))  # type: ignore[misc]
         shown_keys = (python_rows(keys.decode(pa.array(raw_keys, pa.binary()), context).values) if keys.typed
                       else None)
         decoded = values.decode(pa.array([v for _, v, _ in batch], pa.binary()), context)
@@ -132,7 +134,7 @@ def cmd_dump(args: argparse.Namespace) -> int:
         out, written = sys.stdout, 0
         try:
             lines = (dump_lines(view.items(), args.format) if decoders is None
-                     else decoded_lines(view.items(), *decoders))
+                     else decoded_lines(view.items(), *decoders, view.origin))
             for line in lines:
                 out.write(line + "\n")
                 written += 1
@@ -214,21 +216,28 @@ def _find_decoded(view: ReadView, wanted: bytes, keys: Decoder) -> tuple[bytes, 
 
 def _print_decoded(view: ReadView, key: bytes, found: tuple[bytes, int], values: Decoder, as_json: bool) -> int:
     """``get --decode``: the value decoded, as JSON; one that does not decode is null with the reason (exit 0:
-    the key is there), or under on_error = "fail" a DecodeFailure naming the key (exit 5)."""
+    the key is there) with the origin its typed store recorded, or under on_error = "fail" a DecodeFailure naming the
+    key, partition and offset (exit 5)."""
     import pyarrow as pa
 
     from globald.typed.arrow import RecordContext, jsonable, python_rows
 
     value, ts = found
-    decoded = values.decode(pa.array([value], pa.binary()), RecordContext(keys=[key]))
+    decoded = values.decode(pa.array([value], pa.binary()),
+                            RecordContext(keys=[key], origin=lambda _: view.origin(key, value, ts)))
     shown, error = jsonable(python_rows(decoded.values)[0]), decoded.errors[0].as_py()
+    origin = None if error is None else view.origin(key, value, ts)
     if as_json:
+        where = None if origin is None else {"partition": origin[0], "offset": origin[1]}
         print(json.dumps({**view.describe(), "key_base64": _b64(key), "found": True, "value_base64": _b64(value),
-                          "timestamp": ts, "value": shown, "error": error}, sort_keys=True, ensure_ascii=False))
+                          "timestamp": ts, "value": shown, "error": error, "origin": where}, sort_keys=True,
+                         ensure_ascii=False))
         return exitcodes.OK
     print(f"value:     {json.dumps(shown, ensure_ascii=False)}")
     if error is not None:
         print(f"error:     {error}")
+        if origin is not None:
+            print(f"origin:    partition {origin[0]}, offset {origin[1]}")
     print(f"timestamp: {_timestamp_text(ts)}")
     return exitcodes.OK
 

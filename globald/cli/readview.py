@@ -67,6 +67,10 @@ class ReadView:
         """Every (key, value, timestamp) in key order; raises StoreUnavailableError rather than stop early."""
         return self._reader.items()
 
+    def origin(self, key: bytes, value: bytes, timestamp: int) -> tuple[int, int] | None:
+        """(partition, offset) of the record a value read here came from, where a typed table's store recorded it."""
+        return self._reader.origins([key], [value], [timestamp])[0]
+
     def describe(self) -> dict[str, Any]:
         """The facts as JSON fields (``get --json``, ``dump --json``)."""
         return {"table": self.table, "source": self.source, "rebuilding": self.rebuilding, "reason": self.reason,

@@ -14,6 +14,7 @@ from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaError, Topic
 
 Table = dict[bytes, bytes]
 TimestampedTable = dict[bytes, tuple[bytes, int]]  # key -> (value, record timestamp or -1)
+LocatedTable = dict[bytes, tuple[bytes, int, int, int]]  # key -> (value, timestamp, partition, offset)
 
 
 def fold(settings: dict[str, Any], topic: str, upto: dict[int, int], timeout: float = 120.0) -> Table:
@@ -24,9 +25,15 @@ def fold(settings: dict[str, Any], topic: str, upto: dict[int, int], timeout: fl
 def fold_timestamped(settings: dict[str, Any], topic: str, upto: dict[int, int],
                      timeout: float = 120.0) -> TimestampedTable:
     """``fold`` with each value's record timestamp (-1 where the record has none)."""
+    return {k: (v, ts) for k, (v, ts, _, _) in fold_located(settings, topic, upto, timeout).items()}
+
+
+def fold_located(settings: dict[str, Any], topic: str, upto: dict[int, int],
+                 timeout: float = 120.0) -> LocatedTable:
+    """``fold_timestamped`` with the partition and offset of the record each value comes from."""
     c = Consumer({**settings, "group.id": "globald-oracle", "enable.auto.commit": False,
                   "auto.offset.reset": "earliest", "enable.partition.eof": True, "log_level": 3})
-    table: TimestampedTable = {}
+    table: LocatedTable = {}
     try:
         todo = {p: o for p, o in upto.items() if o > 0}
         # Start at each log start explicitly: offset 0 may be gone after retention.
@@ -57,7 +64,7 @@ def fold_timestamped(settings: dict[str, Any], topic: str, upto: dict[int, int],
                         table.pop(key, None)
                     else:
                         ts_type, ts = m.timestamp()
-                        table[key] = (value, -1 if ts_type == TIMESTAMP_NOT_AVAILABLE else ts)
+                        table[key] = (value, -1 if ts_type == TIMESTAMP_NOT_AVAILABLE else ts, p, offset)
                 if offset + 1 >= todo[p]:
                     del todo[p]
     finally:

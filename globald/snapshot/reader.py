@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypedDict
@@ -26,7 +26,7 @@ from globald.snapshot import leases
 from globald.snapshot import manifest as manifests
 from globald.snapshot.manifest import Manifest, Offsets, valid_id
 from globald.store.names import SNAPSHOT_CURRENT, SNAPSHOT_DB_DIR, snapshots_dir
-from globald.store.reader import StoreReader
+from globald.store.reader import Origin, StoreReader
 
 log = logging.getLogger(__name__)
 
@@ -173,6 +173,10 @@ class Snapshot:
 
     def prefix(self, prefix: bytes) -> Iterator[tuple[bytes, bytes, int]]:
         return self._reader.prefix(prefix)
+
+    def origins(self, keys: Sequence[bytes], values: Sequence[bytes], stamps: Sequence[int]) -> list[Origin | None]:
+        """Where each (key, value, timestamp) read from this snapshot came from (see ``StoreReader.origins``)."""
+        return self._reader.origins(keys, values, stamps)
 
     def __iter__(self) -> Iterator[tuple[bytes, bytes, int]]:
         return self._reader.items()

@@ -17,6 +17,7 @@ null key (a string key is looked up as its UTF-8 bytes). Two ways to join:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,15 +27,17 @@ import pyarrow as pa
 from globald.common.errors import GlobaldError
 from globald.snapshot.reader import open_snapshot
 from globald.spark.session import Carried, functions, is_connect
+from globald.typed.arrow import Origin, OriginLookup
 
 KEY = "key"
+PARTITION, OFFSET = "partition", "offset"  # a typed table's content: where each value came from
 SMALL_JOINS = ("index", "spark")
 
 
 @dataclass
 class SmallTable:
     snapshot: str
-    table: pa.Table  # key: binary, value: binary, timestamp: int64
+    table: pa.Table  # key: binary, value: binary, timestamp: int64 (a typed table's: partition, offset too)
     _frames: dict[int, Any] = field(default_factory=dict, repr=False)  # per session: the content as a DataFrame
     _carriers: dict[int, Any] = field(default_factory=dict, repr=False)  # per session: broadcast or Carried
 
@@ -84,9 +87,30 @@ def load(state_dir: Path, table: str, snapshot: str, max_keys: int) -> SmallTabl
             keys.append(k)
             values.append(v)
             stamps.append(ts)
-    data = pa.table({KEY: pa.array(keys, pa.binary()), "value": pa.array(values, pa.binary()),
-                     "timestamp": pa.array(stamps, pa.int64())})
-    return SmallTable(snapshot, data)
+        origins = snap.origins(keys, values, stamps)
+    columns = {KEY: pa.array(keys, pa.binary()), "value": pa.array(values, pa.binary()),
+               "timestamp": pa.array(stamps, pa.int64())}
+    if any(o is not None for o in origins):  # a typed table's: a value that does not decode is named by them
+        columns[PARTITION] = pa.array([None if o is None else o[0] for o in origins], pa.int32())
+        columns[OFFSET] = pa.array([None if o is None else o[1] for o in origins], pa.int64())
+    return SmallTable(snapshot, pa.table(columns))
+
+
+def content_origins(content: pa.Table) -> OriginLookup | None:
+    """Where the rows of a shipped content came from, as its snapshot recorded them; None when it did not."""
+    if PARTITION not in content.schema.names:
+        return None
+    rows: dict[bytes, int] = {}
+
+    def lookup(keys: Sequence[bytes], values: Sequence[bytes], stamps: Sequence[int]) -> list[Origin | None]:
+        if not rows:  # only once a value fails to decode
+            rows.update((k, i) for i, k in enumerate(content.column(KEY).to_pylist()))
+        partitions, offsets = content.column(PARTITION), content.column(OFFSET)
+        found = [rows.get(k) for k in keys]
+        return [None if i is None or not partitions[i].is_valid else (partitions[i].as_py(), offsets[i].as_py())
+                for i in found]
+
+    return lookup
 
 
 def cached_frame(spark: Any, data: pa.Table) -> Any:

@@ -40,8 +40,9 @@ from globald.spark.batch import binary_keys
 from globald.spark.executor import MODE_BROADCAST, Settings, SnapshotHandle, _open
 from globald.spark.host import config_path
 from globald.spark.session import FALLBACK_COL, Fallbacks, functions, is_connect
+from globald.spark.small import content_origins
 from globald.typed import load_table
-from globald.typed.arrow import Decoder, RecordContext
+from globald.typed.arrow import Decoder, Origin, RecordContext
 from globald.typed.columnar import ColumnarTable, ColumnarTooLarge, Lookup, build_table
 from globald.typed.join import open_typed, spark_type, typed_columns
 from globald.typed.keys import canonical, require_canonical
@@ -104,7 +105,8 @@ class TypedHandle:
             content: pa.Table = data.value
             items = zip(*(content.column(c).to_pylist() for c in ("key", "value", "timestamp")), strict=True)
             about = {"table": settings.table, "snapshot": self.snapshot}
-            self.table = ColumnarTable(build_table(items, self.decoder, about, self.key_decoder))
+            self.table = ColumnarTable(build_table(items, self.decoder, about, self.key_decoder,
+                                                   content_origins(content)))
             return
         raw = _open(dataclasses.replace(settings, memory_index_mb=0), desc, data)  # keeps the snapshot open
         assert isinstance(raw, SnapshotHandle) and raw.snap is not None
@@ -125,7 +127,13 @@ class TypedHandle:
             return self.table.lookup(keys)
         assert self.raw is not None
         value, ts = self.raw.columns(keys)
-        decoded = self.decoder.decode(value, RecordContext(keys=keys.to_pylist()))
+        snap, key_list = self.raw.snap, keys.to_pylist()
+        assert snap is not None
+
+        def origin(row: int) -> Origin | None:  # asked for the failing row only
+            return snap.origins([key_list[row]], [value[row].as_py()], [ts[row].as_py()])[0]
+
+        decoded = self.decoder.decode(value, RecordContext(keys=key_list, origin=origin))
         return Lookup(decoded.values, ts, decoded.errors, len(value) - value.null_count, decoded.error_count)
 
     def columns(self, keys: pa.Array) -> tuple[pa.Array, pa.Array]:

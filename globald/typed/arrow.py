@@ -44,20 +44,31 @@ class DecodeFailure(GlobaldError):
                          f"{'unknown' if offset is None else offset}) does not decode: {reason}")
 
 
+Origin = tuple[int, int]  # (partition, offset) of the record a value came from
+# Origins of rows given as (keys, values, timestamps), as a snapshot recorded them (``Snapshot.origins``).
+OriginLookup = Callable[[Sequence[bytes], Sequence[bytes], Sequence[int]], list[Origin | None]]
+
+
 @dataclass(frozen=True)
 class RecordContext:
-    """Where the values of a batch come from, row for row, for DecodeFailure; None where not known (a store keeps
-    no partition or offset per key)."""
+    """Where the values of a batch come from, row for row, for DecodeFailure: given as sequences, or asked of
+    ``origin`` (a typed table's store records each value's, see ``StoreReader.origins``) for the failing row
+    only; None where not known (a value written before its table was typed)."""
 
     keys: Sequence[bytes | None] | None = None
-    partitions: Sequence[int] | None = None
-    offsets: Sequence[int] | None = None
+    partitions: Sequence[int | None] | None = None
+    offsets: Sequence[int | None] | None = None
+    origin: Callable[[int], Origin | None] | None = None
 
     def at(self, row: int) -> tuple[bytes | None, int | None, int | None]:
         def pick(seq: Sequence[Any] | None) -> Any:
             return None if seq is None else seq[row]
 
-        return pick(self.keys), pick(self.partitions), pick(self.offsets)
+        key = pick(self.keys)
+        if self.partitions is None and self.origin is not None:
+            found = self.origin(row)
+            return (key, None, None) if found is None else (key, *found)
+        return key, pick(self.partitions), pick(self.offsets)
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,7 @@ import pyarrow.compute as pc
 
 from globald.common.errors import GlobaldError
 from globald.store.durable import replace_file
-from globald.typed.arrow import ERROR_TYPE, DecodeFailure, Decoder, RecordContext
+from globald.typed.arrow import ERROR_TYPE, DecodeFailure, Decoder, Origin, OriginLookup, RecordContext
 from globald.typed.keys import canonical, decoded_keys, fingerprint, latest_rows, require_canonical
 
 if TYPE_CHECKING:
@@ -49,6 +49,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 PREFIX, SUFFIX = "columnar-", ".arrow"
+ERROR_PARTITION, ERROR_OFFSET = "error_partition", "error_offset"  # where a bad value came from (see build_table)
 DECODE_BATCH = 65_536
 META = "globald.columnar"
 HASH = "poly-fnv-fmix64-v1"  # key_hashes below; part of the file's metadata, a file of another is rebuilt
@@ -154,9 +155,10 @@ class Lookup:
 
 
 def build_table(items: Iterable[tuple[bytes, bytes, int]], decoder: Decoder, about: dict[str, Any],
-                key_decoder: Decoder | None = None) -> pa.Table:
+                key_decoder: Decoder | None = None, origins: OriginLookup | None = None) -> pa.Table:
     """The file's content from (key, value, timestamp) in key order. Decode errors are kept per row, never raised
-    here: under on_error = "fail" it is the lookup of that key that fails. With a typed ``key_decoder`` the rows are
+    here: under on_error = "fail" it is the lookup of that key that fails, naming the partition and offset that
+    ``origins`` gives for the row (``Snapshot.origins``). With a typed ``key_decoder`` the rows are
     indexed on the canonical form of the decoded key (``globald.typed.keys``): keys that do not decode are left
     out and counted (``key_errors``), and of keys decoding alike the latest is kept (``key_shadowed``)."""
     started = time.monotonic()
@@ -170,11 +172,14 @@ def build_table(items: Iterable[tuple[bytes, bytes, int]], decoder: Decoder, abo
     values: list[pa.Array] = []
     errors: list[pa.Array] = []
     key_errors = 0
+    where: dict[int, Origin] = {}  # row of the file (before typed keys are resolved) -> origin of its bad value
+    rows_before = 0
     records = iter(items)
     while batch := list(islice(records, DECODE_BATCH)):
         raw_keys = pa.array([k for k, _, _ in batch], pa.binary())
         stamp = np.fromiter((ts for _, _, ts in batch), np.int64, len(batch))
         raw_values = pa.array([v for _, v, _ in batch], pa.binary())
+        rows: Any = None  # the batch's row of each row kept, where typed keys left some out
         if typed_key:
             assert key_decoder is not None
             raw_keys, rows = decoded_keys(raw_keys, key_decoder)
@@ -187,6 +192,12 @@ def build_table(items: Iterable[tuple[bytes, bytes, int]], decoder: Decoder, abo
         decoded = decoder.decode(raw_values, collect=True)
         values.append(decoded.values)
         errors.append(decoded.errors)
+        if decoded.error_count and origins is not None:
+            bad = np.flatnonzero(decoded.errors.is_valid().to_numpy(zero_copy_only=False))
+            at = bad if rows is None else np.asarray(rows)[bad]
+            found = origins(*zip(*(batch[i] for i in at), strict=True))
+            where.update((rows_before + int(r), o) for r, o in zip(bad, found, strict=True) if o is not None)
+        rows_before += len(raw_values)
     try:
         key_column = pa.concat_arrays(keys) if keys else pa.array([], pa.binary())
         value_column = pa.concat_arrays(values) if values else pa.array([], decoder.arrow_type)
@@ -195,6 +206,7 @@ def build_table(items: Iterable[tuple[bytes, bytes, int]], decoder: Decoder, abo
     hash_column = np.concatenate(hashes) if hashes else np.empty(0, np.uint64)
     stamp_column = np.concatenate(stamps) if stamps else np.empty(0, np.int64)
     error = pa.concat_arrays(errors) if errors else pa.array([], ERROR_TYPE)
+    origin = _origin_columns(where, len(error)) if len(error) - error.null_count else {}
     key_meta: dict[str, Any] = {}
     if typed_key:
         assert key_decoder is not None
@@ -203,6 +215,7 @@ def build_table(items: Iterable[tuple[bytes, bytes, int]], decoder: Decoder, abo
         if kept is not None:
             take = pa.array(kept)
             key_column, value_column, error = key_column.take(take), value_column.take(take), error.take(take)
+            origin = {name: column.take(take) for name, column in origin.items()}
             hash_column, stamp_column = hash_column[kept], stamp_column[kept]
         key_meta = {"key": key_decoder.where, "key_type": str(key_decoder.arrow_type), "key_errors": key_errors,
                     "key_shadowed": shadowed}
@@ -221,7 +234,18 @@ def build_table(items: Iterable[tuple[bytes, bytes, int]], decoder: Decoder, abo
         "error": error,
         "hash": pa.array(hash_column),
         "slots": pa.FixedSizeListArray.from_arrays(pa.array(slots, slot_type), 2),
+        **origin,
     }).replace_schema_metadata({META: json.dumps(meta)})
+
+
+def _origin_columns(where: dict[int, Origin], rows: int) -> dict[str, pa.Array]:
+    """The partition and offset of each row's bad value, null elsewhere: only in the file of a snapshot with decode
+    errors, so a clean one costs nothing for them."""
+    partition, offset = np.zeros(rows, np.int32), np.zeros(rows, np.int64)
+    known = np.zeros(rows, bool)
+    for row, (p, o) in where.items():
+        partition[row], offset[row], known[row] = p, o, True
+    return {ERROR_PARTITION: pa.array(partition, mask=~known), ERROR_OFFSET: pa.array(offset, mask=~known)}
 
 
 def write_columnar(path: Path, table: pa.Table) -> None:
@@ -243,6 +267,9 @@ class ColumnarTable:
         self.timestamps = _one(single, "timestamp")
         self.values = _one(single, "value")
         self.errors = _one(single, "error")
+        names = single.schema.names
+        self._origin = ((_one(single, ERROR_PARTITION), _one(single, ERROR_OFFSET))
+                        if ERROR_PARTITION in names and ERROR_OFFSET in names else None)
         self._hash = np.asarray(_one(single, "hash").to_numpy(zero_copy_only=False), np.uint64)
         slots = _one(single, "slots")
         self._slots = np.asarray(slots.values.to_numpy(zero_copy_only=False) if len(slots) else np.empty(0, np.int32))
@@ -323,8 +350,8 @@ class ColumnarTable:
 
     def lookup(self, keys: pa.Array, context: RecordContext | None = None) -> Lookup:
         """The rows of ``keys`` (binary or string; a typed-key table also integers, by their decimal text). Under
-        on_error = "fail", a looked-up value that did not decode raises DecodeFailure naming its key (a store keeps
-        no partition or offset per key; a typed key is named by its decoded form)."""
+        on_error = "fail", a looked-up value that did not decode raises DecodeFailure naming its key (a typed key by
+        its decoded form) and the partition and offset its store recorded for it."""
         pos = self.positions(keys)
         missing = pos < 0
         take = pa.array(np.where(missing, 0, pos), mask=missing)
@@ -332,8 +359,12 @@ class ColumnarTable:
         error_count = len(errors) - errors.null_count
         if error_count and self.fail:
             row = int(np.flatnonzero(errors.is_valid().to_numpy(zero_copy_only=False))[0])
-            key = self.keys[int(pos[row])].as_py()
-            _, partition, offset = (context or RecordContext()).at(row)
+            at = int(pos[row])
+            key = self.keys[at].as_py()
+            if self._origin is not None:
+                partition, offset = (column[at].as_py() for column in self._origin)
+            else:
+                _, partition, offset = (context or RecordContext()).at(row)
             raise DecodeFailure(self.where, key, partition, offset, errors[row].as_py())
         if not len(self):
             return Lookup(pa.nulls(len(keys), self.values.type), pa.nulls(len(keys), pa.int64()), errors, 0, 0)
@@ -377,7 +408,7 @@ def ensure_columnar(snapshot: Snapshot, decoder: Decoder, key_decoder: Decoder |
                 pass
             except ColumnarInvalid as e:
                 log.info("columnar file rebuilt: %s", e)
-            table = build_table(snapshot, decoder, about, key_decoder)
+            table = build_table(snapshot, decoder, about, key_decoder, snapshot.origins)
             write_columnar(path, table)
             log.info("decoded snapshot %s of %s into %s: %d rows, %d decode errors, %.2fs", snapshot.id,
                      about["table"], path.name, table.num_rows, table.num_rows - table.column("error").null_count,
@@ -385,5 +416,5 @@ def ensure_columnar(snapshot: Snapshot, decoder: Decoder, key_decoder: Decoder |
     except PermissionError as e:
         log.warning("cannot write the columnar file of snapshot %s (%s): decoding it in this worker's memory",
                     snapshot.id, e)
-        return ColumnarTable(build_table(snapshot, decoder, about, key_decoder))
+        return ColumnarTable(build_table(snapshot, decoder, about, key_decoder, snapshot.origins))
     return ColumnarTable.open(path, fp)

@@ -169,7 +169,7 @@ def _columnar(snap: Any, decoder: Any, key_decoder: Any, table: str) -> dict[str
     about = {"table": snap.manifest.table, "snapshot": snap.id,
              "offsets": {str(p): o for p, o in snap.offsets.items()}}
     try:
-        built = build_table(TERM.checked(iter(snap)), decoder, about, key_decoder)
+        built = build_table(TERM.checked(iter(snap)), decoder, about, key_decoder, snap.origins)
     except ColumnarTooLarge as e:
         log.info("table %s: snapshot %s is too large for a columnar file (%s); readers decode per batch", table,
                  snap.id, e)

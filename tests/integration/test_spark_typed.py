@@ -24,7 +24,7 @@ import fastavro
 import pytest
 
 from globald.common.exitcodes import NOT_FOUND
-from globald.embedded.oracle import fold_timestamped
+from globald.embedded.oracle import fold_located, fold_timestamped
 from globald.spark import GlobalTableView
 from globald.spark.session import is_connect
 from tests.harness import Broker, daemon_factory, globald, oracle_at
@@ -254,12 +254,27 @@ def test_typed_protobuf_and_on_error_fail(session: Any, typed_tables: Typed) -> 
     view.close()
 
     failing = GlobalTableView(session, env.config, "custfail")
-    failing.refresh()
+    desc = failing.refresh()
     good = rows_of(failing.join(keys_df(session, [b"good"]), "k"))
     assert good[0]["value"] == reference(confluent(1, avro_payload("customer_v1.avsc", customer_v1(1))))
-    with pytest.raises(Exception, match=r"(?s)key 'bad-one' \(partition unknown, offset unknown\).*schema id 9"):
+    # The task fails naming the key, the partition and offset of the record it came from, and the reason.
+    named = bad_record(env, desc["offsets"])
+    with pytest.raises(Exception, match=named):
         failing.join(keys_df(session, [b"good", b"bad-one"]), "k").collect()
     failing.close()
+    small = GlobalTableView(session, env.config, "custfail", mode="broadcast")
+    small.refresh(offsets={int(p): o for p, o in desc["offsets"].items()})
+    with pytest.raises(Exception, match=named):
+        small.join(keys_df(session, [b"bad-one"]), "k").collect()
+    small.close()
+
+
+def bad_record(env: Typed, offsets: dict[str, int]) -> str:
+    """What a failure about custfail's bad record must say: its key, partition and offset (from the broker's own
+    records), and why it does not decode."""
+    _, _, partition, offset = fold_located(env.broker.settings, env.topics["custfail"],
+                                           {int(p): o for p, o in offsets.items()})[b"bad-one"]
+    return rf"(?s)key 'bad-one' \(partition {partition}, offset {offset}\).*schema id 9"
 
 
 def test_a_snapshot_too_large_for_the_columnar_file_decodes_per_batch_alike(
@@ -294,7 +309,7 @@ def test_a_snapshot_too_large_for_the_columnar_file_decodes_per_batch_alike(
         if table == "cust":
             assert b.error_count > 0
         else:
-            with pytest.raises(DecodeFailure, match=r"key 'bad-one'.*schema id 9"):
+            with pytest.raises(DecodeFailure, match=bad_record(env, desc["offsets"])):
                 per_batch.lookup(pa.array([b"good", b"bad-one"], pa.binary()))
         mapped.close()
         per_batch.close()

@@ -20,7 +20,7 @@ import fastavro
 import pyarrow as pa
 import pytest
 
-from globald.embedded.oracle import fold
+from globald.embedded.oracle import fold, fold_located
 from globald.settings.config import load
 from globald.snapshot.reader import open_snapshot
 from globald.typed import load_table
@@ -125,6 +125,17 @@ def test_dump_get_and_columnar_decode_equal_fastavro_on_the_oracle_fold(
     g = globald("get", "--config", str(d.config), "--table", "cust", "--decode", "--json", good_key)
     assert g.returncode == 0, g.stderr
     assert json.loads(g.stdout)["value"] == as_json(reference(oracle[good_key.encode()]))
+    assert json.loads(g.stdout)["origin"] is None  # only a value that does not decode is located
+
+    # A value that does not decode is named by the partition and offset of the record it came from.
+    located = fold_located(broker.settings, t, offsets)
+    for bad_key in [doc["key"] for doc in dumped if "error" in doc][:3]:
+        g = globald("get", "--config", str(d.config), "--table", "cust", "--decode", "--json", bad_key)
+        assert g.returncode == 0, g.stderr
+        got = json.loads(g.stdout)
+        _, _, partition, offset = located[bad_key.encode()]
+        assert (got["value"], got["origin"]) == (None, {"partition": partition, "offset": offset}), got
+        assert got["error"]
 
     # The columnar file of the current snapshot: three workers at once, one decodes and the others map its file.
     _, value_decoder = load_table(load(d.config), "cust")
