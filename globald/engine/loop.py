@@ -89,7 +89,9 @@ class Loop:
         self._idle_wait = _IDLE_WAIT_MIN_S
         self._next_commit = time.monotonic() + self.config.commit_interval_ms / 1000
         self._next_metadata = time.monotonic() + self.config.metadata_refresh_ms / 1000
-        self._check_timeout_s = _REFRESH_TIMEOUT_S  # doubled by every unanswered identity check, reset by an answer
+        # Per table: doubled by each of its identity checks left unanswered, back to the base once one is answered.
+        # One bound for all would be reset by the next table's answer, and a slow table's check never get longer.
+        self._check_timeout_s: dict[str, float] = {}
         self._next_end_check = 0.0
         for rt in self.manager.tables.values():
             self.manager.restoring(rt, "starting")
@@ -333,9 +335,10 @@ class Loop:
             if lost:  # a topic never loses partitions: this one was recreated with fewer
                 self.rebuild(rt.name, TOPIC_RECREATED, f"topic {rt.topic} has no partitions {lost} any more")
                 continue
-            if not self._same_topic(rt):
+            same = self._same_topic(rt)
+            if same is False:
                 continue
-            if self.problems.has(rt.name):
+            if same and self.problems.has(rt.name):
                 rt.last_error = None
                 self.problems.resolved(rt.name)
             if not added:
@@ -356,10 +359,11 @@ class Loop:
                         "until a topic of that name is back and found to be the same one", rt.name, rt.topic)
         self._next_metadata = min(self._next_metadata, time.monotonic() + _VANISHED_REFRESH_S)
 
-    def _same_topic(self, rt: TableRuntime) -> bool:
+    def _same_topic(self, rt: TableRuntime) -> bool | None:
         """Read the topic back at the fingerprints last verified, then at those applied since (kafka.identity).
         Another topic under the same name is rebuilt (False). So is one that came back after it vanished when no
-        fingerprint could be compared: the daemon saw it go, and cannot show it is the same."""
+        fingerprint could be compared: the daemon saw it go, and cannot show it is the same. None: undecided (the
+        table's problem until a later check answers; the cluster itself answered, so it is not Kafka's)."""
         changed = self.manager.changed_id(rt)
         if changed:
             self.rebuild(rt.name, TOPIC_RECREATED, f"topic {rt.topic} is not the one the store mirrors: {changed}")
@@ -367,8 +371,9 @@ class Loop:
         applied = self.task.ladders(rt.name)
         rungs = {p: union(rt.verified.get(p), applied.get(p)) for p in rt.partitions}
         rungs = {p: r for p, r in rungs.items() if r}
-        verdict = self.manager.verify(rt, rungs, self._check_timeout_s)  # the loop waits meanwhile: keep it short
-        self._check_timeout_s = next_timeout(self._check_timeout_s, _REFRESH_TIMEOUT_S, bool(verdict.unreachable))
+        timeout = self._check_timeout_s.get(rt.name, _REFRESH_TIMEOUT_S)
+        verdict = self.manager.verify(rt, rungs, timeout)  # the loop waits meanwhile: keep it short
+        self._check_timeout_s[rt.name] = next_timeout(timeout, _REFRESH_TIMEOUT_S, bool(verdict.unreachable))
         log.debug("table %s: identity check of %s: %s", rt.name, {p: [f.offset for f in r] for p, r in rungs.items()},
                   verdict)
         if verdict.recreated:  # conclusive, whatever the partitions that did not answer would have said
@@ -376,11 +381,11 @@ class Loop:
                          f"{verdict.describe()}")
             return False
         if verdict.unreachable:  # decided at a later refresh; a vanished topic stays paused meanwhile
-            self.problems.report(KAFKA, f"kafka: cannot read {rt.topic} back to check it is the topic table "
-                                 f"{rt.name} mirrors: {'; '.join(sorted(set(verdict.unreachable.values())))}")
+            self.problems.report(rt.name, f"table {rt.name}: cannot read {rt.topic} back to check it is the topic "
+                                 f"the table mirrors: {'; '.join(sorted(set(verdict.unreachable.values())))}")
             if rt.vanished:
                 self._next_metadata = min(self._next_metadata, time.monotonic() + _VANISHED_REFRESH_S)
-            return True
+            return None
         if rt.vanished and verdict.unverifiable:
             self.rebuild(rt.name, TOPIC_RECREATED, f"topic {rt.topic} vanished and came back, and it cannot be "
                          f"shown to be the same: {'; '.join(sorted(set(verdict.unverifiable.values())))}")
