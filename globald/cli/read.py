@@ -173,9 +173,10 @@ def cmd_get(args: argparse.Namespace) -> int:
             key, found = _find_decoded(view, key, decoders[0])
         else:
             found = view.get(key)
+        if decoders is not None and found is not None:  # inside: an error's origin is read from the same view
+            _announce(view, as_json=False)
+            return _print_decoded(view, key, found, decoders[1], args.json)
     _announce(view, as_json=False)
-    if decoders is not None and found is not None:
-        return _print_decoded(view, key, found, decoders[1], args.json)
     if args.json:
         doc: dict[str, Any] = {**view.describe(), "key_base64": _b64(key), "found": found is not None}
         if found is not None:
