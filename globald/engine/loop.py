@@ -12,7 +12,7 @@ import gc
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -35,6 +35,8 @@ log = logging.getLogger(__name__)
 
 _PROBE_TIMEOUT_S = 1.0
 _REFRESH_TIMEOUT_S = 2.0
+# After this long without an answer from the cluster, the consumer is replaced (see Loop._renew_consumer).
+_RENEW_CONSUMER_AFTER_S = 30.0
 # librdkafka times a blocking poll on the wall clock (librdkafka#2145): stepped back, an idle poll sleeps through
 # the step. The loop polls without blocking and waits between polls on the monotonic clock, at most this long.
 _IDLE_WAIT_MAX_S = 0.05
@@ -70,7 +72,8 @@ class LoopParts:
 class Loop:
     """One run of the loop: the consumer and the update task exist for exactly as long as it does."""
 
-    def __init__(self, parts: LoopParts, consumer: Consumer, stored: dict[str, dict[int, int]]) -> None:
+    def __init__(self, parts: LoopParts, new_consumer: Callable[[], Consumer],
+                 stored: dict[str, dict[int, int]]) -> None:
         self.config = parts.config
         self.manager = parts.manager
         self.problems = parts.problems
@@ -80,7 +83,10 @@ class Loop:
         self.rebuilds = parts.rebuilds
         self.machine = parts.machine
         self.stop = parts.stop
-        self.consumer = consumer
+        self._new_consumer = new_consumer
+        self.consumer = new_consumer()
+        self._kafka_down_since: float | None = None  # when the probe last started failing
+        self._renewed_at = 0.0
         self.task = UpdateTask(self.manager.tables)
         for name, offsets in stored.items():
             self.task.start(name, offsets)
@@ -306,10 +312,33 @@ class Loop:
             up = bool(self.consumer.list_topics(timeout=_PROBE_TIMEOUT_S).brokers)
         except KafkaException:
             up = False
+        now = time.monotonic()
         if up:
+            self._kafka_down_since = None
             self.problems.resolved(KAFKA)
-        else:
-            self.problems.failed(KAFKA, f"kafka unreachable: no broker answered within {_PROBE_TIMEOUT_S:.0f}s")
+            return
+        self.problems.failed(KAFKA, f"kafka unreachable: no broker answered within {_PROBE_TIMEOUT_S:.0f}s")
+        self._kafka_down_since = self._kafka_down_since or now
+        if min(now - self._kafka_down_since, now - self._renewed_at) >= _RENEW_CONSUMER_AFTER_S:
+            self._renew_consumer(now)
+
+    def _renew_consumer(self, now: float) -> None:
+        """Replace a consumer that has heard nothing from the cluster for a long while, and re-plan every table from
+        what its store holds (nothing fetched is lost: positions are the stores'). Seen in an accelerated soak: after
+        a broker was SIGKILLed and restarted, the consumer stayed silent for 9 minutes while a new client was
+        answered at once. Against a cluster really down a new consumer costs nothing, and at most once a period."""
+        self._renewed_at = now
+        log.warning("kafka: no answer for %.0fs; replacing the consumer and re-planning every table",
+                    now - (self._kafka_down_since or now))
+        for rt in self.manager.tables.values():
+            rt.assigned = rt.vanished = False  # a new consumer has neither assignment nor pauses
+            self.pending.add(rt.name)
+        old, self.consumer = self.consumer, self._new_consumer()
+        self.stats.consumer_renewals += 1
+        try:
+            old.close()
+        except (KafkaException, RuntimeError) as e:
+            log.warning("closing the replaced consumer: %s", e)
 
     def _refresh_metadata(self) -> None:
         """Pick up partitions added to a topic; check that each topic is still the one its table mirrors."""

@@ -103,7 +103,7 @@ class GlobalThread:
             for p in rt.partitions:
                 try:
                     _, high = self._loop.consumer.get_watermark_offsets(TopicPartition(rt.topic, p), cached=True)
-                except KafkaException:
+                except (KafkaException, RuntimeError):  # RuntimeError: a consumer the loop just replaced
                     continue
                 if high is not None and high >= 0:
                     ends[p] = max(high, ends.get(p, 0))
@@ -128,7 +128,8 @@ class GlobalThread:
             stored, refused = self.manager.open_all()
             parts = LoopParts(self.config, self.manager, self.problems, self.stats, self._services, self._emit,
                               self._rebuilds, self.machine, self._stop)
-            self._loop = Loop(parts, self._consumer_factory(self.config, on_error=self._on_kafka_error), stored)
+            self._loop = Loop(parts, lambda: self._consumer_factory(self.config, on_error=self._on_kafka_error),
+                              stored)
             if refused:
                 self._loop.rewind_all("; ".join(f"table {name}: {why}" for name, why in sorted(refused.items())))
             while not self._stop.is_set():

@@ -43,6 +43,7 @@ class Sample:
     callback_failures: int = 0
     hook_failures: dict[str, int] = field(default_factory=dict)  # kind -> count
     consumer_errors: int = 0
+    consumer_renewals: int = 0
     restores: dict[str, RestoreStats] = field(default_factory=dict)
     snapshots: dict[str, SnapshotStats] = field(default_factory=dict)
     write_stalls: Stalls = field(default_factory=Stalls)
@@ -159,6 +160,8 @@ def _counters(s: Sample) -> Iterator[Metric]:
         hooks.add_metric([kind], n)
     yield hooks
     yield CounterMetricFamily(f"{PREFIX}_consumer_errors", "Transient consumer errors", value=s.consumer_errors)
+    yield CounterMetricFamily(f"{PREFIX}_consumer_renewals", "Consumers replaced after the cluster stayed silent",
+                              value=s.consumer_renewals)
     stalls = s.write_stalls
     yield CounterMetricFamily(f"{PREFIX}_write_stalls", "Store writes that waited for RocksDB to make room",
                               value=stalls.waited)

@@ -166,7 +166,8 @@ class Operations:
         self._sample = Sample(
             doc=doc, wipes=self.engine.wipe_counts(), commits=self._commits,
             callback_failures=callback_failures(swallowed.SWALLOWED.counts()), hook_failures=failures,
-            consumer_errors=self.stats.consumer_errors, restores=self.tracker.stats(), snapshots=snapshots,
+            consumer_errors=self.stats.consumer_errors, consumer_renewals=self.stats.consumer_renewals,
+            restores=self.tracker.stats(), snapshots=snapshots,
             write_stalls=dataclasses.replace(STALLS), swallowed=swallowed.SWALLOWED.counts(),
             bugs=swallowed.SWALLOWED.bug_counts(), disk_free_bytes=disk_free_bytes(self.config.state_dir))
         return doc

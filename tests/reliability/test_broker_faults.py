@@ -137,6 +137,24 @@ def test_broker_killed_and_restarted_with_same_data(own: Own, fault: Callable[[s
         finish(broker, d, t, row, pid)
 
 
+@pytest.mark.long  # a 40 s outage: the long lane (make test-long)
+def test_a_consumer_silent_past_its_bound_is_replaced_and_the_table_resumes(
+        own: Own, fault: Callable[[str, str], FaultRow]) -> None:
+    """Past 30 s without an answer the loop replaces its consumer (an accelerated soak saw one stay silent for 9
+    minutes after a broker SIGKILL and restart while a new client was answered at once). The replacement must
+    re-plan every table from its store and end equal to the oracle, in the same process, with no wipe."""
+    broker, make = own
+    row = fault("broker SIGKILLed 40 s: the consumer is replaced", "replaced once or more; resumed, no wipe")
+    t = new_topic(broker)
+    d = running(broker, make, t, random_records(5_000, keys=2_000, seed=4), **CONFIG)
+    pid = d.pid
+    docs = outage(broker, d, 40, how=signal.SIGKILL)
+    row.injected += 1
+    assert any(_degraded(doc) for doc in docs)
+    finish(broker, d, t, row, pid)
+    assert "replacing the consumer and re-planning every table" in d.log.read_text(errors="replace")
+
+
 def test_slow_broker_paused_with_sigstop(own: Own, fault: Callable[[str, str], FaultRow]) -> None:
     broker, make = own
     row = fault("broker paused (SIGSTOP) 12 s", "degraded meanwhile; resumed after SIGCONT, no wipe")
