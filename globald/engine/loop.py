@@ -85,7 +85,6 @@ class Loop:
         self.stop = parts.stop
         self._new_consumer = new_consumer
         self.consumer = new_consumer()
-        self._kafka_down_since: float | None = None  # when the probe last started failing
         self._renewed_at = 0.0
         self.task = UpdateTask(self.manager.tables)
         for name, offsets in stored.items():
@@ -312,24 +311,21 @@ class Loop:
             up = bool(self.consumer.list_topics(timeout=_PROBE_TIMEOUT_S).brokers)
         except KafkaException:
             up = False
-        now = time.monotonic()
         if up:
-            self._kafka_down_since = None
             self.problems.resolved(KAFKA)
             return
         self.problems.failed(KAFKA, f"kafka unreachable: no broker answered within {_PROBE_TIMEOUT_S:.0f}s")
-        self._kafka_down_since = self._kafka_down_since or now
-        if min(now - self._kafka_down_since, now - self._renewed_at) >= _RENEW_CONSUMER_AFTER_S:
-            self._renew_consumer(now)
+        now, silent = time.monotonic(), self.problems.lasted(KAFKA)  # since the cluster's problem started
+        if min(silent, now - self._renewed_at) >= _RENEW_CONSUMER_AFTER_S:
+            self._renew_consumer(now, silent)
 
-    def _renew_consumer(self, now: float) -> None:
+    def _renew_consumer(self, now: float, silent: float) -> None:
         """Replace a consumer that has heard nothing from the cluster for a long while, and re-plan every table from
         what its store holds (nothing fetched is lost: positions are the stores'). Seen in an accelerated soak: after
         a broker was SIGKILLed and restarted, the consumer stayed silent for 9 minutes while a new client was
         answered at once. Against a cluster really down a new consumer costs nothing, and at most once a period."""
         self._renewed_at = now
-        log.warning("kafka: no answer for %.0fs; replacing the consumer and re-planning every table",
-                    now - (self._kafka_down_since or now))
+        log.warning("kafka: no answer for %.0fs; replacing the consumer and re-planning every table", silent)
         for rt in self.manager.tables.values():
             rt.assigned = rt.vanished = False  # a new consumer has neither assignment nor pauses
             self.pending.add(rt.name)

@@ -79,3 +79,28 @@ def test_a_wipe_for_a_recreated_topic_carries_the_offsets_the_last_check_verifie
         wiped = [e for e in heard if isinstance(e, Wiped)]
         assert wiped[0].verified == {0: 10}  # the offsets of the last check, handed over
         assert wiped[1].verified is None  # no doubt about the topic: nothing to restrict
+
+
+def test_a_problem_lasts_from_its_first_report_until_any_path_resolves_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The consumer is replaced after the cluster's problem has lasted 30 s (engine.loop): the clock must start at
+    the problem's first report, whoever reports it, and stop at its resolution, whoever resolves it. Before, a
+    start left over from an earlier outage made the loop replace a healthy consumer at the next outage's first
+    failed probe (an accelerated soak: 6 replacements in 25 minutes of 3-second faults)."""
+    from globald.engine import problems as problems_module
+    from globald.engine.problems import KAFKA, Problems
+
+    clock = [100.0]
+    monkeypatch.setattr(problems_module.time, "monotonic", lambda: clock[0])
+    p = Problems()
+    assert p.lasted(KAFKA) == 0.0
+    p.report(KAFKA, "metadata refresh failed")  # reported by the refresh, not by the probe
+    clock[0] += 10
+    p.failed(KAFKA, "unreachable")  # the probe's failure does not restart the clock
+    clock[0] += 25
+    assert p.lasted(KAFKA) == 35.0
+    p.resolved(KAFKA)  # by whichever path
+    clock[0] += 100
+    assert p.lasted(KAFKA) == 0.0
+    p.failed(KAFKA, "unreachable", quiet=True)
+    clock[0] += 3
+    assert p.lasted(KAFKA) == 3.0
