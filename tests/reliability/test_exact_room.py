@@ -29,7 +29,6 @@ from globald.snapshot.space import build_need
 from globald.store.names import snapshots_dir
 from globald.store.space import MB
 from tests.harness import Broker, DaemonProcess, random_records
-from tests.integration.snapshot_helpers import wait_snapshot_at
 from tests.reliability.checks import diff, explain, read_store
 from tests.reliability.disk import fill, tmpfs
 from tests.reliability.ledger import FaultRow
@@ -42,6 +41,13 @@ Topic = Callable[..., str]
 FIRST, SECOND = 6_000, 12_000  # records of ~1 KB, keys all distinct: the base is the first, the build reads 90 %
 VALUE_SIZE = 1_000
 DISK_MB = 128
+
+
+def caught_up(d: DaemonProcess, ends: dict[int, int]) -> None:
+    """RUNNING at ``ends``; not ``wait_running``, whose readiness needs a periodic snapshot this test does without."""
+    d.wait_for(lambda s: s.get("state") == "RUNNING" and s.get("pid") == d.pid
+               and all(s["tables"]["tbl"]["offsets"].get(str(p), -1) >= o for p, o in ends.items()),
+               timeout=60, what=f"RUNNING at {ends}")
 
 
 def settled(d: DaemonProcess) -> dict[str, Any]:
@@ -65,13 +71,16 @@ def test_an_exact_build_without_room_is_refused_and_one_that_fits_after_freeing_
     broker.admin.produce(t, random_records(FIRST, keys=keys, seed=2131, tombstones=0.0, value_size=VALUE_SIZE))
     first = broker.admin.end_offsets(t)
     with tmpfs(tmp_path / "disk", DISK_MB) as disk:
-        d = daemon({"tbl": t}, state_dir=disk / "state", snapshots={"retain": 5})
-        d.wait_running({"tbl": first})
-        base_id = wait_snapshot_at(d, "tbl", first)["id"]
+        # No periodic snapshot: one published while the daemon consumed SECOND would be the build's base instead
+        # (seen on a loaded CI machine). The base is an exact snapshot at FIRST, the only snapshot there is.
+        d = daemon({"tbl": t}, state_dir=disk / "state", snapshots={"retain": 5, "interval_ms": 3_600_000})
+        caught_up(d, first)
+        made = exact_requests.request(d.state_dir, "tbl", first, timeout=120)
+        assert made.code == Code.READY and made.snapshot, (made, d.tail())
+        base_id = made.snapshot
         broker.admin.produce(t, random_records(SECOND, keys=keys, seed=2132, tombstones=0.0, value_size=VALUE_SIZE))
         second = broker.admin.end_offsets(t)
-        d.wait_running({"tbl": second})
-        wait_snapshot_at(d, "tbl", second)
+        caught_up(d, second)
         live = settled(d)["disk"]["tables"]["tbl"]["live_bytes"]
         target = {p: first[p] + (second[p] - first[p]) * 9 // 10 for p in first}
         root = snapshots_dir(d.state_dir, "tbl")
@@ -80,7 +89,10 @@ def test_an_exact_build_without_room_is_refused_and_one_that_fits_after_freeing_
         assert base is not None and base.id == base_id, (base, found)
         need = build_need(d.state_dir, "tbl", target, base, root / base.id, found[0].records).total
         assert need > live + 6 * MB, f"the build must need more than the live store: need {need}, live {live}"
-        leave = (live + need) // 2  # room enough for the table's own next step, not for the build
+        # Room for the table's own next step, not for the build; freeing a copy of the base (below) makes it fit.
+        copy_bytes = sum(f.stat().st_size for f in (root / base.id / "db").iterdir() if f.is_file())
+        leave = need - copy_bytes // 2
+        assert leave > live + 2 * MB, (leave, live, need, copy_bytes)
 
         filler = fill(disk, leave=leave)
         row.injected += 1
@@ -95,7 +107,7 @@ def test_an_exact_build_without_room_is_refused_and_one_that_fits_after_freeing_
         assert "refused: no_room" in d.log.read_text(), d.tail()
         filler.unlink()
 
-        # An older snapshot of globald's own, holding as much as the live store (a copy, not links), nobody's.
+        # An older snapshot of globald's own, a copy of the base (not links), nobody's.
         cur = manifests.read(root / found[0].id, "tbl")
         older = str(int(base.id) - 1_000_000)
         work = root / "spare-in-progress"
