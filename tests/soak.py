@@ -53,15 +53,18 @@ from tests.soak_report import (
 )
 
 PARTIAL_EVERY_S = 300.0  # how often a run writes its memory figures so far
-SAMPLE_EVERY_S = 5.0  # RSS and the daemon's status memory
+SAMPLE_EVERY_S = 1.0  # RSS: many samples a minute, so a minute's median is not one fault's swing
+STATUS_EVERY_S = 5.0  # the daemon's status memory and publications
 SMAPS_EVERY_S = 30.0  # how often the daemon's smaps is read (a walk of every mapping)
 KAFKA_STATS_MS = 10_000  # librdkafka's statistics interval in the daemon (its buffers in the status's memory)
 # Three hours at the default load (--rate 2000, a publication a second per table, a fault every 45 s), and what
 # the accelerated form runs to reach as much in 45 minutes: 4x the rate, the publications and the faults.
 DEFAULT_HOURS = 3.0
-# Larger, fewer batches: each costs three flushes' latency whatever its size.
-ACCELERATED = {"minutes": 45.0, "rate": 8000, "fault_every": 11.25, "snapshot_interval_ms": 250,
-               "fault_scale": 0.3, "check_every": 4, "block_cache_mb": 16, "tracemalloc": True, "batches_per_s": 2}
+# The load is paused while a fault lasts and while the stores are compared, a third of the time or more: it catches
+# up after each pause (Load's catch_up), and publications come oftener than 4 a second while it runs. No
+# tracemalloc: it slows the daemon and its own memory grows with what it traces (``--tracemalloc`` to profile).
+ACCELERATED = {"minutes": 45.0, "rate": 8000, "fault_every": 8.0, "snapshot_interval_ms": 40,
+               "fault_scale": 0.3, "check_every": 6, "block_cache_mb": 16, "tracemalloc": False, "batches_per_s": 25}
 DEFAULTS = {"minutes": 30.0, "rate": 2000, "fault_every": 45.0, "snapshot_interval_ms": 1000, "fault_scale": 1.0,
             "check_every": 1, "block_cache_mb": None, "tracemalloc": False, "batches_per_s": 5}
 
@@ -85,6 +88,7 @@ class Soak(SoakFaults):
     published: dict[str, int] = field(default_factory=dict)  # snapshot publications per table, from the status
     _last_published: dict[str, int] = field(default_factory=dict)
     next_smaps: float = 0.0
+    next_status: float = 0.0
     _stopping: threading.Event = field(default_factory=threading.Event)
     recoveries: list[float] = field(default_factory=list)
     restarts: int = 0
@@ -111,7 +115,8 @@ class Soak(SoakFaults):
             # A producer per load: a flush waits for every record its producer holds, the other load's too.
             admin = TopicAdmin.for_broker({**settings, "logger": _quiet()}, self.kafka.zookeeper)
             self.loads[table] = Load(admin, topic, rate=rate, keys=20_000, seed=self.args.seed + 10 + i,
-                                     pin_partitions=3, batches_per_s=self.args.batches_per_s)
+                                     pin_partitions=3, batches_per_s=self.args.batches_per_s,
+                                     catch_up=self.args.accelerated)
         store = {} if self.args.block_cache_mb is None else {"store": {"block_cache_mb": self.args.block_cache_mb}}
         # The daemon's own consumer reports librdkafka's buffers (status memory.kafka); the harness's clients don't.
         stats = {**settings, "statistics.interval.ms": KAFKA_STATS_MS}
@@ -170,6 +175,9 @@ class Soak(SoakFaults):
         mb = rss_mb(self.daemon.pid)
         if mb is not None:
             self.memory.append((t, mb))
+        if time.monotonic() < self.next_status:
+            return
+        self.next_status = time.monotonic() + STATUS_EVERY_S
         try:  # the daemon's own file, read directly: `globald status` would cost a Python start per sample
             doc = json.loads(self.status_path.read_bytes())
         except (OSError, ValueError):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import subprocess
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
@@ -52,10 +52,11 @@ class TopicAdmin:
         return self._producer
 
     def produce(self, topic: str, records: Iterable[Record | TimedRecord], partition: int | None = None,
-                timestamp: int | None = None) -> int:
+                timestamp: int | None = None, partition_of: Callable[[bytes | None], int] | None = None) -> int:
         """Produce and flush; returns how many records were sent. Raises if any delivery failed.
 
-        A ``TimedRecord`` carries its own timestamp and headers; ``timestamp`` applies to the others."""
+        A ``TimedRecord`` carries its own timestamp and headers; ``timestamp`` applies to the others.
+        ``partition_of`` picks each record's partition from its key (one flush for them all)."""
         p = self.producer()
         failures: list[str] = []
 
@@ -66,7 +67,9 @@ class TopicAdmin:
         n = 0
         for record in records:
             kwargs: dict[str, Any] = {"key": record[0], "value": record[1], "on_delivery": on_delivery}
-            if partition is not None:
+            if partition_of is not None:
+                kwargs["partition"] = partition_of(record[0])
+            elif partition is not None:
                 kwargs["partition"] = partition
             ts, headers = (record[2], record[3]) if len(record) == 4 else (timestamp, None)
             if ts is not None:

@@ -25,7 +25,6 @@ import shutil
 import signal
 import statistics
 import time
-import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,7 +47,7 @@ from tests.chaos.tools import ERRNOS, FIU_SITES, Clock, Fiu
 from tests.harness import Broker, globald, random_records, write_config
 from tests.reliability.checks import check_snapshots, check_store
 from tests.reliability.disk import fill
-from tests.reliability.load import Load
+from tests.reliability.load import Load, pinned
 
 if TYPE_CHECKING:
     from tests.chaos.runner import Campaign
@@ -111,11 +110,7 @@ class Probe:
 
 def produce_pinned(admin: TopicAdmin, topic: str, records: list[Record]) -> int:
     """Each key to the partition its bytes pick, as the Load does: a key in two partitions has no last value."""
-    sent = 0
-    for p in range(PARTITIONS):
-        mine = [r for r in records if zlib.crc32(r[0] or b"") % PARTITIONS == p]
-        sent += admin.produce(topic, mine, partition=p)
-    return sent
+    return admin.produce(topic, records, partition_of=pinned(PARTITIONS))
 
 
 class Unrecoverable(RuntimeError):

@@ -43,3 +43,18 @@ def test_component_slopes_name_the_part_that_grows() -> None:
     series = [(float(t), {"proc_heap_mb": 10 + 4 * t / 3600, "proc_file_mb": 20.0}) for t in range(0, 2700, 30)]
     slopes = soak_report.component_slopes(series, 2700)
     assert abs(slopes["proc_heap_mb"] - 4) < 0.01 and abs(slopes["proc_file_mb"]) < 0.01
+
+
+def test_a_catching_up_load_makes_up_for_a_pause_within_its_burst_bound() -> None:
+    from tests.reliability.load import MAX_BURST, Load, pinned
+
+    load = Load(admin=None, topic="t", rate=4000, batches_per_s=10, catch_up=True)  # type: ignore[arg-type]
+    assert load._size(began=0.0, now=0.05) == 400  # on pace: the usual batch
+    load.sent = 4000
+    assert load._size(began=0.0, now=3.0) == 400 * MAX_BURST  # 8,000 behind after a 2 s pause: bounded bursts
+    load.sent = 11_000
+    assert load._size(began=0.0, now=3.0) == 1000  # the rest of what is due
+    plain = Load(admin=None, topic="t", rate=4000, batches_per_s=10)  # type: ignore[arg-type]
+    assert plain._size(began=0.0, now=3.0) == 400  # without catch_up a pause is simply lost
+    part = pinned(3)
+    assert {part(b"k%d" % i) for i in range(50)} == {0, 1, 2} and part(None) == part(b"")
