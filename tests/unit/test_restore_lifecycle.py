@@ -82,8 +82,8 @@ def test_a_wipe_for_a_recreated_topic_carries_the_offsets_the_last_check_verifie
 
 
 def test_a_problem_lasts_from_its_first_report_until_any_path_resolves_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The consumer is replaced after the cluster's problem has lasted 30 s (engine.loop): the clock must start at
-    the problem's first report, whoever reports it, and stop at its resolution, whoever resolves it. Before, a
+    """The consumer is replaced once the cluster's problem has lasted 30 s (engine.cluster_watch): the clock starts at
+    the problem's first report, whoever reports it, and stops at its resolution, whoever resolves it. Before, a
     start left over from an earlier outage made the loop replace a healthy consumer at the next outage's first
     failed probe (an accelerated soak: 6 replacements in 25 minutes of 3-second faults)."""
     from globald.engine import problems as problems_module
