@@ -9,6 +9,7 @@ startup, the main loop, shutdown.
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
 import signal
@@ -138,9 +139,13 @@ class Daemon:
     @contextmanager
     def _signals(self, handle: bool) -> Iterator[None]:
         old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)} if handle else {}
+        if handle:  # SIGUSR2 prints every thread's stack to stderr: what a daemon that does not stop is waiting on
+            faulthandler.register(signal.SIGUSR2, all_threads=True)
         try:
             yield
         finally:
+            if handle:
+                faulthandler.unregister(signal.SIGUSR2)
             for s, h in old.items():
                 signal.signal(s, h)
 
