@@ -216,14 +216,14 @@ class DaemonProcess:
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
         assert self.proc is not None
-        self.proc.send_signal(sig)
-        try:
-            self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.send_signal(signal.SIGUSR2)  # the daemon prints every thread's stack into its log
+        proc = self.proc
+
+        def dump_stacks() -> None:
+            proc.send_signal(signal.SIGUSR2)  # the daemon prints every thread's stack into its log
             time.sleep(2)
-            stop_process(self.proc, signal.SIGKILL, 10)
-            raise AssertionError(f"daemon did not stop on {sig}; log:\n{self.tail()}") from None
+
+        if not stop_process(proc, sig, timeout, before_kill=dump_stacks):
+            raise AssertionError(f"daemon did not stop on {sig}; log:\n{self.tail()}")
         return self.proc.returncode
 
     def tail(self, n: int = 60) -> str:

@@ -218,8 +218,10 @@ class EmbeddedKafka:
         self.stop()
 
 
-def stop_process(proc: subprocess.Popen | None, sig: int = signal.SIGTERM, timeout: float = 20.0) -> bool:
-    """Sends ``sig`` and waits ``timeout`` seconds, then kills. False when it had to be killed."""
+def stop_process(proc: subprocess.Popen | None, sig: int = signal.SIGTERM, timeout: float = 20.0,
+                 before_kill: Callable[[], None] | None = None) -> bool:
+    """Sends ``sig`` and waits ``timeout`` seconds, then (after ``before_kill``) kills. False when it had to be
+    killed."""
     if proc is None or proc.poll() is not None:
         return True
     proc.send_signal(sig)
@@ -227,6 +229,8 @@ def stop_process(proc: subprocess.Popen | None, sig: int = signal.SIGTERM, timeo
         proc.wait(timeout=timeout)
         return True
     except subprocess.TimeoutExpired:
+        if before_kill is not None:
+            before_kill()
         proc.kill()
         proc.wait()
         return False
