@@ -1,6 +1,8 @@
 """``globald run``: owns the state_dir, runs the global thread in the foreground, publishes status.
 
-One daemon per state_dir, enforced with an advisory lock. SIGTERM and SIGINT commit, close and exit 0. The
+One daemon per state_dir, enforced with an advisory lock. SIGTERM and SIGINT commit, close and exit 0; a stop
+that has not finished ``STOP_GRACE_S`` later prints every thread's stack and exits 1 (the stores stay at their last
+durable commit, which is all a stop ever adds to). The
 state_dir is created private (0700) and a second daemon is refused without touching the first one's files. A
 state_dir on a full or failing disk is waited for (degraded, logged), never a reason to exit. Everything the
 daemon runs is built and connected in ``__init__``, in one place and one order; ``run`` has three phases:
@@ -38,6 +40,9 @@ log = logging.getLogger(__name__)
 
 _DISK_RETRY_MAX_S = 10.0
 _STATUS_EVERY_S = 1.0
+# Below systemd's TimeoutStopSec (120 s in systemd/), so that a stop stuck in a library call says where it is stuck
+# before the service manager's SIGKILL, which says nothing.
+STOP_GRACE_S = 60.0
 
 
 def _guarded(fn: Subscriber) -> Subscriber:
@@ -119,6 +124,8 @@ class Daemon:
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         log.info("%s received; committing and stopping", signal.Signals(signum).name)
+        if not self.thread.stopping:
+            faulthandler.dump_traceback_later(STOP_GRACE_S, exit=True)
         self.thread.stop()
 
     def stop(self) -> None:
@@ -145,6 +152,7 @@ class Daemon:
             yield
         finally:
             if handle:
+                faulthandler.cancel_dump_traceback_later()
                 faulthandler.unregister(signal.SIGUSR2)
             for s, h in old.items():
                 signal.signal(s, h)

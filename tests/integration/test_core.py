@@ -130,6 +130,30 @@ def test_sigkill_in_steady_state_then_restart(broker: Broker, topic: Callable[..
     assert_matches_oracle(broker, d, "tbl", t)
 
 
+def test_a_stop_stuck_past_its_grace_prints_stacks_and_exits(broker: Broker, topic: Callable[..., str],
+                                                            daemon: Daemon) -> None:
+    """A stop that cannot finish (here a user's state callback blocks the loop thread forever) must not hang until
+    the service manager's SIGKILL: after its grace the daemon prints where every thread is and exits 1. The store
+    keeps its last durable commit, and the next start resumes from it."""
+    t = topic()
+    broker.admin.produce(t, random_records(2_000, keys=400, seed=31))
+    d = daemon({"tbl": t}, start=False)
+    d.module, d.env = "tests.support.stuck_stop", {"STUCK_STOP_GRACE_S": "3"}
+    d.start()
+    d.wait_running({"tbl": ends_of(broker, t)})
+    started = time.monotonic()
+    assert d.stop(timeout=30) == 1
+    took = time.monotonic() - started
+    log = d.log.read_text()
+    assert "block_forever_on_shutdown" in log, d.tail()  # the stuck frame is named
+    assert took >= 3, f"exited after {took:.1f}s, before its grace"
+    broker.admin.produce(t, random_records(500, keys=400, seed=32))
+    d.module, d.env = "globald", None
+    d.start()
+    d.wait_running({"tbl": ends_of(broker, t)})
+    assert_matches_oracle(broker, d, "tbl", t)
+
+
 def test_log_start_advanced_while_stopped(broker: Broker, topic: Callable[..., str], daemon: Daemon) -> None:
     t = topic()
     broker.admin.produce(t, random_records(3_000, keys=300, seed=8))
