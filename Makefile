@@ -53,7 +53,8 @@ soak-accelerated: $(BIN)/.installed
 
 # Tools the suite takes from Debian: libfiu (fiu-run, fiu-ctrl) and libfaketime for the chaos campaign and the clock
 # tests, systemd-analyze (package systemd) for the unit files, promtool (package prometheus) for the alert rules,
-# setpriv (util-linux, essential in Debian) for the permission tests as root.
+# setpriv (util-linux, essential in Debian) for the permission tests as root, and libjemalloc2, the allocator the
+# daemon runs on when installed (docs/operations/memory.md), so that the suite tests what production runs.
 # Installed when missing and root; otherwise this says why, and the tests that need them skip, or fail in CI
 # (CI=true: tests/ci.py).
 sysdeps:
@@ -64,6 +65,7 @@ sysdeps:
 	command -v promtool >/dev/null || missing="$$missing prometheus"; \
 	command -v setpriv >/dev/null || missing="$$missing util-linux"; \
 	command -v mkfs.xfs >/dev/null || missing="$$missing xfsprogs"; \
+	ls /usr/lib/*/libjemalloc.so.2 >/dev/null 2>&1 || missing="$$missing libjemalloc2"; \
 	if [ -z "$$missing" ]; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \

@@ -63,8 +63,8 @@ DEFAULT_HOURS = 3.0
 # The load is paused while a fault lasts and while the stores are compared, a third of the time or more: it catches
 # up after each pause (Load's catch_up), and publications come oftener than 4 a second while it runs. No
 # tracemalloc: it slows the daemon and its own memory grows with what it traces (``--tracemalloc`` to profile).
-ACCELERATED = {"minutes": 45.0, "rate": 8000, "fault_every": 8.0, "snapshot_interval_ms": 40,
-               "fault_scale": 0.3, "check_every": 6, "block_cache_mb": 16, "tracemalloc": False, "batches_per_s": 25}
+ACCELERATED = {"minutes": 44.0, "rate": 8000, "fault_every": 7.5, "snapshot_interval_ms": 40,
+               "fault_scale": 0.3, "check_every": 12, "block_cache_mb": 16, "tracemalloc": False, "batches_per_s": 25}
 DEFAULTS = {"minutes": 30.0, "rate": 2000, "fault_every": 45.0, "snapshot_interval_ms": 1000, "fault_scale": 1.0,
             "check_every": 1, "block_cache_mb": None, "tracemalloc": False, "batches_per_s": 5}
 
@@ -119,15 +119,17 @@ class Soak(SoakFaults):
                                      catch_up=self.args.accelerated)
         store = {} if self.args.block_cache_mb is None else {"store": {"block_cache_mb": self.args.block_cache_mb}}
         # The daemon's own consumer reports librdkafka's buffers (status memory.kafka); the harness's clients don't.
-        stats = {**settings, "statistics.interval.ms": KAFKA_STATS_MS}
+        stats = {**settings, "statistics.interval.ms": KAFKA_STATS_MS,
+                 **dict(kv.split("=", 1) for kv in self.args.kafka)}
         cfg = write_config(self.root / "globald-soak.toml", state, stats, self.topics, commit_interval_ms=1000,
                            metadata_refresh_ms=2000, http={"enabled": False},
                            snapshots={"interval_ms": self.args.snapshot_interval_ms}, **store)
-        env = None
+        env = dict(kv.split("=", 1) for kv in self.args.daemon_env) or None
         if self.args.tracemalloc:
             shutil.rmtree(self.tracemalloc_dir, ignore_errors=True)  # an earlier run's dumps would be compared
             # A dump every sixteenth of the run: the quarters' and the warm-up's ends fall near one.
-            env = {"GLOBALD_TRACEMALLOC_DIR": str(self.tracemalloc_dir), "GLOBALD_TRACEMALLOC_FRAMES": "6",
+            env = {**(env or {}), "GLOBALD_TRACEMALLOC_DIR": str(self.tracemalloc_dir),
+                   "GLOBALD_TRACEMALLOC_FRAMES": "6",
                    "GLOBALD_TRACEMALLOC_INTERVAL_S": str(max(30, round(self.args.minutes * 60 / 16)))}
         self.daemon = DaemonProcess(cfg, self.root / "daemon.log", env=env).start()
         self.status_path = state / STATUS_FILE
@@ -391,6 +393,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--report-dir", default=str(report_dir() / "soak"))
     p.add_argument("--block-cache-mb", type=int,
                    help="[store] block_cache_mb per table; a small one shows RSS levelling off within a short run")
+    p.add_argument("--kafka", action="append", default=[], metavar="KEY=VALUE",
+                   help="a [kafka] client property for the daemon (repeatable): to try a setting's effect on memory")
+    p.add_argument("--daemon-env", action="append", default=[], metavar="KEY=VALUE",
+                   help="an environment variable for the daemon (repeatable): MALLOC_ARENA_MAX=1, LD_PRELOAD=...")
     p.add_argument("--tracemalloc", action=argparse.BooleanOptionalAction, default=None,
                    help="profile the daemon's Python allocations (slower daemon); top growth in memory.md")
     args = p.parse_args(argv)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 # What the daemon's status reports of RocksDB's memory (globald.ops.memory), summed over the tables, in MB.
 ROCKSDB_KINDS = ("block_cache_mb", "memtables_mb", "table_readers_mb")
-# glibc's heap (globald.ops.memory.malloc_bytes): handed out, and free but kept (fragmentation).
+# malloc's heap (globald.ops.allocator.heap_bytes): handed out, and kept resident without being handed out.
 MALLOC_KINDS = ("in_use_mb", "free_mb")
 # Where RSS lives by mapping (globald.ops.memory.process_memory), in MB, and the thread count.
 PROC_KINDS = ("heap_mb", "anon_mb", "pymalloc_mb", "stacks_mb", "file_mb", "threads")
@@ -142,7 +142,8 @@ def memory_table(qs: list[dict[str, float]], slope: float, slope_last_half: floa
             ("threads", "proc_threads"), ("file-backed", "proc_file_mb"),
             ("Python blocks", "python_allocated_blocks"), ("traced", "python_traced_mb"),
             ("tracemalloc self", "python_tracemalloc_self_mb"), ("librdkafka fetch queues", "kafka_fetchq_mb")]
-    lines = ["## Daemon memory by quarter (MB, medians; RocksDB summed over the tables; malloc: glibc's heap)", ""]
+    lines = ["## Daemon memory by quarter (MB, medians; RocksDB summed over the tables; malloc: the allocator's heap)",
+             ""]
     for title, table in (("", cols), ("### What RSS is made of (smaps), Python's allocator, librdkafka", proc)):
         if title:
             lines += [title, ""]

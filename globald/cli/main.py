@@ -30,13 +30,18 @@ from globald.settings import spec as configspec
 
 def cmd_run(args: argparse.Namespace) -> int:
     from globald.common import logs
-    from globald.ops.memory import tune_allocator
+    from globald.ops import allocator
     from globald.service.daemon import Daemon
 
     cfg = configmod.load(args.config)
     check_kafka_properties(cfg)
+    try:
+        allocator.switch(cfg.allocator)  # returns here unless it re-executes this command with jemalloc preloaded
+    except ValueError as e:
+        raise ConfigError("allocator", str(e)) from None
     logs.setup(cfg.log_level, cfg.log_format, secret_values(cfg))
-    logging.getLogger("globald").debug("allocator: %s", tune_allocator() or "left as the environment set it")
+    tuned = allocator.tune_glibc()
+    logging.getLogger("globald").info("malloc: %s%s", allocator.active(), f" {tuned}" if tuned else "")
     return Daemon(cfg).run()
 
 

@@ -1,4 +1,4 @@
-"""What the daemon's memory is made of (RSS, each table's RocksDB memory, glibc's heap), an opt-in tracemalloc
+"""What the daemon's memory is made of (RSS, each table's RocksDB memory, malloc's heap), an opt-in tracemalloc
 recorder, and the periodic heap trim that keeps freed memory from staying resident.
 
 RocksDB's native memory is invisible to Python profilers, so the status document carries the store's own
@@ -9,7 +9,6 @@ from growth that does not. The recorder is for finding Python-level growth in lo
 
 from __future__ import annotations
 
-import ctypes
 import gc
 import json
 import logging
@@ -19,9 +18,11 @@ import threading
 import time
 import tracemalloc
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from globald.ops import allocator
 
 log = logging.getLogger(__name__)
 
@@ -31,43 +32,6 @@ TRACEMALLOC_FRAMES_ENV = "GLOBALD_TRACEMALLOC_FRAMES"
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 
-
-class _MallInfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in
-                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
-                 "keepcost")]
-
-
-def _mallinfo2() -> Callable[[], _MallInfo2] | None:
-    try:
-        fn = ctypes.CDLL(None).mallinfo2  # glibc >= 2.33; musl and older glibc have none
-    except (OSError, AttributeError):
-        return None
-    fn.restype = _MallInfo2
-    fn.argtypes = []
-    return fn
-
-
-_MALLINFO2 = _mallinfo2()
-
-
-def _malloc_trim() -> Callable[[int], int] | None:
-    try:
-        fn = ctypes.CDLL(None).malloc_trim  # glibc only
-    except (OSError, AttributeError):
-        return None
-    fn.restype = ctypes.c_int
-    fn.argtypes = [ctypes.c_size_t]
-    return fn
-
-
-_MALLOC_TRIM = _malloc_trim()
-# glibc's mallopt parameters (malloc.h), the values the daemon sets, and the variables that let an operator choose.
-_M_MMAP_THRESHOLD = -3
-_M_ARENA_MAX = -8
-ARENA_MAX = 2
-MMAP_THRESHOLD = 128 * 1024
-ALLOCATOR_ENV = {"arena_max": "MALLOC_ARENA_MAX", "mmap_threshold": "MALLOC_MMAP_THRESHOLD_"}
 # How often the daemon hands free heap pages back to the kernel (see HeapTrimmer), and how soon after a restore.
 TRIM_INTERVAL_S = 60.0
 TRIM_AFTER_RESTORE_S = 1.0
@@ -82,48 +46,16 @@ def rss_bytes() -> int | None:
         return None
 
 
-def malloc_bytes() -> dict[str, int] | None:
-    """glibc's heap over every arena: bytes handed out (RocksDB, librdkafka and Python's larger objects), and
-    bytes free but kept by the allocator. Free bytes that keep growing mean fragmentation, not a leak. A few us."""
-    if _MALLINFO2 is None:
-        return None
-    m = _MALLINFO2()
-    return {"in_use": m.uordblks + m.hblkhd, "free": m.fordblks}
-
-
-def tune_allocator() -> dict[str, int]:
-    """Fixes glibc's malloc arenas at 2 and its mmap threshold at 128 KiB; returns what was set (nothing for what
-    the operator set through the environment, or where the C library is not glibc). Call before threads start.
-
-    A daemon that is never restarted must not let freed memory pile up. glibc gives each contending thread an arena
-    of its own (up to eight per core), each keeping its own free memory, and librdkafka and RocksDB start threads
-    at every reconnect and store reopen. And glibc raises its mmap threshold to the size of any large block freed
-    (up to 32 MiB): from then on fetch buffers and restore batches are carved from the heap, where a small block
-    still in use above them keeps their pages resident. A fixed threshold stops that adjustment, so large blocks
-    keep going back to the kernel when freed. The GIL already serialises most allocation, so few arenas cost
-    little."""
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
-        return {}
-    mallopt.restype = ctypes.c_int
-    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
-    wanted = {"arena_max": (_M_ARENA_MAX, ARENA_MAX), "mmap_threshold": (_M_MMAP_THRESHOLD, MMAP_THRESHOLD)}
-    done = {}
-    for name, (param, value) in wanted.items():
-        if not os.environ.get(ALLOCATOR_ENV[name]) and mallopt(param, value) == 1:  # glibc read the variable
-            done[name] = value
-    return done
-
-
 class HeapTrimmer:
-    """Hands the pages glibc keeps free back to the kernel, once a minute and soon after a restore ends.
+    """Hands the pages malloc keeps free back to the kernel (``allocator.release_free_pages``), once a minute and
+    soon after a restore ends.
 
-    glibc gives memory back only from the top of each arena. What a restore, a store reopen or a burst of
-    reconnects freed below still-used blocks stays resident, so each such fault ratchets RSS up a little: in a
-    soak, free heap grew from 15 to 20 MB in 15 minutes, RSS by steps at faults, while the memory in use
-    stayed within a few MB. malloc_trim(0) releases those pages (madvise) without moving anything; on a heap of
-    tens of MB it takes about a millisecond. Loop thread only."""
+    On glibc's malloc (``allocator = "glibc"``, or jemalloc not installed), glibc gives memory back only from the
+    top of each arena. What a restore, a store reopen or a burst of reconnects freed below still-used blocks stays
+    resident, so each such fault ratchets RSS up a little: in a soak, free heap grew from 15 to 20 MB in 15
+    minutes, RSS by steps at faults, while the memory in use stayed within a few MB. malloc_trim(0) releases those
+    pages (madvise) without moving anything; on a heap of tens of MB it takes about a millisecond. It cannot
+    release a page that still holds one live chunk, which is why jemalloc is the default. Loop thread only."""
 
     def __init__(self, interval: float = TRIM_INTERVAL_S) -> None:
         self.interval = interval
@@ -132,17 +64,17 @@ class HeapTrimmer:
 
     @property
     def available(self) -> bool:
-        return _MALLOC_TRIM is not None
+        return allocator.can_release()
 
     def soon(self) -> None:
         """A restore just ended: its buffers (fetched batches, bulk-load memtables) are free now."""
         self._next = min(self._next, time.monotonic() + TRIM_AFTER_RESTORE_S)
 
     def maybe_trim(self, now: float) -> bool:
-        if _MALLOC_TRIM is None or now < self._next:
+        if not allocator.can_release() or now < self._next:
             return False
         self._next = now + self.interval
-        _MALLOC_TRIM(0)
+        allocator.release_free_pages()
         self.trims += 1
         return True
 
@@ -196,12 +128,12 @@ KAFKA_STATS = KafkaStats()  # the daemon has one consumer; its stats_cb is this 
 
 def memory_doc(stores: Mapping[str, Mapping[str, int] | None]) -> dict[str, Any]:
     """The status document's ``memory`` section: RSS, each open store's RocksDB memory (``stores``: bytes by kind,
-    None for a closed store, as ``TableStore.memory_usage`` gives them), glibc's heap (MB), Python's allocator, and
-    librdkafka's buffers when its statistics are on."""
+    None for a closed store, as ``TableStore.memory_usage`` gives them), which malloc runs and its heap (MB), Python's
+    allocator, and librdkafka's buffers when its statistics are on."""
     tables = {name: {f"{k}_mb": round(v / 2**20, 2) for k, v in m.items()}
               for name, m in stores.items() if m is not None}
-    rss, heap = rss_bytes(), malloc_bytes()
-    return {"rss_mb": None if rss is None else round(rss / 2**20, 1), "tables": tables,
+    rss, heap = rss_bytes(), allocator.heap_bytes()
+    return {"rss_mb": None if rss is None else round(rss / 2**20, 1), "tables": tables, "allocator": allocator.active(),
             "malloc": None if heap is None else {f"{k}_mb": round(v / 2**20, 2) for k, v in heap.items()},
             "python": python_memory(), "kafka": KAFKA_STATS.last}
 

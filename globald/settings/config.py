@@ -221,6 +221,10 @@ class Config:
         ("DEBUG", "INFO", "WARNING", "ERROR"), fold_case=True, help="least severe level logged")))
     log_format: str = field(default="plain", metadata=declare(Choice(
         ("plain", "json"), help="log lines on stderr: text, or one JSON object each (ts, level, logger, msg, exc)")))
+    allocator: str = field(default="auto", metadata=declare(Choice(
+        ("auto", "jemalloc", "glibc"),
+        help="the daemon's malloc: jemalloc when installed (auto), jemalloc or refuse to start, or glibc's, which "
+             "fragments under catch-ups (docs/operations/memory.md)")))
     store: StoreConfig = field(default_factory=StoreConfig, metadata=declare(Section(
         StoreConfig, help="RocksDB tuning, for each table's store")))
     snapshots: SnapshotConfig = field(default_factory=SnapshotConfig, metadata=declare(Section(

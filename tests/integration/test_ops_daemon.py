@@ -3,6 +3,7 @@ secrets never logged, and the restore progress bar on a terminal."""
 
 from __future__ import annotations
 
+import ctypes.util
 import json
 import os
 import pty
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from globald.ops.allocator import REEXEC_ENV
 from tests.harness import REPO, Broker, DaemonProcess, globald, random_records
 
 pytestmark = pytest.mark.kafka
@@ -103,7 +105,7 @@ def test_state_hooks_command_and_webhook(broker: Broker, topic: Callable[..., st
     out = tmp_path / "hook-events.jsonl"
     script = tmp_path / "hook.py"
     script.write_text(f"""import json, os
-env = {{k: v for k, v in os.environ.items() if k.startswith("GLOBALD_") or k == "NOTIFY_SOCKET"}}
+env = {{k: v for k, v in os.environ.items() if k.startswith("GLOBALD_") or k in ("NOTIFY_SOCKET", "LD_PRELOAD")}}
 with open({str(out)!r}, "a") as f:
     f.write(json.dumps(env) + "\\n")
 """)
@@ -129,8 +131,30 @@ with open({str(out)!r}, "a") as f:
     assert table_changes == daemon_changes
     assert all(e["GLOBALD_REASON"] and e["GLOBALD_PID"] == str(d.pid) for e in events)
     assert not any("NOTIFY_SOCKET" in e for e in events)  # hooks never get the daemon's systemd channel
+    assert not any("LD_PRELOAD" in e or REEXEC_ENV in e for e in events)  # nor the allocator the daemon preloaded
     posted = [(e["table"] or "", e["previous_state"], e["state"]) for e in Collector.events]
     assert posted == seen
+
+
+@pytest.mark.parametrize("wanted", ["auto", "glibc"])
+def test_run_switches_to_jemalloc_in_place_when_installed(broker: Broker, topic: Callable[..., str], daemon: Daemon,
+                                                          wanted: str) -> None:
+    """``allocator = "auto"`` re-executes ``globald run`` with jemalloc preloaded, in the same process (systemd and
+    the PID file see one PID); "glibc" keeps glibc's malloc. On a machine without libjemalloc, auto is glibc."""
+    t = topic()
+    broker.admin.produce(t, random_records(500, keys=50, seed=43))
+    d = daemon({"tbl": t}, allocator=wanted)
+    d.wait_running({"tbl": broker.admin.end_offsets(t)})
+    expected = "jemalloc" if wanted == "auto" and ctypes.util.find_library("jemalloc") else "glibc"
+    doc = d.status()
+    assert doc["pid"] == d.pid and d.alive()
+    assert doc["memory"]["allocator"] == expected
+    mapped = "libjemalloc" in Path(f"/proc/{d.pid}/maps").read_text()
+    assert mapped == (expected == "jemalloc")
+    heap = doc["memory"]["malloc"]
+    assert heap is not None and heap["in_use_mb"] > 1  # the allocator in use reports its heap, not the other's
+    assert f"malloc: {expected}" in d.log.read_text()
+    assert d.stop() == 0
 
 
 SECRETS = {

@@ -1,7 +1,9 @@
-"""globald.ops.memory: the status document's memory section and the opt-in tracemalloc recorder."""
+"""globald.ops.memory and allocator: the status document's memory section, the opt-in tracemalloc recorder, and
+the choice of malloc."""
 
 from __future__ import annotations
 
+import ctypes.util
 import json
 import os
 import subprocess
@@ -11,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from globald.ops import memory
+from globald.ops import allocator, memory
 from globald.store.options import StoreOptions
 from globald.store.table_store import TableStore
+from tests.ci import unavailable
 from tests.stores import write_records
 
 
@@ -34,14 +37,14 @@ def test_memory_doc_reports_rss_and_each_open_store(tmp_path: Path) -> None:
     assert memory.memory_doc({"t": None})["tables"] == {}  # a closed store is left out, not an error
 
 
-@pytest.mark.skipif(memory.malloc_bytes() is None, reason="not glibc >= 2.33")
+@pytest.mark.skipif(allocator.heap_bytes() is None, reason="neither glibc >= 2.33 nor jemalloc")
 def test_malloc_counts_what_is_allocated() -> None:
     import ctypes
 
-    before = memory.malloc_bytes()
+    before = allocator.heap_bytes()
     assert before is not None
     block = ctypes.create_string_buffer(8 << 20)  # above the mmap threshold: counted as in use at once
-    after = memory.malloc_bytes()
+    after = allocator.heap_bytes()
     assert after is not None and after["in_use"] - before["in_use"] >= 8 << 20
     del block
 
@@ -72,7 +75,7 @@ def test_tracemalloc_recorder_dumps_a_baseline_and_a_last_snapshot(tmp_path: Pat
     assert census["builtins.dict"] > 0
 
 
-@pytest.mark.skipif(not memory.HeapTrimmer().available, reason="not glibc")
+@pytest.mark.skipif(allocator.active() != "glibc" or not allocator.can_release(), reason="not glibc")
 def test_heap_trimmer_returns_free_pages_below_used_blocks() -> None:
     import ctypes
 
@@ -99,12 +102,8 @@ def test_heap_trimmer_returns_free_pages_below_used_blocks() -> None:
 
 def test_heap_trimmer_runs_soon_after_a_restore_and_then_by_interval(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[int] = []
-
-    def fake_trim(pad: int) -> int:
-        calls.append(pad)
-        return 1
-
-    monkeypatch.setattr(memory, "_MALLOC_TRIM", fake_trim)
+    monkeypatch.setattr(allocator, "can_release", lambda: True)
+    monkeypatch.setattr(allocator, "release_free_pages", lambda: calls.append(0))
     trimmer = memory.HeapTrimmer(interval=60)
     start = trimmer._next - 60
     assert not trimmer.maybe_trim(start + 30)
@@ -117,7 +116,7 @@ def test_heap_trimmer_runs_soon_after_a_restore_and_then_by_interval(monkeypatch
 
 def test_allocator_tuning_yields_to_the_operators_environment() -> None:
     """glibc takes mallopt's word unless MALLOC_ARENA_MAX / MALLOC_MMAP_THRESHOLD_ were set for it already."""
-    code = "from globald.ops.memory import tune_allocator; print(sorted(tune_allocator()))"
+    code = "from globald.ops.allocator import tune_glibc; print(sorted(tune_glibc()))"
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
     mine = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert mine.stdout.split() == ["['arena_max',", "'mmap_threshold']"]
@@ -160,3 +159,28 @@ def test_kafka_stats_sum_the_fetch_queues_of_every_partition() -> None:
     assert (stats.last["fetchq_mb"], stats.last["fetchq_msgs"], stats.last["broker_bufs"]) == (4.0, 15, 4)
     stats("not json")  # a malformed emission keeps the last good one
     assert stats.last["fetchq_mb"] == 4.0 and stats.emitted == 1
+
+
+def test_the_allocator_choice_preloads_jemalloc_once_and_only_when_allowed() -> None:
+    lib = "libjemalloc.so.2"
+    assert allocator.choose("auto", loaded=False, found=lib, reexecuted=False) == lib
+    assert allocator.choose("jemalloc", loaded=False, found=lib, reexecuted=False) == lib
+    assert allocator.choose("glibc", loaded=False, found=lib, reexecuted=False) is None
+    assert allocator.choose("auto", loaded=True, found=lib, reexecuted=True) is None  # already switched
+    assert allocator.choose("auto", loaded=False, found=None, reexecuted=False) is None  # not installed: glibc
+    assert allocator.choose("auto", loaded=False, found=lib, reexecuted=True) is None  # preload refused: no loop
+    with pytest.raises(ValueError, match="not installed"):
+        allocator.choose("jemalloc", loaded=False, found=None, reexecuted=False)
+    with pytest.raises(ValueError, match="not in use"):
+        allocator.choose("jemalloc", loaded=False, found=lib, reexecuted=True)
+
+
+def test_under_jemalloc_the_heap_and_its_release_are_jemallocs() -> None:
+    if not ctypes.util.find_library("jemalloc"):
+        unavailable("libjemalloc is not installed (Debian package libjemalloc2; `make sysdeps` installs it as root)")
+    code = ("from globald.ops import allocator; import ctypes; b = ctypes.create_string_buffer(8 << 20); "
+            "h = allocator.heap_bytes(); allocator.release_free_pages(); "
+            "print(allocator.active(), h['in_use'] >= 8 << 20, allocator.tune_glibc())")
+    env = {**os.environ, "LD_PRELOAD": ctypes.util.find_library("jemalloc") or ""}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["jemalloc", "True", "{}"]  # glibc's mallopt is left alone: it would tune nothing
