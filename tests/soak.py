@@ -41,6 +41,7 @@ from tests.soak_report import (
     ROCKSDB_KINDS,
     component_slopes,
     memory_table,
+    net_of_block_cache,
     quarters,
     reached_md,
     reached_vs_default,
@@ -328,6 +329,7 @@ class Soak(SoakFaults):
         slope_last_half = slope_mb_per_hour([s for s in self.memory if s[0] >= half])
         after = slope_after_warmup(self.memory, elapsed)
         floor = slope_after_warmup(self.memory, elapsed, min, 3)
+        net = slope_after_warmup(net_of_block_cache(self.memory, self.rocksdb), elapsed)
         components = component_slopes(self.rocksdb, elapsed)
         reached = self.reached(elapsed)
         divergences = sum(r.divergences for r in self.ledger.rows)
@@ -337,7 +339,7 @@ class Soak(SoakFaults):
             "restarts": self.restarts, "unrecovered": self.unrecovered, "wipes": wipes, "reached": reached,
             "rss_mb": {"first_quarter": round(first, 1), "last_quarter": round(last, 1), "max": round(max(mem), 1),
                        "slope_mb_per_hour": round(slope, 1), "slope_last_half_mb_per_hour": round(slope_last_half, 1),
-                       "after_warmup": after, "after_warmup_floor": floor},
+                       "after_warmup": after, "after_warmup_floor": floor, "after_warmup_net_of_block_cache": net},
             "component_slopes_mb_per_hour": components, "quarters": qs,
             "recovery_s": {"median": round(statistics.median(self.recoveries), 1),
                            "max": round(max(self.recoveries), 1)},
@@ -347,8 +349,8 @@ class Soak(SoakFaults):
         out = Path(self.args.report_dir)
         self.ledger.write(out, f"Soak, {summary['minutes']} min")
         (out / "summary.json").write_text(json.dumps(summary, indent=2))
-        memory_md = (reached_md(reached) + memory_table(qs, slope, slope_last_half) + verdict(after, components, floor)
-                     + rocksdb_bound(self.daemon.config, len(TABLES)))
+        memory_md = (reached_md(reached) + memory_table(qs, slope, slope_last_half)
+                     + verdict(after, components, floor, net) + rocksdb_bound(self.daemon.config, len(TABLES)))
         if self.args.tracemalloc:
             memory_md += tracemalloc_growth(self.tracemalloc_dir)
         (out / "memory.md").write_text(memory_md)

@@ -45,6 +45,17 @@ def test_component_slopes_name_the_part_that_grows() -> None:
     assert abs(slopes["proc_heap_mb"] - 4) < 0.01 and abs(slopes["proc_file_mb"]) < 0.01
 
 
+def test_rss_net_of_the_block_cache_takes_away_only_the_caches_growth() -> None:
+    # RSS = 60 MB + a cache filling at 6 MB/h (reported every 5 s, the RSS sampled every second) + 1 MB/h else.
+    rss = [(float(t), 60 + 7 * t / 3600) for t in range(0, 2700)]
+    series = [(float(t), {"rocksdb_block_cache_mb": 6 * t / 3600}) for t in range(0, 2700, 5)]
+    net = soak_report.net_of_block_cache(rss, series)
+    assert len(net) == len(rss)
+    fitted = soak_report.slope_after_warmup(net, 2700)
+    assert abs(fitted["slope_mb_per_hour"] - 1) < 0.05
+    assert soak_report.net_of_block_cache(rss, []) == []
+
+
 def test_a_catching_up_load_makes_up_for_a_pause_within_its_burst_bound() -> None:
     from tests.reliability.load import MAX_BURST, Load, pinned
 
