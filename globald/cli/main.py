@@ -40,8 +40,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise ConfigError("allocator", str(e)) from None
     logs.setup(cfg.log_level, cfg.log_format, secret_values(cfg))
-    tuned = allocator.tune_glibc()
-    logging.getLogger("globald").info("malloc: %s%s", allocator.active(), f" {tuned}" if tuned else "")
+    logging.getLogger("globald").debug("glibc malloc tuning: %s", allocator.tune_glibc() or "none")
     return Daemon(cfg).run()
 
 

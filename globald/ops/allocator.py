@@ -7,8 +7,8 @@ freed chunks are scattered between live ones, so whole pages rarely come free an
 them back: in the accelerated soak memory in use stayed at 14-16 MB while glibc's heap grew by 15-25 MB an hour.
 jemalloc, which RocksDB's own guidance recommends, groups allocations by size class in runs of their own and
 returns unused pages by itself. ``globald run`` therefore re-executes itself once, at start and before any thread,
-with jemalloc preloaded when the config asks for it ("jemalloc") or allows it and it is installed ("auto", the
-default); "glibc" keeps the C library's malloc, tuned by ``tune_glibc``.
+with jemalloc preloaded when the config asks for it ("jemalloc") or allows it, it is installed and nothing else is
+preloaded ("auto", the default); "glibc" keeps the C library's malloc, tuned by ``tune_glibc``.
 
 Only ``globald run`` switches; the embedded demo, the CLI's readers and the daemon's child processes run on what
 they were started with (the preload is taken out of the environment they inherit).
@@ -49,12 +49,14 @@ def active() -> str:
     return _JEMALLOC if _MALLCTL is not None else "glibc"
 
 
-def choose(wanted: str, loaded: bool, found: str | None, reexecuted: bool) -> str | None:
+def choose(wanted: str, loaded: bool, found: str | None, reexecuted: bool, preloaded: str = "") -> str | None:
     """The library to preload by re-executing, or None to run on as is. ``wanted``: the config's ``allocator``;
     ``loaded``: jemalloc already runs here; ``found``: its library, if installed; ``reexecuted``: this process is
-    the re-executed one (never twice: a preload that did not take must not loop). Raises ValueError when jemalloc
-    is demanded and cannot be had."""
-    if wanted == "glibc" or loaded:
+    the re-executed one (never twice: a preload that did not take must not loop); ``preloaded``: the operator's own
+    LD_PRELOAD. "auto" leaves a process that preloads something else alone: a library that interposes what
+    jemalloc calls while it initialises hangs the daemon at start (libfaketime does, on clock_gettime). Raises
+    ValueError when jemalloc is demanded and cannot be had."""
+    if wanted == "glibc" or loaded or (wanted == "auto" and preloaded.strip()):
         return None
     if found is None or reexecuted:
         if wanted == _JEMALLOC:
@@ -75,10 +77,10 @@ def switch(wanted: str) -> None:
             os.environ["LD_PRELOAD"] = original
         else:
             os.environ.pop("LD_PRELOAD", None)
-    lib = choose(wanted, _MALLCTL is not None, ctypes.util.find_library(_JEMALLOC), reexecuted)
+    original = os.environ.get("LD_PRELOAD", "")
+    lib = choose(wanted, _MALLCTL is not None, ctypes.util.find_library(_JEMALLOC), reexecuted, original)
     if lib is None:
         return
-    original = os.environ.get("LD_PRELOAD", "")
     env = {**os.environ, REEXEC_ENV: original, "LD_PRELOAD": f"{original} {lib}".strip()}
     sys.stdout.flush()
     sys.stderr.flush()

@@ -27,6 +27,7 @@ from globald.engine.events import Committed, Event, EventBus, RebuildRequests, S
 from globald.engine.state_manager import StateManager
 from globald.engine.thread import GlobalThread
 from globald.engine.view import LoopStats
+from globald.ops import allocator
 from globald.ops.progress import ProgressOptions
 from globald.ops.runtime import Operations
 from globald.service import statusfile
@@ -164,8 +165,8 @@ class Daemon:
             return None
         self.snapshots.start()
         self.ops.start()
-        log.info("globald %d starting: %d table(s), state_dir %s", os.getpid(), len(self.config.tables),
-                 self.config.state_dir)
+        log.info("globald %d starting on %s's malloc: %d table(s), state_dir %s", os.getpid(), allocator.active(),
+                 len(self.config.tables), self.config.state_dir)
         return lock
 
     def _shutdown(self, lock: IO[str]) -> None:

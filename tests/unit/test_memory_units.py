@@ -169,6 +169,9 @@ def test_the_allocator_choice_preloads_jemalloc_once_and_only_when_allowed() -> 
     assert allocator.choose("auto", loaded=True, found=lib, reexecuted=True) is None  # already switched
     assert allocator.choose("auto", loaded=False, found=None, reexecuted=False) is None  # not installed: glibc
     assert allocator.choose("auto", loaded=False, found=lib, reexecuted=True) is None  # preload refused: no loop
+    faketime = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"  # another preload: auto leaves it alone
+    assert allocator.choose("auto", loaded=False, found=lib, reexecuted=False, preloaded=faketime) is None
+    assert allocator.choose("jemalloc", loaded=False, found=lib, reexecuted=False, preloaded=faketime) == lib
     with pytest.raises(ValueError, match="not installed"):
         allocator.choose("jemalloc", loaded=False, found=None, reexecuted=False)
     with pytest.raises(ValueError, match="not in use"):
