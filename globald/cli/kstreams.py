@@ -139,7 +139,7 @@ def _build(config: Config, staging: str, source: Path, topic: str, offsets: dict
     durable.make_dirs(table_dir(config.state_dir, staging))  # and tables/, durably, when it is the first table
     path = db_dir(config.state_dir, staging)
     _copy_files(source, path)
-    families = Rdict.list_cf(str(path))
+    families = layout.families(path)
     unexpected = sorted(set(families) - {DEFAULT_CF, KS_TIMESTAMPED_CF, *COLUMN_FAMILIES})
     if unexpected or set(families) & set(COLUMN_FAMILIES):
         raise ImportRefusedError(f"{source} is not a Kafka Streams key-value store: column families {families}")

@@ -144,7 +144,7 @@ class Builder:
         with store_io(f"exact snapshot build: open {db_path}"):  # RocksDB's errors mapped as the live store's
             # A typed table's build records origins as the live store does; a base may have them even when the
             # table is no longer typed (RocksDB opens a database only with all of its families).
-            origins = table.typed or (base_dir is not None and ORIGINS_CF in Rdict.list_cf(str(db_path)))
+            origins = table.typed or (base_dir is not None and ORIGINS_CF in layout.families(db_path))
             families = [*COLUMN_FAMILIES, *([ORIGINS_CF] if origins else [])]
             db = Rdict(str(db_path), opts, column_families={cf: self.options.rocksdb() for cf in families})
         try:

@@ -69,7 +69,7 @@ class Database:
         with store_io(f"table {self.table}: cannot open {self.path}"):
             # RocksDB opens a database only with every family it has named: one left by a typed declaration too.
             self.stale_origins = not self.origins and (self.path / "CURRENT").exists() and \
-                ORIGINS_CF in Rdict.list_cf(str(self.path))
+                ORIGINS_CF in layout.families(self.path)
             db_options, families = (space.fit_bulk_load(self.options, self.state_dir) if bulk else self.options
                                     ).column_families(bulk, self.origins or self.stale_origins)  # see space.py
             self._db = Rdict(str(self.path), db_options, column_families=families)

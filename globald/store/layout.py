@@ -8,9 +8,10 @@ snapshot build, an import of a Kafka Streams store) goes through these functions
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
-from rocksdict import Rdict, WriteBatch
+from rocksdict import Options, Rdict, WriteBatch
 
 from globald.store.codec import (
     decode_offset,
@@ -25,6 +26,15 @@ from globald.store.names import META_CF, META_FORMAT, META_TOPIC, OFFSETS_CF
 
 # A partition number in a file longer than this is garbage, not a partition (offsets are Kafka's 63-bit ones).
 _MAX_PARTITION_DIGITS = 9
+# One set of options for every listing: rocksdict's default Options install its own comparator, which is never
+# freed (136 B per Options, measured with jemalloc's stats.allocated); a listing per published snapshot made that
+# the daemon's one steady memory growth (about 4 MB an hour in the accelerated soak). RocksDB only reads them.
+_LISTING_OPTIONS = Options(raw_mode=True)
+
+
+def families(path: Path | str) -> list[str]:
+    """The column families of the database at ``path`` (RocksDB opens one only with all of them named)."""
+    return Rdict.list_cf(str(path), _LISTING_OPTIONS)
 
 
 def stamp(fmt: int, topic: str) -> dict[bytes, bytes]:

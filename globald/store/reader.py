@@ -61,7 +61,7 @@ def _open_read_only(path: Path) -> Rdict:
     """Every column family is named with the options above: a family opened implicitly would get RocksDB's
     8 MB default block cache and no filter policy (measured: half the lookup rate on a 100k-key table)."""
     cache = Cache(READ_BLOCK_CACHE_MB << 20)
-    families = {cf: _read_only_options(path, cache) for cf in Rdict.list_cf(str(path)) if cf != DEFAULT_CF}
+    families = {cf: _read_only_options(path, cache) for cf in layout.families(path) if cf != DEFAULT_CF}
     return Rdict(str(path), _read_only_options(path, cache), column_families=families,
                  access_type=AccessType.read_only())
 
