@@ -273,8 +273,9 @@ def open_store_db(path: Path) -> Any:
     Not with RocksDB's saved OPTIONS: a kill during a bulk load leaves a memtable kind those refuse to reopen."""
     from rocksdict import Rdict
 
+    from globald.store import layout
     from globald.store.names import COLUMN_FAMILIES, DEFAULT_CF
     from globald.store.options import StoreOptions
 
-    families = {*COLUMN_FAMILIES, *(cf for cf in Rdict.list_cf(str(path)) if cf != DEFAULT_CF)}  # a typed table's
+    families = {*COLUMN_FAMILIES, *(cf for cf in layout.families(path) if cf != DEFAULT_CF)}  # a typed table's
     return Rdict(str(path), StoreOptions().rocksdb(), column_families={cf: StoreOptions().rocksdb() for cf in families})

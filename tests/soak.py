@@ -38,10 +38,11 @@ from tests.reliability.load import Load
 from tests.soak_faults import TABLES, SoakFaults
 from tests.soak_report import (
     MALLOC_KINDS,
+    OTHER_VIEWS,
     ROCKSDB_KINDS,
     component_slopes,
     memory_table,
-    net_of_block_cache,
+    other_views,
     quarters,
     reached_md,
     reached_vs_default,
@@ -64,7 +65,7 @@ DEFAULT_HOURS = 3.0
 # The load is paused while a fault lasts and while the stores are compared, a third of the time or more: it catches
 # up after each pause (Load's catch_up), and publications come oftener than 4 a second while it runs. No
 # tracemalloc: it slows the daemon and its own memory grows with what it traces (``--tracemalloc`` to profile).
-ACCELERATED = {"minutes": 44.0, "rate": 8000, "fault_every": 7.5, "snapshot_interval_ms": 40,
+ACCELERATED = {"minutes": 44.0, "rate": 8000, "fault_every": 6.0, "snapshot_interval_ms": 40,
                "fault_scale": 0.3, "check_every": 12, "block_cache_mb": 16, "tracemalloc": False, "batches_per_s": 25}
 DEFAULTS = {"minutes": 30.0, "rate": 2000, "fault_every": 45.0, "snapshot_interval_ms": 1000, "fault_scale": 1.0,
             "check_every": 1, "block_cache_mb": None, "tracemalloc": False, "batches_per_s": 5}
@@ -83,6 +84,8 @@ class Soak(SoakFaults):
     ledger: Ledger = field(default_factory=Ledger)
     rows: dict[str, FaultRow] = field(default_factory=dict)
     memory: list[tuple[float, float]] = field(default_factory=list)  # (seconds since start, RSS MB)
+    # RSS just before each injection: the daemon had recovered from the fault before and run on at the log end
+    settled: list[tuple[float, float]] = field(default_factory=list)
     # (seconds, {component: MB}): rocksdb_/malloc_/python_/kafka_ from the daemon's status, proc_ from its smaps
     rocksdb: list[tuple[float, dict[str, float]]] = field(default_factory=list)
     injections: list[float] = field(default_factory=list)  # seconds since start at which each fault began
@@ -279,6 +282,8 @@ class Soak(SoakFaults):
             row = self.rows.get(name) or self.rows.setdefault(name, self.ledger.row(name, "soak", ""))
             injected_at = time.monotonic()
             self.injections.append(injected_at - self.started)
+            if (mb := rss_mb(self.daemon.pid)) is not None:
+                self.settled.append((injected_at - self.started, mb))
             print(f"soak: {injected_at - self.started:7.0f}s  {name}", flush=True)
             restarts = self.restarts
             inject()
@@ -328,8 +333,7 @@ class Soak(SoakFaults):
         half = self.memory[-1][0] / 2 if self.memory else 0.0
         slope_last_half = slope_mb_per_hour([s for s in self.memory if s[0] >= half])
         after = slope_after_warmup(self.memory, elapsed)
-        floor = slope_after_warmup(self.memory, elapsed, min, 3)
-        net = slope_after_warmup(net_of_block_cache(self.memory, self.rocksdb), elapsed)
+        others = other_views(self.memory, self.rocksdb, self.settled, elapsed)
         components = component_slopes(self.rocksdb, elapsed)
         reached = self.reached(elapsed)
         divergences = sum(r.divergences for r in self.ledger.rows)
@@ -339,18 +343,20 @@ class Soak(SoakFaults):
             "restarts": self.restarts, "unrecovered": self.unrecovered, "wipes": wipes, "reached": reached,
             "rss_mb": {"first_quarter": round(first, 1), "last_quarter": round(last, 1), "max": round(max(mem), 1),
                        "slope_mb_per_hour": round(slope, 1), "slope_last_half_mb_per_hour": round(slope_last_half, 1),
-                       "after_warmup": after, "after_warmup_floor": floor, "after_warmup_net_of_block_cache": net},
+                       "after_warmup": after, **{f"after_warmup_{k}": v for k, v in others.items()}},
             "component_slopes_mb_per_hour": components, "quarters": qs,
             "recovery_s": {"median": round(statistics.median(self.recoveries), 1),
                            "max": round(max(self.recoveries), 1)},
             "memory": [(round(t), round(mb, 1)) for t, mb in self.memory],
+            "settled": [(round(t, 1), round(mb, 1)) for t, mb in self.settled],
             "components_mb": [(round(t), {k: round(v, 2) for k, v in m.items()}) for t, m in self.rocksdb],
         }
         out = Path(self.args.report_dir)
         self.ledger.write(out, f"Soak, {summary['minutes']} min")
         (out / "summary.json").write_text(json.dumps(summary, indent=2))
         memory_md = (reached_md(reached) + memory_table(qs, slope, slope_last_half)
-                     + verdict(after, components, floor, net) + rocksdb_bound(self.daemon.config, len(TABLES)))
+                     + verdict(after, components, {OTHER_VIEWS[k]: v for k, v in others.items()})
+                     + rocksdb_bound(self.daemon.config, len(TABLES)))
         if self.args.tracemalloc:
             memory_md += tracemalloc_growth(self.tracemalloc_dir)
         (out / "memory.md").write_text(memory_md)

@@ -56,6 +56,18 @@ def test_rss_net_of_the_block_cache_takes_away_only_the_caches_growth() -> None:
     assert soak_report.net_of_block_cache(rss, []) == []
 
 
+def test_the_verdict_names_every_view_and_judges_each_bound_by_itself() -> None:
+    rss = _series(0.0, 45, 0.3, seed=5)
+    growing = _series(8.0, 45, 0.3, seed=6)[::10]  # one sample every 50 s, as the injections give
+    views = soak_report.other_views(rss, [], growing, 45 * 60)
+    assert set(views) == set(soak_report.OTHER_VIEWS)
+    text = soak_report.verdict(soak_report.slope_after_warmup(rss, 45 * 60), {},
+                               {soak_report.OTHER_VIEWS[k]: v for k, v in views.items()})
+    settled = next(line for line in text.splitlines() if line.startswith("- settled"))
+    assert "NOT under" in settled and "(upper bound under the 2 MB/h goal)" in text
+    assert "less RocksDB" not in text  # no block-cache figures: a view with no points is left out, not faked
+
+
 def test_a_catching_up_load_makes_up_for_a_pause_within_its_burst_bound() -> None:
     from tests.reliability.load import MAX_BURST, Load, pinned
 
