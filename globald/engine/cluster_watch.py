@@ -142,6 +142,8 @@ class ClusterWatch:
         rungs = {p: r for p, r in rungs.items() if r}
         timeout = self._check_timeout_s.get(rt.name, _REFRESH_TIMEOUT_S)
         verdict = self.manager.verify(rt, rungs, timeout)  # the loop waits meanwhile: keep it short
+        # The first check after a restore from empty: the records applied since may be the new topic's own.
+        self.manager.older_rungs(rt, {p: applied[p] for p in rungs if p in applied}, verdict)
         self._check_timeout_s[rt.name] = next_timeout(timeout, _REFRESH_TIMEOUT_S, bool(verdict.unreachable))
         log.debug("table %s: identity check of %s: %s", rt.name, {p: [f.offset for f in r] for p, r in rungs.items()},
                   verdict)

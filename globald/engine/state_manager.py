@@ -140,8 +140,7 @@ class StateManager:
             # found a recreation) cannot vouch for themselves.
             rungs = {p: union(rt.verified.get(p), f) for p, f in ladders.items() if p in marks}
             verdict = self.verify(rt, rungs)
-            if not rt.verified and not verdict.recreated and not verdict.unreachable:
-                self._older_rungs(rt, {p: f for p, f in ladders.items() if p in marks}, verdict)
+            self.older_rungs(rt, {p: f for p, f in ladders.items() if p in marks}, verdict)
             if verdict.unreachable:  # resuming unchecked could mirror another topic: ask again later
                 raise TransientKafkaError(f"cannot check that topic {rt.topic} is the one the store mirrors: "
                                           f"{'; '.join(verdict.unreachable.values())}")
@@ -249,10 +248,13 @@ class StateManager:
         self._unverifiable = (self._unverifiable - checked) | {(rt.name, p) for p in verdict.unverifiable}
         return verdict
 
-    def _older_rungs(self, rt: TableRuntime, ladders: Mapping[int, Ladder], verdict: Verdict) -> None:
-        """A run's first check has no verified rungs to read first, and a store stopped between a recreation and
-        the check that would have found it has the new topic's newest records, which vouch for themselves: each
-        older rung is read back too (a round each, at most three); one that differs adds to the mismatches."""
+    def older_rungs(self, rt: TableRuntime, ladders: Mapping[int, Ladder], verdict: Verdict) -> None:
+        """A run's first check has no verified rungs to read first (a store opened, or restored from empty since
+        the last check), and records applied after a recreation the check did not see vouch for themselves: each
+        older rung is read back too (a round each, at most three); one that differs adds to the mismatches. Does
+        nothing when ``rt`` has verified rungs or ``verdict`` is already decided or incomplete."""
+        if rt.verified or verdict.recreated or verdict.unreachable:
+            return
         deadline = time.monotonic() + VERIFY_TIMEOUT_S  # all rounds together: the loop waits meanwhile
         for i in range(1, max((len(f.rungs) for f in ladders.values()), default=0)):
             rungs = {p: (f.rungs[i],) for p, f in ladders.items() if len(f.rungs) > i}
