@@ -18,7 +18,6 @@ import signal
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from types import FrameType
 from typing import IO
 
 from globald.common import swallowed
@@ -30,7 +29,7 @@ from globald.engine.view import LoopStats
 from globald.ops import allocator
 from globald.ops.progress import ProgressOptions
 from globald.ops.runtime import Operations
-from globald.service import statusfile
+from globald.service import signals, statusfile
 from globald.service.statedir import DiskNotReady, lock_state_dir, prepare_state_dir
 from globald.service.status import DaemonStatus, TableStatus
 from globald.settings.config import Config
@@ -123,7 +122,8 @@ class Daemon:
 
     # -- lifecycle ----------------------------------------------------------------------------------------------
 
-    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+    def _on_signal(self, signum: int) -> None:
+        """On the signal relay's thread (``service.signals``): the main thread may hold any lock at that moment."""
         log.info("%s received; committing and stopping", signal.Signals(signum).name)
         if not self.thread.stopping:
             faulthandler.dump_traceback_later(STOP_GRACE_S, exit=True)
@@ -146,17 +146,17 @@ class Daemon:
 
     @contextmanager
     def _signals(self, handle: bool) -> Iterator[None]:
-        old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)} if handle else {}
-        if handle:  # SIGUSR2 prints every thread's stack to stderr: what a daemon that does not stop is waiting on
-            faulthandler.register(signal.SIGUSR2, all_threads=True)
-        try:
+        if not handle:
             yield
+            return
+        # SIGUSR2 prints every thread's stack to stderr: what a daemon that does not stop is waiting on
+        faulthandler.register(signal.SIGUSR2, all_threads=True)
+        try:
+            with signals.relayed(self._on_signal):
+                yield
         finally:
-            if handle:
-                faulthandler.cancel_dump_traceback_later()
-                faulthandler.unregister(signal.SIGUSR2)
-            for s, h in old.items():
-                signal.signal(s, h)
+            faulthandler.cancel_dump_traceback_later()
+            faulthandler.unregister(signal.SIGUSR2)
 
     def _startup(self) -> IO[str] | None:
         """Own the state_dir (waiting while its disk is full or failing), then start the services."""
