@@ -25,8 +25,8 @@ from typing import Any
 
 import pytest
 
-from globald.engine.state_manager import BULK_LOAD_MIN_RECORDS
 from globald.store.names import STATUS_FILE
+from tests.chaos import entry, plan
 from tests.ci import unavailable
 from tests.harness import SLOW_FETCH, Broker, DaemonProcess, daemon_factory, random_records
 from tests.reliability.conftest import new_topic
@@ -57,10 +57,10 @@ def disk(tmp_path: Path) -> Iterator[LoopImage]:
 
 
 @contextmanager
-def running_on(make: Callable[..., DaemonProcess], state_dir: Path, topic: str,
+def running_on(make: Callable[..., DaemonProcess], state_dir: Path, topic: str, start: bool = True,
                **config: Any) -> Iterator[DaemonProcess]:
     """A daemon on ``state_dir``, surely dead when the block ends (its file system is unmounted after it)."""
-    d = make({TABLE: topic}, state_dir=state_dir, **{**FAST, **config})
+    d = make({TABLE: topic}, start=start, state_dir=state_dir, **{**FAST, **config})
     try:
         yield d
     finally:
@@ -115,16 +115,19 @@ def test_power_loss_in_steady_state(broker: Broker, disk: LoopImage, tmp_path: P
 def test_power_loss_during_restore(broker: Broker, disk: LoopImage, tmp_path: Path) -> None:
     rnd = random.Random(SEED + 1)
     topic = new_topic(broker)
-    broker.admin.produce(topic, random_records(BULK_LOAD_MIN_RECORDS - 5_000, keys=20_000, seed=SEED,
-                                                tombstones=0.1))
-    # Small fetches and batches, and as many records as stay under the bulk load's threshold: the restore takes
-    # seconds, with commits along the way. A clean-clone run once finished 60,000 within the half second the cut
-    # could wait: the cut now comes within 0.15 s of the first progress seen.
+    broker.admin.produce(topic, random_records(60_000, keys=20_000, seed=SEED, tombstones=0.1))
+    # The chaos campaign's restore hook stops the daemon itself once the restore is that far along: the cut always
+    # lands mid-restore. Waiting for progress in the status and then sleeping raced the restore's end (a clean-clone
+    # run restored 60,000 records inside the half second the cut waited). Small fetches and batches, under the bulk
+    # load's threshold: the restore commits along the way.
+    arm = tmp_path / "arm.json"
+    arm.write_text(json.dumps({"id": 1, "phase": plan.RESTORE, "action": "freeze", "table": TABLE,
+                               "fraction": round(rnd.uniform(0.1, 0.8), 2)}))
     with daemon_factory(broker, tmp_path) as make, \
-            running_on(make, disk.mount / "state", topic, kafka=SLOW_FETCH, consume_batch_size=200) as d:
-        d.wait_for(lambda s: s["state"] == "RESTORING" and (s["tables"][TABLE].get("restore") or {})
-                   .get("records", 0) > 0, what="a restore under way")
-        time.sleep(rnd.uniform(0.0, 0.15))
+            running_on(make, disk.mount / "state", topic, start=False, kafka=SLOW_FETCH, consume_batch_size=200) as d:
+        d.module, d.env = entry.__name__, {entry.ARM_ENV: str(arm)}
+        d.start()
+        assert stopped_by_hook(d, arm.with_name(f"{arm.name}.fired-1")), d.tail()
         d.stop(signal.SIGKILL)
         with disk.cut() as copy:
             # What the daemon last said (from the page cache, which the copy lost): the cut was during the restore.
@@ -133,3 +136,17 @@ def test_power_loss_during_restore(broker: Broker, disk: LoopImage, tmp_path: Pa
             report = check_cut(broker, copy / "state", TABLE, topic, require_store=False, require_current=False)
             assert_whole(report, "the disk after a power loss during a restore")
             recover_on_copy(broker, make, copy, topic)
+
+
+def stopped_by_hook(d: DaemonProcess, fired: Path, timeout: float = 120.0) -> bool:
+    """The armed hook fired and the daemon stands stopped (SIGSTOP) at it; False if it exited or never got there."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and d.alive():
+        if fired.exists():
+            try:
+                if Path(f"/proc/{d.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("T", "t"):
+                    return True
+            except (OSError, IndexError):
+                return False
+        time.sleep(0.02)
+    return False
