@@ -178,7 +178,7 @@ class Soak(SoakFaults):
 
     def sample_memory(self) -> None:
         t = time.monotonic() - self.started
-        mb = rss_mb(self.daemon.pid)
+        mb = rss_mb(self.daemon.pid, running=True)
         if mb is not None:
             self.memory.append((t, mb))
         if time.monotonic() < self.next_status:

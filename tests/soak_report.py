@@ -27,14 +27,18 @@ Samples = list[tuple[float, float]]
 Series = list[tuple[float, dict[str, float]]]
 
 
-def rss_mb(pid: int) -> float | None:
+def rss_mb(pid: int, running: bool = False) -> float | None:
+    """``pid``'s resident set in MB; None once it is gone, and with ``running`` while it is stopped (SIGSTOP). The
+    retention fault freezes the daemon for the 15-25 s the broker's tool takes: its memory stands still meanwhile,
+    and sampling it every second would weigh that one moment twenty times in the minute's median."""
     try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
+        fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
+    except (OSError, ValueError):
         return None
-    return None
+    if running and fields.get("State", "").split()[:1] in (["T"], ["t"]):
+        return None
+    rss = fields.get("VmRSS")
+    return int(rss.split()[0]) / 1024 if rss else None
 
 
 def slope_mb_per_hour(samples: Samples) -> float:
