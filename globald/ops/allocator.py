@@ -26,6 +26,12 @@ from typing import Any
 # Set (to the operator's own LD_PRELOAD, possibly empty) on the re-executed process: it never re-executes again,
 # and it restores the operator's LD_PRELOAD for the processes it starts.
 REEXEC_ENV = "GLOBALD_ALLOCATOR_PRELOADED"
+# jemalloc's own defaults keep freed pages resident for 10 s and purge them on whichever thread allocates next. A
+# catch-up after a fault frees tens of MB within a second, and with faults every few seconds RSS never settles
+# (the accelerated soak's per-minute RSS scattered by 2.5 MB). One second, purged by jemalloc's own background
+# thread, returns them before the next fault without putting madvise calls on the loop thread. An operator's
+# MALLOC_CONF replaces this whole (processes the daemon starts run on glibc's malloc, which ignores it).
+JEMALLOC_CONF = "background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0"
 _JEMALLOC = "jemalloc"
 _MALLCTL_ARENAS_ALL = 4096  # jemalloc's "every arena" index (MALLCTL_ARENAS_ALL)
 
@@ -81,7 +87,7 @@ def switch(wanted: str) -> None:
     lib = choose(wanted, _MALLCTL is not None, ctypes.util.find_library(_JEMALLOC), reexecuted, original)
     if lib is None:
         return
-    env = {**os.environ, REEXEC_ENV: original, "LD_PRELOAD": f"{original} {lib}".strip()}
+    env = {"MALLOC_CONF": JEMALLOC_CONF, **os.environ, REEXEC_ENV: original, "LD_PRELOAD": f"{original} {lib}".strip()}
     sys.stdout.flush()
     sys.stderr.flush()
     try:
@@ -101,6 +107,12 @@ class _MallInfo2(ctypes.Structure):
 
 _MALLINFO2 = _libc_fn("mallinfo2", _MallInfo2, [])  # glibc >= 2.33; musl and older glibc have none
 _MALLOC_TRIM = _libc_fn("malloc_trim", ctypes.c_int, [ctypes.c_size_t])  # glibc only
+
+
+def jemalloc_number(name: str) -> int | None:
+    """A jemalloc statistic or option of size_t's size (``stats.allocated``, ``opt.dirty_decay_ms``); None where
+    jemalloc does not run or has no such name."""
+    return None if _MALLCTL is None else _jemalloc_stat(name)
 
 
 def _jemalloc_stat(name: str) -> int | None:

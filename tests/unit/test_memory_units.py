@@ -189,6 +189,22 @@ def test_under_jemalloc_the_heap_and_its_release_are_jemallocs() -> None:
     assert out.stdout.split() == ["jemalloc", "True", "{}"]  # glibc's mallopt is left alone: it would tune nothing
 
 
+def test_jemalloc_returns_freed_pages_within_a_second_unless_the_operator_tunes_it() -> None:
+    """``globald run``'s switch to jemalloc sets a 1 s decay with a background purger (allocator.JEMALLOC_CONF);
+    an operator's MALLOC_CONF wins whole."""
+    if not ctypes.util.find_library("jemalloc"):
+        unavailable("libjemalloc is not installed (Debian package libjemalloc2; `make sysdeps` installs it as root)")
+    code = ("from globald.ops import allocator; allocator.switch('auto'); "
+            "print(allocator.active(), allocator.jemalloc_number('opt.dirty_decay_ms'), "
+            "allocator.jemalloc_number('opt.muzzy_decay_ms'))")
+    env = {k: v for k, v in os.environ.items() if k not in ("MALLOC_CONF", "LD_PRELOAD", allocator.REEXEC_ENV)}
+    ours = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert ours.stdout.split() == ["jemalloc", "1000", "0"], ours.stderr
+    theirs = subprocess.run([sys.executable, "-c", code], env={**env, "MALLOC_CONF": "dirty_decay_ms:5000"},
+                            capture_output=True, text=True, check=True)
+    assert theirs.stdout.split()[:2] == ["jemalloc", "5000"], theirs.stderr
+
+
 _READ_CYCLES = """
 import gc, sys, tempfile
 from pathlib import Path
