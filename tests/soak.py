@@ -43,6 +43,8 @@ from tests.soak_report import (
     component_slopes,
     memory_table,
     other_views,
+    per_default_hour,
+    per_default_hour_md,
     quarters,
     reached_md,
     reached_vs_default,
@@ -343,7 +345,8 @@ class Soak(SoakFaults):
             "restarts": self.restarts, "unrecovered": self.unrecovered, "wipes": wipes, "reached": reached,
             "rss_mb": {"first_quarter": round(first, 1), "last_quarter": round(last, 1), "max": round(max(mem), 1),
                        "slope_mb_per_hour": round(slope, 1), "slope_last_half_mb_per_hour": round(slope_last_half, 1),
-                       "after_warmup": after, **{f"after_warmup_{k}": v for k, v in others.items()}},
+                       "after_warmup": after, "after_warmup_per_default_hour": per_default_hour(after, reached),
+                       **{f"after_warmup_{k}": v for k, v in others.items()}},
             "component_slopes_mb_per_hour": components, "quarters": qs,
             "recovery_s": {"median": round(statistics.median(self.recoveries), 1),
                            "max": round(max(self.recoveries), 1)},
@@ -356,6 +359,7 @@ class Soak(SoakFaults):
         (out / "summary.json").write_text(json.dumps(summary, indent=2))
         memory_md = (reached_md(reached) + memory_table(qs, slope, slope_last_half)
                      + verdict(after, components, {OTHER_VIEWS[k]: v for k, v in others.items()})
+                     + "\n" + per_default_hour_md(per_default_hour(after, reached)) + "\n"
                      + rocksdb_bound(self.daemon.config, len(TABLES)))
         if self.args.tracemalloc:
             memory_md += tracemalloc_growth(self.tracemalloc_dir)

@@ -81,3 +81,14 @@ def test_a_catching_up_load_makes_up_for_a_pause_within_its_burst_bound() -> Non
     assert plain._size(began=0.0, now=3.0) == 400  # without catch_up a pause is simply lost
     part = pinned(3)
     assert {part(b"k%d" % i) for i in range(50)} == {0, 1, 2} and part(None) == part(b"")
+
+
+def test_the_slope_per_hour_of_default_load_divides_by_the_hours_the_run_stands_for() -> None:
+    fit95 = {"slope_mb_per_hour": 4.0, "ci95_low": -2.0, "ci95_high": 8.0}
+    reached = soak_report.reached_vs_default(45 * 60, faults=240, mean_gap=11.0, updates=21_600_000,
+                                             publications=2 * 5_400, tables=2, failed_batches=0)
+    d = soak_report.per_default_hour(fit95, reached)
+    # Publications reached half of three hours, the least of the three: 45 minutes stand for 1.5 h of the default.
+    assert (d["default_hours"], d["scale"]) == (1.5, 0.5)
+    assert (d["slope_mb_per_hour"], d["ci95_low"], d["ci95_high"]) == (2.0, -1.0, 4.0)
+    assert "NOT under" in soak_report.per_default_hour_md(d)
