@@ -1,188 +1,297 @@
-"""The loop's side that asks the cluster: whether it answers (and a consumer that stopped hearing it replaced),
-partitions added, a topic gone or replaced under its name, and ends of partition past the known ends.
+"""What the loop asks the cluster between polls, and what it decides from the answers: whether the cluster answers
+(and a consumer that stopped hearing it replaced), partitions added, a topic gone or replaced under its name, and
+ends of partition past the known ends.
 
-Mixed into ``engine.loop.Loop``, which owns the attributes declared below; each method runs on the loop thread
-between two polls, with short timeouts, since the loop waits meanwhile.
+Every question runs on the cluster worker's thread (``kafka.worker``): the watch asks, the loop goes on turning, and
+a later turn takes the answer. The watch owns its timers and returns decisions (``Decision``) for the loop to act
+on: rebuild, pause, resume, partitions added, ends confirmed, a new consumer. It changes no consumer and no store.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Mapping
+from dataclasses import dataclass
 
-from confluent_kafka import Consumer, KafkaException
+from confluent_kafka import KafkaException
 
+from globald.engine.identity import REFRESH_TIMEOUT_S, RefreshFacts, TopicIdentity
 from globald.engine.problems import KAFKA, Problems
-from globald.engine.state_manager import TOPIC_RECREATED, StateManager, union
+from globald.engine.state_manager import TOPIC_RECREATED
 from globald.engine.table import TableRuntime
-from globald.engine.update_task import UpdateTask
-from globald.engine.view import LoopStats
 from globald.kafka.clients import TopicUnavailableError, TransientKafkaError, partitions, watermarks
-from globald.kafka.identity import next_timeout
+from globald.kafka.worker import Clients, ClusterWorker
+from globald.store.fingerprint import Ladder
 
 log = logging.getLogger(__name__)
 
 _PROBE_TIMEOUT_S = 1.0
-_REFRESH_TIMEOUT_S = 2.0
-# After this long without an answer from the cluster, the consumer is replaced (see _renew_consumer).
+_PROBE_KEY = "probe"
+# After this long without an answer from the cluster, the consumer is replaced (see ``Renew``).
 _RENEW_CONSUMER_AFTER_S = 30.0
 # How often the cluster is listed while a table's topic is missing from it, to rebuild soon after it comes back.
 _VANISHED_REFRESH_S = 1.0
+# How often the broker is asked to confirm ends of partition past the known ends (transactions committed while
+# tailing); only while there are some, which topics without transactions never have.
+_END_CHECK_INTERVAL_S = 1.0
+
+
+@dataclass(frozen=True)
+class Rebuild:
+    table: str
+    kind: str
+    detail: str
+
+
+@dataclass(frozen=True)
+class Pause:
+    """Fetch nothing more of the table's topic (it vanished) until a ``Resume``."""
+
+    table: str
+
+
+@dataclass(frozen=True)
+class Resume:
+    table: str
+
+
+@dataclass(frozen=True)
+class PartitionsAdded:
+    table: str
+    marks: dict[int, tuple[int, int]]  # (log start, end) of each partition added
+
+
+@dataclass(frozen=True)
+class EndsConfirmed:
+    table: str
+    ends: dict[int, int]
+
+
+@dataclass(frozen=True)
+class Renew:
+    """Replace the consumer, silent for ``silent`` seconds, and re-plan every table from its store. Seen in an
+    accelerated soak: after a broker was SIGKILLed and restarted, the consumer stayed silent for 9 minutes while a
+    new client was answered at once. Decided when the cluster has not answered for 30 s, or when it answers the
+    worker and holds records the loop's consumer has not fetched for 30 s; at most once a period."""
+
+    silent: float
+
+
+Decision = Rebuild | Pause | Resume | PartitionsAdded | EndsConfirmed | Renew
+
+
+@dataclass(frozen=True)
+class LoopFacts:
+    """What the watch reads of the loop at a turn: each table's ladders and positions as the update task applied
+    them, ends of partition past the known ends, and when the consumer last fetched a record (monotonic)."""
+
+    applied: Mapping[str, Mapping[int, Ladder]]
+    positions: Mapping[str, Mapping[int, int]]
+    unconfirmed: Mapping[str, Mapping[int, int]]
+    last_progress: float
 
 
 class ClusterWatch:
-    """Mixed into ``engine.loop.Loop``, which owns these attributes."""
+    """See the module docstring. Loop thread only."""
 
-    consumer: Consumer
-    manager: StateManager
-    problems: Problems
-    stats: LoopStats
-    task: UpdateTask
-    pending: set[str]
-    probe_now: bool
-    _new_consumer: Callable[[], Consumer]
-    _renewed_at: float
-    _next_metadata: float
-    _check_timeout_s: dict[str, float]
-
-    def rebuild(self, table: str, kind: str, detail: str) -> str | None:
-        raise NotImplementedError
-
-    def _probe_kafka(self) -> None:
+    def __init__(self, tables: Mapping[str, TableRuntime], identity: TopicIdentity, worker: ClusterWorker,
+                 problems: Problems, metadata_refresh_s: float) -> None:
+        self._tables = tables
+        self._identity = identity
+        self._worker = worker
+        self._problems = problems
+        self._refresh_s = metadata_refresh_s
         self.probe_now = False
-        try:  # a question about the cluster, not a topic: one of ours may be missing while the brokers are fine
-            up = bool(self.consumer.list_topics(timeout=_PROBE_TIMEOUT_S).brokers)
-        except KafkaException:
+        self.refreshes_answered = 0  # refresh answers acted on (a test counts them)
+        self._renewed_at = 0.0
+        self._next_metadata = time.monotonic() + metadata_refresh_s
+        self._next_end_check = 0.0
+
+    def turn(self, loop: LoopFacts) -> list[Decision]:
+        """Ask what is due, and decide from the answers that came in."""
+        decisions: list[Decision] = []
+        now = time.monotonic()
+        if self.probe_now or (self._problems.has(KAFKA) and self._problems.due(KAFKA)):
+            self._ask_probe()
+        decisions += self._probe_answer(now)
+        applied, unconfirmed = loop.applied, loop.unconfirmed
+        if now >= self._next_metadata:
+            self._next_metadata = now + self._refresh_s
+            self._ask_refreshes(applied)
+        for rt in self._tables.values():
+            decisions += self._refreshed(rt, loop)
+        if now >= self._next_end_check and any(unconfirmed.values()):
+            self._next_end_check = now + _END_CHECK_INTERVAL_S
+            self._ask_ends(unconfirmed)
+        decisions += self._ends_answers()
+        return decisions
+
+    def renewed(self) -> None:
+        """The loop replaced the consumer."""
+        self._renewed_at = time.monotonic()
+
+    # -- is the cluster there? ----------------------------------------------------------------------------------
+
+    def _ask_probe(self) -> None:
+        self.probe_now = False
+        if self._worker.asked(_PROBE_KEY):
+            return
+
+        def question(c: Clients) -> bool:
+            # A question about the cluster, not a topic: one of ours may be missing while the brokers are fine.
+            # Never asked of the loop's consumer from here: confluent-kafka serializes the calls on a client, and
+            # the loop's polls would wait behind this one.
+            return bool(c.reader.consumer.list_topics(timeout=_PROBE_TIMEOUT_S).brokers)
+
+        self._worker.ask(_PROBE_KEY, question)
+
+    def _probe_answer(self, now: float) -> list[Decision]:
+        answer = self._worker.take(_PROBE_KEY)
+        if answer is None:
+            return []
+        try:
+            up = answer.result()
+        except (KafkaException, RuntimeError):  # RuntimeError: a consumer the loop replaced meanwhile
             up = False
         if up:
-            self.problems.resolved(KAFKA)
-            return
-        self.problems.failed(KAFKA, f"kafka unreachable: no broker answered within {_PROBE_TIMEOUT_S:.0f}s")
-        now, silent = time.monotonic(), self.problems.lasted(KAFKA)  # since the cluster's problem started
+            self._problems.resolved(KAFKA)
+            return []
+        self._problems.failed(KAFKA, f"kafka unreachable: no broker answered within {_PROBE_TIMEOUT_S:.0f}s")
+        silent = self._problems.lasted(KAFKA)  # since the cluster's problem started
         if min(silent, now - self._renewed_at) >= _RENEW_CONSUMER_AFTER_S:
-            self._renew_consumer(now, silent)
+            return [Renew(silent)]
+        return []
 
-    def _renew_consumer(self, now: float, silent: float) -> None:
-        """Replace a consumer that has heard nothing from the cluster for a long while, and re-plan every table from
-        what its store holds (nothing fetched is lost: positions are the stores'). Seen in an accelerated soak: after
-        a broker was SIGKILLed and restarted, the consumer stayed silent for 9 minutes while a new client was
-        answered at once. Against a cluster really down a new consumer costs nothing, and at most once a period."""
-        self._renewed_at = now
-        log.warning("kafka: no answer for %.0fs; replacing the consumer and re-planning every table", silent)
-        for rt in self.manager.tables.values():
-            rt.assigned = rt.vanished = False  # a new consumer has neither assignment nor pauses
-            self.pending.add(rt.name)
-        old, self.consumer = self.consumer, self._new_consumer()
-        self.stats.consumer_renewals += 1
-        try:
-            old.close()
-        except (KafkaException, RuntimeError) as e:
-            log.warning("closing the replaced consumer: %s", e)
+    # -- the metadata refresh: partitions added, topics gone or replaced ----------------------------------------
 
-    def _refresh_metadata(self) -> None:
-        """Pick up partitions added to a topic; check that each topic is still the one its table mirrors."""
-        if self.problems.has(KAFKA):
+    def _ask_refreshes(self, applied: Mapping[str, Mapping[int, Ladder]]) -> None:
+        if self._problems.has(KAFKA):
             return
-        for rt in self.manager.tables.values():
-            if not rt.assigned:
-                continue
-            try:  # short timeouts: a connected broker answers in milliseconds, and the loop waits meanwhile
-                listed = partitions(self.consumer, rt.topic, timeout=_REFRESH_TIMEOUT_S)
-                added = [p for p in listed if p not in rt.partitions]
-                marks = {p: watermarks(self.consumer, rt.topic, p, timeout=_REFRESH_TIMEOUT_S) for p in added}
-            except TopicUnavailableError as e:  # deleted, or not yet recreated: keep serving, keep waiting
-                rt.last_error = str(e)
-                self.problems.report(rt.name, f"table {rt.name}: {e}; waiting for it")
-                self._vanished(rt)
-                continue
-            except TransientKafkaError as e:  # the cluster did not answer: the other tables would not get one
-                self.problems.report(KAFKA, f"kafka: metadata refresh failed: {e}")
-                return
-            self.problems.resolved(KAFKA)
-            lost = [p for p in rt.partitions if p not in listed]
-            if lost:  # a topic never loses partitions: this one was recreated with fewer
-                self.rebuild(rt.name, TOPIC_RECREATED, f"topic {rt.topic} has no partitions {lost} any more")
-                continue
-            same = self._same_topic(rt)
-            if same is False:
-                continue
-            if same and self.problems.has(rt.name):
-                rt.last_error = None
-                self.problems.resolved(rt.name)
-            if not added:
-                continue
-            log.info("table %s: partitions %s added to %s", rt.name, added, rt.topic)
-            plan = self.manager.add_partitions(rt, marks)
-            self.task.start(rt.name, {**self.task.positions(rt.name), **plan.starts})
-            self.consumer.incremental_assign(plan.assignment)
-            self.manager.restore_added(rt, f"partitions {added} added")
+        for rt in self._tables.values():
+            if rt.assigned:
+                self._identity.ask_refresh(rt, applied.get(rt.name, {}))
 
-    def _vanished(self, rt: TableRuntime) -> None:
+    def refreshing(self) -> bool:
+        """A refresh asked is not answered yet (or its answer not taken)."""
+        return any(self._identity.refresh_asked(name) for name in self._tables)
+
+    def _refreshed(self, rt: TableRuntime, loop: LoopFacts) -> list[Decision]:
+        try:
+            facts = self._identity.refresh_answer(rt)
+        except TopicUnavailableError as e:  # deleted, or not yet recreated: keep serving, keep waiting
+            rt.last_error = str(e)
+            self._problems.report(rt.name, f"table {rt.name}: {e}; waiting for it")
+            return self._vanished(rt)
+        except (TransientKafkaError, KafkaException) as e:  # the cluster did not answer
+            self._problems.report(KAFKA, f"kafka: metadata refresh failed: {e}")
+            return []
+        if facts is None or not rt.assigned:  # not in yet, or the table was unassigned since it was asked
+            return []
+        self.refreshes_answered += 1
+        self._problems.resolved(KAFKA)
+        silent = self._silent(rt, facts, loop)
+        if silent is not None:
+            return [Renew(silent)]
+        lost = [p for p in rt.partitions if p not in facts.listed]
+        if lost:  # a topic never loses partitions: this one was recreated with fewer
+            return [Rebuild(rt.name, TOPIC_RECREATED, f"topic {rt.topic} has no partitions {lost} any more")]
+        decisions = self._same_topic(rt, facts)
+        if decisions is None:
+            return []
+        if self._problems.has(rt.name):
+            rt.last_error = None
+            self._problems.resolved(rt.name)
+        if any(isinstance(d, Rebuild) for d in decisions) or not facts.added:
+            return decisions
+        log.info("table %s: partitions %s added to %s", rt.name, sorted(facts.added), rt.topic)
+        return [*decisions, PartitionsAdded(rt.name, dict(facts.added))]
+
+    def _silent(self, rt: TableRuntime, facts: RefreshFacts, loop: LoopFacts) -> float | None:
+        """How long the loop's consumer has fetched nothing while the cluster, answering the worker, holds records
+        past where ``rt`` stands (None: not silent, or renewed too recently). The cluster answering says nothing of
+        the loop's own consumer: after a broker restart one stayed silent for 9 minutes (an accelerated soak)."""
+        now = time.monotonic()
+        positions = loop.positions.get(rt.name, {})
+        behind = any(positions.get(p, end) < end for p, end in facts.ends.items())
+        quiet = now - loop.last_progress
+        if behind and rt.name not in self._identity.vanished and \
+                min(quiet, now - self._renewed_at) >= _RENEW_CONSUMER_AFTER_S:
+            return quiet
+        return None
+
+    def _vanished(self, rt: TableRuntime) -> list[Decision]:
         """``rt``'s topic left the cluster's listing: fetch nothing more of it until the topic that comes back under
         its name is shown to be the same (``_same_topic``), and look again soon."""
-        if not rt.vanished:
-            rt.vanished = True
-            self.consumer.pause(rt.assignment())
-            log.warning("table %s: topic %s is gone from the cluster; serving what the store holds, fetching nothing "
-                        "until a topic of that name is back and found to be the same one", rt.name, rt.topic)
         self._next_metadata = min(self._next_metadata, time.monotonic() + _VANISHED_REFRESH_S)
+        if rt.name in self._identity.vanished:
+            return []
+        self._identity.vanished.add(rt.name)
+        log.warning("table %s: topic %s is gone from the cluster; serving what the store holds, fetching nothing "
+                    "until a topic of that name is back and found to be the same one", rt.name, rt.topic)
+        return [Pause(rt.name)]
 
-    def _same_topic(self, rt: TableRuntime) -> bool | None:
-        """Read the topic back at the fingerprints last verified, then at those applied since (kafka.identity).
-        Another topic under the same name is rebuilt (False). So is one that came back after it vanished when no
+    def _same_topic(self, rt: TableRuntime, facts: RefreshFacts) -> list[Decision] | None:
+        """Another topic under the same name is rebuilt. So is one that came back after it vanished when no
         fingerprint could be compared: the daemon saw it go, and cannot show it is the same. None: undecided (the
         table's problem until a later check answers; the cluster itself answered, so it is not Kafka's)."""
-        changed = self.manager.changed_id(rt)
-        if changed:
-            self.rebuild(rt.name, TOPIC_RECREATED, f"topic {rt.topic} is not the one the store mirrors: {changed}")
-            return False
-        applied = self.task.ladders(rt.name)
-        rungs = {p: union(rt.verified.get(p), applied.get(p)) for p in rt.partitions}
-        rungs = {p: r for p, r in rungs.items() if r}
-        timeout = self._check_timeout_s.get(rt.name, _REFRESH_TIMEOUT_S)
-        verdict = self.manager.verify(rt, rungs, timeout)  # the loop waits meanwhile: keep it short
-        # The first check after a restore from empty: the records applied since may be the new topic's own.
-        self.manager.older_rungs(rt, {p: applied[p] for p in rungs if p in applied}, verdict)
-        self._check_timeout_s[rt.name] = next_timeout(timeout, _REFRESH_TIMEOUT_S, bool(verdict.unreachable))
-        log.debug("table %s: identity check of %s: %s", rt.name, {p: [f.offset for f in r] for p, r in rungs.items()},
-                  verdict)
-        if verdict.recreated:  # conclusive, whatever the partitions that did not answer would have said
-            self.rebuild(rt.name, TOPIC_RECREATED, f"topic {rt.topic} is not the one the store mirrors: "
-                         f"{verdict.describe()}")
-            return False
-        if verdict.unreachable:  # decided at a later refresh; a vanished topic stays paused meanwhile
-            self.problems.report(rt.name, f"table {rt.name}: cannot read {rt.topic} back to check it is the topic "
-                                 f"the table mirrors: {'; '.join(sorted(set(verdict.unreachable.values())))}")
-            if rt.vanished:
+        changed = self._identity.changed_id(rt, facts.topic_id)
+        if changed or facts.verdict is None:
+            return [Rebuild(rt.name, TOPIC_RECREATED, f"topic {rt.topic} is not the one the store mirrors: "
+                            f"{changed or 'its ID changed'}")]
+        verdict = facts.verdict
+        try:
+            recreated = self._identity.judge(rt, verdict, facts.applied)
+        except TransientKafkaError as e:  # decided at a later refresh; a vanished topic stays paused meanwhile
+            self._problems.report(rt.name, f"table {rt.name}: cannot read {rt.topic} back to check it is the topic "
+                                  f"the table mirrors: {'; '.join(sorted(set(verdict.unreachable.values())))}")
+            log.debug("table %s: %s", rt.name, e)
+            if rt.name in self._identity.vanished:
                 self._next_metadata = min(self._next_metadata, time.monotonic() + _VANISHED_REFRESH_S)
             return None
-        if rt.vanished and verdict.unverifiable:
-            self.rebuild(rt.name, TOPIC_RECREATED, f"topic {rt.topic} vanished and came back, and it cannot be "
-                         f"shown to be the same: {'; '.join(sorted(set(verdict.unverifiable.values())))}")
-            return False
-        self.manager.checked(rt, applied, verdict)
-        if rt.vanished:
-            rt.vanished = False
-            self.consumer.resume(rt.assignment())
+        if recreated:
+            return [Rebuild(rt.name, TOPIC_RECREATED, f"topic {rt.topic} is not the one the store mirrors: "
+                            f"{recreated}")]
+        if rt.name in self._identity.vanished and verdict.unverifiable:
+            return [Rebuild(rt.name, TOPIC_RECREATED, f"topic {rt.topic} vanished and came back, and it cannot be "
+                            f"shown to be the same: {'; '.join(sorted(set(verdict.unverifiable.values())))}")]
+        self._identity.checked(rt, facts.applied, verdict)
+        if rt.name in self._identity.vanished:
+            self._identity.vanished.discard(rt.name)
             log.info("table %s: topic %s is back and holds the records the store applied; fetching again",
                      rt.name, rt.topic)
-        return True
+            return [Resume(rt.name)]
+        return []
 
-    def _confirm_ends(self) -> None:
+    # -- ends of partition past the known ends ------------------------------------------------------------------
+
+    def _ask_ends(self, unconfirmed: Mapping[str, Mapping[int, int]]) -> None:
         """Ask the broker for the end of each partition whose end of partition lay past the known ends. With
         read_committed (managed) its answer is the last stable offset, as the end of partition was."""
-        if self.problems.has(KAFKA):
+        if self._problems.has(KAFKA):
             return
-        for name, pending in self.task.unconfirmed_ends.items():
-            rt = self.manager.tables[name]
-            if not pending or not rt.assigned:
+        for name, pending in unconfirmed.items():
+            rt = self._tables[name]
+            key = f"ends:{name}"
+            if not pending or not rt.assigned or self._worker.asked(key):
+                continue
+            topic, wanted = rt.topic, sorted(pending)
+
+            def question(c: Clients, topic: str = topic, wanted: list[int] = wanted) -> dict[int, int]:
+                consumer = c.reader.consumer
+                listed = partitions(consumer, topic, timeout=REFRESH_TIMEOUT_S)  # see watermarks(): listed first
+                return {p: watermarks(consumer, topic, p, timeout=REFRESH_TIMEOUT_S)[1] for p in wanted if p in listed}
+
+            self._worker.ask(key, question)
+
+    def _ends_answers(self) -> list[Decision]:
+        decisions: list[Decision] = []
+        for name, rt in self._tables.items():
+            answer = self._worker.take(f"ends:{name}")
+            if answer is None or not rt.assigned:
                 continue
             try:
-                ends = {p: watermarks(self.consumer, rt.topic, p, timeout=_REFRESH_TIMEOUT_S)[1] for p in pending}
-            except TransientKafkaError:
+                decisions.append(EndsConfirmed(name, answer.result()))
+            except (TransientKafkaError, KafkaException):
                 continue  # asked again at the next check
-            self.manager.ends_confirmed(rt, ends)
-            moved = self.task.confirm_ends(name, ends)
-            if moved:
-                log.debug("table %s: ends of partition %s confirmed by the broker", name, moved)
+        return decisions

@@ -1,8 +1,9 @@
 """One run of the engine's loop: poll, then ``UpdateTask.update``, then maybe commit; between polls, the services.
 
-What the loop keeps: a turn never blocks in librdkafka (non-blocking polls, waits on the monotonic clock), so it
-turns at least every ``poll_timeout_ms`` whatever the wall clock does; a store or disk fault in any phase rewinds
-every table to its stored offsets instead of ending the loop; a table goes RUNNING only through the state manager's
+What the loop keeps: a turn never blocks in librdkafka (non-blocking polls, waits on the monotonic clock; every
+question to the cluster and every client close runs on the cluster worker's thread, ``kafka.worker``), so it turns
+at least every ``poll_timeout_ms`` whatever the wall clock does; a store or disk fault in any phase rewinds every
+table to its stored offsets instead of ending the loop; a table goes RUNNING only through the state manager's
 verified commit. The consumer and the update task exist for exactly as long as the loop does.
 """
 
@@ -20,7 +21,17 @@ from confluent_kafka import Consumer, KafkaException, Message
 
 from globald.common import swallowed
 from globald.common.states import State, StateMachine
-from globald.engine.cluster_watch import ClusterWatch
+from globald.engine.cluster_watch import (
+    ClusterWatch,
+    Decision,
+    EndsConfirmed,
+    LoopFacts,
+    PartitionsAdded,
+    Pause,
+    Rebuild,
+    Renew,
+    Resume,
+)
 from globald.engine.events import OPERATOR_RESET, Emit, RebuildRequests
 from globald.engine.problems import KAFKA, STORE, Problems
 from globald.engine.state_manager import StateManager
@@ -37,9 +48,6 @@ log = logging.getLogger(__name__)
 # the step. The loop polls without blocking and waits between polls on the monotonic clock, at most this long.
 _IDLE_WAIT_MAX_S = 0.05
 _IDLE_WAIT_MIN_S = 0.001
-# How often the broker is asked to confirm ends of partition past the known ends (transactions committed while
-# tailing); only while there are some, which topics without transactions never have.
-_END_CHECK_INTERVAL_S = 1.0
 
 
 class LoopService(Protocol):
@@ -63,7 +71,7 @@ class LoopParts:
     stop: threading.Event
 
 
-class Loop(ClusterWatch):
+class Loop:
     """One run of the loop: the consumer and the update task exist for exactly as long as it does."""
 
     def __init__(self, parts: LoopParts, new_consumer: Callable[[], Consumer],
@@ -79,19 +87,16 @@ class Loop(ClusterWatch):
         self.stop = parts.stop
         self._new_consumer = new_consumer
         self.consumer = new_consumer()
-        self._renewed_at = 0.0
         self.task = UpdateTask(self.manager.tables)
         for name, offsets in stored.items():
             self.task.start(name, offsets)
         self.pending: set[str] = set(self.manager.tables)  # tables to (re)plan and assign
-        self.probe_now = False
+        self.identity = self.manager.identity
+        self.worker = self.manager.worker
+        self.watch = ClusterWatch(self.manager.tables, self.identity, self.worker, self.problems,
+                                  self.config.metadata_refresh_ms / 1000)
         self._idle_wait = _IDLE_WAIT_MIN_S
         self._next_commit = time.monotonic() + self.config.commit_interval_ms / 1000
-        self._next_metadata = time.monotonic() + self.config.metadata_refresh_ms / 1000
-        # Per table: doubled by each of its identity checks left unanswered, back to the base once one is answered.
-        # One bound for all would be reset by the next table's answer, and a slow table's check never get longer.
-        self._check_timeout_s: dict[str, float] = {}
-        self._next_end_check = 0.0
         for rt in self.manager.tables.values():
             self.manager.restoring(rt, "starting")
 
@@ -103,11 +108,13 @@ class Loop(ClusterWatch):
             self._turn()
         except STORE_FAULTS as e:  # in any phase: planning, a write, the end of a restore, a commit
             self.rewind_all(str(e))
+        stuck = self.worker.replace_stuck()
+        if stuck:
+            log.warning("cluster worker: %s; left behind, the next questions go to a new one", stuck)
         for service in self.services:
             try:
                 service.tick()
             except Exception as e:  # a bug in one service must not stop the mirror; it is logged and counted
-                self.stats.service_failures += 1
                 swallowed.record(f"loop_service:{type(service).__name__}", e, log, "%s failed; ignored",
                                  type(service).__name__)
         self._update_daemon_state()
@@ -119,20 +126,17 @@ class Loop(ClusterWatch):
             except BaseException as e:
                 request.settle(f"{type(e).__name__}: {e}")
                 raise
-        if self.probe_now or (self.problems.has(KAFKA) and self.problems.due(KAFKA)):
-            self._probe_kafka()
         if not self.problems.has(KAFKA) and self._stores_ready():  # no point planning what cannot be fetched
             self._plan_pending()
         result = self._poll()
         if result is not None:
             self._account(result)
+        names = self.manager.tables
+        facts = LoopFacts({n: self.task.ladders(n) for n in names}, {n: self.task.positions(n) for n in names},
+                          self.task.unconfirmed_ends, self.stats.last_progress)
+        for decision in self.watch.turn(facts):
+            self._act(decision)
         now = time.monotonic()
-        if now >= self._next_end_check and any(self.task.unconfirmed_ends.values()):
-            self._next_end_check = now + _END_CHECK_INTERVAL_S
-            self._confirm_ends()
-        if now >= self._next_metadata:
-            self._next_metadata = now + self.config.metadata_refresh_ms / 1000
-            self._refresh_metadata()
         if now >= self._next_commit and not self.manager.store_fault:  # a failed commit would only push recovery back
             self._next_commit = now + self.config.commit_interval_ms / 1000
             self._commit()
@@ -220,7 +224,10 @@ class Loop(ClusterWatch):
                 continue
             rt = self.manager.tables[name]
             try:
-                plan = self.manager.plan(self.consumer, rt)
+                facts = self.identity.plan_answer(rt)  # asked of the cluster worker; None until it is in
+                if facts is None:
+                    continue
+                plan = self.manager.plan(rt, facts)
                 self.task.start(name, plan.starts, plan.ladders)
                 self.consumer.incremental_assign(plan.assignment)
             except STORE_FAULTS:
@@ -263,12 +270,60 @@ class Loop(ClusterWatch):
         return None
 
     def _unassign(self, rt: TableRuntime) -> None:
-        if rt.vanished:  # librdkafka keeps a pause across an unassign: the next assignment would never fetch
-            self.consumer.resume(rt.assignment())
-            rt.vanished = False
+        self.identity.cancel(rt.name)  # answers about the assignment or store as they were no longer apply
+        if rt.name in self.identity.vanished:  # librdkafka keeps a pause across an unassign: the next assignment
+            self.consumer.resume(rt.assignment())  # would never fetch
+            self.identity.vanished.discard(rt.name)
         if rt.assigned:
             self.consumer.incremental_unassign(rt.assignment())
             rt.assigned = False
+
+    # -- what the cluster watch decided -------------------------------------------------------------------------
+
+    def _act(self, decision: Decision) -> None:
+        match decision:
+            case Rebuild(table, kind, detail):
+                self.rebuild(table, kind, detail)
+            case Pause(table):
+                self.consumer.pause(self.manager.tables[table].assignment())
+            case Resume(table):
+                self.consumer.resume(self.manager.tables[table].assignment())
+            case PartitionsAdded(table, marks):
+                rt = self.manager.tables[table]
+                plan = self.manager.add_partitions(rt, marks)
+                self.task.start(table, {**self.task.positions(table), **plan.starts})
+                self.consumer.incremental_assign(plan.assignment)
+                self.manager.restore_added(rt, f"partitions {sorted(marks)} added")
+            case EndsConfirmed(table, ends):
+                self.manager.ends_confirmed(self.manager.tables[table], ends)
+                moved = self.task.confirm_ends(table, ends)
+                if moved:
+                    log.debug("table %s: ends of partition %s confirmed by the broker", table, moved)
+            case Renew(silent):
+                self._renew_consumer(silent)
+
+    def _renew_consumer(self, silent: float) -> None:
+        """Replace a consumer that has heard nothing from the cluster for a long while (``cluster_watch.Renew``),
+        and re-plan every table from what its store holds (nothing fetched is lost: positions are the stores')."""
+        log.warning("kafka: no answer for %.0fs; replacing the consumer and re-planning every table", silent)
+        self.watch.renewed()
+        for rt in self.manager.tables.values():
+            self.identity.cancel(rt.name)
+            self.identity.vanished.discard(rt.name)  # a new consumer has neither assignment nor pauses
+            rt.assigned = False
+            self.pending.add(rt.name)
+        old, self.consumer = self.consumer, self._new_consumer()
+        self.stats.consumer_renewals += 1
+        self.worker.retire(old)  # closed off the loop thread: a destroy can wait as long as a clock step
+
+    def close(self) -> None:
+        """The consumer goes to the cluster worker to be closed there, then the worker stops (bounded)."""
+        for rt in self.manager.tables.values():
+            rt.assigned = False  # nothing is assigned once the consumer is closed: no more watermarks from it
+        self.worker.retire(self.consumer)
+        if not self.worker.close():
+            log.warning("a Kafka client did not close within the stop's bound (stuck in librdkafka); stopping "
+                        "without it")
 
     # -- faults -------------------------------------------------------------------------------------------------
 

@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import TopicPartition
 
 from globald.common.errors import StoreCorruptError, StoreIOError, StoreUnavailableError
 from globald.common.states import State, StateMachine
@@ -31,15 +31,15 @@ from globald.engine.events import (
     RestoreEnded,
     RestoreStarted,
     StateChanged,
-    Verified,
     Wiped,
 )
+from globald.engine.identity import PlanFacts, TopicIdentity
 from globald.engine.table import Restore, TableRuntime
 from globald.engine.view import Checkpointed, TableView
-from globald.kafka.clients import TransientKafkaError, partitions, watermarks
-from globald.kafka.identity import VERIFY_TIMEOUT_S, TopicIds, Verdict, verify
+from globald.kafka.clients import TransientKafkaError
+from globald.kafka.worker import ClusterWorker
 from globald.settings.config import Config
-from globald.store.fingerprint import Fingerprint, Ladder
+from globald.store.fingerprint import Ladder
 from globald.store.options import StoreOptions
 from globald.store.reader import StoreReader
 from globald.store.table_store import TableStore
@@ -52,11 +52,17 @@ BULK_LOAD_MIN_RECORDS = 100_000
 TOPIC_RECREATED = "topic_recreated"  # the wipe kind of a table whose topic was found to be another one
 
 
-def union(verified: Ladder | None, applied: Ladder | None) -> tuple[Fingerprint, ...]:
-    """The verified rungs first (see TableRuntime.verified), then the newer ones applied since."""
-    seen = list(verified.rungs if verified else ())
-    offsets = {f.offset for f in seen}
-    return tuple(seen + [f for f in (applied.rungs if applied else ()) if f.offset not in offsets])
+# A question to the cluster still out after this long is stuck (a wait librdkafka timed on the wall clock, say):
+# the worker leaves it behind and answers the next ones with new clients. Above the longest question a healthy
+# cluster can take (a plan: listing, watermarks, ID and three rounds of checks, 5 s each at most).
+QUESTION_STUCK_S = 60.0
+
+
+def invalid_offsets(stored: Mapping[int, int], marks: Mapping[int, tuple[int, int]]) -> list[str]:
+    """Why each stored offset is one the log no longer holds (KIP-406), given each partition's (log start, end)."""
+    invalid = [f"partition {p} stored {o} outside [{marks[p][0]}, {marks[p][1]}]"
+               for p, o in stored.items() if p in marks and not marks[p][0] <= o <= marks[p][1]]
+    return invalid + [f"partition {p} no longer exists" for p in stored if p not in marks]
 
 
 @dataclass(frozen=True)
@@ -76,11 +82,9 @@ class StateManager:
         self.tables: dict[str, TableRuntime] = {}
         self.wipes: Counter[tuple[str, str]] = Counter()  # (table, kind) -> count
         self._suspect = False
-        self._unverifiable: set[tuple[str, int]] = set()  # (table, partition) whose last check could not be made
-        # Per table, per partition: the offset below which this run showed the store to hold its topic's records
-        # (see ``Verified``); a wipe for ``topic_recreated`` hands it to the snapshots with the ``Wiped`` event.
-        self._shown: dict[str, dict[int, int]] = {}
-        self.topic_ids = TopicIds(config.consumer_settings())
+        # Every question to the cluster, asked off the loop thread (kafka.worker), and the topics' identity.
+        self.worker = ClusterWorker(config.consumer_settings(), stuck_after_s=QUESTION_STUCK_S)
+        self.identity = TopicIdentity(self.worker, emit)
 
     @property
     def store_fault(self) -> bool:
@@ -116,19 +120,18 @@ class StateManager:
 
     # -- planning -----------------------------------------------------------------------------------------------
 
-    def plan(self, consumer: Consumer, rt: TableRuntime) -> Plan:
-        """The assignment that restores ``rt``; wipes it first when its stored offsets are invalid. A restoring
-        table with at least BULK_LOAD_MIN_RECORDS to read is bulk-loaded."""
-        parts = partitions(consumer, rt.topic)
-        marks = {p: watermarks(consumer, rt.topic, p) for p in parts}
+    def plan(self, rt: TableRuntime, facts: PlanFacts) -> Plan:
+        """The assignment that restores ``rt``, from what the cluster said of its topic (``facts``, asked off the
+        loop thread: ``TopicIdentity.ask_plan``); wipes it first when its stored offsets are invalid or its topic
+        is another one. A restoring table with at least BULK_LOAD_MIN_RECORDS to read is bulk-loaded. Raises
+        TransientKafkaError when the check could not be made (asked again later)."""
+        parts, marks = facts.partitions, facts.marks
         stored = rt.store.offsets()
-        changed = self.changed_id(rt) if stored else None
+        changed = self.identity.changed_id(rt, facts.topic_id) if stored else None
         if changed:  # said before the offsets, which a new topic can only make look invalid
             self.rebuild_recreated(rt, changed)
             stored = {}
-        invalid = [f"partition {p} stored {o} outside [{marks[p][0]}, {marks[p][1]}]"
-                   for p, o in stored.items() if p in marks and not marks[p][0] <= o <= marks[p][1]]
-        invalid += [f"partition {p} no longer exists" for p in stored if p not in marks]
+        invalid = invalid_offsets(stored, marks)
         if invalid:
             detail = "; ".join(invalid)
             rt.machine.to(State.RESTORING, f"invalid offset, rebuilding: {detail}")  # even a RUNNING table
@@ -136,23 +139,17 @@ class StateManager:
             stored = {}
         ladders = rt.store.fingerprints() if stored else {}
         if stored:
-            # The rungs this run verified first: records applied since (a rewind in the window before a refresh
-            # found a recreation) cannot vouch for themselves.
-            rungs = {p: union(rt.verified.get(p), f) for p, f in ladders.items() if p in marks}
-            verdict = self.verify(rt, rungs)
-            self.older_rungs(rt, {p: f for p, f in ladders.items() if p in marks}, verdict)
-            if verdict.unreachable:  # resuming unchecked could mirror another topic: ask again later
-                raise TransientKafkaError(f"cannot check that topic {rt.topic} is the one the store mirrors: "
-                                          f"{'; '.join(verdict.unreachable.values())}")
-            if verdict.recreated:
-                self.rebuild_recreated(rt, verdict.describe())
+            if facts.verdict is None:  # asked about another store than this one: ask again
+                raise TransientKafkaError(f"table {rt.name}: the store changed while its topic was checked")
+            recreated = self.identity.judge(rt, facts.verdict, {p: f for p, f in ladders.items() if p in marks})
+            if recreated:
+                self.rebuild_recreated(rt, recreated)
                 stored, ladders = {}, {}
-        self._record_id(rt)
-        rt.verified = dict(ladders)
-        rt.vanished = False
+        if facts.topic_id is not None:
+            rt.store.record_topic_id(facts.topic_id)
         start = {p: stored.get(p, low) for p, (low, _) in marks.items()}
         self._store_starts(rt, {p: o for p, o in start.items() if p not in stored})
-        self._show(rt, start, replace=True)  # checked above, or empty: the topic there now from its log start
+        self.identity.planned(rt, ladders, start)  # checked above, or empty: the topic there now from its start
         rt.partitions = parts
         rt.end_offsets = {p: high for p, (_, high) in marks.items()}
         targets = {p: high for p, (_, high) in marks.items() if start[p] < high}
@@ -167,7 +164,7 @@ class StateManager:
         """Partitions added to the topic while ``rt`` is assigned: each starts at its log start, stored at once."""
         start = {p: low for p, (low, _) in marks.items()}
         self._store_starts(rt, start)
-        self._show(rt, start)
+        self.identity.added(rt, start)
         rt.partitions = sorted(set(rt.partitions) | set(start))
         rt.end_offsets.update({p: high for p, (_, high) in marks.items()})
         targets = {p: high for p, (low, high) in marks.items() if low < high}
@@ -234,64 +231,7 @@ class StateManager:
         if starts:
             rt.store.write_offsets(starts)
 
-    # -- the topic's identity -----------------------------------------------------------------------------------
-
-    def verify(self, rt: TableRuntime, rungs: Mapping[int, tuple[Fingerprint, ...]],
-               timeout_s: float = VERIFY_TIMEOUT_S) -> Verdict:
-        """Read ``rt``'s topic back at ``rungs`` (see kafka.identity); says plainly what could not be checked."""
-        verdict = verify(self.config.consumer_settings(), rt.topic, rungs, timeout_s)
-        for p, why in sorted(verdict.unverifiable.items()):
-            if (rt.name, p) not in self._unverifiable:  # said once until a check succeeds again
-                log.warning("table %s: cannot check that partition %d of %s is the topic the store mirrors: %s",
-                            rt.name, p, rt.topic, why)
-        checked = {(rt.name, p) for p in rungs if p not in verdict.unreachable}
-        self._unverifiable = (self._unverifiable - checked) | {(rt.name, p) for p in verdict.unverifiable}
-        return verdict
-
-    def older_rungs(self, rt: TableRuntime, ladders: Mapping[int, Ladder], verdict: Verdict) -> None:
-        """A run's first check has no verified rungs to read first (a store opened, or restored from empty since
-        the last check), and records applied after a recreation the check did not see vouch for themselves: each
-        older rung is read back too (a round each, at most three); one that differs adds to the mismatches. Does
-        nothing when ``rt`` has verified rungs or ``verdict`` is already decided or incomplete."""
-        if rt.verified or verdict.recreated or verdict.unreachable:
-            return
-        deadline = time.monotonic() + VERIFY_TIMEOUT_S  # all rounds together: the loop waits meanwhile
-        for i in range(1, max((len(f.rungs) for f in ladders.values()), default=0)):
-            rungs = {p: (f.rungs[i],) for p, f in ladders.items() if len(f.rungs) > i}
-            found = verify(self.config.consumer_settings(), rt.topic, rungs, max(0.5, deadline - time.monotonic()))
-            verdict.mismatches.update({p: why for p, why in found.mismatches.items() if p not in verdict.mismatches})
-            verdict.unreachable.update(found.unreachable)
-            if found.unreachable or found.mismatches:
-                return
-
-    def checked(self, rt: TableRuntime, applied: Mapping[int, Ladder], verdict: Verdict) -> None:
-        """A refresh's check of ``rt`` (``verdict``, on the rungs verified before and ``applied`` since) found no
-        other topic: the ``applied`` fingerprints are the verified ones now, and every partition whose check
-        compared a record holds its topic's records up to its newest fingerprint."""
-        rt.verified = dict(applied)
-        doubtful = set(verdict.unverifiable) | set(verdict.unreachable) | set(verdict.mismatches)
-        self._show(rt, {p: ladder.rungs[0].offset + 1 for p, ladder in applied.items()
-                        if ladder.rungs and p not in doubtful}, force=True)
-
-    def _show(self, rt: TableRuntime, offsets: Mapping[int, int], replace: bool = False, force: bool = False) -> None:
-        """Record that ``rt``'s store holds its topic's records below ``offsets`` (never moving one back unless
-        ``replace``: a plan's own check); subscribers hear it with the fingerprints verified (``Verified``)."""
-        before = self._shown.get(rt.name, {})
-        now = dict(offsets) if replace else {**before, **{p: max(o, before.get(p, o)) for p, o in offsets.items()}}
-        if now != before or force or replace:
-            self._shown[rt.name] = now
-            self._emit(Verified(rt.name, dict(now), {p: ladder.rungs for p, ladder in rt.verified.items()}))
-
-    def changed_id(self, rt: TableRuntime) -> str | None:
-        """Why ``rt``'s topic is another one by its ID (KIP-516); None when it is the same or either is unknown."""
-        stored = rt.store.topic_id
-        now = self.topic_ids.get(rt.topic, VERIFY_TIMEOUT_S) if stored else None
-        return None if now is None or now == stored else f"its topic ID is {now}, the store mirrors {stored}"
-
-    def _record_id(self, rt: TableRuntime) -> None:
-        topic_id = self.topic_ids.get(rt.topic, VERIFY_TIMEOUT_S)
-        if topic_id is not None:
-            rt.store.record_topic_id(topic_id)
+    # -- the topic's identity (engine.identity owns it) ---------------------------------------------------------
 
     def rebuild_recreated(self, rt: TableRuntime, why: str) -> None:
         """Wipe ``rt``, whose topic was found to be another one of the same name; the caller restores it."""
@@ -313,7 +253,7 @@ class StateManager:
     def _count_wipe(self, rt: TableRuntime, kind: str, detail: str) -> None:
         self.wipes[(rt.name, kind)] += 1
         log.warning("table %s: WIPE (%s): %s", rt.name, kind, detail)
-        shown = self._shown.pop(rt.name, {})  # nothing of an emptied store is shown until its next plan
+        shown = self.identity.forget(rt.name)  # nothing of an emptied store is shown until its next plan
         # Another topic under the name: what was applied past the offsets last shown, and every snapshot taken
         # past them, may hold records of both. Empty when this run showed nothing (found by its first plan).
         self._emit(Wiped(rt.name, kind, detail, shown if kind == TOPIC_RECREATED else None))

@@ -15,7 +15,6 @@ from confluent_kafka import TopicPartition
 from globald.common.states import StateMachine
 from globald.engine.view import TableView
 from globald.settings.config import TableConfig
-from globald.store.fingerprint import Ladder
 from globald.store.table_store import TableStore
 
 
@@ -43,10 +42,6 @@ class TableRuntime:
     restore: Restore | None = None  # set by a plan with something to restore; None once it is durable
     assigned: bool = False
     last_error: str | None = None
-    # The fingerprints last found in the topic (see kafka.identity): a later check reads these back first, so
-    # records applied since, from whatever topic now has the name, cannot vouch for themselves.
-    verified: dict[int, Ladder] = field(default_factory=dict)
-    vanished: bool = False  # the topic was missing from the cluster's listing since it was last verified
 
     @property
     def name(self) -> str:

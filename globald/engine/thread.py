@@ -146,7 +146,7 @@ class GlobalThread:
     def _on_kafka_error(self, err: KafkaError) -> None:
         """librdkafka's error callback, called from within a poll on the loop thread."""
         if err.code() == _CLUSTER_DOWN and self._loop is not None:
-            self._loop.probe_now = True
+            self._loop.watch.probe_now = True
 
     def _shutdown(self, clean: bool) -> None:
         loop = self._loop
@@ -162,12 +162,9 @@ class GlobalThread:
                     clean = False
         self.manager.close(clean=clean)
         if loop is not None:
-            for rt in self.tables.values():
-                rt.assigned = False  # nothing is assigned once the consumer is closed: no more watermarks from it
-            try:
-                loop.consumer.close()
-            except KafkaException as e:
-                log.warning("consumer close failed: %s", e)
+            loop.close()  # the consumer is closed on the cluster worker, within a bound
+        else:
+            self.manager.worker.close()
         if self.machine.state == State.PENDING_SHUTDOWN:
             for rt in self.tables.values():
                 rt.machine.to(State.NOT_RUNNING, "stopped")

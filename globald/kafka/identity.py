@@ -11,14 +11,20 @@ records the store fingerprinted (``store.fingerprint``) are read back, newest fi
 
 A consumer that cannot answer in time decides nothing (``unreachable``); callers ask again later.
 
+The records are read by one long-lived consumer (``RecordReader``), assigned and unassigned for each round, and
+only on the cluster worker's thread (``kafka.worker``): a client created and destroyed for every check cost threads
+and connections at every metadata refresh, and a destroy can wait as long as a wall-clock step (see the
+architecture page, "Where a wall-clock step holds librdkafka").
+
 Where the cluster has topic IDs (KIP-516: DescribeTopics, brokers from 2.8 on), ``TopicIds`` gives them too: a
 changed ID is a recreation even when no fingerprint could be compared.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,15 +42,15 @@ from confluent_kafka.admin import AdminClient
 from globald.kafka.client_log import kafka_log
 from globald.kafka.properties import CONSUMER_DEFAULTS, MANAGED_KAFKA_PROPERTIES
 from globald.store.codec import NO_TIMESTAMP
-from globald.store.fingerprint import Fingerprint, digest
+from globald.store.fingerprint import Fingerprint, Ladder, digest
 
 _EOF = KafkaError._PARTITION_EOF
 _OUT_OF_RANGE = KafkaError._AUTO_OFFSET_RESET
 _WAIT_S = 0.005  # between non-blocking polls (a blocking poll is timed on the wall clock, see engine.loop)
 _CHECK_FETCH_BYTES = 65_536  # per partition and fetch; librdkafka grows it for a larger record
 _CHECK_BATCH = 1_000  # records taken from the queue at once
-# How long reading a topic back at its fingerprints may take before the check is left for later: within the
-# loop's documented stop bound, since plans and refreshes make it on the loop thread.
+# How long reading a topic back at its fingerprints may take before the check is left for later (the check runs on
+# the cluster worker's thread; the loop goes on meanwhile).
 VERIFY_TIMEOUT_S = 5.0
 _NO_ID = "AAAAAAAAAAAAAAAAAAAAAA"  # the all-zero UUID: a broker that has no ID for the topic
 _ID_RETRY_S = 300.0  # after a cluster failed to give an ID, how long the check goes by fingerprints alone
@@ -87,7 +93,7 @@ def next_timeout(current_s: float, base_s: float, unanswered: bool) -> float:
     return min(current_s * 2, MAX_TIMEOUT_S) if unanswered else base_s
 
 
-def verify(settings: Mapping[str, Any], topic: str, rungs: Mapping[int, Sequence[Fingerprint]],
+def verify(reader: RecordReader, topic: str, rungs: Mapping[int, Sequence[Fingerprint]],
            timeout_s: float) -> Verdict:
     """Read ``topic`` back at ``rungs`` (per partition, newest first) and say whether it holds those records.
 
@@ -99,9 +105,9 @@ def verify(settings: Mapping[str, Any], topic: str, rungs: Mapping[int, Sequence
         verdict.unverifiable[p] = "no record fingerprinted yet"
     deadline = time.monotonic() + timeout_s
     while pending:
-        # One consumer per round: a record fetched for a newer rung must not answer for an older one.
+        # One assignment per round: a record fetched for a newer rung must not answer for an older one.
         asked = {p: fs.pop(0) for p, fs in pending.items()}
-        found = _read(settings, topic, {p: f.offset for p, f in asked.items()}, deadline)
+        found = reader.read(topic, {p: f.offset for p, f in asked.items()}, deadline)
         for p, f in asked.items():
             outcome = found.get(p)
             if outcome is None:
@@ -123,6 +129,24 @@ def verify(settings: Mapping[str, Any], topic: str, rungs: Mapping[int, Sequence
     return verdict
 
 
+def verify_older(reader: RecordReader, topic: str, ladders: Mapping[int, Ladder], verdict: Verdict,
+                 timeout_s: float) -> None:
+    """A first check has no verified rungs to read first (a store opened, or restored from empty since the last
+    check), and records applied after a recreation the check did not see vouch for themselves: each older rung of
+    ``ladders`` is read back too (a round each, at most three, ``timeout_s`` for all); one that differs adds to
+    ``verdict``'s mismatches. Nothing when ``verdict`` is already decided or incomplete."""
+    if verdict.recreated or verdict.unreachable:
+        return
+    deadline = time.monotonic() + timeout_s
+    for i in range(1, max((len(f.rungs) for f in ladders.values()), default=0)):
+        rungs = {p: (f.rungs[i],) for p, f in ladders.items() if len(f.rungs) > i}
+        found = verify(reader, topic, rungs, max(0.5, deadline - time.monotonic()))
+        verdict.mismatches.update({p: why for p, why in found.mismatches.items() if p not in verdict.mismatches})
+        verdict.unreachable.update(found.unreachable)
+        if found.unreachable or found.mismatches:
+            return
+
+
 def _gone(verdict: Verdict, pending: dict[int, list[Fingerprint]], p: int, f: Fingerprint, why: str) -> None:
     if not pending.get(p):
         pending.pop(p, None)
@@ -132,35 +156,57 @@ def _gone(verdict: Verdict, pending: dict[int, list[Fingerprint]], p: int, f: Fi
 Found = tuple[int, bytes] | str  # (offset, digest) of the first record at or past the offset asked, or why none
 
 
-def _read(settings: Mapping[str, Any], topic: str, offsets: Mapping[int, int], deadline: float) -> dict[int, Found]:
-    # One record per partition is wanted. With the daemon's own prefetch (queued.min.messages, a full fetch per
-    # partition), a table far behind its log queued thousands of records of each busy partition ahead of the one
-    # record of a quiet one, and the check, skipping them one by one, missed its bound (an accelerated soak: every
-    # check of a 300k-record lag left the table degraded). Small fetches, nothing prefetched, and a partition
-    # answered is paused.
-    conf = {**settings, "enable.partition.eof": True, "auto.offset.reset": "error", "enable.auto.commit": False,
-            "queued.min.messages": 1, "max.partition.fetch.bytes": _CHECK_FETCH_BYTES, "logger": kafka_log}
-    consumer = Consumer(conf)
-    found: dict[int, Found] = {}
-    try:
-        consumer.assign([TopicPartition(topic, p, o) for p, o in offsets.items()])
-        while len(found) < len(offsets) and time.monotonic() < deadline:
-            batch = consumer.consume(_CHECK_BATCH, 0)
-            if not batch:
-                time.sleep(_WAIT_S)
-                continue
-            for m in batch:
-                p = m.partition()
-                if p is None or p not in offsets or p in found or m.topic() != topic:
+class RecordReader:
+    """One long-lived consumer that reads single records back at given offsets: the identity check's.
+
+    Used by one thread at a time (the cluster worker's). ``wait(seconds)`` waits between non-blocking polls on the
+    monotonic clock and says whether to give up (a stop): a blocking librdkafka poll is timed on the wall clock.
+    """
+
+    def __init__(self, settings: Mapping[str, Any], wait: Callable[[float], bool]) -> None:
+        # One record per partition is wanted. With the daemon's own prefetch (queued.min.messages, a full fetch per
+        # partition), a table far behind its log queued thousands of records of each busy partition ahead of the
+        # one record of a quiet one, and the check, skipping them one by one, missed its bound (an accelerated
+        # soak: every check of a 300k-record lag left the table degraded). Small fetches, nothing prefetched, and a
+        # partition answered is paused.
+        conf = {**settings, "enable.partition.eof": True, "auto.offset.reset": "error",
+                "enable.auto.commit": False, "queued.min.messages": 1,
+                "max.partition.fetch.bytes": _CHECK_FETCH_BYTES, "logger": kafka_log}
+        self.consumer = Consumer(conf)
+        self._wait = wait
+
+    def read(self, topic: str, offsets: Mapping[int, int], deadline: float) -> dict[int, Found]:
+        """The first record at or past each partition's offset (its offset and digest), or why there is none;
+        a partition missing from the answer did not answer before ``deadline`` (monotonic)."""
+        found: dict[int, Found] = {}
+        try:
+            # assign() replaces the whole assignment and starts a new fetch version: nothing fetched for an earlier
+            # round is served to this one (librdkafka drops outdated fetch versions).
+            self.consumer.assign([TopicPartition(topic, p, o) for p, o in offsets.items()])
+            while len(found) < len(offsets) and time.monotonic() < deadline:
+                batch = self.consumer.consume(_CHECK_BATCH, 0)
+                if not batch:
+                    if self._wait(_WAIT_S):
+                        break
                     continue
-                _take(m, p, offsets[p], found)
-                if p in found:
-                    consumer.pause([TopicPartition(topic, p)])
-    except KafkaException:
-        pass  # whatever was not found is unreachable
-    finally:
-        consumer.close()
-    return found
+                for m in batch:
+                    p = m.partition()
+                    if p is None or p not in offsets or p in found or m.topic() != topic:
+                        continue
+                    _take(m, p, offsets[p], found)
+                    if p in found:
+                        self.consumer.pause([TopicPartition(topic, p)])
+        except KafkaException:
+            pass  # whatever was not found is unreachable
+        finally:
+            with contextlib.suppress(KafkaException, RuntimeError):
+                # librdkafka keeps a pause across an unassign: the next round's assignment would never fetch.
+                self.consumer.resume([TopicPartition(topic, p) for p in offsets])
+                self.consumer.unassign()
+        return found
+
+    def close(self) -> None:
+        self.consumer.close()
 
 
 def _take(m: Message, p: int, asked: int, found: dict[int, Found]) -> None:
@@ -188,6 +234,10 @@ class TopicIds:
         self._supported = str(settings.get("api.version.request", "true")).lower() != "false"
         self._admin: AdminClient | None = None
         self._retry_at = 0.0
+
+    def close(self) -> None:
+        """Let the admin client go: its last reference, dropped on the thread that owns it, destroys it there."""
+        self._admin = None
 
     def get(self, topic: str, timeout_s: float) -> str | None:
         """``topic``'s ID, or None where the cluster has none or did not answer (then, for a while, not asked)."""

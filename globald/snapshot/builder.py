@@ -22,7 +22,7 @@ from rocksdict import Rdict, WriteBatch
 from globald.common.errors import GlobaldError
 from globald.engine.fold import fold
 from globald.kafka.clients import TransientKafkaError, make_consumer, partitions, watermarks
-from globald.kafka.identity import VERIFY_TIMEOUT_S, verify
+from globald.kafka.identity import VERIFY_TIMEOUT_S, RecordReader, verify
 from globald.settings.config import Config, TableConfig
 from globald.snapshot.exact_requests import Code
 from globald.snapshot.manifest import Offsets
@@ -103,11 +103,15 @@ class Builder:
         self.options = StoreOptions.from_config(config.store)
         self._stop = stop
         self._consumer: Consumer | None = None
+        self._reader: RecordReader | None = None  # the identity check's, long-lived as the consumer is
 
     def close(self) -> None:
         if self._consumer is not None:
             self._consumer.close()
             self._consumer = None
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
 
     def _client(self) -> Consumer:
         if self._consumer is None:
@@ -187,7 +191,9 @@ class Builder:
         is the one they were found in, and so is every record applied since."""
         timeout = max(0.5, min(VERIFY_TIMEOUT_S, deadline - time.monotonic()))
         rungs = {p: _first(verified.get(p, ()), f.rungs) for p, f in ladders.items()}
-        verdict = verify(self.config.consumer_settings(), topic, rungs, timeout)
+        if self._reader is None:
+            self._reader = RecordReader(self.config.consumer_settings(), self._stop.wait)
+        verdict = verify(self._reader, topic, rungs, timeout)
         if verdict.recreated:
             raise BuildRefused(Code.REBUILDING, f"topic {topic} was recreated since the base snapshot "
                                                 f"({verdict.describe()}): the table rebuilds")

@@ -3,20 +3,22 @@
 A topic recreated between two refreshes is found by the next refresh's identity check; what the daemon applied and
 published in between is what a test of that window must see. Waiting for the window on the clock races the
 machine's speed, so the test holds it open instead: while the file named by ``GLOBALD_TEST_HOLD_REFRESH`` exists,
-the loop's metadata refresh (and with it the identity check) is skipped; everything else runs. Removing the file
-lets the next refresh (``metadata_refresh_ms`` later at most) check the topic. Each refresh made is counted in
-``<file>.made`` (one line each), so a test can wait for one, and each one skipped in ``<file>.held``: once one
-is, no refresh that began before the file appeared is still under way (the loop makes them one at a time). The
-chaos campaign's hooks (``tests.midway``) work as with ``tests.chaos.entry``, which this wraps.
+no metadata refresh (and with it no identity check) is asked of the cluster worker; everything else runs. Removing
+the file lets the next refresh (``metadata_refresh_ms`` later at most) check the topic. Each refresh whose answer
+the loop acted on is counted in ``<file>.made`` (one line each), so a test can wait for one, and each one skipped
+in ``<file>.held`` once no refresh asked earlier is still out: from the first such line on, no check that began
+before the file appeared is under way. The chaos campaign's hooks (``tests.midway``) work as with
+``tests.chaos.entry``, which this wraps.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
 from typing import Any
 
-from globald.engine import loop
+from globald.engine import cluster_watch
 from tests.chaos import entry
 
 HOLD_ENV = "GLOBALD_TEST_HOLD_REFRESH"
@@ -32,20 +34,29 @@ def made(path: str | os.PathLike[str], what: str = "made") -> int:
 
 
 def install() -> None:
-    original = loop.Loop._refresh_metadata
+    watch = cluster_watch.ClusterWatch
+    ask, turn = watch._ask_refreshes, watch.turn
 
-    def refresh(self: Any) -> None:
+    def ask_refreshes(self: Any, applied: Mapping[str, Any]) -> None:
         path = os.environ.get(HOLD_ENV)
         if path and os.path.exists(path):
-            with open(f"{path}.held", "a") as f:  # a refresh under way when the file appeared is over by now
-                f.write("held\n")
+            if not self.refreshing():  # every refresh asked before the file appeared is answered and acted on
+                with open(f"{path}.held", "a") as f:
+                    f.write("held\n")
             return
-        original(self)
-        if path:
+        ask(self, applied)
+
+    def counted_turn(self: Any, *args: Any) -> Any:
+        before = self.refreshes_answered
+        decisions = turn(self, *args)  # the loop acts on them before anything else of its turn
+        path = os.environ.get(HOLD_ENV)
+        if path and self.refreshes_answered > before:
             with open(f"{path}.made", "a") as f:
                 f.write("refreshed\n")
+        return decisions
 
-    loop.Loop._refresh_metadata = refresh  # type: ignore[method-assign]
+    watch._ask_refreshes = ask_refreshes  # type: ignore[method-assign]
+    watch.turn = counted_turn  # type: ignore[method-assign]
 
 
 if __name__ == "__main__":

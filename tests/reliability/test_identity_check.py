@@ -9,6 +9,8 @@ flapped degraded. The check must read about one small fetch per partition, howev
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -63,8 +65,33 @@ def test_a_check_far_behind_busy_partitions_reads_about_one_fetch_of_each(
 
     monkeypatch.setattr(identity, "Consumer", Counting)
     settings = {**broker.settings, "group.id": "globald", "queued.min.messages": 20_000}  # the daemon's prefetch
-    verdict = verify(settings, t, rungs, 30.0)
+    reader = identity.RecordReader(settings, threading.Event().wait)
+    try:
+        verdict = verify(reader, t, rungs, 30.0)
+    finally:
+        reader.close()
     assert (verdict.mismatches, verdict.unreachable, verdict.unverifiable) == ({}, {}, {})
     busy = delivered.count(0)
     # 64 KiB of ~120-byte records is ~550; the prefetch alone was 20,000 and more.
     assert 0 < busy <= 2_000, f"the check was handed {busy} records of the busy partition to find one"
+
+
+def test_one_reader_answers_each_round_with_its_own_records(broker: Broker, topic: Callable[..., str]) -> None:
+    """The check's consumer lives for the daemon's life (kafka.worker): a round that asks an older offset after a
+    newer one, on the same partition, is answered with the older record, never with one fetched for the round
+    before (a check reads the newest rung first, then the older ones)."""
+    t = topic(partitions=1)
+    broker.admin.produce(t, [(b"k%d" % i, b"v%d" % i) for i in range(500)], partition=0)
+    newest, oldest = _fingerprint(broker, t, 0, 480), _fingerprint(broker, t, 0, 3)
+    reader = identity.RecordReader({**broker.settings, "group.id": "globald"}, threading.Event().wait)
+    try:
+        for _ in range(3):
+            assert reader.read(t, {0: 480}, time.monotonic() + 30) == {0: (480, newest.digest)}
+            assert reader.read(t, {0: 3}, time.monotonic() + 30) == {0: (3, oldest.digest)}
+        # a whole check, newest rung first, on the same consumer
+        verdict = verify(reader, t, {0: (newest, oldest)}, 30.0)
+        assert (verdict.mismatches, verdict.unreachable, verdict.unverifiable) == ({}, {}, {})
+        wrong = identity.Fingerprint(3, b"\0" * 8)
+        assert verify(reader, t, {0: (wrong,)}, 30.0).recreated
+    finally:
+        reader.close()

@@ -69,10 +69,11 @@ def test_a_wipe_for_a_recreated_topic_carries_the_offsets_the_last_check_verifie
         def ladder(*offsets: int) -> Ladder:
             return Ladder(tuple(Fingerprint(o, b"\0" * 8) for o in offsets))
 
-        manager.checked(rt, {0: ladder(9, 4), 1: ladder(7)}, Verdict("topic", unverifiable={1: "compacted"}))
+        manager.identity.checked(rt, {0: ladder(9, 4), 1: ladder(7)},
+                                 Verdict("topic", unverifiable={1: "compacted"}))
         verified = [e for e in heard if isinstance(e, Verified)]
         assert verified[-1].offsets == {0: 10} and verified[-1].fingerprints[0][0].offset == 9
-        manager.checked(rt, {0: ladder(5)}, Verdict("topic"))  # never moves back
+        manager.identity.checked(rt, {0: ladder(5)}, Verdict("topic"))  # never moves back
         assert [e for e in heard if isinstance(e, Verified)][-1].offsets == {0: 10}
         manager.wipe(rt, "topic_recreated", "the record at offset 9 differs")
         manager.wipe(rt, "operator_reset", "asked")
