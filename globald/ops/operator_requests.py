@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from globald.common.errors import GlobaldError
+from globald.common.waits import pause
 from globald.store.durable import replace_file
 from globald.store.names import REQUESTS_DIR
 
@@ -164,7 +165,7 @@ def ask_daemon_to_reset(state_dir: Path, table: str, timeout: float = 30.0) -> d
                 continue
             raise GlobaldError(f"the daemon did not take the reset request within {timeout:.0f}s; request cancelled, "
                                "nothing was wiped")
-        time.sleep(0.05)
+        pause(0.05)
 
 
 def sweep(state_dir: Path, older_than: float = 3600.0) -> None:

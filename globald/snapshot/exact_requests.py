@@ -16,6 +16,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from globald.common.waits import pause
 from globald.service import statusfile
 from globald.snapshot.manifest import Offsets, offsets_from_json, offsets_to_json, read_json, valid_id, write_json
 from globald.store.names import SNAPSHOT_REQUESTS_DIR, SNAPSHOT_RESPONSES_DIR, snapshots_dir
@@ -132,7 +133,7 @@ def wait(state_dir: Path, req: Request, timeout: float, poll_s: float = 0.01) ->
         if now >= deadline:
             _withdraw(requests_dir, req)
             return Response(req.id, Code.TIMEOUT, f"no answer from the daemon within {timeout:.1f}s")
-        time.sleep(min(poll_s, max(0.0, deadline - now)))
+        pause(min(poll_s, max(0.0, deadline - now)))
 
 
 def _withdraw(requests_dir: Path, req: Request) -> None:

@@ -14,8 +14,11 @@ from contextlib import contextmanager
 
 from globald.common.errors import GlobaldError, StoreCorruptError, StoreIOError, StoreUnavailableError
 
-# Errors of the disk or of a store, which the loop answers by rewinding to the stored offsets, never by ending.
-STORE_FAULTS = (StoreUnavailableError, StoreCorruptError, OSError)
+# Errors of the disk or of a store, which the loop answers by rewinding to the stored offsets, never by ending. Only
+# globald's own types: every store and file call maps what it raises where it is made (``store_io``, ``classify``),
+# so an OSError from anything else (a bug, a library) is not taken for a disk that may heal and retried forever
+# without a word; it ends the loop in ERROR, with its traceback in the log.
+STORE_FAULTS = (StoreUnavailableError, StoreCorruptError)
 
 # RocksDB status prefixes that mean "these files are not a usable database".
 CORRUPTION_MARKERS = ("Corruption", "Invalid argument", "Not implemented", "Unknown", "does not exist",

@@ -8,13 +8,13 @@ plain layout both layouts are merged (see ``plain``). A format this globald cann
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from rocksdict import AccessType, BlockBasedOptions, Cache, Options, Rdict
 
 from globald.common.errors import StoreFormatError
+from globald.common.waits import pause
 from globald.store import layout, plain
 from globald.store.codec import decode_format, encode_value, unreadable_format
 from globald.store.failures import classify
@@ -78,7 +78,7 @@ class StoreReader:
                 break
             except Exception as e:  # the owner may be rotating files under us; retry briefly
                 last = e
-                time.sleep(0.05 * (i + 1))
+                pause(0.05 * (i + 1))
         else:  # damaged or missing files are StoreCorruptError, a disk or a lock that may heal StoreIOError
             raise classify(last or OSError("no attempt made"), f"cannot open {path} read-only") from None
         self._meta = self._family(META_CF)

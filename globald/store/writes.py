@@ -12,6 +12,7 @@ from typing import Any
 from rocksdict import Rdict, WriteBatch, WriteOptions
 
 from globald.common.errors import StoreIOError
+from globald.common.waits import pause
 from globald.store.failures import classify, store_io
 from globald.store.stalls import STALLS
 
@@ -91,5 +92,5 @@ def _wait_for_room(db: Rdict, held_since: float, patience: float, context: str, 
         if waited >= patience:
             raise StoreIOError(f"{context}: RocksDB held writes back for {waited:.0f}s (flushes or compactions not "
                                "catching up: is the disk full or failing?)")
-        time.sleep(sleep)
+        pause(sleep)
         sleep = min(sleep * 2, _STALL_SLEEP_S[1])
