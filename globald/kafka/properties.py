@@ -116,6 +116,9 @@ def consumer_settings(kafka: dict[str, Any]) -> dict[str, Any]:
     return props
 
 
+_CHECK_WAIT_S = 10.0
+
+
 def secret_values(config: Configured) -> list[str]:
     """Every configured value a log line must never show: the values of the [kafka] properties that are not
     ``printable`` and the webhook URL's password. The log masker decides which are long enough to look for."""
@@ -128,14 +131,32 @@ def secret_values(config: Configured) -> list[str]:
 
 
 def check_kafka_properties(config: Configured) -> None:
-    """Let librdkafka itself reject unknown or malformed properties, without connecting anywhere."""
+    """Let librdkafka itself reject unknown or malformed properties, without connecting anywhere.
+
+    The client is made and closed on a thread of its own, waited for ``_CHECK_WAIT_S`` at most: a client's close
+    joins threads that may sit in a wait timed on the wall clock (see the architecture page), and a clock stepped
+    back at that moment must not hold the daemon's start. A check that does not finish in time decides nothing (the
+    consumer's own creation reports a bad property then)."""
+    import threading
+
     from confluent_kafka import Consumer, KafkaException
 
-    try:
-        # A consumer's constructor validates every property; a bootstrap address that is never used costs nothing.
-        settings = {**consumer_settings(config.kafka), "bootstrap.servers": "127.0.0.1:9", "logger": _null_logger()}
-        Consumer(settings).close()
-    except (KafkaException, ValueError, TypeError) as e:
+    failure: list[BaseException] = []
+
+    def check() -> None:
+        try:
+            # A consumer's constructor validates every property; a bootstrap address never used costs nothing.
+            settings = {**consumer_settings(config.kafka), "bootstrap.servers": "127.0.0.1:9",
+                        "logger": _null_logger()}
+            Consumer(settings).close()
+        except (KafkaException, ValueError, TypeError) as e:
+            failure.append(e)
+
+    worker = threading.Thread(target=check, name="globald-kafka-properties", daemon=True)
+    worker.start()
+    worker.join(_CHECK_WAIT_S)
+    if failure:
+        e = failure[0]
         text = str(e.args[0].str() if e.args and hasattr(e.args[0], "str") else e)
         key = _property_in(text, config.kafka) or "kafka"
         # librdkafka quotes some rejected values; the CLI prints this line before any log masking is set up.
