@@ -108,6 +108,9 @@ HOOKS: dict[str, list[tuple[str, str, str, Predicate]]] = {
     "commit": [("globald.store.table_store", "TableStore", "sync", _durable_commit)],
     "snapshot publish": [("globald.store.table_store", "TableStore", "checkpoint", _store_of)],
     "exact build": [("globald.snapshot.builder", "Builder", "build", _build_of)],
+    # A record read back to check a topic's identity (at a plan, a refresh or an exact build), on the cluster
+    # worker's thread.
+    "identity check": [("globald.kafka.identity", "RecordReader", "read", _any)],
     "stop": [("globald.engine.thread", "GlobalThread", "_shutdown", _any),
              ("globald.service.daemon", "Daemon", "_shutdown", _any)],
 }

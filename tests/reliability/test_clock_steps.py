@@ -1,24 +1,48 @@
-"""Wall-clock steps (libfaketime) on an idle topic: the loop keeps turning, records keep arriving, SIGTERM is acted on.
+"""Wall-clock steps, +1 h and back and -1 h and back, in every phase of the daemon's work (issue 33).
 
-librdkafka times blocking waits on the wall clock (librdkafka#2145): stepped forward and back, a blocking poll on an
-idle topic sleeps through the step. The daemon must not: it polls without blocking and waits on the monotonic
-clock, which a step (NTP, an operator's ``date -s``) leaves alone.
+The daemon is held at the phase by the chaos campaign's hooks (``tests.chaos.entry``: it stops itself there), the
+clock is stepped while it stands there, then it goes on, and the clock is stepped back. After that the loop keeps
+turning, records produced afterwards are applied, SIGTERM stops it with exit 0 well within its stop grace, and the
+store equals the fold. Each step is shown to have reached the daemon: the wall-clock time it writes into
+status.json moves with it.
+
+Which clock, per direction:
+- **+1 h, then back to +0: libfaketime** (Debian faketime) with the settings of ../shared/KAFKA-TESTING.md, a step
+  of CLOCK_REALTIME only (``FAKETIME_DONT_FAKE_MONOTONIC=1``, a timestamp file re-read at each call), so that
+  librdkafka's waits see the step back too: what a real NTP step does, and what held the loop before (a client's
+  destroy on the loop thread, joining a thread in a wait timed on the wall clock). While the clock is at +1 h,
+  libfaketime disturbs librdkafka's metadata requests (tests/chaos/tools.py); every check here is made at +0.
+  ``time.sleep`` is not shimmed (the campaign's ``GLOBALD_CHAOS_SLEEP_FIX`` is left off): the daemon makes none,
+  and one would fail with EINVAL under libfaketime.
+- **-1 h, then forward to +0: the campaign's Python-level clock** (``tests.chaos.entry``: ``time.time`` shifted).
+  libfaketime at a negative offset disturbs librdkafka past use: measured here, ``Consumer(...)`` under libfaketime
+  at -3600 never returns (at +3600 it returns in 35 ms, and at +0 in 0.3 s), which a real clock set an hour back
+  does not do. This direction reaches every wall-clock read globald makes (leases, manifests, snapshot ids,
+  status), not librdkafka's; the step back into librdkafka is the first direction's.
 """
 
 from __future__ import annotations
 
 import glob
 import json
+import os
+import signal
 import time
 import urllib.request
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from globald.snapshot import exact_requests
+from globald.snapshot.exact_requests import Code
+from tests.chaos.entry import CLOCK_ENV
 from tests.ci import unavailable
 from tests.harness import Broker, DaemonProcess, random_records
+from tests.integration.snapshot_helpers import wait_snapshot_at
+from tests.midway import wait_frozen
 from tests.reliability.checks import check_store, same_process
 from tests.reliability.ledger import FaultRow
 
@@ -27,24 +51,17 @@ pytestmark = pytest.mark.kafka
 Daemon = Callable[..., DaemonProcess]
 Topic = Callable[..., str]
 
+HOUR = 3600
+# The stop grace is 60 s (service.daemon.STOP_GRACE_S); a stop waiting out a stepped wall clock would take the
+# hour. The bound leaves room for the final commit and the cluster worker's close on a loaded machine.
+STOP_BOUND_S = 30.0
+
 
 def libfaketime() -> str:
     found = sorted(glob.glob("/usr/lib/*/faketime/libfaketime.so.1") + glob.glob("/usr/lib/faketime/libfaketime.so.1"))
     if not found:
         unavailable("libfaketime is not installed (Debian package faketime; `make sysdeps` installs it)")
     return found[0]
-
-
-def faketime_env(control: Path) -> dict[str, str]:
-    """The daemon sees the wall clock shifted by the offset written in ``control`` (re-read at every call)."""
-    control.write_text("+0\n")
-    return {"LD_PRELOAD": libfaketime(), "FAKETIME_TIMESTAMP_FILE": str(control), "FAKETIME_NO_CACHE": "1",
-            "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
-
-
-def healthz(port: int) -> dict[str, Any]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as r:
-        return dict(json.loads(r.read()))
 
 
 def free_port() -> int:
@@ -55,41 +72,279 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def test_clock_stepped_forward_then_back(broker: Broker, topic: Topic, daemon: Daemon, tmp_path: Path,
-                                         fault: Callable[[str, str], FaultRow]) -> None:
-    row = fault("wall clock stepped +1 h, then back, idle topic",
-                "loop keeps turning, new records applied, SIGTERM acted on (exit 0 within 15 s), same PID")
-    t = topic()
-    broker.admin.produce(t, random_records(2_000, keys=500, seed=80))
+def healthz(port: int) -> dict[str, Any]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as r:
+        return dict(json.loads(r.read()))
+
+
+@dataclass
+class Clock:
+    """The daemon's wall clock: an offset in a file, read by libfaketime at every call, or by the campaign's
+    Python-level clock (``tool="python"``) at most once a second."""
+
+    path: Path
+    tool: str = "libfaketime"
+
+    def env(self) -> dict[str, str]:
+        self.set(0)
+        if self.tool == "python":
+            return {CLOCK_ENV: str(self.path)}
+        return {"LD_PRELOAD": libfaketime(), "FAKETIME_TIMESTAMP_FILE": str(self.path), "FAKETIME_NO_CACHE": "1",
+                "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
+
+    def set(self, offset_s: int) -> None:
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text(f"{offset_s:+d}\n")
+        os.replace(tmp, self.path)
+
+
+@dataclass
+class Run:
+    broker: Broker
+    d: DaemonProcess
+    topic: str
+    arm_path: Path
+    clock: Clock
+    port: int
+
+    def arm(self, phase: str, nth: int = 1, arm_id: int = 1, **more: Any) -> None:
+        tmp = self.arm_path.with_name(self.arm_path.name + ".tmp")
+        tmp.write_text(json.dumps({"id": arm_id, "phase": phase, "action": "freeze", "table": "tbl", "nth": nth,
+                                   **more}))
+        tmp.replace(self.arm_path)
+
+    def daemon_offset(self, timeout: float = 60.0) -> float:
+        """The daemon's wall clock minus ours, read from the time it writes into status.json (at least once a
+        second while it runs)."""
+        path = self.d.state_dir / "status.json"
+        before = path.stat().st_mtime_ns if path.exists() else 0
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if path.exists() and path.stat().st_mtime_ns != before:
+                try:
+                    doc = json.loads(path.read_text())
+                except ValueError:  # being replaced: read the next one
+                    continue
+                return float(doc["updated"]) - time.time()
+            time.sleep(0.1)
+        raise AssertionError(f"no status written within {timeout:.0f}s; log:\n{self.d.tail()}")
+
+    def step(self, offset_s: int) -> None:
+        """Step the daemon's wall clock to ``offset_s`` and show that the step reached it."""
+        self.clock.set(offset_s)
+        deadline = time.monotonic() + 60
+        while abs(self.daemon_offset() - offset_s) > 120:
+            assert time.monotonic() < deadline, f"the daemon's clock did not move to {offset_s:+d}s"
+
+    def loop_turns(self) -> None:
+        ages = []
+        for _ in range(5):
+            ages.append(healthz(self.port)["loop_age_seconds"])
+            time.sleep(0.5)
+        assert max(ages) < 5.0, f"the loop stopped turning after the clock step: loop ages {ages}; log:\n" \
+                                f"{self.d.tail()}"
+
+
+def _start(broker: Broker, daemon: Daemon, tmp_path: Path, t: str, tool: str, **config: Any) -> Run:
     port = free_port()
-    control = tmp_path / "faketime"
-    d = daemon({"tbl": t}, start=False, http={"enabled": True, "port": port})
-    d.env = faketime_env(control)
-    d.start()
-    pid = d.pid
-    d.wait_running({"tbl": broker.admin.end_offsets(t)})
-    time.sleep(2)  # idle: the loop sits in its poll
-    control.write_text("+3600\n")
-    time.sleep(3)
-    control.write_text("+0\n")
-    row.injected += 1
-    time.sleep(3)
-    ages = [healthz(port)["loop_age_seconds"] for _ in range(5) if time.sleep(0.5) is None]
-    assert max(ages) < 2.0, f"the loop stopped turning after the clock step: loop ages {ages}; log:\n{d.tail()}"
-    broker.admin.produce(t, random_records(50, keys=500, seed=81))
-    ends = broker.admin.end_offsets(t)
-    d.wait_for(lambda s: all(s["tables"]["tbl"]["offsets"].get(str(p)) == o for p, o in ends.items()),
-               timeout=20, what="records produced after the clock step applied")
-    row.pid_changes += same_process(d, pid)
-    assert row.diverged(check_store(broker, d.state_dir, "tbl", t).divergences) == 0
-    # Stepped back again while idle, then asked to stop: acted on within the documented bound.
-    control.write_text("+3600\n")
-    time.sleep(2)
-    control.write_text("+0\n")
-    time.sleep(1)
+    arm_path, clock = tmp_path / "arm.json", Clock(tmp_path / "faketime", tool)
+    arm_path.write_text("{}")
+    d = daemon({"tbl": t}, start=False, http={"enabled": True, "port": port}, metadata_refresh_ms=500, **config)
+    d.module = "tests.chaos.entry"
+    d.env = {**(d.env or {}), "GLOBALD_CHAOS_ARM": str(arm_path), **clock.env()}
+    return Run(broker, d, t, arm_path, clock, port)
+
+
+def _through(run: Run, first: int, then_: int) -> None:
+    """The daemon stands frozen at its armed point: step its clock to ``first`` there, let it go on, show the step
+    reached it, then step to ``then_``."""
+    run.clock.set(first)
+    os.kill(run.d.pid, signal.SIGCONT)
+    run.step(first)
+    run.step(then_)
+
+
+def _finish(run: Run, pid: int, row: FaultRow) -> None:
+    """After the steps: the loop turns, new records are applied, SIGTERM stops it within the bound, store == fold."""
+    run.loop_turns()
+    run.broker.admin.produce(run.topic, random_records(200, keys=300, seed=991))
+    ends = run.broker.admin.end_offsets(run.topic)
+    run.d.wait_running({"tbl": ends}, timeout=120)
+    row.pid_changes += same_process(run.d, pid)
     started = time.monotonic()
-    assert d.stop(timeout=30) == 0, d.tail()
+    assert run.d.stop(timeout=STOP_BOUND_S + 30) == 0, run.d.tail()
     took = time.monotonic() - started
-    # A loop waiting on the stepped wall clock would sit out the hour; the bound leaves room for the final commit and
-    # the teardown on a loaded machine (about 1 s idle).
-    assert took < 15.0, f"SIGTERM took {took:.1f}s to act on after a clock step; log:\n{d.tail()}"
+    assert took < STOP_BOUND_S, f"SIGTERM took {took:.1f}s after the clock steps; log:\n{run.d.tail()}"
+    assert row.diverged(check_store(run.broker, run.d.state_dir, "tbl", run.topic).divergences) == 0
+
+
+# direction -> (the first step, the second, the clock tool: see the module docstring)
+STEPS = {"forward-and-back": (HOUR, 0, "libfaketime"), "back-and-forward": (-HOUR, 0, "python")}
+
+
+def _records(broker: Broker, t: str, n: int, seed: int) -> None:
+    broker.admin.produce(t, random_records(n, keys=max(300, n // 4), seed=seed))
+
+
+def _at_start(broker: Broker, daemon: Daemon, tmp_path: Path, t: str, tool: str) -> Run:
+    _records(broker, t, 3_000, 1)
+    run = _start(broker, daemon, tmp_path, t, tool)
+    run.arm("start")
+    run.d.start()
+    wait_frozen(run.d, run.arm_path)
+    return run
+
+
+def _at_restore(broker: Broker, daemon: Daemon, tmp_path: Path, t: str, tool: str) -> Run:
+    _records(broker, t, 30_000, 2)
+    run = _start(broker, daemon, tmp_path, t, tool)
+    run.arm("restore", fraction=0.3)
+    run.d.start()
+    wait_frozen(run.d, run.arm_path)
+    return run
+
+
+def _at_bulk_end(broker: Broker, daemon: Daemon, tmp_path: Path, t: str, tool: str) -> Run:
+    _records(broker, t, 110_000, 3)  # at least BULK_LOAD_MIN_RECORDS: a bulk load
+    run = _start(broker, daemon, tmp_path, t, tool)
+    run.arm("bulk-load end")
+    run.d.start()
+    wait_frozen(run.d, run.arm_path, timeout=240)
+    return run
+
+
+def _running(broker: Broker, daemon: Daemon, tmp_path: Path, t: str, tool: str, **config: Any) -> Run:
+    _records(broker, t, 3_000, 4)
+    run = _start(broker, daemon, tmp_path, t, tool, **config)
+    run.d.start()
+    run.d.wait_running({"tbl": broker.admin.end_offsets(t)})
+    return run
+
+
+def _at_check_at_plan(broker: Broker, daemon: Daemon, tmp_path: Path, t: str, tool: str) -> Run:
+    run = _running(broker, daemon, tmp_path, t, tool)
+    assert run.d.stop() == 0
+    _records(broker, t, 500, 5)
+    run.arm("identity check")  # the first record read back after a start with a store: the plan's check
+    run.d.start()
+    wait_frozen(run.d, run.arm_path)
+    return run
+
+
+def _at_check_at_refresh(broker: Broker, daemon: Daemon, tmp_path: Path, t: str, tool: str) -> Run:
+    run = _running(broker, daemon, tmp_path, t, tool)  # from empty: its plan read nothing back
+    run.arm("identity check")  # the next refresh's check (every 500 ms)
+    wait_frozen(run.d, run.arm_path)
+    return run
+
+
+def _at_commit(broker: Broker, daemon: Daemon, tmp_path: Path, t: str, tool: str) -> Run:
+    run = _running(broker, daemon, tmp_path, t, tool)
+    run.arm("commit")
+    _records(broker, t, 200, 6)
+    wait_frozen(run.d, run.arm_path)
+    return run
+
+
+def _at_publish(broker: Broker, daemon: Daemon, tmp_path: Path, t: str, tool: str) -> Run:
+    run = _running(broker, daemon, tmp_path, t, tool)
+    run.arm("snapshot publish")
+    _records(broker, t, 200, 7)
+    wait_frozen(run.d, run.arm_path)
+    return run
+
+
+def _at_exact_build(broker: Broker, daemon: Daemon, tmp_path: Path, t: str, tool: str) -> Run:
+    run = _running(broker, daemon, tmp_path, t, tool, snapshots={"interval_ms": 200, "retain": 2})
+    ends_a = broker.admin.end_offsets(t)
+    wait_snapshot_at(run.d, "tbl", ends_a)
+    _records(broker, t, 3_000, 8)
+    ends_b = broker.admin.end_offsets(t)
+    wait_snapshot_at(run.d, "tbl", ends_b)
+    target = {p: (ends_a[p] + ends_b[p]) // 2 for p in ends_b}  # no snapshot there: only a build answers it
+    run.arm("exact build")
+    request = exact_requests.submit(run.d.state_dir, "tbl", target)
+    wait_frozen(run.d, run.arm_path)
+    run.exact = request  # type: ignore[attr-defined]
+    return run
+
+
+PHASES: dict[str, Callable[[Broker, Daemon, Path, str, str], Run]] = {
+    "start": _at_start, "restore": _at_restore, "bulk-load end": _at_bulk_end,
+    "identity check at plan": _at_check_at_plan, "identity check at refresh": _at_check_at_refresh,
+    "commit": _at_commit, "snapshot publish": _at_publish, "exact build": _at_exact_build,
+}
+# The quick phases run in `make test`; the restores, the exact build and the plan's check (two daemon runs) are
+# over 30 s on a loaded 2-core machine and run in `make test-long`.
+_LONG = {"restore", "bulk-load end", "exact build", "identity check at plan"}
+
+
+@pytest.mark.parametrize("steps", STEPS)
+@pytest.mark.parametrize("phase", [pytest.param(p, marks=pytest.mark.long) if p in _LONG else p for p in PHASES])
+def test_clock_stepped_in_a_phase(broker: Broker, topic: Topic, daemon: Daemon, tmp_path: Path,
+                                  fault: Callable[[str, str], FaultRow], phase: str, steps: str) -> None:
+    first, then_, tool = STEPS[steps]
+    row = fault(f"wall clock stepped {first:+d}s and back at {phase} ({tool})",
+                "loop keeps turning, new records applied, SIGTERM exits 0 within 30 s, store equals the fold")
+    t = topic()
+    run = PHASES[phase](broker, daemon, tmp_path, t, tool)
+    pid = run.d.pid
+    _through(run, first, then_)
+    row.injected += 1
+    if phase == "exact build":
+        request = run.exact  # type: ignore[attr-defined]
+        answer = exact_requests.wait(run.d.state_dir, request, timeout=120)
+        assert answer.code in (Code.READY, Code.TIMEOUT, Code.FAILED), answer  # answered, never left hanging
+    _finish(run, pid, row)
+
+
+@pytest.mark.parametrize("steps", STEPS)
+def test_clock_stepped_during_the_stop(broker: Broker, topic: Topic, daemon: Daemon, tmp_path: Path,
+                                       fault: Callable[[str, str], FaultRow], steps: str) -> None:
+    """The clock stepped while the daemon runs, then stepped back while it stands inside its shutdown: the stop
+    still ends with exit 0 within the bound, and the store equals the fold. The second step is shown by the last
+    status the daemon writes (NOT_RUNNING)."""
+    first, then_, tool = STEPS[steps]
+    row = fault(f"wall clock stepped {first:+d}s, then back during the stop ({tool})",
+                "exit 0 within 30 s, store == fold")
+    t = topic()
+    run = _running(broker, daemon, tmp_path, t, tool)
+    run.step(first)
+    run.arm("stop")
+    started = time.monotonic()
+    os.kill(run.d.pid, signal.SIGTERM)
+    wait_frozen(run.d, run.arm_path)
+    run.clock.set(then_)
+    time.sleep(1.5)  # frozen: the Python-level clock's once-a-second cache is stale when it goes on
+    os.kill(run.d.pid, signal.SIGCONT)
+    row.injected += 1
+    assert run.d.proc is not None
+    assert run.d.proc.wait(timeout=STOP_BOUND_S + 30) == 0, run.d.tail()
+    took = time.monotonic() - started
+    assert took < STOP_BOUND_S, f"SIGTERM took {took:.1f}s with the clock stepped; log:\n{run.d.tail()}"
+    doc = json.loads((run.d.state_dir / "status.json").read_text())
+    assert doc["state"] == "NOT_RUNNING" and abs(float(doc["updated"]) - time.time() - then_) < 120, doc
+    assert row.diverged(check_store(broker, run.d.state_dir, "tbl", t).divergences) == 0
+
+
+def test_libfaketime_at_zero_leaves_the_loop_consuming(broker: Broker, topic: Topic, daemon: Daemon, tmp_path: Path,
+                                                       fault: Callable[[str, str], FaultRow]) -> None:
+    """Issue 33's second probe: under libfaketime at +0, before any step, the identity check's ``time.sleep``
+    failed with EINVAL, the loop took that OSError for a store fault, and the table was degraded for good, silently
+    retried. Several metadata refreshes (each with its check) later, the table is RUNNING, never degraded, and
+    consuming."""
+    row = fault("libfaketime at +0 (its sleep wrapper fails with EINVAL)", "never degraded, records applied")
+    t = topic()
+    run = _running(broker, daemon, tmp_path, t, "libfaketime")
+    pid = run.d.pid
+    seen: list[str | None] = []
+    for i in range(4):  # each round: records, then a few refreshes (500 ms apart)
+        _records(broker, t, 100, 20 + i)
+        ends = broker.admin.end_offsets(t)
+        doc = run.d.wait_running({"tbl": ends}, timeout=60)
+        seen.append(doc.get("degraded"))
+        time.sleep(1.5)
+    row.injected += 1
+    assert seen == [None] * 4, f"degraded under libfaketime at +0: {seen}; log:\n{run.d.tail()}"
+    assert "Invalid argument" not in run.d.tail(400)
+    _finish(run, pid, row)
