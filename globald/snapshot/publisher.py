@@ -58,6 +58,7 @@ class SnapshotPublisher:
         self.build_timeout = config.snapshots.build_timeout_ms / 1000
         self._lock = threading.RLock()
         self._tables = {t.name: SnapshotTable(t, snapshots_dir(config.state_dir, t.name)) for t in config.tables}
+        self._vouched: dict[str, tuple[Offsets, str | None]] = {}  # per table: what VERIFIED holds now
         self._builds = ExactBuilds(config, self._tables, self._lock, self)
         self._leases = {name: leases.LeaseClock(tab.dir) for name, tab in self._tables.items()}  # loop thread only
         self._last_id: str | None = None
@@ -101,6 +102,7 @@ class SnapshotPublisher:
                 if tab is not None:
                     with self._lock:
                         tab.fingerprints = dict(event.fingerprints)
+                        self._vouch(tab, dict(event.offsets))
             case Wiped():
                 tab = self._tables.get(event.table)
                 if tab is not None:
@@ -108,6 +110,8 @@ class SnapshotPublisher:
                     with self._lock:  # no exact build may publish between the two (it checks the generation)
                         if event.verified is not None:
                             self._keep_verified(tab, dict(event.verified), reason)
+                        self._vouched.pop(tab.config.name, None)
+                        recreated.forget_vouched(tab)
                         self._mark_stale(tab, reason)
             case StateChanged(table=None):
                 self._daemon_state = event.new
@@ -152,6 +156,17 @@ class SnapshotPublisher:
         log.warning("table %s: snapshots marked stale (%s); CURRENT stays at %s until the table is RUNNING again",
                     tab.config.name, reason, tab.current.id if tab.current else "nothing")
         self._write_stale_marks(tab)
+
+    def _vouch(self, tab: SnapshotTable, shown: Offsets) -> None:
+        """Persist what a check showed, with the snapshots it vouches for (``recreated.vouch``), when it changed."""
+        name = tab.config.name
+        key = (shown, tab.current.id if tab.current else None)  # what it vouches for moves with CURRENT
+        try:
+            if self._vouched.get(name) != key:
+                recreated.vouch(self.config.state_dir, tab, shown)
+                self._vouched[name] = key
+        except OSError as e:  # a full or failing disk: the next check writes it again
+            swallowed.record("snapshot_vouch", e, log, "table %s: cannot persist the verified offsets: %s", name, e)
 
     def _keep_verified(self, tab: SnapshotTable, shown: Offsets, why: str) -> None:
         """Snapshots past the offsets last shown to be of the table's topic go (``recreated.keep_verified``)."""

@@ -13,6 +13,11 @@ shown to hold the mirrored topic's records. Here, what the publisher then keeps:
   reader keeps the version it holds, as a lease promises, and learns from the manifest that it is unverified;
 - when none is at or below those offsets, CURRENT is removed: readers get no snapshot (``get``/``dump`` exit 3,
   Spark ``SnapshotUnavailableError``) rather than one that may mix two topics, and status says why.
+
+What a run showed outlives it: each ``Verified`` is written to ``snapshots/<t>/VERIFIED`` with the snapshots it
+vouches for (those at or below its offsets then), durably (``vouch``). A run that finds at its first check that
+the topic was replaced while it was stopped has shown nothing itself; it keeps what the last run vouched for
+(``vouched``): those snapshots held only the old topic's records when they were shown to. Any wipe forgets it.
 """
 
 from __future__ import annotations
@@ -21,13 +26,22 @@ import contextlib
 import logging
 import os
 from pathlib import Path
+from typing import Any
 
 from globald.snapshot import manifest as manifests
 from globald.snapshot.exact_builds import SnapshotTable
-from globald.snapshot.manifest import Manifest, Offsets
+from globald.snapshot.manifest import (
+    Manifest,
+    Offsets,
+    offsets_from_json,
+    offsets_to_json,
+    read_json,
+    valid_id,
+    write_json,
+)
 from globald.snapshot.reader import manifests_of
 from globald.store import durable
-from globald.store.names import SNAPSHOT_CURRENT, SNAPSHOT_TRASH_PREFIX
+from globald.store.names import SNAPSHOT_CURRENT, SNAPSHOT_TRASH_PREFIX, SNAPSHOT_VERIFIED
 
 log = logging.getLogger(__name__)
 
@@ -43,12 +57,45 @@ def unverified(m: Manifest) -> bool:
     return m.stale and (m.stale_reason or "").startswith(UNVERIFIED)
 
 
+def vouch(state_dir: Path, tab: SnapshotTable, shown: Offsets) -> dict[str, Any]:
+    """Persist ``shown`` with the snapshots it vouches for (not stale, at or below it); returns what was written."""
+    ids = sorted(m.id for m in manifests_of(state_dir, tab.config.name) if not m.stale and within(m.offsets, shown))
+    doc = {"offsets": offsets_to_json(shown), "snapshots": ids}
+    write_json(tab.dir / SNAPSHOT_VERIFIED, doc)
+    return doc
+
+
+def vouched(tab: SnapshotTable) -> tuple[Offsets, set[str]]:
+    """What the last run persisted (``vouch``): its offsets and snapshot ids; nothing when absent or unreadable."""
+    try:
+        doc = read_json(tab.dir / SNAPSHOT_VERIFIED)
+        ids = {str(i) for i in doc["snapshots"] if valid_id(str(i))}
+        return offsets_from_json(doc["offsets"]), ids
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        if not isinstance(e, FileNotFoundError):
+            log.warning("table %s: %s unreadable (%s): no snapshot kept on its word", tab.config.name,
+                        SNAPSHOT_VERIFIED, e)
+        return {}, set()
+
+
+def forget_vouched(tab: SnapshotTable) -> None:
+    """A wipe: what was shown of the old store vouches for nothing from now on."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tab.dir / SNAPSHOT_VERIFIED)
+        durable.fsync_dir(tab.dir)
+
+
 def keep_verified(state_dir: Path, tab: SnapshotTable, shown: Offsets, why: str, held: set[str]) -> None:
-    """Apply the rules above to ``tab`` (the publisher's lock held); ``held``: snapshots leased or being copied."""
+    """Apply the rules above to ``tab`` (the publisher's lock held); ``held``: snapshots leased or being copied.
+    With nothing shown in this run, what the last run vouched for is kept (``vouched``)."""
     name = tab.config.name
     found = manifests_of(state_dir, name)
-    doubtful = [m for m in found if unverified(m) or (not m.stale and not within(m.offsets, shown))]
-    keep = [m for m in found if not m.stale and within(m.offsets, shown)]
+    only: set[str] | None = None
+    if not shown:
+        shown, only = vouched(tab)
+    keep = [m for m in found if not m.stale and within(m.offsets, shown) and (only is None or m.id in only)]
+    kept = {m.id for m in keep}
+    doubtful = [m for m in found if unverified(m) or (not m.stale and m.id not in kept)]
     mark = (f"{UNVERIFIED}: taken past the offsets last shown to be of topic {tab.config.topic} "
             f"({offsets_text(shown) or 'none in this run'}); it may hold records of the topic that replaced it. {why}")
     for m in doubtful:

@@ -96,6 +96,8 @@ SNAPSHOTS_DIR = "snapshots"
 SNAPSHOT_DB_DIR = "db"
 SNAPSHOT_MANIFEST = "manifest.json"
 SNAPSHOT_CURRENT = "CURRENT"
+# The offsets a run last showed to hold the table's topic, with the snapshots they vouch for (snapshot.recreated).
+SNAPSHOT_VERIFIED = "VERIFIED"
 SNAPSHOT_LEASES_DIR = "leases"
 SNAPSHOT_REQUESTS_DIR = "requests"
 SNAPSHOT_RESPONSES_DIR = "responses"

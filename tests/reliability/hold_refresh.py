@@ -56,7 +56,7 @@ def install() -> None:
         return decisions
 
     watch._ask_refreshes = ask_refreshes  # type: ignore[method-assign]
-    watch.turn = counted_turn  # type: ignore[method-assign]
+    watch.turn = counted_turn  # type: ignore[method-assign,assignment]
 
 
 if __name__ == "__main__":

@@ -77,6 +77,11 @@ def healthz(port: int) -> dict[str, Any]:
         return dict(json.loads(r.read()))
 
 
+def faketime_env(control: Path) -> dict[str, str]:
+    """The daemon sees the wall clock shifted by the offset written in ``control`` (re-read at every call)."""
+    return Clock(control).env()
+
+
 @dataclass
 class Clock:
     """The daemon's wall clock: an offset in a file, read by libfaketime at every call, or by the campaign's
