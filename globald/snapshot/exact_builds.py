@@ -36,6 +36,10 @@ from globald.store.space import mb
 log = logging.getLogger(__name__)
 
 
+# How long a stop waits for the build worker (see ExactBuilds.close).
+CLOSE_WAIT_S = 10.0
+
+
 @dataclass
 class SnapshotTable:
     """What the publisher knows about one table's snapshots (guarded by the publisher's lock, which the exact-build
@@ -99,9 +103,15 @@ class ExactBuilds:
         self._worker.start()
 
     def close(self) -> None:
+        """Stop the build worker, waiting ``CLOSE_WAIT_S`` at most: a build sees the stop at its next record, and
+        then closes its consumer, whose destroy can wait as long as a wall-clock step back (the architecture page).
+        A worker still inside it is left behind; a half-built snapshot is swept at the next start."""
         self._stop.set()
         if self._worker is not None:
-            self._worker.join(timeout=30)
+            self._worker.join(timeout=CLOSE_WAIT_S)
+            if self._worker.is_alive():
+                log.warning("the exact-build worker did not end within %.0fs of the stop (a client's close stuck in "
+                            "librdkafka); stopping without it", CLOSE_WAIT_S)
 
     def submit(self, table: str, request: Request, generation: int, deadline: float) -> None:
         """Build ``request`` of ``table`` (wiped ``generation`` times when admitted) before ``deadline``."""

@@ -23,6 +23,7 @@ Which clock, per direction:
 
 from __future__ import annotations
 
+import functools
 import glob
 import json
 import os
@@ -236,25 +237,14 @@ def _at_check_at_plan(broker: Broker, daemon: Daemon, tmp_path: Path, t: str, to
     return run
 
 
-def _at_check_at_refresh(broker: Broker, daemon: Daemon, tmp_path: Path, t: str, tool: str) -> Run:
-    run = _running(broker, daemon, tmp_path, t, tool)  # from empty: its plan read nothing back
-    run.arm("identity check")  # the next refresh's check (every 500 ms)
-    wait_frozen(run.d, run.arm_path)
-    return run
-
-
-def _at_commit(broker: Broker, daemon: Daemon, tmp_path: Path, t: str, tool: str) -> Run:
+def _armed_while_running(phase: str, produce: int, broker: Broker, daemon: Daemon, tmp_path: Path, t: str,
+                         tool: str) -> Run:
+    """RUNNING from empty (its plan read nothing back), then frozen at ``phase``, reached by the next refresh's
+    check (every 500 ms), or by the commit or the publish of ``produce`` more records."""
     run = _running(broker, daemon, tmp_path, t, tool)
-    run.arm("commit")
-    _records(broker, t, 200, 6)
-    wait_frozen(run.d, run.arm_path)
-    return run
-
-
-def _at_publish(broker: Broker, daemon: Daemon, tmp_path: Path, t: str, tool: str) -> Run:
-    run = _running(broker, daemon, tmp_path, t, tool)
-    run.arm("snapshot publish")
-    _records(broker, t, 200, 7)
+    run.arm(phase)
+    if produce:
+        _records(broker, t, produce, 6)
     wait_frozen(run.d, run.arm_path)
     return run
 
@@ -276,8 +266,11 @@ def _at_exact_build(broker: Broker, daemon: Daemon, tmp_path: Path, t: str, tool
 
 PHASES: dict[str, Callable[[Broker, Daemon, Path, str, str], Run]] = {
     "start": _at_start, "restore": _at_restore, "bulk-load end": _at_bulk_end,
-    "identity check at plan": _at_check_at_plan, "identity check at refresh": _at_check_at_refresh,
-    "commit": _at_commit, "snapshot publish": _at_publish, "exact build": _at_exact_build,
+    "identity check at plan": _at_check_at_plan,
+    "identity check at refresh": functools.partial(_armed_while_running, "identity check", 0),
+    "commit": functools.partial(_armed_while_running, "commit", 200),
+    "snapshot publish": functools.partial(_armed_while_running, "snapshot publish", 200),
+    "exact build": _at_exact_build,
 }
 # The quick phases run in `make test`; the restores, the exact build and the plan's check (two daemon runs) are
 # over 30 s on a loaded 2-core machine and run in `make test-long`.
