@@ -65,6 +65,9 @@ class Restores:
 
 
 RESTORES = Restores()
+# Durable commits (TableStore.sync outside a bulk load) that returned, per table: a restore hook armed with
+# "after_commit" fires only once its table has one, so that a store is surely on disk where it stops.
+SYNCED: dict[str, int] = {}
 
 
 def _any(arm: dict[str, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
@@ -75,7 +78,8 @@ def _restore_at(arm: dict[str, Any], args: tuple[Any, ...], kwargs: dict[str, An
     """Listeners.restore_event(self, "on_batch_restored", table, …): the armed table is ``fraction`` restored."""
     method, table = args[1], args[2]
     return (method == "on_batch_restored" and arm.get("table") in (None, table)
-            and RESTORES.fraction(table) >= float(arm.get("fraction", 0.0)))
+            and RESTORES.fraction(table) >= float(arm.get("fraction", 0.0))
+            and (not arm.get("after_commit") or SYNCED.get(table, 0) > 0))
 
 
 def _bulk_end(arm: dict[str, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
@@ -208,7 +212,11 @@ def _wrap(original: Callable[..., Any], arm: Arm, phase: str, predicate: Predica
             arm.reached(phase, predicate, args, kwargs)
         except Exception as e:  # the hook must never change what the daemon does
             sys.stderr.write(f"CHAOS-HOOK {phase} failed: {e!r}\n")
-        return original(*args, **kwargs)
+        result = original(*args, **kwargs)
+        if phase == "commit" and not getattr(args[0], "bulk", False):
+            table = getattr(args[0], "table", None)
+            SYNCED[table] = SYNCED.get(table, 0) + 1
+        return result
 
     wrapped.__wrapped__ = original  # type: ignore[attr-defined]
     return wrapped
