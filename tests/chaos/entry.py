@@ -214,7 +214,7 @@ def _wrap(original: Callable[..., Any], arm: Arm, phase: str, predicate: Predica
             sys.stderr.write(f"CHAOS-HOOK {phase} failed: {e!r}\n")
         result = original(*args, **kwargs)
         if phase == "commit" and not getattr(args[0], "bulk", False):
-            table = getattr(args[0], "table", None)
+            table = str(getattr(args[0], "table", ""))
             SYNCED[table] = SYNCED.get(table, 0) + 1
         return result
 
