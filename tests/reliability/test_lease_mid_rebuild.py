@@ -17,6 +17,7 @@ import os
 import signal
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -113,7 +114,7 @@ def test_a_lease_renewed_mid_rebuild_keeps_its_snapshot(broker: Broker, topic: T
         for seed in (121, 122):
             broker.admin.produce(t, random_records(200, keys=20_000, seed=seed))
             want = {str(p): o for p, o in broker.admin.end_offsets(t).items()}
-            renewing(reader, d, f"a snapshot at {want} is published", lambda want=want: published(want))
+            renewing(reader, d, f"a snapshot at {want} is published", partial(published, want))
         kept_from = time.monotonic()
         renewing(reader, d, "it is held past two lease periods after the rebuild",
                  lambda: time.monotonic() - kept_from >= 2 * LEASE_S)
