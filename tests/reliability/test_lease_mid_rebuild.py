@@ -62,6 +62,7 @@ def renewing(reader: Snapshot, d: DaemonProcess, what: str, done: Callable[[], A
         time.sleep(0.2)
 
 
+@pytest.mark.long  # about 100 s: the long lane (make test-long)
 def test_a_lease_renewed_mid_rebuild_keeps_its_snapshot(broker: Broker, topic: Topic, daemon: Daemon,
                                                         tmp_path: Path, fault: Callable[[str, str], FaultRow]) -> None:
     row = fault(f"lease of {LEASE_S:.0f} s renewed while the daemon stands {FROZEN_S:.0f} s mid-rebuild",
