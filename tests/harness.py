@@ -279,3 +279,16 @@ def open_store_db(path: Path) -> Any:
 
     families = {*COLUMN_FAMILIES, *(cf for cf in layout.families(path) if cf != DEFAULT_CF)}  # a typed table's
     return Rdict(str(path), StoreOptions().rocksdb(), column_families={cf: StoreOptions().rocksdb() for cf in families})
+
+
+STOPPED_STATES = ("T", "t")  # stopped by a signal (SIGSTOP), or by a tracer
+
+
+def process_state(pid: int) -> str | None:
+    """The kernel's one-letter state of ``pid`` (R running, S sleeping, T stopped by SIGSTOP, Z zombie…), from
+    /proc/PID/stat; None once it is gone. The command name may hold spaces and parentheses: the state follows the
+    last ')'."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None

@@ -11,6 +11,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from tests.harness import STOPPED_STATES, process_state
+
 # What the daemon's status reports of RocksDB's memory (globald.ops.memory), summed over the tables, in MB.
 ROCKSDB_KINDS = ("block_cache_mb", "memtables_mb", "table_readers_mb")
 # malloc's heap (globald.ops.allocator.heap_bytes): handed out, and kept resident without being handed out.
@@ -35,7 +37,7 @@ def rss_mb(pid: int, running: bool = False) -> float | None:
         fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
     except (OSError, ValueError):
         return None
-    if running and fields.get("State", "").split()[:1] in (["T"], ["t"]):
+    if running and process_state(pid) in STOPPED_STATES:
         return None
     rss = fields.get("VmRSS")
     return int(rss.split()[0]) / 1024 if rss else None

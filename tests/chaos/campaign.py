@@ -41,7 +41,7 @@ from globald.store import checkpoint_file
 from globald.store.names import checkpoint_path, snapshots_dir
 from globald.store.reader import StoreReader
 from tests.chaos import entry, plan, reach
-from tests.chaos.daemon import ChaosDaemon
+from tests.chaos.daemon import ChaosDaemon, stopped_at_hook
 from tests.chaos.plan import Fault
 from tests.chaos.tools import ERRNOS, FIU_SITES, Clock, Fiu
 from tests.harness import Broker, globald, random_records, write_config
@@ -133,6 +133,7 @@ class SeedRun:
         self.fiu = Fiu(self.root / "fiu")
         self.arm_path = self.root / "arm.json"
         self.arm_ids = 0
+        self.armed: dict[str, Any] = {}  # the arm written last, until released or disarmed
         self.filler: Path | None = None
         self.may_die: int | None = None  # the PID the campaign SIGKILLed or stopped on purpose in this fault
         self.exact_request: snap_requests.Request | None = None
@@ -243,7 +244,8 @@ class SeedRun:
 
     def arm(self, phase: str, action: str, fault: Fault, fiu: dict[str, Any] | None = None) -> int:
         self.arm_ids += 1
-        doc: dict[str, Any] = {"id": self.arm_ids, "phase": phase, "action": action, "nth": 1}
+        # Held: the phase cannot end until the fault's window has passed (release), so the fault lands in it.
+        doc: dict[str, Any] = {"id": self.arm_ids, "phase": phase, "action": action, "nth": 1, "hold": True}
         if phase in (plan.RESTORE, plan.BULK_END):
             doc["table"] = fault.table
         if phase == plan.RESTORE:
@@ -253,10 +255,24 @@ class SeedRun:
         if fiu is not None:
             doc["fiu"] = fiu
         self._write_arm(doc)
+        self.armed = doc
         return self.arm_ids
 
     def disarm(self) -> None:
         self._write_arm({})
+        self.armed = {}
+
+    def release(self, out: Outcome) -> None:
+        """The fault's window has passed: let its phase end (``entry.Arm.ended``). Notes whether the phase had
+        reached its end meanwhile (held there) or was still under way, either way inside the phase."""
+        if not self.armed:
+            return
+        held = self.arm_path.with_name(f"{self.arm_path.name}.held-{self.armed['id']}").exists()
+        out.notes.append(f"{self.armed['phase']} phase " + ("held at its end through the fault's window" if held
+                                                          else "still under way when the fault's window ended"))
+        # A directory, not a new arm file: the held daemon only stats (libfiu wraps open and read, not stat).
+        self.arm_path.with_name(f"{self.arm_path.name}.release-{self.armed['id']}").mkdir(exist_ok=True)
+        self.armed = {}
 
     def _write_arm(self, doc: dict[str, Any]) -> None:
         tmp = self.arm_path.with_name(self.arm_path.name + ".tmp")
@@ -265,12 +281,12 @@ class SeedRun:
 
     def wait_fired(self, arm_id: int, freeze: bool, timeout: float = HOOK_TIMEOUT_S) -> bool:
         fired = self.arm_path.with_name(f"{self.arm_path.name}.fired-{arm_id}")
+        if freeze:
+            return stopped_at_hook(self.daemon, fired, timeout)
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and self.daemon.alive():
             if fired.exists():
-                return self.daemon.wait_stopped() if freeze else True
-            if not self.daemon.alive():
-                return False
+                return True
             time.sleep(0.02)
         return False
 
@@ -698,6 +714,7 @@ class SeedRun:
             assert self.evidence is not None
             evidence = self.evidence
             seen = self._watch(duration)
+            self.release(out)
             how = evidence.met(d, seen)
             if how is None and d.alive():  # not met yet: the point stays armed, the disk full, until it is (bounded)
                 started = time.monotonic()
@@ -725,6 +742,8 @@ class SeedRun:
             self.kafka.start_broker()
         elif k == plan.CLOCK:
             self._watch(duration)
+        if d.alive():
+            self.release(out)  # healed: the phase may end (a killed daemon has no phase to hold)
 
     # -- after the fault ----------------------------------------------------------------------------------------------
 

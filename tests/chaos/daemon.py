@@ -17,7 +17,7 @@ from typing import Any
 
 from globald.store.names import STATUS_FILE
 from tests.chaos import entry
-from tests.harness import REPO, DaemonProcess
+from tests.harness import REPO, STOPPED_STATES, DaemonProcess, process_state
 
 
 @dataclass
@@ -55,10 +55,7 @@ class ChaosDaemon(DaemonProcess):
         """The kernel's one-letter state of the daemon (R, S, T for stopped, Z…), None once it is gone."""
         if self.proc is None or self.proc.poll() is not None:
             return None
-        try:
-            return Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            return None
+        return process_state(self.proc.pid)
 
     def freeze(self, timeout: float = 10.0) -> bool:
         if not self.alive():
@@ -70,7 +67,7 @@ class ChaosDaemon(DaemonProcess):
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             state = self.process_state()
-            if state in ("T", "t") or state is None:
+            if state in STOPPED_STATES or state is None:
                 return state is not None
             time.sleep(0.02)
         return False
@@ -101,3 +98,14 @@ class ChaosDaemon(DaemonProcess):
             return self.log.stat().st_size
         except OSError:
             return 0
+
+
+def stopped_at_hook(d: DaemonProcess, fired: Path, timeout: float) -> bool:
+    """Whether the entry's hook fired (its ``fired`` file exists) and the daemon then stands stopped (SIGSTOP) at
+    it, within ``timeout``; False once the daemon has exited."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and d.alive():
+        if fired.exists() and process_state(d.pid) in STOPPED_STATES:
+            return True
+        time.sleep(0.02)
+    return False

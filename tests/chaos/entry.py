@@ -11,6 +11,14 @@ could never time that). A hook never raises into the daemon. Everything else is 
 The hooks wrap globald functions by name, the first of a few candidates that exists; a phase with none is
 reported on stderr at start (``CHAOS-HOOKS … missing: …``) and its faults end as not reached, never as injected.
 
+An arm with ``hold`` also keeps its phase from ending before the campaign has lived through the fault: the thread
+that runs the phase waits at the phase's end (a restore's ``on_restore_end`` for the armed table; for the other
+phases, the return of the hooked call that fired) until the campaign releases it (the directory
+``<arm>.release-<id>``) or writes another arm or none, at most ``HOLD_MAX_S``. A phase that lasts milliseconds (a
+110k-record restore ended 0.4 s after its hook) could otherwise end before the fault's window, and the fault land
+in whatever came next. The held thread first makes the directory ``<arm>.held-<id>``. Holding only makes
+directories and stats files: libfiu wraps neither, so a failure point armed for the daemon stays the daemon's.
+
 SIGUSR2 asks whether a failure point armed ``once`` has fired: the campaign names it in ``<arm>.probe`` and the
 answer goes to ``<arm>.probe-<id>``. libfiu disables a onetime point when it fails a call, so a point still
 enabled has not: ``fiu_fail`` on it says which (and spends it, which is harmless: the fault is being healed).
@@ -18,6 +26,7 @@ enabled has not: ``fiu_fail`` on it says which (and spends it, which is harmless
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import importlib
 import json
@@ -34,6 +43,7 @@ PROBE_SIGNAL = signal.SIGUSR2
 SLEEP_FIX_ENV = "GLOBALD_CHAOS_SLEEP_FIX"
 CLOCK_ENV = "GLOBALD_CHAOS_CLOCK"  # a file holding the wall clock's offset in seconds, e.g. "+3600"
 FIU_ONETIME = 1
+HOLD_MAX_S = 300.0  # a hold the campaign never released (it died) ends by itself
 
 # phase -> (module, class, method, predicate over the arm and the call's arguments)
 Predicate = Callable[[dict[str, Any], tuple[Any, ...], dict[str, Any]], bool]
@@ -65,6 +75,9 @@ class Restores:
 
 
 RESTORES = Restores()
+# Durable commits (TableStore.sync outside a bulk load) that returned, per table: a restore hook armed with
+# "after_commit" fires only once its table has one, so that a store is surely on disk where it stops.
+SYNCED: dict[str, int] = {}
 
 
 def _any(arm: dict[str, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
@@ -75,7 +88,8 @@ def _restore_at(arm: dict[str, Any], args: tuple[Any, ...], kwargs: dict[str, An
     """Listeners.restore_event(self, "on_batch_restored", table, …): the armed table is ``fraction`` restored."""
     method, table = args[1], args[2]
     return (method == "on_batch_restored" and arm.get("table") in (None, table)
-            and RESTORES.fraction(table) >= float(arm.get("fraction", 0.0)))
+            and RESTORES.fraction(table) >= float(arm.get("fraction", 0.0))
+            and (not arm.get("after_commit") or SYNCED.get(table, 0) > 0))
 
 
 def _bulk_end(arm: dict[str, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
@@ -122,16 +136,18 @@ class Arm:
     def __init__(self, path: str) -> None:
         self.path = path
         self._lock = threading.Lock()
-        self._mtime = -1
+        self._mtime: tuple[int, int] = (-1, -1)  # inode and mtime: each write is a new file (os.replace)
         self._arm: dict[str, Any] = {}
         self._seen = 0
         self._fired: set[int] = set()
+        self._holding: dict[str, Any] = {}  # the fired arm whose phase is held at its end, until released
 
     def _current(self) -> dict[str, Any]:
         try:
-            mtime = os.stat(self.path).st_mtime_ns
+            st = os.stat(self.path)
         except OSError:
             return {}
+        mtime = (st.st_ino, st.st_mtime_ns)
         if mtime != self._mtime:
             self._mtime = mtime
             try:
@@ -142,15 +158,18 @@ class Arm:
             self._seen = 0
         return self._arm
 
-    def reached(self, phase: str, predicate: Predicate, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    def reached(self, phase: str, predicate: Predicate, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        """Fire the armed action if this call is the armed one; whether it was."""
         with self._lock:
             arm = self._current()
             if arm.get("phase") != phase or arm.get("id") in self._fired or not predicate(arm, args, kwargs):
-                return
+                return False
             self._seen += 1
             if self._seen < int(arm.get("nth", 1)):
-                return
+                return False
             self._fired.add(arm["id"])
+            if arm.get("hold"):
+                self._holding = arm
         # The fired file first: a failure point armed on open or write would otherwise fail the record itself.
         self._record(arm)
         if arm.get("action") == "freeze":
@@ -159,6 +178,35 @@ class Arm:
             problem = self._enable(arm.get("fiu") or {})
             if problem:  # nothing was armed, so stderr still works
                 sys.stderr.write(f"CHAOS-FIU not armed: {problem}\n")
+        return True
+
+    def ended(self, phase: str, fired: bool, args: tuple[Any, ...]) -> None:
+        """A hooked call of ``phase`` returned (``fired``: it was the one that fired): hold here if this is the end
+        of the held phase, until the campaign releases the arm."""
+        with self._lock:
+            held = self._holding
+            if not held or held.get("phase") != phase:
+                return
+            if phase == "restore":  # the end of the armed table's restore, not the batch that fired
+                if args[1] != "on_restore_end" or held.get("table") not in (None, args[2]):
+                    return
+            elif not fired:
+                return
+            self._holding = {}
+            armed = self._mtime
+        # Only mkdir and stat here, which libfiu does not wrap: a failure point armed for the daemon stays its own.
+        with contextlib.suppress(OSError):
+            os.mkdir(f"{self.path}.held-{held['id']}")
+        deadline = time.monotonic() + HOLD_MAX_S
+        pause = threading.Event()
+        while time.monotonic() < deadline and not os.path.isdir(f"{self.path}.release-{held['id']}"):
+            try:
+                st = os.stat(self.path)
+            except OSError:
+                return
+            if (st.st_ino, st.st_mtime_ns) != armed:  # disarmed or armed anew
+                return
+            pause.wait(0.05)  # not time.sleep: libfaketime turns it into an error (tools.py)
 
     @staticmethod
     def _enable(spec: dict[str, Any]) -> str | None:
@@ -205,13 +253,24 @@ def install(arm: Arm) -> dict[str, str | None]:
 
 def _wrap(original: Callable[..., Any], arm: Arm, phase: str, predicate: Predicate) -> Callable[..., Any]:
     def wrapped(*args: Any, **kwargs: Any) -> Any:
+        fired = False
         try:
             if phase == "restore":
                 RESTORES.observe(args)
-            arm.reached(phase, predicate, args, kwargs)
+            fired = arm.reached(phase, predicate, args, kwargs)
         except Exception as e:  # the hook must never change what the daemon does
             sys.stderr.write(f"CHAOS-HOOK {phase} failed: {e!r}\n")
-        return original(*args, **kwargs)
+        try:
+            result = original(*args, **kwargs)
+        finally:
+            try:
+                arm.ended(phase, fired, args)
+            except Exception as e:
+                sys.stderr.write(f"CHAOS-HOOK {phase} hold failed: {e!r}\n")
+        if phase == "commit" and not getattr(args[0], "bulk", False):
+            table = str(getattr(args[0], "table", ""))
+            SYNCED[table] = SYNCED.get(table, 0) + 1
+        return result
 
     wrapped.__wrapped__ = original  # type: ignore[attr-defined]
     return wrapped

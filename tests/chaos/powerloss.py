@@ -34,7 +34,7 @@ from globald.embedded.admin import TopicAdmin
 from globald.embedded.broker import EmbeddedKafka, free_port
 from tests.chaos import entry, plan
 from tests.chaos.campaign import BULK_KEYS, BULK_RECORDS, PARTITIONS, SMALL_KEYS, SMALL_RECORDS, produce_pinned
-from tests.chaos.daemon import ChaosDaemon
+from tests.chaos.daemon import ChaosDaemon, stopped_at_hook
 from tests.harness import Broker, globald, random_records, write_config
 from tests.reliability.load import Load
 from tests.reliability.powercut import CutReport, ImageError, LoopImage, can_mount, check_cut
@@ -240,15 +240,8 @@ class PowerSeed:
 
     def _fired(self, arm_id: int) -> bool:
         assert self.daemon is not None
-        fired = self.arm_path.with_name(f"{self.arm_path.name}.fired-{arm_id}")
-        deadline = time.monotonic() + HOOK_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if fired.exists():
-                return self.daemon.wait_stopped()
-            if not self.daemon.alive():
-                return False
-            time.sleep(0.01)
-        return False
+        return stopped_at_hook(self.daemon, self.arm_path.with_name(f"{self.arm_path.name}.fired-{arm_id}"),
+                               HOOK_TIMEOUT_S)
 
 
 # -- the lane: seeds, report -----------------------------------------------------------------------------------

@@ -4,7 +4,9 @@ nothing about recovery, so the campaign counts such a fault as not recovered.
 Evidence, any one of, since the fault began:
 
 - the daemon's status (``degraded``, a table's or a snapshot's ``last_error``) or its log names a disk error;
-- its count of caught exceptions (``globald_swallowed_failures_total`` on /metrics) rose in the same process;
+- its count of caught exceptions (``globald_swallowed_failures_total`` on /metrics) rose in the same process, at a
+  place that catches nothing but OSError on the state_dir (``DISK_PLACES``): the metric does not say what was
+  caught, and elsewhere a Kafka error or a bug caught meanwhile would pass for the disk fault;
 - RocksDB's own info ``LOG`` of a table's store names one (RocksDB retries or ignores some failures, such as the
   deletion of an obsolete file, without telling globald: that is the daemon meeting the fault too).
 
@@ -41,17 +43,20 @@ ERRNO_TEXTS = ("no space left on device", "input/output error")
 # How the daemon words a disk error in its status and log (lower case): the errno texts, RocksDB's, and globald's own
 # for a bulk load whose flush did not land.
 FIU_TEXTS = (*ERRNO_TEXTS, "io error", "did not reach the disk")
-_SWALLOWED = re.compile(r"^globald_swallowed_failures_total\{[^}]*\} ([0-9.e+]+)$", re.M)
+_SWALLOWED = re.compile(r'^globald_swallowed_failures_total\{where="([^"]*)"\} ([0-9.e+]+)$', re.M)
+# The places (``common.swallowed`` labels) whose except clauses catch only OSError, around writes to the state_dir:
+# status.json (service.daemon), a snapshot's stale mark and a reply to an exact request (snapshot.publisher).
+DISK_PLACES = frozenset({"status_file", "snapshot_stale_mark", "snapshot_reply"})
 
 
 def swallowed(daemon: ChaosDaemon) -> float | None:
-    """The daemon's total of caught exceptions, or None when /metrics does not answer."""
+    """The daemon's total of caught disk errors (at ``DISK_PLACES``), or None when /metrics does not answer."""
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{daemon.http_port}/metrics", timeout=1.5) as r:
             text = r.read().decode()
     except (OSError, ValueError):
         return None
-    return sum(float(v) for v in _SWALLOWED.findall(text))
+    return sum(float(v) for where, v in _SWALLOWED.findall(text) if where in DISK_PLACES)
 
 
 def names_disk_error(text: str, texts: tuple[str, ...] = FIU_TEXTS) -> bool:
@@ -90,7 +95,7 @@ class Evidence:
             now = swallowed(daemon)
             base = self.swallowed if daemon.pid == self.pid else 0.0  # a new process counts from zero
             if now is not None and base is not None and now > base:
-                return f"caught-failure count rose from {base:.0f} to {now:.0f}"
+                return f"caught disk errors (status.json, stale marks, replies) rose from {base:.0f} to {now:.0f}"
         for path, mark in self.rocks_logs.items():
             line = _new_error_line(path, *mark)
             if line is not None:

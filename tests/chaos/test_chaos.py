@@ -127,3 +127,61 @@ def test_the_once_probe_tells_a_point_that_failed_a_call_from_one_still_armed(tm
     assert r.returncode == 0, r.stdout + r.stderr
     answers = [json.loads(arm.with_name(f"arm.json.probe-{i}").read_text()) for i in (1, 2)]
     assert answers == [{"fired": False}, {"fired": True}], r.stderr
+
+
+class _Metrics:
+    """A /metrics endpoint serving whatever text the test sets, and just enough of a ChaosDaemon for
+    ``reach.Evidence`` (its log and RocksDB LOGs say nothing)."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+        from threading import Thread
+
+        self.text = ""
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                body = owner.text.encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        Thread(target=self.server.serve_forever, daemon=True).start()
+        self.http_port = self.server.server_address[1]
+        self.state_dir, self.pid = tmp_path, os.getpid()
+
+    def alive(self) -> bool:
+        return True
+
+    def log_size(self) -> int:
+        return 0
+
+    def log_since(self, offset: int, lines: int = 40) -> str:
+        return ""
+
+
+def test_only_caught_disk_errors_count_as_a_landed_io_fault(tmp_path: Path) -> None:
+    """A rise in caught exceptions shows an I/O fault landed only where nothing but the state_dir's OSErrors is
+    caught: a Kafka error or a bug caught at another place meanwhile is not the fault."""
+    from tests.chaos import reach
+
+    fake = _Metrics(tmp_path)
+    try:
+        def metrics(status_file: int, exact_build: int) -> str:
+            return (f'globald_swallowed_failures_total{{where="status_file"}} {status_file}.0\n'
+                    f'globald_swallowed_failures_total{{where="exact_build"}} {exact_build}.0\n')
+
+        fake.text = metrics(1, 1)
+        evidence = reach.Evidence.before(fake, ["t"])  # type: ignore[arg-type]
+        fake.text = metrics(1, 5)
+        assert evidence.met(fake, []) is None  # type: ignore[arg-type]
+        fake.text = metrics(2, 5)
+        assert "rose from 1 to 2" in (evidence.met(fake, []) or "")  # type: ignore[arg-type]
+    finally:
+        fake.server.shutdown()

@@ -56,6 +56,14 @@ class Datagrams:
     def texts(self) -> list[str]:
         return [m for _, m in self.messages]
 
+    def wait_for(self, predicate: Callable[[list[str]], bool], what: str, timeout: float = 60.0) -> list[str]:
+        """The messages received, once ``predicate`` holds of them; fails after ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while not predicate(texts := self.texts()):
+            assert time.monotonic() < deadline, f"timed out waiting for {what}: {texts}"
+            time.sleep(0.1)
+        return texts
+
 
 def test_sd_notify_ready_status_watchdog_stopping(broker: Broker, topic: Callable[..., str], daemon: Daemon,
                                                   tmp_path: Path) -> None:
@@ -67,9 +75,14 @@ def test_sd_notify_ready_status_watchdog_stopping(broker: Broker, topic: Callabl
         d.env = {"NOTIFY_SOCKET": str(tmp_path / "notify.sock"), "WATCHDOG_USEC": "1000000"}
         d.start()
         d.wait_running({"tbl": broker.admin.end_offsets(t)})
-        time.sleep(2.0)  # four watchdog periods of 0.5 s
+
+        def pinged(texts: list[str]) -> bool:  # pinged at half of WATCHDOG_USEC from the loop: three times since READY
+            ready = [i for i, m in enumerate(texts) if m.startswith("READY=1")]
+            return bool(ready) and texts[ready[0]:].count("WATCHDOG=1") >= 3
+
+        sock.wait_for(pinged, "three watchdog pings after READY=1")
         assert d.stop() == 0
-        time.sleep(0.3)
+        sock.wait_for(lambda texts: any(m.startswith("STOPPING=1") for m in texts), "STOPPING=1 after SIGTERM")
     finally:
         sock.close()
     texts = sock.texts()
@@ -81,8 +94,7 @@ def test_sd_notify_ready_status_watchdog_stopping(broker: Broker, topic: Callabl
     assert any("tbl RESTORING" in m for m in statuses)
     # READY=1 comes with the change that made every table servable.
     assert "tbl RUNNING" in texts[ready[0]]
-    # Pinged at half of WATCHDOG_USEC from the loop: several times over the 2 s of steady state.
-    assert texts.count("WATCHDOG=1") >= 3
+    assert texts[ready[0]:].count("WATCHDOG=1") >= 3
     assert any(m.startswith("STOPPING=1") for m in texts[ready[0]:])
 
 

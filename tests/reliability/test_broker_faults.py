@@ -20,6 +20,7 @@ import pytest
 
 from globald.snapshot import exact_requests
 from globald.snapshot.exact_requests import Code
+from globald.store.names import SNAPSHOT_REQUESTS_DIR, SNAPSHOT_RESPONSES_DIR, snapshots_dir
 from tests import midway
 from tests.harness import SLOW_FETCH, Broker, DaemonProcess, oracle_at, random_records
 from tests.integration.snapshot_helpers import snapshot_values, wait_snapshot_at
@@ -54,9 +55,19 @@ def outage(broker: Broker, d: DaemonProcess, seconds: float, how: int = signal.S
         os.kill(pid, signal.SIGCONT)
     kafka.stop_broker(how)
     try:
-        docs = watch(d, seconds)
+        docs = until_degraded(d, seconds)
     finally:
         kafka.start_broker()
+    return docs
+
+
+def until_degraded(d: DaemonProcess, seconds: float) -> list[dict[str, Any]]:
+    """Status documents over at least ``seconds``, and on until one says degraded: the fault is held until the
+    daemon has met it (its first metadata request times out after 5 s, counted on a loaded machine's clock), so a
+    slow machine cannot end the outage before the report the test asserts. Fails if it never comes."""
+    docs = watch(d, seconds)
+    if not any(_degraded(doc) for doc in docs):
+        docs.append(d.wait_for(_degraded, timeout=120, what="degraded while the broker is away"))
     return docs
 
 
@@ -165,7 +176,7 @@ def test_slow_broker_paused_with_sigstop(own: Own, fault: Callable[[str, str], F
     assert kafka is not None and kafka.broker_pid is not None
     os.kill(kafka.broker_pid, signal.SIGSTOP)
     try:
-        docs = watch(d, 12)
+        docs = until_degraded(d, 12)
     finally:
         os.kill(kafka.broker_pid, signal.SIGCONT)
     row.injected += 1
@@ -223,7 +234,16 @@ def test_exact_build_waits_out_a_broker_outage(own: Own, fault: Callable[[str, s
     kafka.stop_broker(signal.SIGKILL)
     try:
         req = exact_requests.submit(d.state_dir, "tbl", target)
-        time.sleep(20)  # longer than the 15 s the builder used to wait for the cluster
+        # The build must run while the broker is down: the daemon takes the request (its file goes) before the
+        # restart, and answers nothing until the broker is back, for longer than the 15 s the builder used to wait.
+        asked = snapshots_dir(d.state_dir, "tbl") / SNAPSHOT_REQUESTS_DIR / f"{req.id}.json"
+        answer = snapshots_dir(d.state_dir, "tbl") / SNAPSHOT_RESPONSES_DIR / f"{req.id}.json"
+        d.wait_for(lambda _: not asked.exists(), timeout=120, what="the exact request taken while the broker is down")
+        taken = time.monotonic()
+        while time.monotonic() - taken < 20:  # the outage's length, from the moment the build began; not a wait
+            assert d.alive(), d.tail()
+            assert not answer.exists(), f"answered while the broker was down: {answer.read_text()}"
+            time.sleep(0.5)
     finally:
         kafka.start_broker()
     resp = exact_requests.wait(d.state_dir, req, timeout=120)

@@ -27,6 +27,7 @@ import pytest
 
 from globald.store.names import STATUS_FILE
 from tests.chaos import entry, plan
+from tests.chaos.daemon import stopped_at_hook
 from tests.ci import unavailable
 from tests.harness import SLOW_FETCH, Broker, DaemonProcess, daemon_factory, random_records
 from tests.reliability.conftest import new_topic
@@ -121,32 +122,22 @@ def test_power_loss_during_restore(broker: Broker, disk: LoopImage, tmp_path: Pa
     # run restored 60,000 records inside the half second the cut waited). Small fetches and batches, under the bulk
     # load's threshold: the restore commits along the way.
     arm = tmp_path / "arm.json"
+    # It stops only after a durable commit of the restore has returned, so the disk surely holds a store to compare.
     arm.write_text(json.dumps({"id": 1, "phase": plan.RESTORE, "action": "freeze", "table": TABLE,
-                               "fraction": round(rnd.uniform(0.1, 0.8), 2)}))
+                               "fraction": round(rnd.uniform(0.1, 0.8), 2), "after_commit": True}))
     with daemon_factory(broker, tmp_path) as make, \
             running_on(make, disk.mount / "state", topic, start=False, kafka=SLOW_FETCH, consume_batch_size=200) as d:
         d.module, d.env = entry.__name__, {entry.ARM_ENV: str(arm)}
         d.start()
-        assert stopped_by_hook(d, arm.with_name(f"{arm.name}.fired-1")), d.tail()
+        assert stopped_at_hook(d, arm.with_name(f"{arm.name}.fired-1"), 120), d.tail()
         d.stop(signal.SIGKILL)
         with disk.cut() as copy:
             # What the daemon last said (from the page cache, which the copy lost): the cut was during the restore.
             said = json.loads((disk.mount / "state" / STATUS_FILE).read_bytes())
             assert said["state"] == "RESTORING", f"the restore ended before the cut: {said}"
-            report = check_cut(broker, copy / "state", TABLE, topic, require_store=False, require_current=False)
+            # A first restore publishes no snapshot: CURRENT cannot be required (one found is checked all the same).
+            report = check_cut(broker, copy / "state", TABLE, topic, require_store=True, require_current=False)
             assert_whole(report, "the disk after a power loss during a restore")
+            assert report.stores == 1, report
             recover_on_copy(broker, make, copy, topic)
 
-
-def stopped_by_hook(d: DaemonProcess, fired: Path, timeout: float = 120.0) -> bool:
-    """The armed hook fired and the daemon stands stopped (SIGSTOP) at it; False if it exited or never got there."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and d.alive():
-        if fired.exists():
-            try:
-                if Path(f"/proc/{d.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("T", "t"):
-                    return True
-            except (OSError, IndexError):
-                return False
-        time.sleep(0.02)
-    return False

@@ -10,11 +10,17 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-pytest.importorskip("fastavro")
-pytest.importorskip("google.protobuf")
-
 from globald.spark.bench_memory import pyspark_workers, smaps_rollup
 from globald.spark.bench_typed import FIELDS, Format, key_of, lookups_of
+
+
+@pytest.fixture(autouse=True)
+def _typed_extra() -> None:
+    """The decoders this module compares come with the [typed] extra: skip without it, fail in CI (tests/ci.py)."""
+    from tests.ci import require_module
+
+    require_module("fastavro", "typed")
+    require_module("google.protobuf", "typed")
 
 
 @pytest.mark.parametrize("name", ["avro", "protobuf"])

@@ -11,15 +11,15 @@ import importlib.util
 import re
 from types import ModuleType
 
-import pytest
-
 from tests.harness import REPO
 
 DOCS = REPO / "docs"
 
 
 def hooks() -> ModuleType:
-    pytest.importorskip("mkdocs")
+    from tests.ci import require_module  # here, not at the top: only the hooks need the [docs] extra
+
+    require_module("mkdocs", "docs")
     spec = importlib.util.spec_from_file_location("globald_docs_hooks", DOCS / "hooks.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
