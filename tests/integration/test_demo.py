@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness import REPO
+
 pytestmark = pytest.mark.kafka
 
 GLOBALD = str(Path(sys.executable).parent / "globald")
@@ -48,6 +50,25 @@ def leftover_processes(mark: str) -> list[str]:
     return found
 
 
+# What the demo prints of the recovery, as docs/demo.md shows it.
+RECOVERY_LINES = (
+    "recreating the topic: deleting customers and creating it again with 2,000 records",
+    "table customers RUNNING -> RESTORING (topic recreated, rebuilding: topic customers vanished and came back",
+    "(wiped: topic_recreated)", "wipes {'customers/topic_recreated': 1}", "wipe (reason topic_recreated)",
+    'globald_wipes_total{reason="topic_recreated",table="customers"} 1.0',
+    "cleaned up: broker stopped, daemon stopped, Spark stopped,",
+)
+
+
+def test_the_demo_page_shows_what_the_demo_prints() -> None:
+    page = (REPO / "docs" / "demo.md").read_text()
+    shown = page.split("```text\n$ globald demo\n", 1)[1].split("```", 1)[0]
+    for line in RECOVERY_LINES:
+        assert line in shown, line
+    assert "invalid offset" not in shown and "invalid_offset" not in shown
+    assert "a recreated topic healed in-process" in shown and "topic_recreated" in page.split("```text")[0]
+
+
 @pytest.mark.timeout(960)  # the demo's own phase bounds (PHASE_TIMEOUT_S) decide; this only stops a hang
 @pytest.mark.long  # over 30 s on an idle 2-core machine: the long lane (make test-long)
 def test_demo_runs_end_to_end_from_any_directory(tmp_path: Path) -> None:
@@ -66,10 +87,9 @@ def test_demo_runs_end_to_end_from_any_directory(tmp_path: Path) -> None:
     assert re.search(r"customers: restored 200,000 records in [\d.]+s", out)
     assert len(re.findall(r"check: store == fold of the topic .*keys ✓", out)) == 2
     # The recreated topic and the in-process recovery, as the demo tells it: the daemon sees the topic vanish and come
-    # back with other records (topic_recreated), and wipes the table once.
-    assert "recreating the topic: deleting customers and creating it again with 2,000 records" in out
-    assert re.search(r"table customers RUNNING -> RESTORING \(topic recreated, rebuilding: ", out)
-    assert "(wiped: topic_recreated)" in out and "wipes {'customers/topic_recreated': 1}" in out
+    # back with other records (topic_recreated), and wipes the table once. docs/demo.md shows the same lines.
+    for line in RECOVERY_LINES:
+        assert line in out, line
     assert "invalid offset" not in out and "invalid_offset" not in out
     # Spark ran, or said clearly why not.
     assert re.search(r"Spark: enriched [\d,]+ orders|Spark step skipped: ", out)
