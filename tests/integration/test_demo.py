@@ -115,7 +115,7 @@ PHASES = {
     "Spark starting": "Spark: starting a local session",  # the JVM is starting: PySpark does not know its PID yet
     "Spark running": "Spark: view refreshed",  # the join and its collect() on the JVM
 }
-QUICK = {"broker starting"}  # under 30 s on an idle 2-core machine; the others go to the long lane
+QUICK = {"broker starting", "daemon restoring"}  # under 30 s (20 s on a loaded 2-core machine); the rest: long lane
 
 
 @pytest.mark.parametrize("phase", [pytest.param(p, marks=() if p in QUICK else pytest.mark.long) for p in PHASES])
