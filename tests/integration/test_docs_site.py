@@ -17,7 +17,9 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import unquote, urlsplit
 
 import pytest
@@ -41,7 +43,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def browser(tmp_path_factory: pytest.TempPathFactory) -> object:
+def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Browser]:
     executable = require_tool("chromium", "chromium")
     b = Browser.start(executable, tmp_path_factory.mktemp("chromium-profile"))
     yield b
@@ -56,7 +58,7 @@ def _in_site(url: str, site: Path) -> Path | None:
     return path if path.is_relative_to(site) else None
 
 
-def _mermaid_svgs(doc: dict) -> tuple[int, int]:
+def _mermaid_svgs(doc: dict[str, Any]) -> tuple[int, int]:
     """(mermaid blocks, those drawn: an svg inside the block's shadow root)."""
     blocks = drawn = 0
     for node in nodes(doc):
