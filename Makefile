@@ -20,7 +20,8 @@ lint: $(BIN)/.installed
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-# The documentation site (docs/, mkdocs.yml) into build/site; any warning fails the build.
+# The documentation site (docs/, mkdocs.yml) into build/site; any warning fails the build. It works opened as files
+# (build/site/index.html), offline: mermaid is bundled (docs/mermaid.py fetches it with npm once).
 docs: $(BIN)/.installed
 	$(BIN)/mkdocs build --strict --site-dir build/site
 
@@ -53,8 +54,9 @@ soak-accelerated: $(BIN)/.installed
 
 # Tools the suite takes from Debian: libfiu (fiu-run, fiu-ctrl) and libfaketime for the chaos campaign and the clock
 # tests, systemd-analyze (package systemd) for the unit files, promtool (package prometheus) for the alert rules,
-# setpriv (util-linux, essential in Debian) for the permission tests as root, and libjemalloc2, the allocator the
-# daemon runs on when installed (docs/operations/memory.md), so that the suite tests what production runs.
+# setpriv (util-linux, essential in Debian) for the permission tests as root, libjemalloc2, the allocator the
+# daemon runs on when installed (docs/operations/memory.md), so that the suite tests what production runs, and
+# chromium, the headless browser that opens the built documentation site (tests/integration/test_docs_site.py).
 # Installed when missing and root; otherwise this says why, and the tests that need them skip, or fail in CI
 # (CI=true: tests/ci.py).
 sysdeps:
@@ -66,6 +68,7 @@ sysdeps:
 	command -v setpriv >/dev/null || missing="$$missing util-linux"; \
 	command -v mkfs.xfs >/dev/null || missing="$$missing xfsprogs"; \
 	ls /usr/lib/*/libjemalloc.so.2 >/dev/null 2>&1 || missing="$$missing libjemalloc2"; \
+	command -v chromium >/dev/null || missing="$$missing chromium"; \
 	if [ -z "$$missing" ]; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \

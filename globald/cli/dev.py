@@ -1,10 +1,12 @@
 """``globald dev``: a local Kafka to try globald by hand, with a seeded compacted topic and a ready config.
 
 It starts the bundled Kafka 0.9 broker (and ZooKeeper) on free loopback ports, creates and seeds a compacted
-``customers`` topic, writes ``<dir>/globald.toml`` (state_dir ``state``, relative to that file) and prints the
-commands to try next. With ``--run`` it also runs ``globald run`` on that config as a child process. It stays up
-until Ctrl-C or SIGTERM, then stops what it started and removes ``<dir>`` (``--keep`` keeps it). A state_dir that
-another globald still holds is left in place, and said so: it is that daemon's.
+``customers`` topic, creates the empty compacted topics that ``--topic`` names (a 0.9 broker has no CreateTopics
+API and its auto-creation is off, so a producer to a missing topic only times out: this is the way to get one),
+writes ``<dir>/globald.toml`` (state_dir ``state``, relative to that file) and prints the commands to try next.
+With ``--run`` it also runs ``globald run`` on that config as a child process. It stays up until Ctrl-C or SIGTERM,
+then stops what it started and removes ``<dir>`` (``--keep`` keeps it). A state_dir that another globald still
+holds is left in place, and said so: it is that daemon's.
 
 Nothing here is used by the daemon; it is the hands-on counterpart of ``globald demo``, which runs a fixed script.
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import re
 import shutil
 import subprocess
 import sys
@@ -27,6 +30,7 @@ from globald.embedded.interrupts import Interrupts
 
 TOPIC = TABLE = "customers"
 PARTITIONS = 3
+TOPIC_NAME = re.compile(r"[a-zA-Z0-9._-]{1,249}")  # Kafka's rule (it becomes a directory under the broker's log.dirs)
 READY_LINE = "Stop with Ctrl-C"  # the last line of the set-up: scripts (and the tutorial's test) wait for it
 
 
@@ -66,10 +70,14 @@ def main(args: argparse.Namespace) -> int:
     if work.exists() and (not work.is_dir() or any(work.iterdir())):
         raise RefusedError(f"{work} exists and is not an empty directory (another `globald dev`, or one stopped "
                            "with --keep?): remove it, or pass --dir")
-    if args.customers < 1:
-        from globald.common.errors import UsageError
+    from globald.common.errors import UsageError
 
+    if args.customers < 1:
         raise UsageError(f"--customers must be at least 1, not {args.customers}")
+    for topic in args.topic:
+        if not TOPIC_NAME.fullmatch(topic) or topic in (".", "..", TOPIC):
+            raise UsageError(f"--topic {topic!r}: a topic name is 1 to 249 of a-z, A-Z, 0-9, '.', '_', '-' (not "
+                             f"'.', '..' or {TOPIC!r}, which globald dev seeds itself)")
     # librdkafka's lines (the set-up's own clients) go through globald's filters: harmless 0.9 lines at DEBUG,
     # a repeated problem once and then counted.
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
@@ -124,6 +132,8 @@ class _Session:
             admin.create(TOPIC, partitions=PARTITIONS, compact=True)
             records = customer_records(self.args.customers, 2, seed=1)
             admin.produce(TOPIC, records)
+            for topic in self.args.topic:
+                admin.create(topic, partitions=PARTITIONS, compact=True)
         finally:
             admin.close()
         self.config = config = write_config(self.work, self.kafka.client_settings, free_port())
@@ -133,6 +143,8 @@ class _Session:
                  f"{time.monotonic() - t0:.1f}s")
         self.say(f"  topic {TOPIC}: compacted, {PARTITIONS} partitions, {len(records):,} records "
                  f"({self.args.customers:,} customers, updates and tombstones)")
+        for topic in self.args.topic:
+            self.say(f"  topic {topic}: compacted, {PARTITIONS} partitions, empty")
         self.say(f"  config: {config} (state_dir {self.work / 'state'})")
         if self.args.run:
             self.daemon = subprocess.Popen([sys.executable, "-m", "globald", "run", "--config", str(config)])

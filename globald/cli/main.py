@@ -238,6 +238,9 @@ def _add_dev_arguments(p: argparse.ArgumentParser) -> None:
                    "must not exist yet, or be empty")
     p.add_argument("--customers", type=int, default=1000, metavar="N",
                    help="customers to seed the topic with, two records each on average (default 1000)")
+    p.add_argument("--topic", action="append", default=[], metavar="NAME",
+                   help="also create this empty compacted topic (3 partitions), for a table of your own; repeatable. "
+                   "The 0.9 broker cannot create topics for a client, and creates none by itself")
     p.add_argument("--run", action="store_true", help="also run the daemon on the config (globald run) until Ctrl-C")
     p.add_argument("--keep", action="store_true", help="keep DIR (config, state_dir, broker logs) when stopping")
 

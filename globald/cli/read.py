@@ -197,6 +197,10 @@ def cmd_get(args: argparse.Namespace) -> int:
             shown = f"(binary, {len(value)} bytes) base64:{_b64(value)}"
         print(f"value:     {shown}")
         print(f"timestamp: {_timestamp_text(ts)}")
+        if decoders is None and table.value is not None and table.value.typed:
+            # On stderr: a script reading stdout gets the stored bytes as before; a person learns the flag exists.
+            print(f"globald: {table.name}'s values are {table.value.format} (the stored bytes are shown): add "
+                  "--decode to print them decoded", file=sys.stderr)
     return exitcodes.OK if found is not None else exitcodes.NOT_FOUND
 
 

@@ -8,6 +8,7 @@ the CLI can print one line and exit 2. Loading a config never creates a file or 
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
 import json
 import re
@@ -93,7 +94,10 @@ class Properties(Spec):
                 raise ConfigError(f"{path}.{key}",
                                   f"is managed by globald and must stay {MANAGED_KAFKA_PROPERTIES[key]!r}")
         if not value.get("bootstrap.servers"):
-            raise ConfigError(f"{path}.bootstrap.servers", "is required")
+            # A misspelling (bootstrap.server) is named, as an unknown top-level key is answered with the known ones.
+            near = difflib.get_close_matches("bootstrap.servers", [str(k) for k in value], n=1, cutoff=0.8)
+            raise ConfigError(f"{path}.bootstrap.servers",
+                              "is required" + (f" (is {near[0]!r} a misspelling of it?)" if near else ""))
         return dict(value)
 
     def absent(self, path: str) -> Any:

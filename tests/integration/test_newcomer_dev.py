@@ -70,3 +70,11 @@ def test_dev_refuses_a_directory_in_use(tmp_path: Path) -> None:
     r = subprocess.run([GLOBALD, "dev", "--dir", "sandbox"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert r.returncode == 4 and r.stderr.count("\n") == 1 and "sandbox exists" in r.stderr, r.stderr
     assert (tmp_path / "sandbox" / "globald.toml").read_text() == "# someone's\n"
+
+
+@pytest.mark.parametrize("name", ["bad/name", "..", "customers", "x" * 250])
+def test_dev_refuses_a_topic_name_kafka_would_not_take(tmp_path: Path, name: str) -> None:
+    r = subprocess.run([GLOBALD, "dev", "--dir", "sandbox", "--topic", name], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--topic" in r.stderr, r.stderr
+    assert not (tmp_path / "sandbox").exists()

@@ -233,3 +233,34 @@ def test_building_the_package_prints_no_license_deprecation(tmp_path: Path) -> N
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert "project.license" not in r.stdout + r.stderr and "License classifiers are deprecated" not in r.stderr
     assert list(tmp_path.glob("globald-*.whl"))
+
+
+def test_plain_get_of_a_typed_table_says_on_stderr_that_decode_exists(tmp_path: Path) -> None:
+    """Issue 35, item 3: the stored bytes on stdout as before (scripts parse it), and a hint beside them."""
+    state = tmp_path / "state"
+    fill(state, {b"k": b'{"a": 1}'}, {0: 1}).close()
+    mark_complete(state)
+    (tmp_path / "s.ddl").write_text("a BIGINT")
+    cfg = write_config(tmp_path / "g.toml", state, KAFKA, {"tbl": "topic"})
+    raw_cfg = str(cfg)
+    typed = tmp_path / "typed.toml"
+    typed.write_text(cfg.read_text() + '[tables.value]\nformat = "json"\nschema = "s.ddl"\n')
+    stored = 'value:     {"a": 1}\ntimestamp: 2023-11-14T22:13:20.000Z (1700000000000)\n'
+    r = globald("get", "--config", str(typed), "--table", "tbl", "k")
+    assert r.returncode == 0 and r.stdout == stored, (r.stdout, r.stderr)
+    assert r.stderr == ("globald: tbl's values are json (the stored bytes are shown): add --decode to print them "
+                        "decoded\n")
+    r = globald("get", "--config", str(typed), "--table", "tbl", "--decode", "k")
+    assert r.returncode == 0 and '"a": 1' in r.stdout and "--decode" not in r.stderr, (r.stdout, r.stderr)
+    r = globald("get", "--config", raw_cfg, "--table", "tbl", "k")  # a raw table: its bytes are the answer
+    assert r.returncode == 0 and r.stdout == stored and r.stderr == "", (r.stdout, r.stderr)
+
+
+def test_a_misspelt_kafka_property_is_named(tmp_path: Path) -> None:
+    cfg = tmp_path / "g.toml"
+    cfg.write_text(f'state_dir = "{tmp_path / "state"}"\n[kafka]\n"bootstrap.server" = "127.0.0.1:9"\n'
+                   '[[tables]]\nname = "tbl"\ntopic = "topic"\n')
+    r = globald("check-config", "--config", str(cfg))
+    assert r.returncode == 2
+    assert one_line(r) == ("globald: config error: kafka.bootstrap.servers: is required (is 'bootstrap.server' a "
+                           "misspelling of it?)")
