@@ -29,10 +29,8 @@ from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
-from globald.embedded.admin import TopicAdmin
-from globald.embedded.broker import EmbeddedKafka
-from globald.spark.bench import request_ms
-from globald.spark.bench_harness import (
+from bench.spark import request_ms
+from bench.spark_harness import (
     TABLE,
     fastest,
     log,
@@ -44,6 +42,8 @@ from globald.spark.bench_harness import (
     stop_all,
     wait,
 )
+from globald.embedded.admin import TopicAdmin
+from globald.embedded.broker import EmbeddedKafka
 from globald.spark.host import CONFIG_ENV
 from globald.store.names import snapshots_dir
 from tests.support.spark_cluster import StandaloneCluster, Worker

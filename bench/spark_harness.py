@@ -1,4 +1,4 @@
-"""What the Spark benchmarks share (``globald.spark.bench``, ``bench_typed``, ``bench_memory``): an embedded broker's
+"""What the Spark benchmarks share (``bench.spark``, ``spark_typed_join``, ``spark_memory``): an embedded broker's
 table, the sidecar daemon, a classic session and the interleaved best-of timing. Nothing here is a pass/fail test.
 """
 
