@@ -45,10 +45,10 @@ from bench.spark_harness import (
     stop_all,
     wait,
 )
-from globald.embedded.admin import TopicAdmin
-from globald.embedded.broker import EmbeddedKafka
 from globald.snapshot import exact_requests, open_snapshot
 from globald.snapshot.reader import Snapshot, current_id
+from tests.support.admin import TopicAdmin
+from tests.support.broker import EmbeddedKafka
 
 
 def measure_daemon(admin: TopicAdmin, topic: str, state: Path) -> dict[str, Any]:

@@ -42,10 +42,10 @@ from bench.spark_harness import (
     stop_all,
     wait,
 )
-from globald.embedded.admin import TopicAdmin
-from globald.embedded.broker import EmbeddedKafka
 from globald.spark.host import CONFIG_ENV
 from globald.store.names import snapshots_dir
+from tests.support.admin import TopicAdmin
+from tests.support.broker import EmbeddedKafka
 from tests.support.spark_cluster import StandaloneCluster, Worker
 
 HOSTS = ("a", "b")

@@ -15,8 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from globald.embedded.admin import TopicAdmin
-from globald.embedded.broker import EmbeddedKafka
+from tests.support.admin import TopicAdmin
+from tests.support.broker import EmbeddedKafka
 
 TABLE = "bench"
 DEFAULT_ARROW_BATCH = 10_000  # spark.sql.execution.arrow.maxRecordsPerBatch: Spark's default, kept by measurement

@@ -35,7 +35,7 @@ import pyarrow as pa
 
 from bench.spark_harness import TABLE, log, spark_session, wait
 from bench.spark_typed_join import Format, mirror, produce
-from globald.embedded.admin import TopicAdmin
+from tests.support.admin import TopicAdmin
 
 MB = 2**20
 PHASES = ("imports", "before", "after_first_decodes", "after_mapped")

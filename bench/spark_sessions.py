@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from bench import spark as spark_bench
-from globald.embedded.admin import TopicAdmin
-from globald.embedded.broker import EmbeddedKafka
+from tests.support.admin import TopicAdmin
+from tests.support.broker import EmbeddedKafka
 from tests.support.spark_connect import ConnectServer, connect_mode
 
 TOPIC = "bench-spark-sessions"

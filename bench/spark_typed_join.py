@@ -34,12 +34,12 @@ import pyarrow as pa
 
 from bench.spark_harness import TABLE, fastest, log, sidecar_config, snapshot_at_end, start_sidecar, wait
 from globald.common.errors import SnapshotNotFoundError
-from globald.embedded.admin import TopicAdmin
 from globald.settings.config import load
 from globald.snapshot.reader import OpenOptions, Snapshot
 from globald.typed import load_table
 from globald.typed.arrow import Decoder
 from globald.typed.columnar import build_table, columnar_path, ensure_columnar, write_columnar
+from tests.support.admin import TopicAdmin
 
 AVRO: dict[str, Any] = {"type": "record", "name": "Customer", "namespace": "bench", "fields": [
     {"name": "id", "type": "long"}, {"name": "name", "type": "string"}, {"name": "email", "type": "string"},

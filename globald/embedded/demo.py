@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from globald.common import exitcodes
 from globald.common.states import Listeners, State
-from globald.embedded.admin import Record, TopicAdmin
+from globald.embedded.admin import JavaToolsAdmin, Record, TopicAdmin
 from globald.embedded.broker import EmbeddedKafka
 from globald.embedded.interrupts import Interrupts
 from globald.embedded.oracle import fold
@@ -208,7 +208,7 @@ class Demo:
         self.kafka.start()
         # The demo's own clients log to the log file, not over its output.
         settings = {**self.kafka.client_settings, "logger": logging.getLogger("globald.demo.kafka")}
-        self.admin = admin = TopicAdmin.for_broker(settings, self.kafka.zookeeper)
+        self.admin = admin = JavaToolsAdmin(settings, self.kafka.zookeeper)
         say(f"Kafka up on {self.kafka.bootstrap}")
         admin.create(TOPIC, partitions=PARTITIONS, compact=True)
         records = customer_records(CUSTOMERS, UPDATES, seed=1)
