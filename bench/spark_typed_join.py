@@ -137,7 +137,7 @@ class Format:
 
     def __init__(self, name: str, work: Path, keys: int) -> None:
         from globald import typed
-        from globald.typed.spec import ValueFormat
+        from globald.settings.typed_spec import ValueFormat
 
         self.name = name
         self.work = work

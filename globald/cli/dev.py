@@ -153,7 +153,7 @@ class _Session:
         self.say(self._remove())
 
     def _remove(self) -> str:
-        from globald.service.statedir import lock_holder
+        from globald.store.statedir import lock_holder
 
         if self.args.keep or not self.created_dir:
             return f"globald dev: stopped; {self.work} kept"

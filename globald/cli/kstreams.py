@@ -20,7 +20,6 @@ from rocksdict import Rdict, WriteBatch
 
 from globald.common.errors import ConfigError, ImportRefusedError, StoreCorruptError
 from globald.kafka.clients import TransientKafkaError, partitions, watermarks
-from globald.service.statedir import lock_state_dir, prepare_state_dir
 from globald.settings.config import TOPIC_NAME_RE, Config
 from globald.store import checkpoint_file, durable, layout
 from globald.store.names import (
@@ -40,6 +39,7 @@ from globald.store.names import (
     tables_dir,
 )
 from globald.store.options import StoreOptions
+from globald.store.statedir import lock_state_dir, prepare_state_dir
 from globald.store.table_store import TableStore
 
 log = logging.getLogger(__name__)

@@ -31,7 +31,7 @@ from globald.embedded.interrupts import Interrupts
 from globald.embedded.oracle import fold
 from globald.engine.events import Committed, Event, StateChanged, Wiped
 from globald.ops.progress import ProgressOptions
-from globald.service.statusfile import status_lines
+from globald.ops.statusfile import status_lines
 from globald.settings import config as configmod
 
 if TYPE_CHECKING:

@@ -13,8 +13,8 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from globald.kafka.client_log import kafka_log
-from globald.kafka.properties import redact
 from globald.settings.config import Config
+from globald.settings.kafka_properties import redact
 
 log = logging.getLogger(__name__)
 

@@ -46,7 +46,7 @@ from typing import IO, Any
 from globald.common import swallowed
 from globald.common.errors import GlobaldError
 from globald.common.states import State
-from globald.service.status import DaemonStatus, DecodeStatus
+from globald.ops.status import DaemonStatus, DecodeStatus
 from globald.settings.config import Config
 from globald.store.durable import TMP_PREFIX, TMP_SUFFIX
 from globald.store.names import SNAPSHOT_LEASES_DIR, snapshots_dir
