@@ -81,7 +81,3 @@ def watermarks(consumer: Consumer, topic: str, partition: int, timeout: float = 
     if low < 0 or high < 0:
         raise TransientKafkaError(f"watermarks of {topic}[{partition}] unknown ({low}, {high})")
     return low, high
-
-
-def error_text(err: KafkaError | Any) -> str:
-    return err.str() if hasattr(err, "str") else str(err)
