@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from globald.embedded.admin import Record, TopicAdmin
+from tests.support.admin import Record, TopicAdmin
 
 KEY_SIZE = 16
 VALUE_SIZE = 100

@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from globald.embedded.admin import TopicAdmin
-from globald.embedded.broker import EmbeddedKafka
 from globald.settings import config as configmod
 from globald.settings.config import Config
 from tests.harness import DaemonProcess, write_config
+from tests.support.admin import TopicAdmin
+from tests.support.broker import EmbeddedKafka
 
 
 @dataclass

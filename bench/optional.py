@@ -1,4 +1,4 @@
-"""Benchmarks of the snapshot and Spark packages, delegated to their own measurements (``globald.spark.bench``).
+"""Benchmarks of the snapshot and Spark packages, delegated to their own measurements (``bench.spark``).
 
 Both run against the real daemon (``globald run``, its own process) on this benchmark's broker: snapshot publish
 times, reader opens and exact requests on the full restored table; Spark lookups per core in each lookup mode
@@ -21,7 +21,7 @@ from bench.restore import TABLE
 
 def _measurements(progress: Callable[[str], None]) -> tuple[Any, dict[str, Any] | None]:
     try:
-        return importlib.import_module("globald.spark.bench"), None
+        return importlib.import_module("bench.spark"), None
     except ImportError as e:
         progress(f"not available: {type(e).__name__}: {e}")
         return None, {"available": False, "reason": f"{type(e).__name__}: {e}"}

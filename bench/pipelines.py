@@ -26,8 +26,8 @@ from globald.engine.events import EventBus, deliver
 from globald.engine.loop import LoopService
 from globald.engine.state_manager import StateManager
 from globald.engine.thread import GlobalThread
-from globald.kafka.properties import CONSUMER_DEFAULTS
 from globald.settings.config import Config
+from globald.settings.kafka_properties import CONSUMER_DEFAULTS
 from globald.snapshot.publisher import SnapshotPublisher
 from globald.store.codec import NO_TIMESTAMP, encode_offset, pack_i64, partition_key
 from globald.store.names import OFFSETS_CF, VALUES_CF

@@ -177,7 +177,7 @@ def _other_sections(r: dict[str, Any]) -> list[str]:
         text = _unavailable(x)
         if text is None:
             steady = x["steady_publish_after_10k_updates"]
-            text = (f"Measured by `globald.spark.bench.measure_daemon` on the benchmark's table: first publish after "
+            text = (f"Measured by `bench.spark.measure_daemon` on the benchmark's table: first publish after "
                     f"the restore {x['first_publish_ms']} ms (it flushes the restore's memtables), publish after "
                     f"10k updates median {steady['median_ms']} ms (max {steady['max_ms']}), reader open median "
                     f"{x['reader_open']['median_ms']} ms; exact request at the live offsets "
@@ -196,7 +196,7 @@ def _other_sections(r: dict[str, Any]) -> list[str]:
             batch_rows = [[size, f"{r['join_mapInArrow']:,}", f"{r['baseline_dict_mapInArrow']:,}",
                            f"{r['join_mapInArrow'] / r['baseline_dict_mapInArrow']:.3f}x"]
                           for size, r in batches.items()]
-            text = (f"Measured by `globald.spark.bench.measure_spark`: Spark local[1] (per core), "
+            text = (f"Measured by `bench.spark.measure_spark`: Spark local[1] (per core), "
                     f"{x['lookups']:,} lookups ({x.get('hit_rate', 1.0):.0%} hits) against a {x['table_keys']:,}-key "
                     f"table, Arrow batches of {x.get('arrow_batch', 10_000):,} rows, best of interleaved rounds; "
                     f"refresh to executors reading the new snapshot median "

@@ -29,10 +29,8 @@ from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
-from globald.embedded.admin import TopicAdmin
-from globald.embedded.broker import EmbeddedKafka
-from globald.spark.bench import request_ms
-from globald.spark.bench_harness import (
+from bench.spark import request_ms
+from bench.spark_harness import (
     TABLE,
     fastest,
     log,
@@ -46,6 +44,8 @@ from globald.spark.bench_harness import (
 )
 from globald.spark.host import CONFIG_ENV
 from globald.store.names import snapshots_dir
+from tests.support.admin import TopicAdmin
+from tests.support.broker import EmbeddedKafka
 from tests.support.spark_cluster import StandaloneCluster, Worker
 
 HOSTS = ("a", "b")

@@ -1,6 +1,6 @@
 """Spark lookups on a classic and a Spark Connect session in one run: ``python -m bench.spark_sessions``.
 
-Issue 23's figures: every lookup mode of ``globald.spark.bench.measure_lookups`` (snapshot mode and both small-table
+Issue 23's figures: every lookup mode of ``bench.spark.measure_lookups`` (snapshot mode and both small-table
 joins, each against the broadcast dict a user writes instead) first on a classic local[1] session, then on a Spark
 Connect session to a local[1] Connect server started from pyspark's own jar (``tests.support.spark_connect``), on
 the same table, sidecar and broker. local[1] on both, so every figure is per executor core. Prints one JSON document
@@ -18,9 +18,9 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from globald.embedded.admin import TopicAdmin
-from globald.embedded.broker import EmbeddedKafka
-from globald.spark import bench as spark_bench
+from bench import spark as spark_bench
+from tests.support.admin import TopicAdmin
+from tests.support.broker import EmbeddedKafka
 from tests.support.spark_connect import ConnectServer, connect_mode
 
 TOPIC = "bench-spark-sessions"

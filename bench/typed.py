@@ -13,9 +13,9 @@ per-query cost to both sides alike). For each format, in the same run, rounds in
   records become the same Arrow struct (``pa.array``), the cheapest way to the same output; and, as a pandas UDF
   returning a struct must, a pandas DataFrame.
 Also: the one-off decode of the snapshot into the columnar file, and the file's bytes per key. The records, schemas
-and the user's decode are the product's (``globald.spark.bench_typed``), which measures the same comparison in
-Spark (``python -m globald.spark.bench --benches typed``); a real executor's workers' memory, before and after the
-columnar file, is ``python -m globald.spark.bench --benches executor-memory``.
+and the user's decode are the Spark benchmark's (``bench.spark_typed_join``), which measures the same comparison in
+Spark (``python -m bench.spark --benches typed``); a real executor's workers' memory, before and after the
+columnar file, is ``python -m bench.spark --benches executor-memory``.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 
-from globald.spark.bench_typed import Format, lookups_of
+from bench.spark_typed_join import Format, lookups_of
 from globald.typed.columnar import ColumnarTable, build_table, write_columnar
 
 

@@ -4,7 +4,7 @@
   declarations themselves (``globald.settings.spec.declared_keys`` over ``globald.settings.config.Config``): the
   same source that validates a config and that ``globald check-config --keys`` prints, so the page cannot drift
   from either. The librdkafka properties globald manages, and the defaults it gives the consumer, come from
-  ``globald.kafka.properties``.
+  ``globald.settings.kafka_properties``.
 - ``<!-- globald:cli-reference -->`` becomes the CLI reference, rendered from the argparse parser
   (``globald.cli.main.build_parser``): each subcommand's usage line and arguments.
 - ``<!-- globald:module-map -->`` becomes the map of the ``globald`` package: each package and module with the
@@ -127,7 +127,7 @@ def config_reference() -> str:
 
 
 def _kafka_properties() -> list[str]:
-    props = _module("globald.kafka.properties")
+    props = _module("globald.settings.kafka_properties")
     out = ["## `[kafka]` properties globald sets", "",
            "Every `[kafka]` entry is a librdkafka property, passed to every client globald makes. These are "
            "managed: globald always sets them, and a config giving another value is refused (exit 2):", "",

@@ -22,9 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from globald.embedded.admin import ModernAdmin, Record, TansuAdmin, TopicAdmin
-from globald.embedded.broker import EmbeddedKafka, stop_process
+from globald.embedded.broker import stop_process
 from globald.embedded.oracle import Table, fold
+from tests.support.admin import ModernAdmin, Record, TansuAdmin, TopicAdmin
+from tests.support.broker import EmbeddedKafka
 from tests.support.tansu import EmbeddedTansu
 
 REPO = Path(__file__).resolve().parent.parent

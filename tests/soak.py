@@ -26,8 +26,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from globald.embedded.admin import TopicAdmin
-from globald.embedded.broker import EmbeddedKafka
 from globald.ops.memory import process_memory
 from globald.store.names import STATUS_FILE, db_dir
 from tests.harness import Broker, DaemonProcess, random_records, write_config
@@ -55,6 +53,8 @@ from tests.soak_report import (
     tracemalloc_growth,
     verdict,
 )
+from tests.support.admin import TopicAdmin
+from tests.support.broker import EmbeddedKafka
 
 PARTIAL_EVERY_S = 300.0  # how often a run writes its memory figures so far
 SAMPLE_EVERY_S = 1.0  # RSS: many samples a minute, so a minute's median is not one fault's swing

@@ -11,10 +11,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from globald.embedded.broker import EmbeddedKafka
 from tests.harness import Broker, DaemonProcess, random_records
 from tests.reliability.disk import fill
 from tests.reliability.load import Load
+from tests.support.broker import EmbeddedKafka
 
 TABLES = ("customers", "products")
 MAX_PARTITIONS = 6

@@ -120,14 +120,14 @@ class _Session:
         print(text, flush=True)
 
     def start(self) -> None:
-        from globald.embedded.admin import TopicAdmin
+        from globald.embedded.admin import JavaToolsAdmin
         from globald.embedded.broker import free_port
         from globald.embedded.demo import customer_records
 
         t0 = time.monotonic()
         self.say(f"globald dev: starting a local Kafka 0.9 broker and ZooKeeper in {self.work}/kafka (127.0.0.1)")
         self.kafka.start()
-        admin = TopicAdmin.for_broker(self.kafka.client_settings, self.kafka.zookeeper)
+        admin = JavaToolsAdmin(self.kafka.client_settings, self.kafka.zookeeper)
         try:
             admin.create(TOPIC, partitions=PARTITIONS, compact=True)
             records = customer_records(self.args.customers, 2, seed=1)
@@ -165,7 +165,7 @@ class _Session:
         self.say(self._remove())
 
     def _remove(self) -> str:
-        from globald.service.statedir import lock_holder
+        from globald.store.statedir import lock_holder
 
         if self.args.keep or not self.created_dir:
             return f"globald dev: stopped; {self.work} kept"

@@ -16,11 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from confluent_kafka import Consumer
-from rocksdict import Rdict, WriteBatch
+from rocksdict import ColumnFamily, Rdict, WriteBatch
 
 from globald.common.errors import ConfigError, ImportRefusedError, StoreCorruptError
 from globald.kafka.clients import TransientKafkaError, partitions, watermarks
-from globald.service.statedir import lock_state_dir, prepare_state_dir
 from globald.settings.config import TOPIC_NAME_RE, Config
 from globald.store import checkpoint_file, durable, layout
 from globald.store.names import (
@@ -40,7 +39,9 @@ from globald.store.names import (
     tables_dir,
 )
 from globald.store.options import StoreOptions
+from globald.store.statedir import lock_state_dir, prepare_state_dir
 from globald.store.table_store import TableStore
+from globald.store.writes import write, write_options
 
 log = logging.getLogger(__name__)
 
@@ -150,10 +151,13 @@ def _build(config: Config, staging: str, source: Path, topic: str, offsets: dict
         timestamped = _move_timestamped(db, source) if KS_TIMESTAMPED_CF in families else 0
         plain = sum(1 for _ in db.keys())  # noqa: SIM118 - an Rdict iterates items
         fmt = FORMAT_MIXED if plain else FORMAT_TIMESTAMPED
-        meta = WriteBatch(raw_mode=True)
-        layout.put_meta(meta, db, layout.stamp(fmt, topic))
-        db.write(meta)
-        del meta
+
+        def meta() -> WriteBatch:
+            batch = WriteBatch(raw_mode=True)
+            layout.put_meta(batch, db, layout.stamp(fmt, topic))
+            return batch
+
+        write(db, meta(), write_options(), "import-kafka-streams: metadata", rebuild=meta)
         db.flush()
     finally:
         db.close()
@@ -195,7 +199,14 @@ def _move_timestamped(db: Rdict, source: Path) -> int:
     ks = db.get_column_family(KS_TIMESTAMPED_CF)
     values = db.get_column_family_handle(VALUES_CF)
     n = 0
-    batch = WriteBatch(raw_mode=True)
+    chunk: list[tuple[bytes, bytes]] = []
+
+    def batch(family: ColumnFamily = values) -> WriteBatch:  # made again when RocksDB refuses it (writes.write)
+        b = WriteBatch(raw_mode=True)
+        for k, v in chunk:
+            b.put(k, v, family)
+        return b
+
     it = ks.iter()
     it.seek_to_first()
     while it.valid():
@@ -203,14 +214,14 @@ def _move_timestamped(db: Rdict, source: Path) -> int:
         if len(value) < 8:
             raise ImportRefusedError(f"{source}: value of key {key!r} in {KS_TIMESTAMPED_CF} has {len(value)} bytes, "
                                      f"fewer than its 8-byte timestamp")
-        batch.put(key, value, values)
+        chunk.append((key, value))
         n += 1
-        if n % COPY_BATCH == 0:
-            db.write(batch)
-            batch = WriteBatch(raw_mode=True)
+        if len(chunk) == COPY_BATCH:
+            write(db, batch(), write_options(), "import-kafka-streams: values", rebuild=batch)
+            chunk.clear()
         it.next()
     it.status()
-    db.write(batch)
+    write(db, batch(), write_options(), "import-kafka-streams: values", rebuild=batch)
     del it, ks, values, batch
     db.drop_column_family(KS_TIMESTAMPED_CF)
     return n
@@ -225,7 +236,7 @@ def _switch(state_dir: Path, table: str, staging: Path) -> bool:
     durable.sync_tree(staging)
     replaced = live.exists()
     if replaced:
-        os.rename(live, old)
-    durable.rename(staging, live)  # also makes the rename above durable: one directory
+        durable.rename(live, old)
+    durable.rename(staging, live)
     shutil.rmtree(old, ignore_errors=True)
     return replaced

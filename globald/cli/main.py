@@ -23,9 +23,9 @@ from globald.common.errors import (
     UnknownTableError,
     UsageError,
 )
-from globald.kafka.properties import check_kafka_properties, redact, secret_values
 from globald.settings import config as configmod
 from globald.settings import spec as configspec
+from globald.settings.kafka_properties import check_kafka_properties, redact, secret_values
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -45,7 +45,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from globald.service import statusfile
+    from globald.ops import statusfile
 
     doc = statusfile.current(configmod.load(args.config))
     if args.json:
@@ -85,7 +85,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         return exitcodes.OK
     if args.config is None:  # optional only so that --keys needs no file
         raise ConfigError("--config", "is required (or pass --keys to list the config keys)")
-    from globald.service.statedir import check_state_dir
+    from globald.store.statedir import check_state_dir
     from globald.typed import check_schemas
 
     cfg = configmod.load(args.config)
@@ -275,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"globald: {e}", file=sys.stderr)
         return exitcodes.UNAVAILABLE
     except StateDirError as e:
-        from globald.service.statedir import DiskNotReady
+        from globald.store.statedir import DiskNotReady
 
         print(f"globald: {e}", file=sys.stderr)
         return exitcodes.FAILED if isinstance(e, DiskNotReady) else exitcodes.USAGE

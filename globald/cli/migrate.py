@@ -10,11 +10,11 @@ from __future__ import annotations
 from typing import Any
 
 from globald.common.errors import StoreCorruptError, StoreUnavailableError
-from globald.service.statedir import lock_state_dir, prepare_state_dir
 from globald.settings.config import Config
 from globald.store.names import FORMAT_MIXED, FORMAT_TIMESTAMPED, db_dir
 from globald.store.options import StoreOptions
 from globald.store.reader import StoreReader
+from globald.store.statedir import lock_state_dir, prepare_state_dir
 from globald.store.table_store import TableStore
 
 

@@ -25,7 +25,7 @@ from globald.common.errors import (
     StoreFormatError,
     StoreUnavailableError,
 )
-from globald.service import statusfile
+from globald.ops import statusfile
 from globald.settings.config import Config
 from globald.snapshot.manifest import offsets_to_json
 from globald.snapshot.reader import Snapshot, current_id, open_snapshot

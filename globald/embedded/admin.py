@@ -1,8 +1,8 @@
-"""Topic administration for the demo, tests and benchmarks: create, delete, advance the log start, produce.
+"""Topic administration for ``globald demo`` and ``globald dev``: create, delete and produce on the embedded 0.9 broker.
 
-``TopicAdmin.for_broker`` picks the modern Admin API where the broker has it, or the Java tools bundled with
-the embedded 0.9 broker (through ZooKeeper) where it does not; ``TansuAdmin`` is the modern path for the embedded
-Tansu, whose offset answers are wrong. Callers never branch on the broker version.
+``JavaToolsAdmin`` drives the Java tools bundled with that broker (through ZooKeeper), which has no modern Admin
+API. What only tests and benchmarks do to a topic (other brokers' admins, added partitions, an advanced log start)
+is in ``tests/support/admin.py``, outside the wheel.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from globald.embedded.broker import kafka_home
 from globald.kafka.client_log import kafka_log
@@ -29,19 +29,13 @@ _SETTLING = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABL
 
 
 class TopicAdmin:
-    """Common operations; subclasses provide create/delete/advance."""
+    """Common operations; subclasses provide create and delete."""
 
     def __init__(self, client_settings: dict[str, Any]) -> None:
         # librdkafka's lines go through globald's filters (harmless 0.9 lines at DEBUG, repeats counted), not
         # straight to stderr, unless the caller brings its own logger.
         self.settings = {"logger": kafka_log, **client_settings}
         self._producer: Producer | None = None
-
-    @staticmethod
-    def for_broker(client_settings: dict[str, Any], zookeeper: str | None = None) -> TopicAdmin:
-        if zookeeper:
-            return JavaToolsAdmin(client_settings, zookeeper)
-        return ModernAdmin(client_settings)
 
     # -- data ---------------------------------------------------------------------------------------------
 
@@ -111,30 +105,6 @@ class TopicAdmin:
     def end_offsets(self, topic: str) -> dict[int, int]:
         return {p: hi for p, (_, hi) in self.watermarks(topic).items()}
 
-    def read_ends(self, topic: str, timeout: float = 60.0) -> dict[int, int]:
-        """Each partition's end as the data shows it: the offset at which a consumer reading from the log start
-        reaches end of partition. With librdkafka's default isolation.level (read_committed) that is the last stable
-        offset. No watermark is asked: for brokers whose ListOffsets answer is wrong."""
-        parts = sorted(self.watermarks(topic))
-        c = Consumer({**self.settings, "group.id": "globald-admin", "log_level": 3, "enable.partition.eof": True,
-                      "enable.auto.commit": False, "auto.offset.reset": "earliest"})
-        ends: dict[int, int] = {}
-        try:
-            c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
-            deadline = time.monotonic() + timeout
-            while len(ends) < len(parts):
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"{topic}: no end of partition for {sorted(set(parts) - set(ends))}")
-                for m in c.consume(10000, 0.5):
-                    err = m.error()
-                    p, offset = m.partition(), m.offset()
-                    if err is not None and err.code() == KafkaError._PARTITION_EOF and p is not None \
-                            and offset is not None:
-                        ends[p] = offset
-        finally:
-            c.close()
-        return ends
-
     def wait_for_topic(self, topic: str, partitions: int, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -162,76 +132,6 @@ class TopicAdmin:
         """Delete ``topic``; with ``wait``, return once it is gone. A client that recreates it at once (librdkafka
         fetching it, on a broker that auto-creates topics) would make that wait time out."""
         raise NotImplementedError
-
-    def add_partitions(self, topic: str, total: int) -> None:
-        raise NotImplementedError
-
-    def advance_log_start(self, topic: str, timeout: float = 90.0) -> dict[int, int]:
-        """Drop every record currently in ``topic`` (log start moves past the current end), as retention would."""
-        raise NotImplementedError
-
-
-class ModernAdmin(TopicAdmin):
-    """Brokers with the CreateTopics/DeleteTopics/DeleteRecords APIs (Kafka ≥ 1.1)."""
-
-    def __init__(self, client_settings: dict[str, Any]) -> None:
-        super().__init__(client_settings)
-        self._admin_client: Any = None
-
-    def _admin(self) -> Any:
-        """One AdminClient for this admin's life: a client destroyed while its futures are pending fails them
-        (_DESTROY), so a temporary one per call would lose every answer."""
-        if self._admin_client is None:
-            from confluent_kafka.admin import AdminClient
-
-            self._admin_client = AdminClient({**self.settings, "log_level": 3})
-        return self._admin_client
-
-    def create(self, topic: str, partitions: int = 3, compact: bool = True,
-               config: dict[str, str] | None = None) -> None:
-        from confluent_kafka.admin import NewTopic
-
-        configs = {**(config or {}), "cleanup.policy": "compact" if compact else "delete"}
-        fs = self._admin().create_topics([NewTopic(topic, partitions, 1, config=configs)])
-        fs[topic].result(30)
-        self.wait_for_topic(topic, partitions)
-
-    def delete(self, topic: str, wait: bool = True) -> None:
-        self.close()  # a producer that knows the topic would name it in its metadata refreshes
-        self._admin().delete_topics([topic])[topic].result(30)
-        deadline = time.monotonic() + (60 if wait else 0)
-        while time.monotonic() < deadline and topic in self._admin().list_topics(timeout=10).topics:
-            time.sleep(0.2)
-
-    def add_partitions(self, topic: str, total: int) -> None:
-        from confluent_kafka.admin import NewPartitions
-
-        self._admin().create_partitions([NewPartitions(topic, total)])[topic].result(30)
-        self.wait_for_topic(topic, total)
-        self.close()  # the producer would not learn of the new partitions before its next metadata refresh
-
-    def advance_log_start(self, topic: str, timeout: float = 90.0) -> dict[int, int]:
-        ends = self.end_offsets(topic)
-        fs = self._admin().delete_records([TopicPartition(topic, p, o) for p, o in ends.items()])
-        for f in fs.values():
-            f.result(30)
-        return ends
-
-
-class TansuAdmin(ModernAdmin):
-    """The modern Admin API against the embedded Tansu, around what that broker gets wrong.
-
-    Its ListOffsets answer is the start of a partition's last batch + 1, not the end: ends are read from the data
-    (``read_ends``). DeleteRecords crashes it and CreatePartitions is missing: both are refused here, naming why."""
-
-    def end_offsets(self, topic: str) -> dict[int, int]:
-        return self.read_ends(topic)
-
-    def add_partitions(self, topic: str, total: int) -> None:
-        raise NotImplementedError("Tansu lacks CreatePartitions (KIP-195): a 0.9 or external-broker test")
-
-    def advance_log_start(self, topic: str, timeout: float = 90.0) -> dict[int, int]:
-        raise NotImplementedError("DeleteRecords crashes Tansu, which has no retention either: a 0.9 test")
 
 
 class JavaToolsAdmin(TopicAdmin):
@@ -282,28 +182,3 @@ class JavaToolsAdmin(TopicAdmin):
                 return
             time.sleep(0.5)
         raise TimeoutError(f"topic {topic} was not deleted")
-
-    def add_partitions(self, topic: str, total: int) -> None:
-        self._topic_command("--alter", "--topic", topic, "--partitions", str(total))
-        self.wait_for_topic(topic, total)
-        self.close()  # the producer would not learn of the new partitions before its next metadata refresh
-
-    def advance_log_start(self, topic: str, timeout: float = 90.0) -> dict[int, int]:
-        """Switch the topic to time retention briefly so the broker deletes every closed segment."""
-        before = self.end_offsets(topic)
-        self._topic_command("--alter", "--topic", topic, "--config", "cleanup.policy=delete",
-                            "--config", "retention.ms=1", "--config", "segment.ms=100")
-        try:
-            deadline = time.monotonic() + timeout
-            while time.monotonic() < deadline:
-                # A segment rolls only when a record arrives after segment.ms; retention then drops the old one.
-                time.sleep(0.3)
-                for p in before:
-                    self.produce(topic, [(b"__roll__", b"x")], partition=p)
-                marks = self.watermarks(topic)
-                if all(marks[p][0] > before[p] for p in before):
-                    return {p: marks[p][0] for p in before}
-            raise TimeoutError(f"log start of {topic} did not advance past {before}")
-        finally:
-            self._topic_command("--alter", "--topic", topic, "--config", "cleanup.policy=compact",
-                                "--delete-config", "retention.ms", "--delete-config", "segment.ms")

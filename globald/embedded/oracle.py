@@ -1,39 +1,33 @@
 """The correctness oracle: the last value per key among a topic's records below given offsets.
 
-Tombstones delete the key, null keys are ignored. Every claim the tests, benchmarks and soak make about a store
-or a snapshot is checked against this fold, read straight from the broker. ``fold_timestamped`` keeps each value's
-record timestamp too, as globald must store it (KIP-258): -1 where the broker gives none (Kafka 0.9).
+Tombstones delete the key, null keys are ignored. The demo checks the store it shows against ``fold``, read
+straight from the broker; the tests, benchmarks and soak check every claim about a store or a snapshot against the
+same fold, through ``tests/support/oracle.py``, which also keeps each value's record timestamp and location.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
-from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaError, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 Table = dict[bytes, bytes]
-TimestampedTable = dict[bytes, tuple[bytes, int]]  # key -> (value, record timestamp or -1)
-LocatedTable = dict[bytes, tuple[bytes, int, int, int]]  # key -> (value, timestamp, partition, offset)
+T = TypeVar("T")
 
 
 def fold(settings: dict[str, Any], topic: str, upto: dict[int, int], timeout: float = 120.0) -> Table:
     """Fold ``topic`` from each partition's log start up to (excluding) ``upto[partition]``."""
-    return {k: v for k, (v, _) in fold_timestamped(settings, topic, upto, timeout).items()}
+    return fold_records(settings, topic, upto, lambda value, _: value, timeout)
 
 
-def fold_timestamped(settings: dict[str, Any], topic: str, upto: dict[int, int],
-                     timeout: float = 120.0) -> TimestampedTable:
-    """``fold`` with each value's record timestamp (-1 where the record has none)."""
-    return {k: (v, ts) for k, (v, ts, _, _) in fold_located(settings, topic, upto, timeout).items()}
-
-
-def fold_located(settings: dict[str, Any], topic: str, upto: dict[int, int],
-                 timeout: float = 120.0) -> LocatedTable:
-    """``fold_timestamped`` with the partition and offset of the record each value comes from."""
+def fold_records(settings: dict[str, Any], topic: str, upto: dict[int, int], entry: Callable[[bytes, Message], T],
+                 timeout: float = 120.0) -> dict[bytes, T]:
+    """``fold``, each key's last value kept as ``entry(value, record)`` makes it."""
     c = Consumer({**settings, "group.id": "globald-oracle", "enable.auto.commit": False,
                   "auto.offset.reset": "earliest", "enable.partition.eof": True, "log_level": 3})
-    table: LocatedTable = {}
+    table: dict[bytes, T] = {}
     try:
         todo = {p: o for p, o in upto.items() if o > 0}
         # Start at each log start explicitly: offset 0 may be gone after retention.
@@ -63,8 +57,7 @@ def fold_located(settings: dict[str, Any], topic: str, upto: dict[int, int],
                     if value is None:
                         table.pop(key, None)
                     else:
-                        ts_type, ts = m.timestamp()
-                        table[key] = (value, -1 if ts_type == TIMESTAMP_NOT_AVAILABLE else ts, p, offset)
+                        table[key] = entry(value, m)
                 if offset + 1 >= todo[p]:
                     del todo[p]
     finally:

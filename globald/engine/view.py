@@ -81,5 +81,4 @@ class LoopStats:
     last_progress: float = field(default_factory=time.monotonic)
     consumer_errors: int = 0
     consumer_renewals: int = 0  # consumers replaced after a long silence of the cluster (ClusterWatch._renew_consumer)
-    service_failures: int = 0
     recoveries: deque[float] = field(default_factory=lambda: deque(maxlen=100))  # seconds from a wipe to RUNNING

@@ -13,8 +13,8 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from globald.kafka.client_log import kafka_log
-from globald.kafka.properties import redact
 from globald.settings.config import Config
+from globald.settings.kafka_properties import redact
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +81,3 @@ def watermarks(consumer: Consumer, topic: str, partition: int, timeout: float = 
     if low < 0 or high < 0:
         raise TransientKafkaError(f"watermarks of {topic}[{partition}] unknown ({low}, {high})")
     return low, high
-
-
-def error_text(err: KafkaError | Any) -> str:
-    return err.str() if hasattr(err, "str") else str(err)

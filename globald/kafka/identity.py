@@ -40,7 +40,7 @@ from confluent_kafka import (
 from confluent_kafka.admin import AdminClient
 
 from globald.kafka.client_log import kafka_log
-from globald.kafka.properties import CONSUMER_DEFAULTS, MANAGED_KAFKA_PROPERTIES
+from globald.settings.kafka_properties import CONSUMER_DEFAULTS, MANAGED_KAFKA_PROPERTIES
 from globald.store.codec import NO_TIMESTAMP
 from globald.store.fingerprint import Fingerprint, Ladder, digest
 

@@ -1,2 +1,3 @@
-"""Operations: what an operator sees of a running daemon (HTTP, metrics, sd_notify, hooks, progress) and the
-operator requests it takes (``globald reset``)."""
+"""Operations: what an operator sees of a running daemon (the status document and file, HTTP, metrics, sd_notify,
+hooks, progress) and the operator requests it takes (``globald reset``). Below snapshots and Spark, which read the
+status file to find a live daemon."""

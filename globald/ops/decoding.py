@@ -46,10 +46,9 @@ from typing import IO, Any
 from globald.common import swallowed
 from globald.common.errors import GlobaldError
 from globald.common.states import State
-from globald.service.status import DaemonStatus, DecodeStatus
+from globald.ops.status import DaemonStatus, DecodeStatus
 from globald.settings.config import Config
-from globald.store.durable import TMP_PREFIX, TMP_SUFFIX
-from globald.store.names import SNAPSHOT_LEASES_DIR, snapshots_dir
+from globald.store.names import COLUMNAR_PREFIX, SNAPSHOT_LEASES_DIR, TMP_PREFIX, TMP_SUFFIX, snapshots_dir
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +57,7 @@ LEASE_S = 60.0  # renewed every 15 s; if the daemon dies with its decode, the le
 TIMEOUT_S = 1800.0
 STOP_GRACE_S = 5.0
 MAX_BACKOFF = 16
-COLUMNAR_TMP = f"{TMP_PREFIX}columnar-"  # what replace_file names the columnar file while writing it
+COLUMNAR_TMP = f"{TMP_PREFIX}{COLUMNAR_PREFIX}"  # what replace_file names the columnar file while writing it
 
 
 class DecodeFailed(GlobaldError):

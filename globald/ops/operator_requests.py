@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 from globald.common.errors import GlobaldError
 from globald.common.waits import pause
+from globald.store import durable
 from globald.store.durable import replace_file
 from globald.store.names import REQUESTS_DIR
 
@@ -75,7 +76,7 @@ class RequestInbox:
         token = name[len(RESET) + 1:-len(".json")]
         taken = self.dir / f".{name}.taken"
         try:
-            os.rename(self.dir / name, taken)  # the claim: from here the client can no longer cancel
+            durable.claim(self.dir / name, taken)  # from here the client can no longer cancel
         except FileNotFoundError:
             return
         try:

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 
 from globald.common.errors import GlobaldError, StateDirLockedError
 from globald.ops.operator_requests import ask_daemon_to_reset
-from globald.service.statedir import lock_state_dir
 from globald.settings.config import Config
 from globald.store.names import db_dir, table_dir
 from globald.store.options import StoreOptions
+from globald.store.statedir import lock_state_dir
 from globald.store.table_store import TableStore
 
 

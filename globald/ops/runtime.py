@@ -25,7 +25,6 @@ from globald.engine.events import (
 )
 from globald.engine.view import EngineView, LoopStats
 from globald.kafka.clients import on_statistics
-from globald.kafka.properties import redact
 from globald.ops import operator_requests as requests
 from globald.ops.decoding import SnapshotDecodes
 from globald.ops.health import Liveness, Readiness, SnapshotSource, liveness, readiness
@@ -35,8 +34,9 @@ from globald.ops.memory import KAFKA_STATS, HeapTrimmer, TracemallocRecorder, me
 from globald.ops.metrics import Metrics, Sample, SnapshotStats, callback_failures, disk_free_bytes
 from globald.ops.progress import ProgressDisplay, ProgressOptions, RestoreTracker
 from globald.ops.sdnotify import Notifier
-from globald.service.status import DaemonStatus, HttpAddress, RestoreStatus
+from globald.ops.status import DaemonStatus, HttpAddress, RestoreStatus
 from globald.settings.config import Config
+from globald.settings.kafka_properties import redact
 from globald.store.stalls import STALLS
 
 log = logging.getLogger(__name__)

@@ -26,15 +26,15 @@ from globald.engine.events import Committed, Event, EventBus, RebuildRequests, S
 from globald.engine.state_manager import StateManager
 from globald.engine.thread import GlobalThread
 from globald.engine.view import LoopStats
-from globald.ops import allocator
+from globald.ops import allocator, statusfile
 from globald.ops.progress import ProgressOptions
 from globald.ops.runtime import Operations
-from globald.service import signals, statusfile
-from globald.service.statedir import DiskNotReady, lock_state_dir, prepare_state_dir
-from globald.service.status import DaemonStatus, TableStatus
+from globald.ops.status import DaemonStatus, TableStatus
+from globald.service import signals
 from globald.settings.config import Config
 from globald.snapshot.publisher import SnapshotPublisher
 from globald.snapshot.space import disk_status
+from globald.store.statedir import DiskNotReady, lock_state_dir, prepare_state_dir
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 Each key is declared once, as a dataclass field with its default, type, bounds and help; see
 ``globald.settings.spec``. Every error names the offending key (``tables[1].name``, ``kafka.auto.offset.reset``) so
 the CLI can print one line and exit 2. Loading a config never creates a file or a directory. The rules for the
-[kafka] properties (managed ones, what may be printed) are ``globald.kafka.properties``.
+[kafka] properties (managed ones, what may be printed) are ``globald.settings.kafka_properties``.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from globald.common.errors import ConfigError, UnknownTableError
-from globald.kafka.properties import MANAGED_KAFKA_PROPERTIES, consumer_settings
+from globald.settings.kafka_properties import MANAGED_KAFKA_PROPERTIES, consumer_settings
 from globald.settings.spec import Argv, Boolean, Choice, Directory, Integer, Section, Spec, Text, Url, build, declare
-from globald.typed.spec import ValueFormat, check_format_keys
+from globald.settings.typed_spec import ValueFormat, check_format_keys
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance

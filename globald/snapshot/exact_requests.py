@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from globald.common.waits import pause
-from globald.service import statusfile
+from globald.ops import statusfile
 from globald.snapshot.manifest import Offsets, offsets_from_json, offsets_to_json, read_json, valid_id, write_json
 from globald.store.names import SNAPSHOT_REQUESTS_DIR, SNAPSHOT_RESPONSES_DIR, snapshots_dir
 

@@ -23,7 +23,7 @@ from globald.common.errors import ManifestError, ManifestIOError
 from globald.common.states import State
 from globald.engine.events import Event, StateChanged, Verified, Wiped
 from globald.engine.view import EngineView, TableView
-from globald.service.status import SnapshotStatus
+from globald.ops.status import SnapshotStatus
 from globald.settings.config import Config
 from globald.snapshot import exact_requests as requests
 from globald.snapshot import leases, recreated

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from globald.common.errors import ManifestError
-from globald.service.status import DiskStatus
+from globald.ops.status import DiskStatus
 from globald.snapshot import manifest as manifests
 from globald.snapshot.manifest import Manifest, Offsets
 from globald.store import space

@@ -22,7 +22,7 @@ from confluent_kafka import Consumer, KafkaException
 
 from globald.common.errors import GlobaldError
 from globald.kafka.clients import TransientKafkaError, make_consumer, partitions, watermarks
-from globald.service import statusfile
+from globald.ops import statusfile
 from globald.settings.config import load
 from globald.snapshot.manifest import Offsets, offsets_to_json
 from globald.snapshot.resolve import Policy, resolve

@@ -61,10 +61,6 @@ class Database:
             raise StoreUnavailableError(f"table {self.table}: store is closed")
         return self._db
 
-    @property
-    def values_handle(self) -> object:
-        return self._values
-
     def _connect(self, bulk: bool) -> None:
         with store_io(f"table {self.table}: cannot open {self.path}"):
             # RocksDB opens a database only with every family it has named: one left by a typed declaration too.

@@ -20,9 +20,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-TMP_PREFIX = ".tmp-"
-TMP_SUFFIX = ".tmp"
-TRASH_PREFIX = ".trash-"
+from globald.store.names import TMP_PREFIX, TMP_SUFFIX, TRASH_PREFIX
 
 
 def fsync_dir(path: Path) -> None:
@@ -92,6 +90,14 @@ def rename(src: Path, dst: Path) -> None:
     fsync_dir(dst.parent)
     if src.parent != dst.parent:
         fsync_dir(src.parent)
+
+
+def claim(src: Path, dst: Path) -> None:
+    """``os.rename(src, dst)`` to take a request file for oneself: after it, whoever wrote ``src`` can no longer
+    withdraw it. Not made durable, on purpose: the rename decides who handles the request, not what any file holds,
+    and the caller that claims (the daemon's loop thread) must not wait on the disk for it. Raises
+    FileNotFoundError when ``src`` is gone (withdrawn, or claimed already)."""
+    os.rename(src, dst)
 
 
 def sync_tree(path: Path, *, synced_suffixes: tuple[str, ...] = ()) -> None:

@@ -59,6 +59,12 @@ REQUESTS_DIR = "requests"  # operator requests to the running daemon (globald re
 # Hidden siblings of table directories (table names start with a letter or digit, so these never collide).
 IMPORT_PREFIX = ".import-"  # a store being built by ``import-kafka-streams``; deleted if left over
 REPLACED_PREFIX = ".replaced-"  # the store an import replaced, deleted once the new one is in place
+# What store/durable.py leaves while it works, wherever it replaces a file or removes a tree:
+# ``.tmp-<name>.<random>.tmp`` (a file being written, renamed over <name> once whole) and ``.trash-<name>`` (a tree
+# renamed away before its removal).
+TMP_PREFIX = ".tmp-"
+TMP_SUFFIX = ".tmp"
+TRASH_PREFIX = ".trash-"
 
 # Kafka Streams' layout of a global store: <state.dir>/<application.id>/global/rocksdb/<store>/ with timestamped
 # values (8-byte big-endian timestamp + value) in KS_TIMESTAMPED_CF or plain values in the default family, and the
@@ -102,9 +108,12 @@ SNAPSHOT_LEASES_DIR = "leases"
 SNAPSHOT_REQUESTS_DIR = "requests"
 SNAPSHOT_RESPONSES_DIR = "responses"
 # Work in progress is hidden behind these prefixes; readers never look at dot-names, the daemon sweeps them.
-SNAPSHOT_TMP_PREFIX = ".tmp-"
+SNAPSHOT_TMP_PREFIX = TMP_PREFIX  # a snapshot being published, .tmp-<id>
 SNAPSHOT_BUILD_PREFIX = ".build-"
-SNAPSHOT_TRASH_PREFIX = ".trash-"
+SNAPSHOT_TRASH_PREFIX = TRASH_PREFIX  # durable.remove_tree's: a snapshot being deleted
+# A typed table's snapshot, decoded once per host: ``<id>/columnar-<fingerprint of the decoders>.arrow`` beside db/.
+COLUMNAR_PREFIX = "columnar-"
+COLUMNAR_SUFFIX = ".arrow"
 
 
 def snapshots_dir(state_dir: Path, table: str) -> Path:

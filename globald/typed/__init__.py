@@ -1,8 +1,9 @@
 """Typed global tables (issue 24): values (and keys) decoded from JSON, Avro or Protobuf into Arrow columns.
 
 The store keeps the bytes exactly as Kafka delivered them; decoding happens on the reading side:
-- ``load(fmt, where)``: the ``Decoder`` of a table's declared format (``globald.typed.spec.ValueFormat``), every
-  schema file read and checked; ``check-config`` calls it for each table.
+- ``load(fmt, where)``: the ``Decoder`` of a table's declared format
+  (``globald.settings.typed_spec.ValueFormat``), every schema file read and checked; ``check-config`` calls it for
+  each table.
 - ``Decoder.decode(values)``: a binary column in, a typed column (and per-row errors) out (``globald.typed.arrow``).
 - ``globald.typed.columnar.ensure_columnar(snapshot, decoder)``: a snapshot decoded once per host into an Arrow IPC
   file beside it, which every worker maps read-only and looks keys up in, vectorized; with a typed key decoder, by
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from globald.typed.spec import SchemaError, ValueFormat, fingerprint
+from globald.settings.typed_spec import SchemaError, ValueFormat, fingerprint
 
 if TYPE_CHECKING:
     from globald.settings.config import Config

@@ -22,7 +22,7 @@ from typing import Any
 import pyarrow as pa
 
 from globald.common.errors import GlobaldError
-from globald.typed.spec import ValueFormat
+from globald.settings.typed_spec import ValueFormat
 
 ERROR_TYPE = pa.string()
 

@@ -23,9 +23,9 @@ from typing import Any
 import fastavro
 import pyarrow as pa
 
+from globald.settings.typed_spec import SchemaError, ValueFormat, read_schema_file, writer_files
 from globald.typed import framing
 from globald.typed.arrow import DecodeError
-from globald.typed.spec import SchemaError, ValueFormat, read_schema_file, writer_files
 
 PRIMITIVES = {"null": pa.null(), "boolean": pa.bool_(), "int": pa.int32(), "long": pa.int64(),
               "float": pa.float32(), "double": pa.float64(), "bytes": pa.binary(), "string": pa.string()}

@@ -24,9 +24,9 @@ from typing import Any
 import orjson
 import pyarrow as pa
 
+from globald.settings.typed_spec import SchemaError, ValueFormat, read_schema_file, writer_files
 from globald.typed import framing
 from globald.typed.arrow import DecodeError
-from globald.typed.spec import SchemaError, ValueFormat, read_schema_file, writer_files
 
 Convert = Callable[[Any, str], Any]  # (JSON value, its path for reasons) -> what Arrow builds the type from
 

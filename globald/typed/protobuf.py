@@ -22,9 +22,9 @@ import pyarrow as pa
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.descriptor import Descriptor, FieldDescriptor, FileDescriptor
 
+from globald.settings.typed_spec import SchemaError, ValueFormat, read_schema_file, writer_files
 from globald.typed import framing
 from globald.typed.arrow import DecodeError
-from globald.typed.spec import SchemaError, ValueFormat, read_schema_file, writer_files
 
 F = FieldDescriptor
 SCALARS: dict[int, tuple[pa.DataType, Callable[[Any], Any] | None]] = {

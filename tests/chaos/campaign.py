@@ -31,8 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from globald.common.errors import ManifestError
-from globald.embedded.admin import Record, TopicAdmin
-from globald.embedded.broker import EmbeddedKafka, free_port
+from globald.embedded.broker import free_port
 from globald.snapshot import exact_requests as snap_requests
 from globald.snapshot import leases
 from globald.snapshot import manifest as manifests
@@ -48,6 +47,8 @@ from tests.harness import Broker, globald, random_records, write_config
 from tests.reliability.checks import check_snapshots, check_store
 from tests.reliability.disk import fill
 from tests.reliability.load import Load, pinned
+from tests.support.admin import Record, TopicAdmin
+from tests.support.broker import EmbeddedKafka
 
 if TYPE_CHECKING:
     from tests.chaos.runner import Campaign

@@ -30,14 +30,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from globald.embedded.admin import TopicAdmin
-from globald.embedded.broker import EmbeddedKafka, free_port
+from globald.embedded.broker import free_port
 from tests.chaos import entry, plan
 from tests.chaos.campaign import BULK_KEYS, BULK_RECORDS, PARTITIONS, SMALL_KEYS, SMALL_RECORDS, produce_pinned
 from tests.chaos.daemon import ChaosDaemon, stopped_at_hook
 from tests.harness import Broker, globald, random_records, write_config
 from tests.reliability.load import Load
 from tests.reliability.powercut import CutReport, ImageError, LoopImage, can_mount, check_cut
+from tests.support.admin import TopicAdmin
+from tests.support.broker import EmbeddedKafka
 
 PHASES = (plan.RESTORE, plan.BULK_END, plan.COMMIT, plan.STEADY, plan.PUBLISH, plan.STOP)
 HOOK_TIMEOUT_S = 90.0

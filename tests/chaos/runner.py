@@ -20,13 +20,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from globald.embedded.admin import TopicAdmin
-from globald.embedded.broker import EmbeddedKafka
 from tests.chaos import plan, powerloss, tools
 from tests.chaos.campaign import Outcome, Probe, SeedRun, Unrecoverable, summarize
 from tests.harness import REPO, Broker
 from tests.reliability.disk import mount_tmpfs, unmount
 from tests.soak import _quiet
+from tests.support.admin import TopicAdmin
+from tests.support.broker import EmbeddedKafka
 
 REPORT_ENV = "GLOBALD_CHAOS_REPORT"
 TMPFS_MB = 512

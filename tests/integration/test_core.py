@@ -11,8 +11,8 @@ from collections.abc import Callable
 import pytest
 
 from globald.common.states import State
-from globald.service import statusfile
-from globald.service.status import DaemonStatus
+from globald.ops import statusfile
+from globald.ops.status import DaemonStatus
 from tests.harness import Broker, DaemonProcess, oracle_at, random_records, values_only
 
 pytestmark = pytest.mark.kafka

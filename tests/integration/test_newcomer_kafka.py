@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from globald.embedded.broker import CLIENT_SETTINGS_09, EmbeddedKafka, free_port
+from globald.embedded.broker import CLIENT_SETTINGS_09, free_port
 from tests.harness import Broker, DaemonProcess, globald, random_records, write_config
+from tests.support.broker import EmbeddedKafka
 
 pytestmark = pytest.mark.kafka
 

@@ -24,12 +24,12 @@ import fastavro
 import pytest
 
 from globald.common.exitcodes import NOT_FOUND
-from globald.embedded.oracle import fold_located, fold_timestamped
 from globald.spark import GlobalTableView
 from globald.spark.session import is_connect
 from tests.harness import Broker, daemon_factory, globald, oracle_at
 from tests.integration.test_spark import keys_df, session, spark
 from tests.integration.test_typed import READER, as_json, records, reference
+from tests.support.oracle import fold_located, fold_timestamped
 from tests.support.spark_connect import connect_server, connect_session
 from tests.unit.typed_fixtures import (
     FIXTURES,

@@ -17,9 +17,9 @@ import pytest
 
 from globald.common import swallowed
 from globald.common.states import Listeners, State
-from globald.service import statusfile
+from globald.ops import statusfile
+from globald.ops.status import DaemonStatus
 from globald.service.daemon import Daemon
-from globald.service.status import DaemonStatus
 from globald.settings import config as configmod
 from globald.store.names import STATUS_FILE
 from tests.harness import Broker, random_records, write_config

@@ -20,13 +20,13 @@ import fastavro
 import pyarrow as pa
 import pytest
 
-from globald.embedded.oracle import fold, fold_located
 from globald.settings.config import load
 from globald.snapshot.reader import open_snapshot
 from globald.typed import load_table
 from globald.typed.arrow import python_rows
 from globald.typed.columnar import ensure_columnar
 from tests.harness import Broker, DaemonProcess, globald
+from tests.support.oracle import fold, fold_located
 from tests.unit.typed_fixtures import FIXTURES, avro_payload, avro_schema, confluent, customer_v1, customer_v2
 
 pytestmark = pytest.mark.kafka

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from globald.embedded.admin import Record, TopicAdmin
-from globald.embedded.broker import EmbeddedKafka
 from tests.harness import Broker, DaemonProcess, daemon_factory
 from tests.reliability.ledger import FaultRow, Ledger, report_dir
+from tests.support.admin import Record, TopicAdmin
+from tests.support.broker import EmbeddedKafka
 
 FULL = os.environ.get("GLOBALD_RELIABILITY_FULL") == "1"
 LEDGER = Ledger()

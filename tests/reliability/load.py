@@ -18,8 +18,8 @@ import time
 import zlib
 from collections.abc import Callable
 
-from globald.embedded.admin import TopicAdmin
 from tests.harness import random_records
+from tests.support.admin import TopicAdmin
 
 MAX_BURST = 4  # a catching-up batch is at most this many usual batches
 

@@ -10,11 +10,11 @@ from collections.abc import Callable
 
 import pytest
 
-from globald.embedded.admin import TopicAdmin
 from tests.harness import Broker, DaemonProcess, random_records
 from tests.reliability.checks import check_store, live, same_process
 from tests.reliability.conftest import new_topic
 from tests.reliability.ledger import FaultRow
+from tests.support.admin import TopicAdmin
 
 pytestmark = pytest.mark.kafka
 

@@ -7,8 +7,8 @@ import random
 import time
 
 from globald.embedded.admin import TimedRecord
-from globald.embedded.oracle import TimestampedTable
 from tests.harness import DaemonProcess
+from tests.support.oracle import TimestampedTable
 
 BASE_TS = 1_700_000_000_000  # 2023-11-14: far from the wall clock, so a producer- or broker-set time cannot pass
 

@@ -10,8 +10,8 @@ from collections.abc import Callable
 
 import pytest
 
-from globald.embedded.oracle import TimestampedTable, fold_timestamped
 from tests.harness import Broker, DaemonProcess
+from tests.support.oracle import TimestampedTable, fold_timestamped
 from tests.tansu.data import BASE_TS, expected_table, timed_records, wait_for_table
 
 pytestmark = [pytest.mark.kafka, pytest.mark.tansu]

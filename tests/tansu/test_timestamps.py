@@ -13,9 +13,9 @@ from collections.abc import Callable
 import pytest
 from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Consumer, TopicPartition
 
-from globald.embedded.oracle import fold_timestamped
 from tests.harness import Broker, DaemonProcess, globald
 from tests.integration.snapshot_helpers import wait_snapshot_at
+from tests.support.oracle import fold_timestamped
 from tests.tansu.data import expected_table, timed_records, wait_for_table
 
 pytestmark = [pytest.mark.kafka, pytest.mark.tansu]

@@ -17,11 +17,11 @@ import pytest
 from confluent_kafka import Producer
 
 from globald.embedded.admin import TimedRecord
-from globald.embedded.oracle import TimestampedTable
 from globald.snapshot import exact_requests
 from globald.snapshot.exact_requests import Code
 from tests.harness import Broker, DaemonProcess
 from tests.integration.snapshot_helpers import wait_snapshot_at
+from tests.support.oracle import TimestampedTable
 from tests.tansu.data import BASE_TS, expected_table, timed_records, wait_for_table
 
 pytestmark = [pytest.mark.kafka, pytest.mark.tansu]

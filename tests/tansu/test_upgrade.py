@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from globald.embedded.oracle import TimestampedTable, fold_timestamped
 from globald.engine.background_upgrade import HOLD_ENV
 from globald.snapshot import leases
 from globald.store.names import FORMAT_MIXED, FORMAT_TIMESTAMPED, SNAPSHOT_DB_DIR, db_dir, snapshots_dir
@@ -19,6 +18,7 @@ from globald.store.reader import StoreReader
 from tests.harness import Broker, DaemonProcess
 from tests.integration.snapshot_helpers import snapshots_json
 from tests.integration.test_formats import _older_globald_store
+from tests.support.oracle import TimestampedTable, fold_timestamped
 from tests.tansu.data import BASE_TS, expected_table, timed_records, wait_for_table
 
 pytestmark = [pytest.mark.kafka, pytest.mark.tansu]

@@ -1,4 +1,4 @@
-"""The typed benchmark's own parts (``globald.spark.bench_typed``, ``bench_memory``), without Spark or a broker:
+"""The typed benchmark's own parts (``bench.spark_typed_join``, ``bench_memory``), without Spark or a broker:
 the records it produces decode under globald's decoder exactly as the user's per-value decode reads them (else
 the comparison would time two different outputs), and the /proc readers find this process's memory."""
 
@@ -10,8 +10,8 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from globald.spark.bench_memory import pyspark_workers, smaps_rollup
-from globald.spark.bench_typed import FIELDS, Format, key_of, lookups_of
+from bench.spark_memory import pyspark_workers, smaps_rollup
+from bench.spark_typed_join import FIELDS, Format, key_of, lookups_of
 
 
 @pytest.fixture(autouse=True)

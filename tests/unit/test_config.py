@@ -13,8 +13,8 @@ import pytest
 
 from globald.cli import main as cli
 from globald.common.errors import ConfigError, UnknownTableError
-from globald.kafka.properties import redact
 from globald.settings.config import Config, Properties, Tables, load, parse
+from globald.settings.kafka_properties import redact
 from globald.settings.spec import Key, Section, declared_keys
 from tests.harness import globald
 

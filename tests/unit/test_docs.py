@@ -62,7 +62,7 @@ def test_the_configuration_reference_lists_every_declared_key() -> None:
     page = hooks().config_reference()
     for key in declared_keys(Config):
         assert f"`{key.path}`" in page or f"`[{key.path}]`" in page or f"`[[{key.path}]]`" in page, key.path
-    assert "`isolation.level`" in page  # the managed librdkafka properties, from globald.kafka.properties
+    assert "`isolation.level`" in page  # the managed librdkafka properties, from globald.settings.kafka_properties
 
 
 def test_the_cli_reference_shows_every_command_and_argument() -> None:

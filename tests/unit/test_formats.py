@@ -13,7 +13,6 @@ import pytest
 from rocksdict import Options, Rdict, WriteBatch
 
 from globald.common.errors import StoreCorruptError, StoreFormatError
-from globald.service.statedir import lock_state_dir
 from globald.store import checkpoint_file
 from globald.store.codec import encode_value
 from globald.store.names import (
@@ -29,6 +28,7 @@ from globald.store.names import (
 )
 from globald.store.options import StoreOptions
 from globald.store.reader import StoreReader
+from globald.store.statedir import lock_state_dir
 from globald.store.table_store import TableStore
 from tests.harness import globald, write_config
 from tests.layouts import write_kafka_streams_store, write_plain_store

@@ -117,6 +117,54 @@ def test_no_import_cycles_among_globald_modules() -> None:
     assert not found, "import cycles: " + " | ".join(_describe(c, graph) for c in found)
 
 
+def package_graph(graph: Mapping[str, Iterable[str]], package: str) -> dict[str, set[str]]:
+    """The module graph folded onto ``package``'s subpackages: ``a -> b`` when a module of ``a`` imports one of ``b``.
+    Modules directly in ``package`` (``__main__``, ``__init__``) belong to no subpackage and are left out."""
+
+    def owner(module: str) -> str | None:
+        parts = module.split(".")
+        if parts[0] != package or len(parts) < 2:
+            return None
+        return parts[1] if len(parts) > 2 or (PACKAGE_ROOT / parts[1]).is_dir() else None
+
+    folded: dict[str, set[str]] = {}
+    for module, targets in graph.items():
+        source = owner(module)
+        if source is None:
+            continue
+        folded.setdefault(source, set()).update(
+            t for t in (owner(target) for target in targets) if t is not None and t != source)
+    return folded
+
+
+def test_no_import_cycles_among_globald_packages() -> None:
+    """Package level, every import counted (under ``TYPE_CHECKING`` too, which import-linter's layers contract
+    leaves out): a cycle between two packages means neither can be read, nor replaced, without the other."""
+    graph = package_graph(import_graph(PACKAGE_ROOT, "globald"), "globald")
+    found = cycles(graph)
+    assert not found, "package cycles: " + " | ".join(_describe(c, graph) for c in found)
+
+
+def test_the_layers_contract_names_every_package() -> None:
+    """A package left out of the layers contract is a package whose imports nothing checks."""
+    import tomllib
+
+    pyproject = PACKAGE_ROOT.parent / "pyproject.toml"
+    contracts = tomllib.loads(pyproject.read_text(encoding="utf-8"))["tool"]["importlinter"]["contracts"]
+    (layers,) = [c["layers"] for c in contracts if c["type"] == "layers"]
+    named = {p.strip().removeprefix("globald.") for layer in layers for p in layer.split("|")}
+    packages = {p.parent.name for p in PACKAGE_ROOT.glob("*/__init__.py")}
+    assert named == packages
+
+
+def test_package_graph_folds_modules_onto_their_packages(tmp_path: Path) -> None:
+    graph = {"globald.ops.a": {"globald.engine.b", "globald.ops.c"}, "globald.engine.b": {"globald.ops"},
+             "globald.__main__": {"globald.cli.main"}, "globald.cli.main": set()}
+    folded = package_graph(graph, "globald")
+    assert folded == {"ops": {"engine"}, "engine": {"ops"}, "cli": set()}
+    assert cycles(folded) == [["engine", "ops"]]
+
+
 def test_checker_finds_cycles_through_function_level_and_package_imports(tmp_path: Path) -> None:
     pkg = tmp_path / "pkg"
     (pkg / "sub").mkdir(parents=True)

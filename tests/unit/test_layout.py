@@ -8,7 +8,7 @@ import pytest
 from rocksdict import WriteBatch
 
 from globald.common.states import State
-from globald.service.status import DaemonStatus, TableStatus
+from globald.ops.status import DaemonStatus, TableStatus
 from globald.snapshot import manifest
 from globald.store import layout
 from globald.store.names import FORMAT_TIMESTAMPED, META_FORMAT, META_TOPIC

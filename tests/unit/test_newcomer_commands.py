@@ -18,8 +18,8 @@ import pytest
 
 from globald.cli.main import TABLE_HELP
 from globald.common import exitcodes
-from globald.service.statedir import lock_state_dir
 from globald.store.names import db_dir
+from globald.store.statedir import lock_state_dir
 from tests.ci import require_tool
 from tests.harness import REPO, globald, write_config
 from tests.unit.test_formats import _bump_format

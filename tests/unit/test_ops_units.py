@@ -25,7 +25,7 @@ from globald.ops.hooks import HookRunner
 from globald.ops.metrics import Metrics, Sample
 from globald.ops.progress import ProgressDisplay, ProgressOptions, RestoreTracker
 from globald.ops.sdnotify import Notifier
-from globald.service.status import DaemonStatus
+from globald.ops.status import DaemonStatus
 from globald.settings.config import HooksConfig
 from globald.store.stalls import Stalls
 

@@ -17,6 +17,7 @@ from globald.common.states import StateMachine
 from globald.engine.table import TableRuntime
 from globald.engine.update_task import UpdateTask
 from globald.settings.config import TableConfig
+from globald.settings.typed_spec import ValueFormat
 from globald.store.codec import decode_origin, encode_origin, encode_value
 from globald.store.names import DEFAULT_CF, ORIGINS_CF, VALUES_CF, db_dir
 from globald.store.options import StoreOptions
@@ -24,7 +25,6 @@ from globald.store.reader import StoreReader
 from globald.store.table_store import TableStore
 from globald.typed.arrow import DecodeFailure
 from globald.typed.columnar import ERROR_OFFSET, ColumnarTable, build_table, write_columnar
-from globald.typed.spec import ValueFormat
 from tests.unit.test_typed_columnar import avro, typed_content
 from tests.unit.test_update_task import Event
 

@@ -11,10 +11,16 @@ import pytest
 
 from globald.common.errors import ConfigError
 from globald.common.logs import JsonFormatter, PlainFormatter, Redactor
-from globald.kafka.properties import CONSUMER_DEFAULTS, MANAGED_KAFKA_PROPERTIES, printable, redact, secret_values
 from globald.ops.health import Liveness
 from globald.ops.http import Endpoints, HttpServer
 from globald.settings.config import HttpConfig, is_loopback, load
+from globald.settings.kafka_properties import (
+    CONSUMER_DEFAULTS,
+    MANAGED_KAFKA_PROPERTIES,
+    printable,
+    redact,
+    secret_values,
+)
 
 # Properties that carry a credential, or may: none may ever be printed, whatever its name looks like.
 CREDENTIALS = [

@@ -13,8 +13,8 @@ import pytest
 
 from globald import typed
 from globald.common.errors import ConfigError
+from globald.settings.typed_spec import ValueFormat
 from globald.typed.arrow import DecodeFailure, RecordContext, python_rows
-from globald.typed.spec import ValueFormat
 from tests.unit.typed_fixtures import (
     FIXTURES,
     IDS,

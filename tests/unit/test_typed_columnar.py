@@ -12,10 +12,10 @@ import pyarrow as pa
 import pytest
 
 from globald import typed
+from globald.settings.typed_spec import ValueFormat
 from globald.typed import columnar
 from globald.typed.arrow import DecodeFailure, python_rows
 from globald.typed.columnar import ColumnarInvalid, ColumnarTable, build_table, key_hashes, write_columnar
-from globald.typed.spec import ValueFormat
 from tests.unit.typed_fixtures import FIXTURES, avro_payload, avro_schema, customer_v2
 
 

@@ -108,8 +108,8 @@ def test_dump_decode_lines_decode_keys_too_and_keep_reasons() -> None:
 
     from globald import typed
     from globald.cli.read import decoded_lines
+    from globald.settings.typed_spec import ValueFormat
     from globald.typed.arrow import DecodeFailure
-    from globald.typed.spec import ValueFormat
 
     keys = typed.load(ValueFormat(format="json", schema=FIXTURES / "customer.ddl"), "tables[0].key")
     values = typed.load(ValueFormat(format="json", schema=FIXTURES / "customer.ddl"), "tables[0].value")

@@ -24,7 +24,7 @@ from globald.common import swallowed
 from globald.common.states import State
 from globald.ops import decoding
 from globald.ops.decoding import SnapshotDecodes
-from globald.service.status import DaemonStatus, DecodeStatus, SnapshotStatus, TableStatus
+from globald.ops.status import DaemonStatus, DecodeStatus, SnapshotStatus, TableStatus
 from globald.settings.config import load
 from globald.snapshot import leases
 from globald.snapshot import manifest as manifests

@@ -14,11 +14,11 @@ import pyarrow as pa
 import pytest
 
 from globald import typed
+from globald.settings.typed_spec import ValueFormat
 from globald.typed import columnar
 from globald.typed.arrow import DecodeFailure, Decoder
 from globald.typed.columnar import ColumnarInvalid, ColumnarTable, build_table, columnar_path, write_columnar
 from globald.typed.keys import KeyTypeUnsupported, canonical
-from globald.typed.spec import ValueFormat
 from tests.unit.typed_fixtures import FIXTURES, avro_payload, confluent
 
 

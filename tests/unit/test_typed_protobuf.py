@@ -15,8 +15,8 @@ import pytest
 
 from globald import typed
 from globald.common.errors import ConfigError
+from globald.settings.typed_spec import ValueFormat
 from globald.typed.arrow import Decoder, python_rows
-from globald.typed.spec import ValueFormat
 from tests.unit.typed_fixtures import confluent, descriptor_set, proto_classes
 
 CUSTOMER_INDEX = b"\x02\x02"  # the array [1], zigzag: Customer is the second message of shop.proto

@@ -1,10 +1,10 @@
 """Memory of a real Spark executor's Python workers, before and after the columnar file (issue 24).
 
-    python -m globald.spark.bench --benches executor-memory --keys 1000000
+    python -m bench.spark --benches executor-memory --keys 1000000
 
 A classic ``local[4]`` session is the executor: ``spark.python.worker.reuse`` on, and the probe DataFrame in 4
 partitions, so 4 Python workers (forked by the pyspark daemon) run the 4 tasks at once. The table is N Avro
-records of 10 fields (``globald.spark.bench_typed``), mirrored by two real daemons: raw, and typed. Phases, each
+records of 10 fields (``bench.spark_typed_join``), mirrored by two real daemons: raw, and typed. Phases, each
 in a fresh session (so fresh workers), each looking every key of the table up once:
 - ``imports``: a ``mapInArrow`` that imports globald's Spark side and passes the batches through: what every
   worker holds anyway (interpreter, pyarrow, pandas, numpy, pyspark, globald);
@@ -33,13 +33,13 @@ from typing import Any
 
 import pyarrow as pa
 
-from globald.embedded.admin import TopicAdmin
-from globald.spark.bench_harness import TABLE, log, spark_session, wait
-from globald.spark.bench_typed import Format, mirror, produce
+from bench.spark_harness import TABLE, log, spark_session, wait
+from bench.spark_typed_join import Format, mirror, produce
+from tests.support.admin import TopicAdmin
 
 MB = 2**20
 PHASES = ("imports", "before", "after_first_decodes", "after_mapped")
-KEY_FORMAT = "cust-%011d"  # bench_typed.key_of, as Spark's format_string
+KEY_FORMAT = "cust-%011d"  # spark_typed_join.key_of, as Spark's format_string
 INDEX_MB = 8192  # the raw view's memory_index_mb: the whole table fits, so every worker indexes it in memory
 
 

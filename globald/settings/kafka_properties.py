@@ -5,7 +5,8 @@ Guarantees: ``consumer_settings`` always gives the properties globald's correctn
 ``printable`` allows it (an allowlist: anything else, a credential-bearing property nobody listed included, is shown
 as ``***`` and its value is among ``secret_values``, which the log masker hides); ``check_kafka_properties`` lets
 librdkafka reject a bad property without connecting anywhere, and masks its message like a log line. Imports
-nothing of ``globald.settings.config``, which imports this module.
+nothing of ``globald.settings.config``, which imports this module; it sits in the settings so that the Kafka
+clients above read them without a cycle.
 """
 from __future__ import annotations
 

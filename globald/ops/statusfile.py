@@ -14,7 +14,7 @@ from typing import Any
 
 from globald.common.errors import StoreCorruptError, StoreUnavailableError
 from globald.common.states import State
-from globald.service.status import DaemonStatus, DecodeStatus, TableStatus
+from globald.ops.status import DaemonStatus, DecodeStatus, TableStatus
 from globald.settings.config import Config
 from globald.store import checkpoint_file
 from globald.store.durable import replace_file

@@ -1,4 +1,4 @@
-"""What the Spark benchmarks share (``globald.spark.bench``, ``bench_typed``, ``bench_memory``): an embedded broker's
+"""What the Spark benchmarks share (``bench.spark``, ``spark_typed_join``, ``spark_memory``): an embedded broker's
 table, the sidecar daemon, a classic session and the interleaved best-of timing. Nothing here is a pass/fail test.
 """
 
@@ -15,8 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from globald.embedded.admin import TopicAdmin
-from globald.embedded.broker import EmbeddedKafka
+from tests.support.admin import TopicAdmin
+from tests.support.broker import EmbeddedKafka
 
 TABLE = "bench"
 DEFAULT_ARROW_BATCH = 10_000  # spark.sql.execution.arrow.maxRecordsPerBatch: Spark's default, kept by measurement

@@ -1,7 +1,7 @@
 """Typed join per core (issue 24): ``view.join`` on a typed table against what a PySpark user writes instead.
 
-    python -m globald.spark.bench --benches typed                  # 100k keys, 300k lookups (90 % hits), best of 3
-    python -m globald.spark.bench --benches typed --spark-keys 20000 --lookups 60000 --rounds 1
+    python -m bench.spark --benches typed                  # 100k keys, 300k lookups (90 % hits), best of 3
+    python -m bench.spark --benches typed --spark-keys 20000 --lookups 60000 --rounds 1
 
 An embedded broker and the real daemon (one per format) mirror Confluent-framed values of 10 fields (Avro, and
 Protobuf with a ``google.protobuf.Timestamp``: the records and schemas are made here, in code); a classic local[1]
@@ -32,14 +32,14 @@ from typing import Any
 
 import pyarrow as pa
 
+from bench.spark_harness import TABLE, fastest, log, sidecar_config, snapshot_at_end, start_sidecar, wait
 from globald.common.errors import SnapshotNotFoundError
-from globald.embedded.admin import TopicAdmin
 from globald.settings.config import load
 from globald.snapshot.reader import OpenOptions, Snapshot
-from globald.spark.bench_harness import TABLE, fastest, log, sidecar_config, snapshot_at_end, start_sidecar, wait
 from globald.typed import load_table
 from globald.typed.arrow import Decoder
 from globald.typed.columnar import build_table, columnar_path, ensure_columnar, write_columnar
+from tests.support.admin import TopicAdmin
 
 AVRO: dict[str, Any] = {"type": "record", "name": "Customer", "namespace": "bench", "fields": [
     {"name": "id", "type": "long"}, {"name": "name", "type": "string"}, {"name": "email", "type": "string"},
@@ -137,7 +137,7 @@ class Format:
 
     def __init__(self, name: str, work: Path, keys: int) -> None:
         from globald import typed
-        from globald.typed.spec import ValueFormat
+        from globald.settings.typed_spec import ValueFormat
 
         self.name = name
         self.work = work

@@ -1,4 +1,4 @@
-"""Measurements for snapshots and the Spark integration: ``python -m globald.spark.bench [--keys N]``.
+"""Measurements for snapshots and the Spark integration: ``python -m bench.spark [--keys N]``.
 
 Runs an embedded Kafka 0.9 broker and the real daemon, then reports (as one JSON document on stdout): snapshot
 publish time for an N-key table, reader open time, exact-request latency, refresh latency (driver call to
@@ -8,8 +8,8 @@ noisy on a shared machine; nothing here is a pass/fail test.
 
 ``--benches`` picks among ``publish``, ``spark`` (the default run), ``typed`` (the typed join against a user's
 dict + per-value decode, per core, with the one-off decode and the columnar file's bytes per key:
-``globald.spark.bench_typed``) and ``executor-memory`` (the Python workers of a local[4] executor before and after
-the columnar file: ``globald.spark.bench_memory``); ``--typed`` and ``--executor-memory`` add those two.
+``bench.spark_typed_join``) and ``executor-memory`` (the Python workers of a local[4] executor before and after
+the columnar file: ``bench.spark_memory``); ``--typed`` and ``--executor-memory`` add those two.
 """
 
 from __future__ import annotations
@@ -30,11 +30,7 @@ from typing import Any
 
 import pandas as pd  # module level: Spark resolves the dict pandas UDF's type hints in this module
 
-from globald.embedded.admin import TopicAdmin
-from globald.embedded.broker import EmbeddedKafka
-from globald.snapshot import exact_requests, open_snapshot
-from globald.snapshot.reader import Snapshot, current_id
-from globald.spark.bench_harness import (
+from bench.spark_harness import (
     DEFAULT_ARROW_BATCH,
     TABLE,
     fastest,
@@ -49,6 +45,10 @@ from globald.spark.bench_harness import (
     stop_all,
     wait,
 )
+from globald.snapshot import exact_requests, open_snapshot
+from globald.snapshot.reader import Snapshot, current_id
+from tests.support.admin import TopicAdmin
+from tests.support.broker import EmbeddedKafka
 
 
 def measure_daemon(admin: TopicAdmin, topic: str, state: Path) -> dict[str, Any]:
@@ -261,7 +261,8 @@ BENCHES = ("publish", "spark", "typed", "executor-memory")
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="python -m bench.spark", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--keys", type=int, default=1_000_000,
                     help="table size for the publish and executor-memory measurements")
     ap.add_argument("--spark-keys", type=int, default=100_000, help="table size for the Spark and typed measurements")
@@ -309,14 +310,14 @@ def main(argv: list[str] | None = None) -> int:
                                                 args.rounds)
                 assert current_id(state, TABLE)
         if "typed" in benches:  # imported here: the typed extra (fastavro, protobuf) is needed only for it
-            from globald.spark.bench_typed import measure_typed
+            from bench.spark_typed_join import measure_typed
 
             spark = spark_session()
             result["typed"] = measure_typed(spark, admin, kafka.client_settings, work, args.spark_keys,
                                             args.lookups, args.typed_rounds, args.formats.split(","), procs)
             spark.stop()
         if "executor-memory" in benches:
-            from globald.spark.bench_memory import measure_executor_memory
+            from bench.spark_memory import measure_executor_memory
 
             result["executor_memory"] = measure_executor_memory(admin, kafka.client_settings, work, args.keys,
                                                                 procs)

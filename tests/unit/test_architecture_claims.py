@@ -1,0 +1,86 @@
+"""The claims of docs/architecture.md that a reading of the code can check, checked by reading the code (its AST).
+
+- "Every write to a store goes through one function (``store/writes.py``)": no other module calls a write method
+  on a RocksDB handle (``db``, ``self.db``, ``self._db``).
+- "Every file replaced or renamed on disk goes through ``store/durable.py``": no other module calls ``os.rename`` or
+  ``os.replace``.
+- "The names are declared once, in ``store/names.py``": no other module spells a reserved prefix or suffix.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import globald
+
+PACKAGE_ROOT = Path(globald.__file__).parent
+# The dot-prefixes of work in progress and leftovers, and the typed tables' columnar file (store/names.py).
+RESERVED = (".tmp-", ".trash-", ".build-", ".import-", ".replaced-", "columnar-", ".arrow")
+
+
+def _modules() -> Iterator[tuple[str, ast.Module]]:
+    for path in sorted(PACKAGE_ROOT.rglob("*.py")):
+        rel = path.relative_to(PACKAGE_ROOT).as_posix()
+        yield rel, ast.parse(path.read_text(encoding="utf-8"), filename=rel)
+
+
+def _docstrings(tree: ast.Module) -> set[int]:
+    """ids of the docstring nodes: prose may name what the code may not spell."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                found.add(id(first.value))
+    return found
+
+
+def store_writes_outside_writes() -> list[str]:
+    found = []
+    for rel, tree in _modules():
+        if rel == "store/writes.py":
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                    and node.func.attr in ("write", "put", "delete", "delete_range") \
+                    and ast.unparse(node.func.value) in ("db", "self.db", "self._db"):
+                found.append(f"{rel}:{node.lineno} {ast.unparse(node.func)}")
+    return found
+
+
+def renames_outside_durable() -> list[str]:
+    found = []
+    for rel, tree in _modules():
+        if rel == "store/durable.py":
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and ast.unparse(node.func) in ("os.rename", "os.replace"):
+                found.append(f"{rel}:{node.lineno} {ast.unparse(node.func)}")
+    return found
+
+
+def reserved_names_outside_names() -> list[str]:
+    found = []
+    for rel, tree in _modules():
+        if rel == "store/names.py":
+            continue
+        docs = _docstrings(tree)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs \
+                    and any(r in node.value for r in RESERVED):
+                found.append(f"{rel}:{node.lineno} {node.value!r}")
+    return found
+
+
+def test_every_store_write_goes_through_writes() -> None:
+    assert store_writes_outside_writes() == []
+
+
+def test_every_rename_goes_through_durable() -> None:
+    assert renames_outside_durable() == []
+
+
+def test_reserved_names_are_spelled_only_in_names() -> None:
+    assert reserved_names_outside_names() == []
