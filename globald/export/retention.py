@@ -64,8 +64,8 @@ def apply(target: Target, table: str, keep: int, grace_s: float, now: float | No
             continue
         except ExportManifestError:
             sure = False
-    for m in live[keep:]:  # retired just now (or by another host meanwhile): protected for the grace period
-        referenced |= {f.blob for f in m.files}
+    if grace_s > 0:  # retired just now (or by another host meanwhile): protected for the grace period
+        referenced |= {f.blob for m in live[keep:] for f in m.files}
     deleted = deleted_bytes = 0
     if sure:
         for b in target.list(table, FILES_DIR):

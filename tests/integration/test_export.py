@@ -4,15 +4,24 @@ and equals the oracle fold; exports it cannot use are refused with their reason 
 
 from __future__ import annotations
 
+import hashlib
 import json
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.harness import Broker, DaemonProcess, globald, oracle_at, random_records, values_only
+from globald.export import retention
+from globald.export.bootstrap import Bootstrap, Install
+from globald.export.exporter import live_manifests
+from globald.export.target import Target
+from globald.settings.config import load
+from globald.store.reader import StoreReader
+from tests.harness import Broker, DaemonProcess, globald, oracle_at, random_records, values_only, write_config
 
 pytestmark = pytest.mark.kafka
 
@@ -167,3 +176,74 @@ def test_unreachable_storage_falls_back_to_the_topic(broker: Broker, topic: Call
     text = json.dumps(doc) + d.log.read_text()
     assert "hunter2" not in text and "AKIDSECRET" not in text
     _equals_fold(broker, t, d, doc["tables"]["tbl"])
+
+
+@pytest.mark.long  # three daemons' starts and restores: over 30 s
+def test_two_exporters_at_once_leave_two_whole_exports(broker: Broker, topic: Callable[..., str], daemon: Daemon,
+                                                       tmp_path: Path) -> None:
+    t, root, one = _exporter(daemon, broker, topic, tmp_path, 1_500, 300, 350)
+    two = daemon({"tbl": t}, snapshots=FAST, metadata_refresh_ms=REFRESH_MS, export=_export_conf(root),
+                 state_dir=tmp_path / "state-exporter-2")
+    two.wait_running({"tbl": broker.admin.end_offsets(t)})
+    with ThreadPoolExecutor(2) as pool:
+        done = list(pool.map(_export_now, [one, two]))
+    ids = {x["export"] for x in done}
+    assert len(ids) == 2
+    found, bad = live_manifests(Target(root.as_uri()), "tbl")
+    assert {m.id for m in found} == ids and not bad
+    for m in found:  # every file each names is whole: its content hashes to its name
+        for f in m.files:
+            blob = root / "tbl" / "files" / f.blob
+            assert blob.stat().st_size == f.size and hashlib.sha256(blob.read_bytes()).hexdigest() == f.sha256
+    d, table = _fresh(daemon, broker, t, root, tmp_path, "state-new")
+    assert table["origin"]["kind"] == "export" and table["origin"]["export"] == max(ids)
+    _equals_fold(broker, t, d, table)
+
+
+@pytest.mark.parametrize("grace_s", [3600, 0])
+def test_retention_during_a_download_keeps_its_files_for_the_grace_period(
+        broker: Broker, topic: Callable[..., str], daemon: Daemon, tmp_path: Path, grace_s: int) -> None:
+    t, root, exporter = _exporter(daemon, broker, topic, tmp_path, 1_500, 300, 351)
+    older = _export_at(exporter, root, broker.admin.end_offsets(t))
+    older_offsets = {int(p): o for p, o in _exported(root, older["export"])["offsets"].items()}
+    broker.admin.produce(t, random_records(600, keys=900, seed=352, tombstones=0.1))
+    raced: list[str] = []
+
+    class Racing(Target):
+        """The storage as a downloading host sees it while another host exports and applies retention."""
+
+        def chunks(self, *parts: str) -> Iterator[bytes]:
+            if not raced:
+                raced.append(_export_at(exporter, root, broker.admin.end_offsets(t))["export"])
+                retention.apply(Target(root.as_uri()), "tbl", keep=1, grace_s=grace_s)
+            yield from super().chunks(*parts)
+
+    cfg = load(write_config(tmp_path / "new.toml", tmp_path / "state-new", broker.settings, {"tbl": t},
+                            export=_export_conf(root)))
+    (tmp_path / "state-new").mkdir(mode=0o700)
+    found = Bootstrap(cfg, cfg.tables[0], Racing(root.as_uri()), threading.Event(), Install()).run()
+    assert raced and not (root / "tbl" / "exports" / f"{older['export']}.json").exists()  # retired meanwhile
+    if grace_s:
+        assert found.kind == "export" and found.export == older["export"], found
+        with StoreReader(tmp_path / "state-new" / "tables" / "tbl" / "db") as store:
+            assert store.offsets() == older_offsets
+    else:  # without a grace period the download is cut off: refused, never installed half
+        assert found.kind == "topic" and "missing from the storage" in (found.fallback or ""), found
+        assert not (tmp_path / "state-new" / "tables" / "tbl").exists()
+    assert not (tmp_path / "state-new" / "tables" / ".bootstrap-tbl").exists()
+
+
+def test_a_stop_during_a_bootstrap_is_seen_within_a_second(broker: Broker, topic: Callable[..., str], daemon: Daemon,
+                                                          tmp_path: Path) -> None:
+    t = topic()
+    uri = "s3://bucket/exports?endpoint_override=127.0.0.1:9&scheme=http&connect_timeout=30&request_timeout=30"
+    d = daemon({"tbl": t}, snapshots=FAST, export={"uri": uri, "bootstrap_timeout_s": 600},
+               state_dir=tmp_path / "state-new")
+    deadline = time.monotonic() + 60
+    while "looking for an export" not in d.log.read_text(errors="replace"):
+        assert time.monotonic() < deadline and d.alive(), d.tail()
+        time.sleep(0.1)
+    started = time.monotonic()
+    assert d.stop() == 0
+    assert time.monotonic() - started < 5.0, d.tail()  # the process exit itself included; the bound is 600 s
+    assert not (tmp_path / "state-new" / "tables" / "tbl").exists()
