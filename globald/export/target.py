@@ -11,8 +11,9 @@ Layout under the URI's path, per table (table names are validated by the config,
     <table>/exports/<id>.json         one export's manifest, written last: an export without one does not exist
     <table>/retired/<id>@<ms>.json    a manifest retention dropped, kept for the grace period (see ``retention``)
 
-Every file is written under a dot-name and moved to its name, so that a name is only ever seen whole on file
-systems whose move is a rename; object stores make a written object visible whole anyway.
+On file systems (local, NFS, HDFS) every file is written under a dot-name and renamed to its name, so that a name
+is only ever seen whole; object stores make an object visible whole once its upload completes, so it is written in
+place (their move is a copy).
 """
 
 from __future__ import annotations
@@ -71,6 +72,9 @@ class Target:
         except Exception as e:  # pyarrow raises ArrowInvalid, OSError...; its text may quote the URI
             raise TargetError(f"cannot open export storage {self.shown}: {type(e).__name__}") from None
         self.root = root.rstrip("/")
+        # Object stores make an object visible whole when its upload completes, and their move is a copy: written
+        # in place. File systems (local, NFS, HDFS) show a file while it is written: written aside, then renamed.
+        self._aside = self.fs.type_name in ("local", "hdfs")
 
     def path(self, *parts: str) -> str:
         return "/".join([self.root, *parts])
@@ -114,7 +118,7 @@ class Target:
     def put(self, data: Iterator[bytes], *parts: str) -> int:
         """Write ``data`` under a dot-name beside ``parts``, then move it there; returns the bytes written."""
         final = self.path(*parts)
-        tmp = self.path(*parts[:-1], f"{TMP_PREFIX}{secrets.token_hex(8)}-{parts[-1]}")
+        tmp = self.path(*parts[:-1], f"{TMP_PREFIX}{secrets.token_hex(8)}-{parts[-1]}") if self._aside else final
         self._call("mkdir", self.fs.create_dir, self.path(*parts[:-1]), recursive=True)
         n = 0
         try:
@@ -122,10 +126,12 @@ class Target:
                 for chunk in data:
                     out.write(chunk)
                     n += len(chunk)
-            self._call("move", self.fs.move, tmp, final)
+            if tmp != final:
+                self._call("move", self.fs.move, tmp, final)
         except BaseException:
-            with contextlib.suppress(Exception):  # best effort: a dot-name nobody reads
-                self.fs.delete_file(tmp)
+            if tmp != final:
+                with contextlib.suppress(Exception):  # best effort: a dot-name nobody reads
+                    self.fs.delete_file(tmp)
             raise
         return n
 

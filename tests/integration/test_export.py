@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -247,3 +248,46 @@ def test_a_stop_during_a_bootstrap_is_seen_within_a_second(broker: Broker, topic
     assert d.stop() == 0
     assert time.monotonic() - started < 5.0, d.tail()  # the process exit itself included; the bound is 600 s
     assert not (tmp_path / "state-new" / "tables" / "tbl").exists()
+
+
+@pytest.fixture
+def s3_emulator() -> Iterator[str]:
+    """moto's S3 server, an emulator of S3 (not S3 itself), on a free loopback port; its endpoint."""
+    moto_server = pytest.importorskip("moto.server")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        server.stop()
+
+
+@pytest.mark.long  # two daemons' starts and restores: over 30 s
+def test_s3_emulator_moto_a_new_host_bootstraps_from_the_bucket(broker: Broker, topic: Callable[..., str],
+                                                                daemon: Daemon, tmp_path: Path, s3_emulator: str,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    # Credentials from the environment only, as in production; the URI names the emulator's endpoint.
+    creds = {"AWS_ACCESS_KEY_ID": "emulator", "AWS_SECRET_ACCESS_KEY": "emulator-secret",
+             "AWS_DEFAULT_REGION": "us-east-1"}
+    for k, v in creds.items():
+        monkeypatch.setenv(k, v)
+    uri = f"s3://globald-test/exports?endpoint_override={s3_emulator}&scheme=http&allow_bucket_creation=true"
+    Target(uri).fs.create_dir("globald-test")  # the bucket
+    t = topic()
+    broker.admin.produce(t, random_records(2_000, keys=400, seed=353, tombstones=0.1))
+    conf = {"uri": uri, "interval_s": 0, "keep": 2}
+    exporter = daemon({"tbl": t}, snapshots=FAST, metadata_refresh_ms=REFRESH_MS, export=conf,
+                      state_dir=tmp_path / "state-exporter")
+    exporter.wait_running({"tbl": broker.admin.end_offsets(t)})
+    done = _export_now(exporter)
+    assert done["uploaded_bytes"] > 0
+    assert [m.id for m in live_manifests(Target(uri), "tbl")[0]] == [done["export"]]
+    broker.admin.produce(t, random_records(300, keys=500, seed=354, tombstones=0.1))
+    d = daemon({"tbl": t}, snapshots=FAST, export=conf, state_dir=tmp_path / "state-new")
+    table = d.wait_running({"tbl": broker.admin.end_offsets(t)}, timeout=120)["tables"]["tbl"]
+    assert table["origin"]["kind"] == "export" and table["origin"]["export"] == done["export"], table["origin"]
+    _equals_fold(broker, t, d, table)
+    assert "emulator-secret" not in d.log.read_text() + exporter.log.read_text()
