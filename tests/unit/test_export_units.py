@@ -121,3 +121,30 @@ def test_retention_keeps_the_newest_and_deletes_files_only_after_the_grace_perio
     assert all((files / f.blob).exists() for f in new.files)  # the kept export is whole
     assert not os.listdir(tmp_path / "bucket" / "tbl" / RETIRED_DIR)
     assert os.listdir(tmp_path / "bucket" / "tbl" / EXPORTS_DIR) == [f"{new.id}.json"]
+
+
+def test_metrics_say_where_a_store_came_from_and_what_exports_uploaded() -> None:
+    from globald.common.states import State
+    from globald.ops.metrics import Metrics, Sample
+    from globald.service.status import DaemonStatus, TableStatus
+
+    origin = {"kind": "export", "export": "0000000000000001-0a0b0c0d", "bytes_downloaded": 1234, "seconds": 1.5,
+              "tail": 42, "age_s": 30.0, "fallback": "export x: checksum mismatch"}
+    export = {"exports": 2, "failures": 1, "uploaded_bytes_total": 5000, "last": {"uploaded_bytes": 100}}
+    doc = DaemonStatus(state=State.RUNNING, pid=1, tables={
+        "tbl": TableStatus(state="RUNNING", topic="t", origin=origin, export=export),
+        "plain": TableStatus(state="RUNNING", topic="u")})
+    text = Metrics(lambda: Sample(doc=doc), lambda: (0.0, 0.0)).render().decode()
+    for line in ('globald_table_origin{kind="export",table="tbl"} 1.0',
+                 'globald_table_bootstrap_fallback{table="tbl"} 1.0',
+                 'globald_table_bootstrap_bytes_downloaded{table="tbl"} 1234.0',
+                 'globald_table_bootstrap_tail{table="tbl"} 42.0',
+                 'globald_table_export_uploaded_bytes_total{table="tbl"} 5000.0',
+                 'globald_table_exports_total{table="tbl"} 2.0',
+                 'globald_table_export_failures_total{table="tbl"} 1.0',
+                 'globald_table_export_last_uploaded_bytes{table="tbl"} 100.0'):
+        assert line in text, line
+    assert 'table="plain"' not in "\n".join(x for x in text.splitlines() if "export" in x or "origin" in x)
+    # Round trip through status.json keeps both sections.
+    back = DaemonStatus.from_json(doc.to_json()).tables["tbl"]
+    assert back.origin == origin and back.export == export
