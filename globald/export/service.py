@@ -35,6 +35,7 @@ from globald.store.names import snapshots_dir
 log = logging.getLogger(__name__)
 
 LEASE_S = 6 * 3600.0  # an upload holds its snapshot at most this long (released as soon as it ends)
+LOOK_S = 1.0
 REQUEST_WAIT_S = 600.0  # `globald export` waits this long at most for a verified snapshot to export
 _STOP_JOIN_S = 1.0
 
@@ -72,6 +73,7 @@ class _Table:
     shown: dict[int, int] | None = None  # offsets last shown to be of the topic (None: none since the last wipe)
     wiped_at: float = 0.0  # wall clock of the last wipe: snapshots taken before it are never exported
     next_at: float = 0.0  # monotonic: when the next periodic export is due
+    next_look: float = 0.0  # monotonic: snapshots are looked through at most once a LOOK_S (they are read from disk)
     busy: bool = False
     last_snapshot: str | None = None
     waiting: list[ExportRequest] = field(default_factory=list)
@@ -151,8 +153,9 @@ class ExportService:
             if tab.busy:
                 continue
             periodic = self.export.interval_s > 0 and now >= tab.next_at
-            if not (periodic or tab.waiting):
+            if not (periodic or tab.waiting) or now < tab.next_look:
                 continue
+            tab.next_look = now + LOOK_S
             snap = self._verified_snapshot(name, tab)
             if snap is None or (not tab.waiting and snap.id == tab.last_snapshot):
                 for r in [r for r in tab.waiting if now - r.asked > REQUEST_WAIT_S]:

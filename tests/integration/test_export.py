@@ -94,7 +94,7 @@ def test_a_new_host_bootstraps_from_the_export_tails_and_equals_the_fold(broker:
     assert again["export"] != first["export"] and again["uploaded_bytes"] == 0
 
     broker.admin.produce(t, random_records(500, keys=900, seed=342, tombstones=0.1))  # the tail after the export
-    d, table = _fresh(daemon, broker, t, root, tmp_path, "state-new")
+    d, table = _fresh(daemon, broker, t, root, tmp_path, "state-new", interval_s=1)
     origin = table["origin"]
     assert origin["kind"] == "export" and origin["export"] == again["export"], origin
     assert origin["bytes_downloaded"] > 0 and origin["fallback"] is None
@@ -105,6 +105,11 @@ def test_a_new_host_bootstraps_from_the_export_tails_and_equals_the_fold(broker:
     assert origin["tail"] == sum(end.values()) - sum(exported["offsets"].values()) >= 500
     _equals_fold(broker, t, d, table)
     assert "file://" in exporter.status()["tables"]["tbl"]["export"]["uri"]
+    # The bootstrapped host exports by itself every interval_s, once a check vouched for its newest snapshot.
+    end_json = {str(p): o for p, o in end.items()}
+    doc = d.wait_for(lambda s: (s["tables"]["tbl"]["export"]["last"] or {}).get("offsets") == end_json,
+                     timeout=60, what="a periodic export at the log end")
+    assert doc["tables"]["tbl"]["export"]["last"]["uploaded_bytes"] > 0
 
 
 def test_a_damaged_or_torn_export_is_refused_and_an_older_one_used(broker: Broker, topic: Callable[..., str],
