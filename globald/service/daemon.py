@@ -81,10 +81,12 @@ class Daemon:
                                        (self.snapshots, self.ops, self, self.exports)),
                                    rebuilds=rebuilds, stats=self.stats)
         # The order matters and is fixed here: user callbacks first (as registered), the publisher before status
-        # (a status written on a wipe shows the stale mark), operations before status (readiness, metrics).
+        # (a status written on a wipe shows the stale mark), operations and exports before status (readiness,
+        # metrics, the origin's tail).
         self.bus.connect(*(_guarded(s) for s in (deliver(self.listeners), self.snapshots.on_event,
-                                                  self.ops.on_event, self.on_event,
-                                                  *([self.exports.on_event] if self.exports else []), *subscribers)))
+                                                  self.ops.on_event,
+                                                  *([self.exports.on_event] if self.exports else []),
+                                                  self.on_event, *subscribers)))
         self._last_status = 0.0
         self._last_degraded: str | None = None
         self._status_failing = False
