@@ -148,3 +148,24 @@ def test_metrics_say_where_a_store_came_from_and_what_exports_uploaded() -> None
     # Round trip through status.json keeps both sections.
     back = DaemonStatus.from_json(doc.to_json()).tables["tbl"]
     assert back.origin == origin and back.export == export
+
+
+def test_globald_export_needs_an_export_section_and_a_running_daemon(tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    from globald.cli import main as cli
+    from globald.common import exitcodes
+
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    base = (f'state_dir = "{state}"\n[kafka]\n"bootstrap.servers" = "127.0.0.1:9"\n'
+            '[[tables]]\nname = "tbl"\ntopic = "t"\n')
+    plain = tmp_path / "plain.toml"
+    plain.write_text(base)
+    assert cli.main(["export", "--config", str(plain), "--table", "tbl"]) == 2
+    assert "config error: export: is not configured" in capsys.readouterr().err
+    exporting = tmp_path / "export.toml"
+    exporting.write_text(base.replace("[kafka]", f'[export]\nuri = "{(tmp_path / "bucket").as_uri()}"\n[kafka]'))
+    assert cli.main(["export", "--config", str(exporting), "--table", "tbl"]) == exitcodes.FAILED
+    assert "no daemon runs" in capsys.readouterr().err
+    assert cli.main(["export", "--config", str(exporting), "--table", "nope"]) != 0
+    assert not (tmp_path / "bucket").exists()  # nothing written anywhere
