@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rocksdict import Rdict
+
 from globald.export import storeinfo
 from globald.export.exporter import live_manifests
 from globald.export.manifest import ExportManifest
@@ -34,9 +36,20 @@ from globald.export.target import FILES_DIR, Target, TargetError
 from globald.kafka.clients import TransientKafkaError, make_consumer, partitions, watermarks
 from globald.kafka.identity import VERIFY_TIMEOUT_S, TopicIds, verify
 from globald.settings.config import Config, TableConfig
-from globald.store import durable
+from globald.store import durable, layout
 from globald.store.layout import offsets_to_json
-from globald.store.names import DB_DIR, READABLE_FORMATS, db_dir, table_dir, tables_dir
+from globald.store.names import (
+    DB_DIR,
+    DEFAULT_CF,
+    META_CF,
+    META_STATUS,
+    READABLE_FORMATS,
+    STATUS_CLEAN,
+    db_dir,
+    table_dir,
+    tables_dir,
+)
+from globald.store.options import StoreOptions
 
 log = logging.getLogger(__name__)
 
@@ -132,6 +145,7 @@ class Bootstrap:
                 self._usable(m)
                 self._download(m, stage)
                 self._check(m, stage / DB_DIR)
+                self._stamp_closed(stage / DB_DIR)
                 durable.sync_tree(stage, synced_suffixes=())
                 self.install.run(lambda: self._move(stage))
             except Refused as e:
@@ -234,6 +248,22 @@ class Bootstrap:
             raise Refused(f"the database is of format {info.format}, the manifest says {m.store_format}")
         if info.topic_id != m.topic_id:
             raise Refused(f"the database's topic ID {info.topic_id} is not the manifest's {m.topic_id}")
+
+    def _stamp_closed(self, db: Path) -> None:
+        """The exporting host's store was open when its snapshot was taken: marked closed here, so the daemon that
+        opens it does not report a crash that never happened on this host. A write of our own, after the checks."""
+        options = StoreOptions.from_config(self.config.store)
+        try:
+            rd = Rdict(str(db), options.rocksdb(create=False),
+                       column_families={cf: options.rocksdb(create=False) for cf in layout.families(db)
+                                        if cf != DEFAULT_CF})
+        except Exception as e:  # rocksdict raises bare Exceptions naming the file
+            raise Refused(f"the downloaded database does not open for writing: {e}") from None
+        try:
+            rd.get_column_family(META_CF)[META_STATUS] = STATUS_CLEAN
+            rd.flush()
+        finally:
+            rd.close()
 
     def _move(self, stage: Path) -> None:
         dest = table_dir(self.config.state_dir, self.table.name)
