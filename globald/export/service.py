@@ -9,6 +9,7 @@ snapshot while it uploads. The loop never waits on the storage: it only hands ov
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
@@ -97,7 +98,6 @@ class ExportService:
         self._stop = threading.Event()
         self._lock = threading.Lock()  # status reads the tables from the HTTP thread
         self._worker = threading.Thread(target=self._work, name="globald-export", daemon=True)
-        self._holder = leases.default_holder("export")
 
     # -- lifecycle (main thread) --------------------------------------------------------------------------------
 
@@ -105,15 +105,20 @@ class ExportService:
         for name, origin in origins.items():
             self._tables[name].origin = origin
         first = time.monotonic() + (self.export.interval_s if self.export.interval_s else 0)
-        for tab in self._tables.values():
+        for name, tab in self._tables.items():
             tab.next_at = first
+            with contextlib.suppress(OSError):  # left by a daemon killed mid-upload: it would pin for LEASE_S
+                leases.release(snapshots_dir(self.config.state_dir, name), self._lease_holder(name))
         self._worker.start()
 
     def close(self) -> None:
         self._stop.set()
         self._jobs.put(None)
         self._worker.join(_STOP_JOIN_S)  # an upload blocked in the storage is abandoned: no manifest was written
-        for tab in self._tables.values():
+        for name, tab in self._tables.items():
+            if tab.busy:
+                with contextlib.suppress(OSError):
+                    leases.release(snapshots_dir(self.config.state_dir, name), self._lease_holder(name))
             for r in tab.waiting:
                 r.settle("the daemon stopped before the export; nothing was exported")
             tab.waiting = []
@@ -181,8 +186,10 @@ class ExportService:
                 return m
         return None
 
-    def _lease_holder(self, table: str) -> str:
-        return f"{self._holder}-{table}"[:128]
+    @staticmethod
+    def _lease_holder(table: str) -> str:
+        """One name per table: one daemon owns the state_dir, so a lease a killed daemon left is its own to drop."""
+        return f"globald-export-{table}"[:128]
 
     def _finished(self, table: str, last: dict[str, Any] | None, error: str | None) -> None:
         tab = self._tables[table]
