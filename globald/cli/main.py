@@ -76,6 +76,31 @@ def cmd_reset(args: argparse.Namespace) -> int:
     return exitcodes.OK
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from globald.common.errors import StateDirLockedError
+    from globald.ops.operator_requests import EXPORT, ask_daemon_to_reset
+    from globald.store.statedir import lock_state_dir
+
+    cfg = configmod.load(args.config)
+    table = cfg.table(args.table)
+    if cfg.export is None:
+        raise ConfigError("export", "is not configured: there is nowhere to export to")
+    try:  # an export is made by the running daemon, from a snapshot its identity checks vouch for
+        lock_state_dir(cfg.state_dir).close()
+        raise GlobaldError(f"no daemon runs on {cfg.state_dir}; `globald export` asks the running daemon")
+    except StateDirLockedError:
+        pass
+    answer = ask_daemon_to_reset(cfg.state_dir, table.name, timeout=args.timeout, action=EXPORT)
+    if not answer.get("ok"):
+        raise GlobaldError(f"the running daemon did not export table {table.name}: {answer.get('error')}")
+    if args.json:
+        print(json.dumps({"table": table.name, "export": answer.get("export"),
+                          "uploaded_bytes": answer.get("uploaded_bytes")}, sort_keys=True))
+    else:
+        print(f"table {table.name} exported as {answer.get('export')} ({answer.get('uploaded_bytes')} bytes uploaded)")
+    return exitcodes.OK
+
+
 def cmd_check_config(args: argparse.Namespace) -> int:
     if args.keys:
         if args.json:
@@ -209,6 +234,10 @@ def build_parser() -> argparse.ArgumentParser:
             json_flag=True, table=True)
     r.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     r.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for a running daemon (default 30)")
+    e = add("export", cmd_export, "ask the running daemon to export a table's newest verified snapshot now "
+            "([export] uri); exits once its manifest is written", json_flag=True, table=True)
+    e.add_argument("--timeout", type=float, default=900.0,
+                   help="seconds to wait for the daemon's answer (default 900: uploads can be slow)")
     add("snapshots", cmd_snapshots, "list a table's published snapshots, newest first", json_flag=True, table=True)
     cc = add("check-config", cmd_check_config, "validate a config file, and try what run needs of its state_dir",
              config=False, json_flag=True)

@@ -87,6 +87,7 @@ class DaemonCollector(Collector):
         yield from _counters(s)
         yield from _snapshots(s)
         yield from _decodes(s)
+        yield from _exports(s)
         loop_age, progress_age = self._loop_age()
         yield GaugeMetricFamily(f"{PREFIX}_loop_age_seconds", "Seconds since the loop last iterated", value=loop_age)
         yield GaugeMetricFamily(f"{PREFIX}_progress_age_seconds", "Seconds since a poll last moved an offset",
@@ -253,6 +254,47 @@ def _decodes(s: Sample) -> Iterator[Metric]:
         runs.add_metric([name], d.runs)
         failures.add_metric([name], d.failures)
     yield from (errors, key_errors, values, age, seconds, active, runs, failures)
+
+
+def _number(doc: dict[str, object] | None, key: str) -> float | None:
+    """A figure of a status section read leniently (``origin``/``export`` are plain dicts): a number, or None."""
+    value = None if doc is None else doc.get(key)
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _exports(s: Sample) -> Iterator[Metric]:
+    """[export] only (globald.export): where each store came from at this start, and this host's exports."""
+    labels = ["table"]
+    origin = GaugeMetricFamily(f"{PREFIX}_table_origin", "1 for where the table's store came from: export, topic "
+                               "or store (it had one)", labels=["table", "kind"])
+    fallback = GaugeMetricFamily(f"{PREFIX}_table_bootstrap_fallback", "1 when an export was looked for and not "
+                                 "used (status says why)", labels=labels)
+    figures = {key: GaugeMetricFamily(f"{PREFIX}_table_bootstrap_{key}", text, labels=labels) for key, text in (
+        ("bytes_downloaded", "Bytes the bootstrap downloaded"), ("seconds", "How long the bootstrap took"),
+        ("tail", "Offsets replayed from the export's to where the table first went RUNNING"),
+        ("age_s", "Age of the exported snapshot when the status was taken"))}
+    uploaded = CounterMetricFamily(f"{PREFIX}_table_export_uploaded_bytes", "Bytes this host uploaded to the "
+                                   "export storage", labels=labels)
+    exports = CounterMetricFamily(f"{PREFIX}_table_exports", "Exports this host wrote", labels=labels)
+    failures = CounterMetricFamily(f"{PREFIX}_table_export_failures", "Exports that failed", labels=labels)
+    last = GaugeMetricFamily(f"{PREFIX}_table_export_last_uploaded_bytes", "Bytes the last export uploaded (the "
+                             "rest it shared with earlier exports)", labels=labels)
+    for name, t in sorted(s.doc.tables.items()):
+        if t.origin is not None:
+            origin.add_metric([name, str(t.origin.get("kind"))], 1.0)
+            fallback.add_metric([name], 1.0 if t.origin.get("fallback") else 0.0)
+            for key, family in figures.items():
+                value = _number(t.origin, key)
+                if value is not None:
+                    family.add_metric([name], value)
+        if t.export is not None:
+            uploaded.add_metric([name], _number(t.export, "uploaded_bytes_total") or 0.0)
+            exports.add_metric([name], _number(t.export, "exports") or 0.0)
+            failures.add_metric([name], _number(t.export, "failures") or 0.0)
+            recent = t.export.get("last")
+            if isinstance(recent, dict):
+                last.add_metric([name], _number(recent, "uploaded_bytes") or 0.0)
+    yield from (origin, fallback, *figures.values(), uploaded, exports, failures, last)
 
 
 class Metrics:

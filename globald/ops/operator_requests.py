@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 MAX_REQUEST_BYTES = 4096
 CHECK_INTERVAL = 0.25
 RESET = "reset"
+EXPORT = "export"  # `globald export`: export a table's verified snapshot now ([export] configured)
 
 
 def requests_dir(state_dir: Path) -> Path:
@@ -54,6 +55,7 @@ class RequestInbox:
         self.reset = reset
         self._next = 0.0
         self._waiting: list[tuple[str, Wipe]] = []  # (token, wipe) of resets handed to the loop, not yet answered
+        self.export: Callable[[str, str], Wipe] | None = None  # set by the daemon when [export] is configured
 
     def open(self) -> None:
         self.dir.mkdir(mode=0o700, exist_ok=True)
@@ -65,7 +67,7 @@ class RequestInbox:
             return
         self._next = now + CHECK_INTERVAL
         try:
-            names = sorted(e.name for e in os.scandir(self.dir) if e.name.startswith(f"{RESET}-")
+            names = sorted(e.name for e in os.scandir(self.dir) if e.name.startswith((f"{RESET}-", f"{EXPORT}-"))
                            and e.name.endswith(".json"))
         except FileNotFoundError:
             return
@@ -73,16 +75,17 @@ class RequestInbox:
             self._handle(name)
 
     def _handle(self, name: str) -> None:
-        token = name[len(RESET) + 1:-len(".json")]
+        kind = EXPORT if name.startswith(f"{EXPORT}-") else RESET
+        token = name[len(kind) + 1:-len(".json")]
         taken = self.dir / f".{name}.taken"
         try:
             durable.claim(self.dir / name, taken)  # from here the client can no longer cancel
         except FileNotFoundError:
             return
         try:
-            answer = self._act(taken)
+            answer = self._act(taken, kind)
         except Exception as e:  # a request that cannot be read or handed on is answered; the loop carries on
-            log.exception("reset request %s failed", token)
+            log.exception("%s request %s failed", kind, token)
             answer = {"ok": False, "error": f"{type(e).__name__}: {e}"}
         finally:
             taken.unlink(missing_ok=True)
@@ -97,7 +100,8 @@ class RequestInbox:
         self._waiting = [item for item in self._waiting if item not in settled]
         for token, wipe in settled:
             if wipe.error is None:
-                self._reply(token, {"ok": True, "table": wipe.table, "pid": os.getpid()})
+                extra = getattr(wipe, "answer", {})  # an export's id and bytes
+                self._reply(token, {**extra, "ok": True, "table": wipe.table, "pid": os.getpid()})
             else:
                 log.error("table %s: reset failed: %s", wipe.table, wipe.error)
                 self._reply(token, {"ok": False, "table": wipe.table, "pid": os.getpid(),
@@ -118,7 +122,7 @@ class RequestInbox:
             # Not durable: the asker waits on this machine and does not outlive a power loss; the wipe itself is.
             replace_file(self.dir / f"{token}.done", json.dumps(answer, sort_keys=True), durable=False)
 
-    def _act(self, path: Path) -> dict[str, Any] | Wipe:
+    def _act(self, path: Path, kind: str = RESET) -> dict[str, Any] | Wipe:
         raw = path.read_bytes()[:MAX_REQUEST_BYTES + 1]
         if len(raw) > MAX_REQUEST_BYTES:
             return {"ok": False, "error": "request too large"}
@@ -129,6 +133,10 @@ class RequestInbox:
         table = doc.get("table") if isinstance(doc, dict) else None
         if table not in self.tables:
             return {"ok": False, "error": f"no table named {table!r} in the daemon's config"}
+        if kind == EXPORT:
+            if self.export is None:
+                return {"ok": False, "error": "the daemon has no [export] section in its config"}
+            return self.export(table, "requested by globald export")
         who = doc.get("requested_by")
         detail = f"requested by globald reset (uid {who.get('uid')}, pid {who.get('pid')})" \
             if isinstance(who, dict) else "requested by globald reset"
@@ -136,16 +144,16 @@ class RequestInbox:
         return self.reset(table, detail)
 
 
-def ask_daemon_to_reset(state_dir: Path, table: str, timeout: float = 30.0) -> dict[str, Any]:
-    """The client's side: queue a reset for the daemon owning ``state_dir`` and wait for its answer."""
+def ask_daemon_to_reset(state_dir: Path, table: str, timeout: float = 30.0, action: str = RESET) -> dict[str, Any]:
+    """The client's side: queue a reset (or an ``action``) for the daemon owning ``state_dir``; wait for its answer."""
     d = requests_dir(state_dir)
     if not d.is_dir():
         raise GlobaldError(f"the daemon owning {state_dir} does not accept requests (no {REQUESTS_DIR}/ directory); "
                            "is it an older globald?")
     token = secrets.token_hex(8)
-    request = d / f"{RESET}-{token}.json"
+    request = d / f"{action}-{token}.json"
     done = d / f"{token}.done"
-    doc = {"action": RESET, "table": table, "requested": time.time(),
+    doc = {"action": action, "table": table, "requested": time.time(),
            "requested_by": {"uid": os.getuid(), "pid": os.getpid()}}
     # Not durable: a request lost in a power loss was never answered, and its asker is gone with the machine.
     replace_file(request, json.dumps(doc, sort_keys=True), durable=False)
@@ -158,14 +166,14 @@ def ask_daemon_to_reset(state_dir: Path, table: str, timeout: float = 30.0) -> d
             return answer if isinstance(answer, dict) else {"ok": False, "error": "malformed answer"}
         if time.monotonic() > deadline:
             if taken:
-                raise GlobaldError("the daemon took the reset request but did not answer; check its log")
+                raise GlobaldError(f"the daemon took the {action} request but did not answer; check its log")
             try:
                 request.unlink()
             except FileNotFoundError:  # taken meanwhile: the answer is on its way
                 taken, deadline = True, time.monotonic() + timeout
                 continue
-            raise GlobaldError(f"the daemon did not take the reset request within {timeout:.0f}s; request cancelled, "
-                               "nothing was wiped")
+            raise GlobaldError(f"the daemon did not take the {action} request within {timeout:.0f}s; request "
+                               f"cancelled, nothing was {'wiped' if action == RESET else 'done'}")
         pause(0.05)
 
 

@@ -111,6 +111,9 @@ class TableStatus:
     snapshot: SnapshotStatus | None = None
     source: str | None = None  # where a stopped daemon's offsets were read: store, checkpoint, none
     decode: DecodeStatus | None = None  # typed tables: the daemon's decodes into columnar files
+    # [export] only (globald.export): where the store came from (export or topic, and why), and this host's exports
+    origin: dict[str, Any] | None = None
+    export: dict[str, Any] | None = None
 
     @classmethod
     def of(cls, rt: TableView, positions: Mapping[int, int], ends: Mapping[int, int], records: int,
@@ -219,6 +222,9 @@ def _table_json(t: TableStatus) -> dict[str, Any]:
                            "last_publish_ms": round(s.last_publish_ms, 3), "last_error": s.last_error}
     if t.decode is not None:
         doc["decode"] = t.decode.to_json()
+    for key in ("origin", "export"):
+        if getattr(t, key) is not None:
+            doc[key] = getattr(t, key)
     return doc
 
 
@@ -236,4 +242,6 @@ def _table_from(raw: Any) -> TableStatus:
                                 bool(s.get("stale")), s.get("stale_reason"), s.get("published", 0),
                                 s.get("exact_built", 0), dict(s.get("refused") or {}), s.get("last_publish_ms", 0.0),
                                 s.get("last_error")) if isinstance(s, dict) else None,
-        source=t.get("source"), decode=DecodeStatus.from_json(t.get("decode")))
+        source=t.get("source"), decode=DecodeStatus.from_json(t.get("decode")),
+        origin=t["origin"] if isinstance(t.get("origin"), dict) else None,
+        export=t["export"] if isinstance(t.get("export"), dict) else None)

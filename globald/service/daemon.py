@@ -18,7 +18,8 @@ import signal
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import IO
+from dataclasses import replace
+from typing import IO, TYPE_CHECKING
 
 from globald.common import swallowed
 from globald.common.states import Listeners, State
@@ -35,6 +36,9 @@ from globald.settings.config import Config
 from globald.snapshot.publisher import SnapshotPublisher
 from globald.snapshot.space import disk_status
 from globald.store.statedir import DiskNotReady, lock_state_dir, prepare_state_dir
+
+if TYPE_CHECKING:
+    from globald.export.service import ExportService
 
 log = logging.getLogger(__name__)
 
@@ -71,12 +75,18 @@ class Daemon:
         self.manager = StateManager(config, self.bus.emit)
         self.snapshots = SnapshotPublisher(config, self.manager)
         self.ops = Operations(config, self.manager, self.stats, rebuilds, self.snapshots, progress)
-        self.thread = GlobalThread(config, self.manager, self.bus.emit, services=(self.snapshots, self.ops, self),
+        self.exports = _exports(config, self.manager)  # None unless [export] is configured
+        self.thread = GlobalThread(config, self.manager, self.bus.emit, services=(
+                                       (self.snapshots, self.ops, self) if self.exports is None else
+                                       (self.snapshots, self.ops, self, self.exports)),
                                    rebuilds=rebuilds, stats=self.stats)
         # The order matters and is fixed here: user callbacks first (as registered), the publisher before status
-        # (a status written on a wipe shows the stale mark), operations before status (readiness, metrics).
+        # (a status written on a wipe shows the stale mark), operations and exports before status (readiness,
+        # metrics, the origin's tail).
         self.bus.connect(*(_guarded(s) for s in (deliver(self.listeners), self.snapshots.on_event,
-                                                  self.ops.on_event, self.on_event, *subscribers)))
+                                                  self.ops.on_event,
+                                                  *([self.exports.on_event] if self.exports else []),
+                                                  self.on_event, *subscribers)))
         self._last_status = 0.0
         self._last_degraded: str | None = None
         self._status_failing = False
@@ -102,6 +112,8 @@ class Daemon:
                 table, self.thread.positions(name), self.thread.end_offsets(name), records, null_keys,
                 wipes=sum(n for (t, _), n in self.manager.wipe_counts().items() if t == name),
                 restore=self.ops.restore_status(name), snapshot=self.snapshots.status(name))
+            if self.exports is not None:
+                tables[name] = replace(tables[name], origin=self.exports.origin(name), export=self.exports.status(name))
         doc = DaemonStatus(state=self.thread.state, reason=self.thread.machine.reason, pid=os.getpid(),
                            degraded=self.thread.degraded, tables=tables, disk=disk_status(self.snapshots.disk))
         return self.ops.observe(doc)
@@ -163,14 +175,29 @@ class Daemon:
         lock = self._own_state_dir()
         if lock is None:
             return None
+        if self.exports is not None:  # before the engine plans: a store bootstrapped now is planned as any other
+            from globald.export.startup import bootstrap_empty_tables
+
+            origins = bootstrap_empty_tables(self.config, self._wait_stop)
+            if self.thread.stopping:
+                lock.close()
+                return None
+            self.exports.start(origins)
+            self.ops.inbox.export = self.exports.request
         self.snapshots.start()
         self.ops.start()
         log.info("globald %d starting on %s's malloc: %d table(s), state_dir %s", os.getpid(), allocator.active(),
                  len(self.config.tables), self.config.state_dir)
         return lock
 
+    def _wait_stop(self, seconds: float) -> bool:
+        self.thread.wait_stop(seconds)
+        return self.thread.stopping
+
     def _shutdown(self, lock: IO[str]) -> None:
         self.snapshots.close()
+        if self.exports is not None:
+            self.exports.close()
         if self.thread.state in (State.NOT_RUNNING, State.ERROR):
             self.publish_status()
         self.ops.stop()
@@ -196,3 +223,12 @@ class Daemon:
                 log.info("recovered: state_dir %s takes writes again", self.config.state_dir)
             return lock
         return None
+
+
+def _exports(config: Config, engine: StateManager) -> ExportService | None:
+    """The exporter when [export] is configured (imported only then: pyarrow is needed only then)."""
+    if config.export is None:
+        return None
+    from globald.export.service import ExportService
+
+    return ExportService(config, engine)

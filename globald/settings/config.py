@@ -204,6 +204,28 @@ class HooksConfig:
 
 
 @dataclass(frozen=True)
+class ExportConfig:
+    """[export]: verified snapshots to shared storage, and empty stores bootstrapped from them (docs/operations/
+    export.md). Off unless the section is present."""
+
+    uri: str = field(metadata=declare(Text(
+        help="any pyarrow filesystem URI (file://, s3://, gs://, hdfs://, abfs://); credentials come from the "
+             "environment or the platform, never from here; shown and logged masked")))
+    interval_s: int = field(default=300, metadata=declare(Integer(
+        0, 604_800, help="how often this host exports each RUNNING table's newest verified snapshot; 0: never "
+                         "(bootstrap only); `globald export` exports at once either way")))
+    keep: int = field(default=3, metadata=declare(Integer(1, 1000, help="exports kept per table")))
+    bootstrap: bool = field(default=True, metadata=declare(Boolean(
+        help="a table whose store is empty at start starts from the newest usable export, then tails the topic")))
+    grace_s: int = field(default=3600, metadata=declare(Integer(
+        0, 604_800, help="files no export references any more are deleted only this long after; longer than the "
+                         "slowest download, so a host downloading an older export is never cut off")))
+    bootstrap_timeout_s: int = field(default=300, metadata=declare(Integer(
+        1, 86_400, help="a bootstrap not done within this bound (storage slow or unreachable) is given up: the "
+                        "table restores from the topic")))
+
+
+@dataclass(frozen=True)
 class Config:
     state_dir: Path = field(metadata=declare(Directory(
         help="where the stores, snapshots, status.json and the lock live; a relative path is taken from the "
@@ -237,6 +259,8 @@ class Config:
         HttpConfig, after=_refuse_unauthenticated_exposure, help="the read-only HTTP endpoint")))
     hooks: HooksConfig = field(default_factory=HooksConfig, metadata=declare(Section(
         HooksConfig, help="state-change hooks, run off the loop, in order; a failure is logged and counted")))
+    export: ExportConfig | None = field(default=None, metadata=declare(Section(
+        ExportConfig, help="exports to shared storage and bootstraps from them; off unless present")))
     source: Path | None = None  # the file this config was loaded from, set by parse()
 
     def table(self, name: str) -> TableConfig:

@@ -59,6 +59,7 @@ REQUESTS_DIR = "requests"  # operator requests to the running daemon (globald re
 # Hidden siblings of table directories (table names start with a letter or digit, so these never collide).
 IMPORT_PREFIX = ".import-"  # a store being built by ``import-kafka-streams``; deleted if left over
 REPLACED_PREFIX = ".replaced-"  # the store an import replaced, deleted once the new one is in place
+BOOTSTRAP_PREFIX = ".bootstrap-"  # a table's store being downloaded from an export (globald.export.bootstrap)
 # What store/durable.py leaves while it works, wherever it replaces a file or removes a tree:
 # ``.tmp-<name>.<random>.tmp`` (a file being written, renamed over <name> once whole) and ``.trash-<name>`` (a tree
 # renamed away before its removal).

@@ -1,0 +1,278 @@
+"""Bootstrap: a table whose store is empty starts from the newest export it can use, then tails the topic.
+
+An export is usable when its manifest is of a format this release reads, names the table's topic, each partition's
+offset is within the broker's log (at or above its start, so no record is missing between the export and the log,
+and not past its end), the topic ID matches where both are known, and the newest fingerprint of each partition
+names a record the broker still holds (``kafka.identity.verify``; a partition whose every rung compaction removed
+is ``unverifiable`` and, as the daemon's own identity check counts it, does not refuse the export: the engine's
+plan, which opens the installed store next, reads the older rungs back too). Anything else is refused, with one
+line saying why, and the next older export is tried; with none left, the table restores from the topic as before.
+
+The download goes into ``tables/.bootstrap-<table>/`` (inside the state_dir, so the final move is a rename),
+each file read at most to its manifest size, its SHA-256 checked, names checked to be plain base names. The
+database is then opened read-only and must hold exactly the manifest's offsets, topic and format. Only then is the
+directory synced and renamed into place as ``tables/<table>/``. A power loss before that rename leaves a dot-named
+leftover, removed by the next start, which bootstraps again; after it, a complete store. Nothing is unpickled.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rocksdict import Rdict
+
+from globald.export import storeinfo
+from globald.export.exporter import live_manifests
+from globald.export.manifest import ExportManifest
+from globald.export.target import FILES_DIR, Target, TargetError
+from globald.kafka.clients import TransientKafkaError, make_consumer, partitions, watermarks
+from globald.kafka.identity import VERIFY_TIMEOUT_S, RecordReader, TopicIds, verify
+from globald.settings.config import Config, TableConfig
+from globald.store import durable, layout
+from globald.store.layout import offsets_to_json
+from globald.store.names import (
+    BOOTSTRAP_PREFIX,
+    DB_DIR,
+    DEFAULT_CF,
+    META_CF,
+    META_STATUS,
+    READABLE_FORMATS,
+    STATUS_CLEAN,
+    db_dir,
+    table_dir,
+    tables_dir,
+)
+from globald.store.options import StoreOptions
+
+log = logging.getLogger(__name__)
+
+FREE_MARGIN = 64 << 20  # bytes left free on the state_dir after a download
+
+
+class Refused(Exception):
+    """This export cannot be used (the message says why); an older one, or the topic, is used instead."""
+
+
+class Abandoned(Exception):
+    """The bootstrap stopped (the daemon is stopping, or its bound passed): nothing was installed."""
+
+
+@dataclass
+class Origin:
+    """Where a table's store came from, as status shows it (``tables.<t>.origin``)."""
+
+    kind: str  # "export": installed from an export at start; "topic": restored from the topic; "store": had one
+    export: str | None = None
+    offsets: dict[int, int] = field(default_factory=dict)
+    created: float | None = None  # when the exported snapshot was taken (epoch seconds)
+    bytes_downloaded: int = 0
+    seconds: float = 0.0
+    fallback: str | None = None  # why no export was used, when one was looked for
+    tail: int | None = None  # offsets replayed from the export's to the log end it reached RUNNING at
+    uri: str | None = None  # masked
+
+    def to_json(self, now: float | None = None) -> dict[str, Any]:
+        now = time.time() if now is None else now
+        return {"kind": self.kind, "export": self.export, "offsets": offsets_to_json(self.offsets),
+                "created": self.created, "age_s": None if self.created is None else round(now - self.created, 3),
+                "bytes_downloaded": self.bytes_downloaded, "seconds": round(self.seconds, 3),
+                "fallback": self.fallback, "tail": self.tail, "uri": self.uri}
+
+
+def needs_bootstrap(state_dir: Path, table: str) -> bool:
+    """The table has no store at all (no database, so no offsets): first start, or a store wiped offline."""
+    return not (db_dir(state_dir, table) / "CURRENT").exists()
+
+
+def staging_dir(state_dir: Path, table: str) -> Path:
+    return tables_dir(state_dir) / f"{BOOTSTRAP_PREFIX}{table}"
+
+
+class Install:
+    """The last step, taken at most once and never after the bootstrap was given up (``cancel``)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._state = "open"  # then "cancelled" or "installed", never changed again
+
+    def cancel(self) -> bool:
+        """Give up; False when the store is already in place (then it stays: it is complete)."""
+        with self._lock:
+            if self._state == "installed":
+                return False
+            self._state = "cancelled"
+            return True
+
+    def run(self, move: Callable[[], None]) -> None:
+        with self._lock:
+            if self._state != "open":
+                raise Abandoned("given up before the store was moved into place")
+            move()
+            self._state = "installed"
+
+
+class Bootstrap:
+    """Bootstraps one table (on a worker thread: every call may block on the storage or the broker)."""
+
+    def __init__(self, config: Config, table: TableConfig, target: Target, stop: threading.Event,
+                 install: Install) -> None:
+        self.config, self.table, self.target, self.stop, self.install = config, table, target, stop, install
+        self.downloaded = 0
+
+    def run(self) -> Origin:
+        """The origin of the table's store: an export installed, or the topic with the reasons none was."""
+        started = time.monotonic()
+        shown = self.target.shown
+        stage = staging_dir(self.config.state_dir, self.table.name)
+        shutil.rmtree(stage, ignore_errors=True)  # a download cut short by a crash or a power loss
+        try:
+            found, bad = live_manifests(self.target, self.table.name)
+        except TargetError as e:
+            return Origin("topic", fallback=f"export storage unreachable: {e}", uri=shown)
+        reasons = [f"export {b}" for b in bad]
+        if not found:
+            reasons.append(f"no export of table {self.table.name} in {shown}")
+        for m in found:
+            try:
+                self._usable(m)
+                self._download(m, stage)
+                self._check(m, stage / DB_DIR)
+                self._stamp_closed(stage / DB_DIR)
+                durable.sync_tree(stage, synced_suffixes=())
+                self.install.run(lambda: self._move(stage))
+            except Refused as e:
+                shutil.rmtree(stage, ignore_errors=True)
+                reasons.append(f"export {m.id}: {e}")
+                log.warning("table %s: export %s not used: %s", self.table.name, m.id, e)
+                continue
+            except TargetError as e:
+                shutil.rmtree(stage, ignore_errors=True)
+                reasons.append(f"export {m.id}: {e}")
+                break
+            return Origin("export", export=m.id, offsets=dict(m.offsets), created=m.created,
+                          bytes_downloaded=self.downloaded, seconds=time.monotonic() - started, uri=shown,
+                          fallback="; ".join(reasons) or None)
+        return Origin("topic", bytes_downloaded=self.downloaded, seconds=time.monotonic() - started,
+                      fallback="; ".join(reasons), uri=shown)
+
+    # -- is it usable -------------------------------------------------------------------------------------------
+
+    def _usable(self, m: ExportManifest) -> None:
+        if m.topic != self.table.topic:
+            raise Refused(f"it mirrors topic {m.topic}, the table mirrors {self.table.topic}")
+        if m.store_format not in READABLE_FORMATS:
+            raise Refused(f"store format {m.store_format} is not one this globald reads {READABLE_FORMATS}")
+        if m.typed != self.table.typed:
+            raise Refused("exported from a typed table" if m.typed else "exported from a raw (untyped) table")
+        consumer = make_consumer(self.config)
+        try:
+            listed = partitions(consumer, self.table.topic)
+            marks = {p: watermarks(consumer, self.table.topic, p) for p in listed}
+        except TransientKafkaError as e:
+            raise Refused(f"cannot ask the broker about topic {self.table.topic}: {e}") from None
+        finally:
+            consumer.close()
+        missing = sorted(set(m.offsets) - set(marks))
+        if missing:
+            raise Refused(f"partitions {missing} are not in topic {self.table.topic} any more")
+        for p, o in sorted(m.offsets.items()):
+            low, high = marks[p]
+            if o < low:
+                raise Refused(f"partition {p} is at offset {o}, below the log start {low}: records between are gone")
+            if o > high:
+                raise Refused(f"partition {p} is at offset {o}, past the log end {high}: another topic")
+        if m.topic_id is not None:
+            now = TopicIds(self.config.consumer_settings()).get(self.table.topic, VERIFY_TIMEOUT_S)
+            if now is not None and now != m.topic_id:
+                raise Refused(f"topic ID {m.topic_id}, the broker's topic is {now}: deleted and recreated since")
+        rungs = {p: r for p, r in m.ladders.items() if r}
+        reader = RecordReader(self.config.consumer_settings(), self.stop.wait)  # on this bootstrap's own thread
+        try:
+            verdict = verify(reader, self.table.topic, rungs, VERIFY_TIMEOUT_S)
+        finally:
+            reader.close()
+        if verdict.recreated:
+            raise Refused(f"topic {self.table.topic} is not the one exported: {verdict.describe()}")
+        if verdict.unreachable:
+            raise Refused(f"cannot read topic {self.table.topic} back at the export's fingerprints: "
+                          f"{'; '.join(sorted(set(verdict.unreachable.values())))}")
+        for p, why in sorted(verdict.unverifiable.items()):
+            log.warning("table %s: export %s, partition %d: %s; the engine's check reads its older records back",
+                        self.table.name, m.id, p, why)
+
+    # -- download and check -------------------------------------------------------------------------------------
+
+    def _download(self, m: ExportManifest, stage: Path) -> None:
+        free = shutil.disk_usage(self.config.state_dir).free
+        if m.total_bytes + FREE_MARGIN > free:
+            raise Refused(f"{m.total_bytes} bytes to download, the state_dir has {free} free")
+        db = stage / DB_DIR
+        durable.make_dirs(db)
+        for f in m.files:
+            dest = db / f.name  # a plain base name (manifest.FILE_NAME_RE): it cannot leave the directory
+            if dest.parent != db:
+                raise Refused(f"file name {f.name!r} escapes the directory")
+            h, n = hashlib.sha256(), 0
+            try:
+                with open(dest, "xb") as out:
+                    for chunk in self.target.chunks(self.table.name, FILES_DIR, f.blob):
+                        if self.stop.is_set():
+                            raise Abandoned("stopping")
+                        n += len(chunk)
+                        self.downloaded += len(chunk)
+                        if n > f.size:
+                            raise Refused(f"file {f.name} is larger than its manifest's {f.size} bytes")
+                        h.update(chunk)
+                        out.write(chunk)
+            except FileNotFoundError:
+                raise Refused(f"file {f.name} ({f.blob}) is missing from the storage") from None
+            if n != f.size:
+                raise Refused(f"file {f.name} has {n} bytes, its manifest says {f.size}")
+            if h.hexdigest() != f.sha256:
+                raise Refused(f"file {f.name}: checksum mismatch (damaged in the storage or in transit)")
+
+    def _check(self, m: ExportManifest, db: Path) -> None:
+        try:
+            info = storeinfo.read(db)
+        except storeinfo.StoreInfoError as e:
+            raise Refused(f"the downloaded database does not open: {e}") from None
+        if info.offsets != m.offsets:
+            raise Refused(f"the database holds offsets {info.offsets}, the manifest says {m.offsets}")
+        if info.topic != self.table.topic:
+            raise Refused(f"the database mirrors topic {info.topic!r}, not {self.table.topic!r}")
+        if info.format != m.store_format:
+            raise Refused(f"the database is of format {info.format}, the manifest says {m.store_format}")
+        if info.topic_id != m.topic_id:
+            raise Refused(f"the database's topic ID {info.topic_id} is not the manifest's {m.topic_id}")
+
+    def _stamp_closed(self, db: Path) -> None:
+        """The exporting host's store was open when its snapshot was taken: marked closed here, so the daemon that
+        opens it does not report a crash that never happened on this host. A write of our own, after the checks."""
+        options = StoreOptions.from_config(self.config.store)
+        try:
+            rd = Rdict(str(db), options.rocksdb(create=False),
+                       column_families={cf: options.rocksdb(create=False) for cf in layout.families(db)
+                                        if cf != DEFAULT_CF})
+        except Exception as e:  # rocksdict raises bare Exceptions naming the file
+            raise Refused(f"the downloaded database does not open for writing: {e}") from None
+        try:
+            rd.get_column_family(META_CF)[META_STATUS] = STATUS_CLEAN
+            rd.flush()
+        finally:
+            rd.close()
+
+    def _move(self, stage: Path) -> None:
+        dest = table_dir(self.config.state_dir, self.table.name)
+        if not needs_bootstrap(self.config.state_dir, self.table.name):
+            raise Refused("a store appeared meanwhile")  # never replace a store
+        durable.remove_tree(dest)  # what an empty table directory holds (a .checkpoint of nothing)
+        durable.rename(stage, dest)
+        log.info("table %s: store installed from the export storage", self.table.name)
