@@ -89,6 +89,20 @@ def test_globald_is_a_native_sidecar_the_executor_finds_through_globald_config(t
     assert {"cpu", "memory"} <= set(sidecar["resources"]["requests"])
 
 
+def test_executor_pods_bootstrap_from_a_bucket_with_credentials_from_a_secret(tmp_path: Path) -> None:
+    """Issue 34: a new executor pod starts from the bucket's newest export; the bucket's credentials reach the
+    sidecar from a Secret, never as values in the template or the ConfigMap."""
+    (text,) = doc(CONFIGMAP)["data"].values()
+    (tmp_path / "globald.toml").write_text(text)
+    cfg = load(tmp_path / "globald.toml")
+    assert cfg.export is not None and cfg.export.bootstrap and cfg.export.uri.startswith("s3://")
+    assert "@" not in cfg.export.uri and "secret" not in cfg.export.uri.lower()
+    sidecar, _ = containers(doc(TEMPLATE))
+    env = {e["name"]: e for e in sidecar["env"]}
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        assert "value" not in env[name] and env[name]["valueFrom"]["secretKeyRef"]["name"], env[name]
+
+
 def test_the_sidecar_keeps_the_systemd_units_hardening() -> None:
     unit = settings("globald.service")
     pod = doc(TEMPLATE)
