@@ -18,7 +18,7 @@ import io
 import json
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import fastavro
 import pyarrow as pa
@@ -26,6 +26,9 @@ import pyarrow as pa
 from globald.typed import framing
 from globald.typed.arrow import DecodeError
 from globald.typed.spec import SchemaError, ValueFormat, read_schema_file, writer_files
+
+if TYPE_CHECKING:
+    from globald.typed.registry import Registry
 
 PRIMITIVES = {"null": pa.null(), "boolean": pa.bool_(), "int": pa.int32(), "long": pa.int64(),
               "float": pa.float32(), "double": pa.float64(), "bytes": pa.binary(), "string": pa.string()}
@@ -128,23 +131,28 @@ def _without_time_types(s: Any) -> Any:
     return s
 
 
-def parse(path: Any, where: str) -> tuple[Any, Any]:
-    """(the schema as JSON, as fastavro parsed it) of an .avsc file; SchemaError names ``where`` and the file."""
+def parse(path: Any, where: str, text: bytes | str | None = None) -> tuple[Any, Any]:
+    """(the schema as JSON, as fastavro parsed it) of an .avsc file (or of ``text``, from the registry, ``path``
+    then naming it); SchemaError names ``where`` and the file."""
     try:
-        raw = json.loads(read_schema_file(path, where))
+        raw = json.loads(read_schema_file(path, where) if text is None else text)
         return raw, fastavro.parse_schema(_without_time_types(raw))
     except (ValueError, TypeError, KeyError, fastavro.schema.SchemaParseException) as e:
         raise SchemaError(where, f"{path} is not a valid Avro schema ({type(e).__name__}: {e})") from None
 
 
-def compile_avro(fmt: ValueFormat, where: str) -> tuple[pa.DataType, Callable[[bytes], Any]]:
-    assert fmt.schema is not None
-    raw, reader = parse(fmt.schema, f"{where}.schema")
+def compile_avro(fmt: ValueFormat, where: str, registry: Registry | None = None,
+                 reader_text: str | None = None) -> tuple[pa.DataType, Callable[[bytes], Any]]:
+    """``registry``: where writer ids come from with ``writer_schemas = "registry"``; ``reader_text``: the reader
+    schema taken from a subject (``globald.typed.registry``), instead of the schema file."""
+    named = fmt.schema if reader_text is None else f"subject {fmt.subject}"
+    key = f"{where}.schema" if reader_text is None else f"{where}.subject"
+    raw, reader = parse(named, key, reader_text)
     types = _Types()
     try:
         arrow_type = types.of(raw)
     except (ValueError, KeyError, TypeError) as e:
-        raise SchemaError(f"{where}.schema", f"{fmt.schema}: {e}") from None
+        raise SchemaError(key, f"{named}: {e}") from None
     writers: dict[int, Any] = {}
     for sid, path in writer_files(fmt, where).items():
         writer_raw, writer = parse(path, f"{where}.writer_schemas")
@@ -169,10 +177,14 @@ def compile_avro(fmt: ValueFormat, where: str) -> tuple[pa.DataType, Callable[[b
         return arrow_type, one
 
     where_ids = fmt.writer_schemas
+    fetch = registry if fmt.writers_from_registry else None
 
     def one_framed(value: bytes) -> Any:
         sid, _, start = framing.split(value, with_indexes=False)
         writer = writers.get(sid)
+        if writer is None and fetch is not None:  # raises PendingSchema while the registry cannot give it
+            writer_raw, writer = parse(f"schema {sid}", f"{where}.writer_schemas", fetch.writer(sid))
+            writer = writers[sid] = reader if writer_raw == raw else writer
         if writer is None:
             raise DecodeError(f"unknown schema id {sid} (no {sid}.avsc in writer_schemas {where_ids})")
         buf = io.BytesIO(value)

@@ -1,0 +1,269 @@
+"""Schema Registry by URL (issue 35): the real ``SchemaRegistryClient`` against the registry double
+(tests/support/registry.py), no broker. Writer ids fetched when first met and cached durably; an outage is a pending
+decode that says so and resolves; reader schemas pinned from a subject; references; auth; check-config's one line;
+secrets from the environment or a file, masked."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from globald import typed
+from globald.common.errors import ConfigError
+from globald.kafka.properties import secret_values
+from globald.settings.config import Config, load
+from globald.typed.arrow import PendingSchema, python_rows
+from globald.typed.columnar import ColumnarInvalid, ColumnarTable, build_table, write_columnar
+from globald.typed.registry import inline, take_reader_schemas
+from tests.harness import globald
+from tests.support.registry import RegistryDouble
+from tests.unit.typed_fixtures import FIXTURES, avro_payload, avro_schema, confluent, customer_v1, customer_v2
+
+V1, V2 = avro_schema("customer_v1.avsc"), avro_schema("customer_v2.avsc")
+
+
+@pytest.fixture
+def registry() -> Iterator[RegistryDouble]:
+    with RegistryDouble() as r:
+        yield r
+
+
+def write_config(tmp_path: Path, url: str, value: str, registry_extra: str = "") -> Path:
+    path = tmp_path / "g.toml"
+    path.write_text(f"""
+state_dir = "state"
+[kafka]
+"bootstrap.servers" = "127.0.0.1:9"
+[registry]
+url = "{url}"
+"max.retries" = 0
+timeout = 5
+{registry_extra}
+[[tables]]
+name = "customers"
+topic = "customers"
+[tables.value]
+format = "avro"
+framing = "confluent"
+{value}
+""")
+    return path
+
+
+def decoder(config: Config) -> typed.arrow.Decoder:
+    return typed.load_table(config, "customers")[1]
+
+
+def v1(sid: int, i: int) -> bytes:
+    return confluent(sid, avro_payload("customer_v1.avsc", customer_v1(i)))
+
+
+def v2(sid: int, i: int) -> bytes:
+    return confluent(sid, avro_payload("customer_v2.avsc", customer_v2(i)))
+
+
+def test_writer_ids_are_fetched_when_first_met_and_decode_from_the_cache_with_the_registry_down(
+        tmp_path: Path, registry: RegistryDouble) -> None:
+    one = registry.register("customers-value", V1)
+    config = load(write_config(tmp_path, registry.url, 'writer_schemas = "registry"\nschema = "reader.avsc"'))
+    shutil.copy(FIXTURES / "customer_reader.avsc", tmp_path / "reader.avsc")
+    dec = decoder(config)
+    assert dec.decode_value(v1(one, 1))["id"] == customer_v1(1)["id"]
+    # A producer deploys schema v2 while the reader runs: its id is fetched when its first record arrives.
+    two = registry.register("customers-value", V2)
+    assert dec.decode_value(v2(two, 2))["id"] == customer_v2(2)["id"]
+    assert registry.requests[f"GET /schemas/ids/{two}"] == 1
+    assert sorted(p.name for p in (config.state_dir / "registry" / "schemas").iterdir()) == ["1.avsc", "2.avsc"]
+    # A restart with the registry down decodes every id seen before, from state_dir.
+    registry.stop()
+    again = decoder(config)
+    assert again.decode_value(v1(one, 3))["id"] == customer_v1(3)["id"]
+    assert again.decode_value(v2(two, 4))["id"] == customer_v2(4)["id"]
+
+
+def test_an_outage_is_a_pending_decode_that_says_so_and_resolves(tmp_path: Path, registry: RegistryDouble) -> None:
+    shutil.copy(FIXTURES / "customer_reader.avsc", tmp_path / "reader.avsc")
+    config = load(write_config(tmp_path, registry.url, 'writer_schemas = "registry"\nschema = "reader.avsc"'))
+    one = registry.register("customers-value", V1)
+    dec = decoder(config)
+    assert dec.decode_value(v1(one, 0))["id"] == customer_v1(0)["id"]  # id 1 met, fetched and cached
+    registry.stop()
+    registry.register("customers-value", V2)  # registered while the reader cannot see it
+    values = pa.array([v1(one, 1), v2(2, 2), v2(2, 3), None], pa.binary())
+    got = dec.decode(values)
+    assert got.pending == (2,) and got.pending_count == 2 and got.error_count == 2
+    assert got.errors[1].as_py().startswith("schema 2 not yet fetched (registry http://127.0.0.1:")
+    assert "unreachable" in got.errors[1].as_py()
+    with pytest.raises(PendingSchema, match="schema 2 not yet fetched"):
+        dec.decode_value(v2(2, 2))
+    # The columnar file records its pending ids; once one can be had, the file is no longer valid and is redone.
+    items = [(b"k%d" % i, v, 0) for i, v in enumerate(values.to_pylist()) if v is not None]
+    built = build_table(items, dec, {"table": "customers", "snapshot": "s"})
+    path = tmp_path / "columnar.arrow"
+    write_columnar(path, built)
+    assert ColumnarTable.open(path, dec.fingerprint, dec.available).pending == 2  # still down: the file holds
+    registry.start()
+    fresh = decoder(config)  # another process: its own retry clock
+    with pytest.raises(ColumnarInvalid, match=r"before writer schema\(s\) \[2\] were fetched"):
+        ColumnarTable.open(path, fresh.fingerprint, fresh.available)
+    redone = ColumnarTable(build_table(items, fresh, {"table": "customers", "snapshot": "s"}))
+    assert redone.pending == 0 and redone.error_count == 0
+    assert [r["id"] for r in python_rows(redone.values)] == [customer_v1(1)["id"], customer_v2(2)["id"],
+                                                             customer_v2(3)["id"]]
+
+
+def test_an_id_the_registry_does_not_have_is_a_decode_error_not_pending(tmp_path: Path,
+                                                                        registry: RegistryDouble) -> None:
+    shutil.copy(FIXTURES / "customer_reader.avsc", tmp_path / "reader.avsc")
+    config = load(write_config(tmp_path, registry.url, 'writer_schemas = "registry"\nschema = "reader.avsc"'))
+    got = decoder(config).decode(pa.array([v1(77, 1)], pa.binary()))
+    assert got.pending == () and "schema 77 is not in the registry" in got.errors[0].as_py()
+    assert "40403" in got.errors[0].as_py()
+
+
+def test_the_reader_schema_is_the_subjects_version_taken_at_start_until_taken_again(
+        tmp_path: Path, registry: RegistryDouble) -> None:
+    registry.register("customers-value", V1)
+    config = load(write_config(tmp_path, registry.url, 'writer_schemas = "registry"\nsubject = "customers-value"'))
+    assert take_reader_schemas(config) == [(True, "table customers value: took customers-value version 1 "
+                                                  "(schema 1)")]
+    assert "visits" not in [f.name for f in decoder(config).arrow_type]
+    two = registry.register("customers-value", V2)
+    # Readers keep the version the daemon took, whatever the registry's latest is now...
+    before = decoder(config)
+    assert "visits" not in [f.name for f in before.arrow_type]
+    # ...until it is taken again (a reload): the fingerprint changes with it, so readers see a new declaration.
+    assert take_reader_schemas(config)[0] == (True, "table customers value: moved customers-value from version 1 "
+                                                    f"to 2 (schema {two})")
+    after = decoder(config)
+    assert "visits" in [f.name for f in after.arrow_type] and after.fingerprint != before.fingerprint
+    assert after.decode_value(v1(1, 5))["visits"] == 0  # v2's default, resolved from a v1 record
+    # Down: the pin taken before stays in force, and says so.
+    registry.stop()
+    taken, line = take_reader_schemas(config)[0]
+    assert not taken and "unreachable" in line and "keeping version 2" in line
+    assert decoder(config).fingerprint == after.fingerprint
+
+
+def test_a_pinned_subject_version(tmp_path: Path, registry: RegistryDouble) -> None:
+    registry.register("customers-value", V1)
+    registry.register("customers-value", V2)
+    config = load(write_config(tmp_path, registry.url, 'writer_schemas = "registry"\nsubject = "customers-value"\n'
+                                                        "subject_version = 1"))
+    assert "visits" not in [f.name for f in decoder(config).arrow_type]
+
+
+def test_references_are_inlined_at_first_use(tmp_path: Path, registry: RegistryDouble) -> None:
+    address = {"type": "record", "name": "Address", "namespace": "shop",
+               "fields": [{"name": "city", "type": "string"}]}
+    registry.register("shop.Address", address)
+    person = {"type": "record", "name": "Person", "namespace": "shop",
+              "fields": [{"name": "home", "type": "shop.Address"}, {"name": "work", "type": ["null", "Address"]}]}
+    sid = registry.register("people-value", person, references=[{"name": "shop.Address", "subject": "shop.Address",
+                                                                  "version": 1}])
+    config = load(write_config(tmp_path, registry.url, 'writer_schemas = "registry"\nsubject = "people-value"'))
+    dec = decoder(config)
+    import fastavro
+
+    full = inline(person, {"shop.Address": address})
+    payload = avro_bytes(full, {"home": {"city": "Lyon"}, "work": {"city": "Nice"}})
+    assert dec.decode_value(confluent(sid, payload)) == {"home": {"city": "Lyon"}, "work": {"city": "Nice"}}
+    assert fastavro.parse_schema(full)  # self-contained: Address defined once, then named
+
+
+def avro_bytes(schema: Any, record: dict[str, Any]) -> bytes:
+    import io
+
+    import fastavro
+
+    buf = io.BytesIO()
+    fastavro.schemaless_writer(buf, fastavro.parse_schema(schema), record)
+    return buf.getvalue()
+
+
+def test_basic_auth_and_bearer_tokens_the_clients_way(tmp_path: Path) -> None:
+    with RegistryDouble(users={"svc": "s3cret-pw"}, tokens={"tok-123456"}) as r:
+        r.register("customers-value", V1)
+        value = 'writer_schemas = "registry"\nsubject = "customers-value"'
+        ok = load(write_config(tmp_path, r.url, value, '"basic.auth.user.info" = "svc:s3cret-pw"'))
+        assert "visits" not in [f.name for f in decoder(ok).arrow_type]
+        bearer = ('"bearer.auth.credentials.source" = "STATIC_TOKEN"\n"bearer.auth.token" = "tok-123456"\n'
+                  '"bearer.auth.logical.cluster" = "lsrc-1"\n"bearer.auth.identity.pool.id" = "pool-1"')
+        assert "visits" not in [f.name for f in decoder(load(write_config(tmp_path, r.url, value, bearer)))
+                                 .arrow_type]
+        bad = write_config(tmp_path, r.url, value, '"basic.auth.user.info" = "svc:wrong-pw"')
+        done = globald("check-config", "--config", str(bad))
+        assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1
+        assert "registry.url" in done.stderr and "unauthorized (HTTP 401, error 40101)" in done.stderr
+        assert "wrong-pw" not in done.stderr
+
+
+def test_check_config_says_in_one_line_what_failed(tmp_path: Path, registry: RegistryDouble) -> None:
+    registry.register("customers-value", V1)
+    good = write_config(tmp_path, registry.url, 'writer_schemas = "registry"\nsubject = "customers-value"')
+    done = globald("check-config", "--config", str(good))
+    assert done.returncode == 0, done.stderr
+    missing = write_config(tmp_path, registry.url, 'writer_schemas = "registry"\nsubject = "orders-value"')
+    done = globald("check-config", "--config", str(missing))
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1
+    assert "tables[0].value.subject: subject not found: 'orders-value'" in done.stderr
+    registry.stop()
+    done = globald("check-config", "--config", str(good))
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1
+    assert "registry.url" in done.stderr and "unreachable" in done.stderr
+
+
+def test_secrets_come_from_the_environment_or_a_file_and_are_masked(tmp_path: Path, registry: RegistryDouble,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    registry.users = {"svc": "env-Secret-1"}
+    registry.register("customers-value", V1)
+    monkeypatch.setenv("SR_AUTH", "svc:env-Secret-1")
+    (tmp_path / "token").write_text("tok-File-Secret\n")
+    os.chmod(tmp_path / "token", 0o600)
+    path = write_config(tmp_path, registry.url, 'writer_schemas = "registry"\nsubject = "customers-value"',
+                        '"basic.auth.user.info" = "env:SR_AUTH"\n"ssl.key.password" = "file:' +
+                        str(tmp_path / "token") + '"')
+    config = load(path)
+    assert config.registry is not None and config.registry["basic.auth.user.info"] == "svc:env-Secret-1"
+    assert config.registry["ssl.key.password"] == "tok-File-Secret"
+    assert {"svc:env-Secret-1", "env-Secret-1", "tok-File-Secret"} <= set(secret_values(config))
+    path.with_name("plain.toml").write_text(path.read_text().replace(
+        '"ssl.key.password" = "file:' + str(tmp_path / "token") + '"', ""))
+    done = subprocess_env(["check-config", "--json", "--config", str(path.with_name("plain.toml"))],
+                          {"SR_AUTH": "svc:env-Secret-1"})
+    assert done.returncode == 0, done.stderr
+    shown = json.loads(done.stdout)["registry"]
+    assert shown["basic.auth.user.info"] == "***" and shown["url"] == registry.url
+    assert "env-Secret-1" not in done.stdout + done.stderr
+    monkeypatch.delenv("SR_AUTH")
+    with pytest.raises(ConfigError, match=r"registry\.basic\.auth\.user\.info: names the environment variable SR_AUTH"):
+        load(path)
+
+
+def subprocess_env(args: list[str], env: dict[str, str]) -> Any:
+    import subprocess
+    import sys
+
+    from tests.harness import REPO
+
+    return subprocess.run([sys.executable, "-m", "globald", *args], capture_output=True, text=True, timeout=60,
+                          cwd=REPO, env={**os.environ, **env})
+
+
+def test_registry_keys_need_a_registry_and_avro(tmp_path: Path) -> None:
+    path = tmp_path / "g.toml"
+    path.write_text('state_dir = "s"\n[kafka]\n"bootstrap.servers" = "x:1"\n[[tables]]\nname = "t"\ntopic = "t"\n'
+                    '[tables.value]\nformat = "avro"\nframing = "confluent"\nwriter_schemas = "registry"\n'
+                    'subject = "t-value"\n')
+    with pytest.raises(ConfigError, match=r"tables\[0\].value.subject: needs a \[registry\] table"):
+        load(path)
+    path.write_text(path.read_text().replace('format = "avro"', 'format = "json"') + '[registry]\nurl = "http://h"\n')
+    with pytest.raises(ConfigError, match="supplies avro schemas so far, not json"):
+        load(path)
