@@ -100,8 +100,8 @@ def client(settings: dict[str, Any]) -> Any:
             try:
                 from confluent_kafka.schema_registry import SchemaRegistryClient
             except ImportError as e:
-                raise SchemaError("registry", "needs confluent-kafka's schemaregistry extra (pip install 'globald[typed]'): "
-                                  f"{e}") from None
+                raise SchemaError("registry", "needs confluent-kafka's schemaregistry extra (pip install "
+                                  f"'globald[typed]'): {e}") from None
             try:
                 found = _CLIENTS[key] = SchemaRegistryClient({**CLIENT_DEFAULTS, **settings})
             except (ValueError, TypeError, OSError) as e:  # unknown keys, bad TLS files: the client's own words
