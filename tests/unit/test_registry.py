@@ -267,3 +267,12 @@ def test_registry_keys_need_a_registry_and_avro(tmp_path: Path) -> None:
     path.write_text(path.read_text().replace('format = "avro"', 'format = "json"') + '[registry]\nurl = "http://h"\n')
     with pytest.raises(ConfigError, match="supplies avro schemas so far, not json"):
         load(path)
+
+
+def test_run_refuses_a_missing_schema_file_at_start_exit_2(tmp_path: Path) -> None:
+    path = write_config(tmp_path, "http://127.0.0.1:9", 'writer_schemas = "registry"\nschema = "missing.avsc"')
+    done = globald("run", "--config", str(path))
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines() == [f"globald: config error: tables[0].value.schema: cannot read "
+                                                f"{tmp_path / 'missing.avsc'}: No such file or directory"]
+    assert not (tmp_path / "state").exists()  # nothing touched
