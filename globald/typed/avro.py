@@ -9,7 +9,9 @@ The Arrow type follows Spark's ``from_avro``: records are structs, arrays lists,
 a union of null and one type that type (nullable), fixed fixed_size_binary; logical types decimal, date,
 timestamp-millis/micros (UTC) and local-timestamp-millis/micros (no zone), uuid (string); time-millis/micros their
 int/long (ms/us after midnight: Spark has no time-of-day type).
-A union of several non-null types has no single column type and is refused when the schema is loaded.
+A union of several non-null types has no single column type and is refused when the schema is loaded, except as
+the reader schema itself when every branch is a record: several record types in one topic, one struct field per
+type (``globald.typed.avro_union``).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import io
 import json
 import uuid
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import fastavro
@@ -25,6 +28,7 @@ import pyarrow as pa
 
 from globald.typed import framing
 from globald.typed.arrow import DecodeError
+from globald.typed.avro_union import RecordBranches, full_name
 from globald.typed.spec import SchemaError, ValueFormat, read_schema_file, writer_files
 
 if TYPE_CHECKING:
@@ -149,17 +153,26 @@ def compile_avro(fmt: ValueFormat, where: str, registry: Registry | None = None,
     key = f"{where}.schema" if reader_text is None else f"{where}.subject"
     raw, reader = parse(named, key, reader_text)
     types = _Types()
+    branches = RecordBranches.of(raw)  # several record types in one topic: a struct of one field per type
     try:
-        arrow_type = types.of(raw)
+        arrow_type = types.of(raw) if branches is None else branches.arrow_type(types.of)
     except (ValueError, KeyError, TypeError) as e:
         raise SchemaError(key, f"{named}: {e}") from None
     writers: dict[int, Any] = {}
+    names: dict[int, str | None] = {}  # each writer's record name: the union branch its records resolve to
     for sid, path in writer_files(fmt, where).items():
         writer_raw, writer = parse(path, f"{where}.writer_schemas")
         # A writer schema equal to the reader needs no resolution, which fastavro would otherwise redo per record.
-        writers[sid] = reader if writer_raw == raw else writer
+        writers[sid], names[sid] = (reader if writer_raw == raw else writer), full_name(writer_raw)
     fix = _uuids_as_text if types.has_uuid else None
-    read = fastavro.schemaless_reader
+    read = fastavro.schemaless_reader if branches is None else partial(
+        fastavro.schemaless_reader, return_record_name=True, return_record_name_override=True)
+
+    def branch(record: Any, writer_name: str | None) -> Any:
+        if branches is None:
+            return record
+        picked = branches.pick(record, writer_name)
+        return picked if fix is None else fix(picked)
 
     def finish(buf: io.BytesIO, writer: Any, size: int) -> Any:
         try:
@@ -173,7 +186,7 @@ def compile_avro(fmt: ValueFormat, where: str, registry: Registry | None = None,
     if fmt.framing == "none":
         def one(value: bytes) -> Any:
             buf = io.BytesIO(value)
-            return finish(buf, reader, len(value))
+            return branch(finish(buf, reader, len(value)), full_name(raw))
         return arrow_type, one
 
     where_ids = fmt.writer_schemas
@@ -185,10 +198,11 @@ def compile_avro(fmt: ValueFormat, where: str, registry: Registry | None = None,
         if writer is None and fetch is not None:  # raises PendingSchema while the registry cannot give it
             writer_raw, writer = parse(f"schema {sid}", f"{where}.writer_schemas", fetch.writer(sid))
             writer = writers[sid] = reader if writer_raw == raw else writer
+            names[sid] = full_name(writer_raw)
         if writer is None:
             raise DecodeError(f"unknown schema id {sid} (no {sid}.avsc in writer_schemas {where_ids})")
         buf = io.BytesIO(value)
         buf.seek(start)
-        return finish(buf, writer, len(value))
+        return branch(finish(buf, writer, len(value)), names.get(sid))
 
     return arrow_type, one_framed

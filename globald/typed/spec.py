@@ -40,7 +40,7 @@ class ValueFormat:
     format: str = field(default="raw", metadata=declare(Choice(
         FORMATS, help="raw: bytes as stored; json, avro, protobuf: decoded into typed columns by the schema")))
     schema: Path | None = field(default=None, metadata=declare(Directory(
-        help="avro: the reader schema (.avsc); json: a file holding a Spark DDL string or a JSON Schema; "
+        help="avro: the reader schema (.avsc; a union of record types: one struct field per type); json: a file holding a Spark DDL string or a JSON Schema; "
              "protobuf: a descriptor set (protoc --include_imports --descriptor_set_out); relative paths are taken "
              "from the config file's directory")))
     message: str | None = field(default=None, metadata=declare(Text(

@@ -93,3 +93,50 @@ def test_a_running_session_follows_new_writer_ids_and_a_new_reader_schema(
     assert third.get("decoder") != second.get("decoder")
     assert "reader schema: table cust value: moved customers-value from version 1 to 2" in d.tail(200)
     view.close()
+
+
+def test_several_record_types_in_one_topic_read_as_one_struct_field_per_type(
+        spark: Any, broker: Broker, topic: Callable[..., str], daemon: Callable[..., DaemonProcess],
+        registry: RegistryDouble) -> None:
+    """TopicRecordNameStrategy: customers and orders in one topic, each type under its own subject, the reader
+    schema a union of both (through references): in Spark, ``value`` is struct<Customer, Order>, exactly one set."""
+    from tests.unit.test_registry import CUSTOMER, ORDER, ORDER_V1
+
+    t = topic()
+    customer = registry.register(f"{t}-shop.Customer", CUSTOMER)
+    order = registry.register(f"{t}-shop.Order", ORDER_V1)  # an older Order: its records take lines' default
+    registry.register(f"{t}-shop.Order", ORDER)
+    registry.register("events-value", ["shop.Customer", "shop.Order"], references=[
+        {"name": "shop.Customer", "subject": f"{t}-shop.Customer", "version": 1},
+        {"name": "shop.Order", "subject": f"{t}-shop.Order", "version": 2}])
+    records = [(b"c-%d" % i, confluent(customer, encode(CUSTOMER, {"id": i, "name": f"n{i}"}))) for i in range(40)]
+    records += [(b"o-%d" % i, confluent(order, encode(ORDER_V1, {"total": i / 4}))) for i in range(40)]
+    records.append((b"c-3", confluent(order, encode(ORDER_V1, {"total": 99.0}))))  # a key whose type changes
+    broker.admin.produce(t, records)
+    d = daemon({"ev": t}, start=False, registry={"url": registry.url, "timeout": 5})
+    d.config.write_text(d.config.read_text() + SECTION.replace("customers-value", "events-value"))
+    d.start()
+    d.wait_running({"ev": broker.admin.end_offsets(t)})
+    view = GlobalTableView(spark, d.config, "ev")
+    desc = view.refresh()
+    oracle = oracle_at(broker, t, desc["offsets"])
+    keys = sorted(oracle)
+    df = view.join(keys_df(spark, keys), "k", error_col="err")
+    assert df.schema["value"].dataType.simpleString() == \
+        "struct<Customer:struct<id:bigint,name:string>,Order:struct<total:double,lines:int>>"
+
+    def want(value: bytes) -> dict[str, Any]:
+        sid = int.from_bytes(value[1:5], "big")
+        got = expected(registry, CUSTOMER if sid == customer else ORDER, value)
+        return {"Customer": got, "Order": None} if sid == customer else {"Customer": None, "Order": got}
+
+    rows = rows_of(df)
+    assert len(rows) == len(oracle) and all(r["err"] is None for r in rows)
+    assert {r["k"]: r["value"] for r in rows} == {k.decode(): want(v) for k, v in oracle.items()}
+    assert {r["k"]: r["value"]["Order"] for r in rows}["c-3"] == {"total": 99.0, "lines": 1}
+    orders = df.where("value.Order IS NOT NULL").selectExpr("k", "value.Order.total AS total").collect()
+    assert sorted((r["k"], r["total"]) for r in orders) == sorted(
+        [(f"o-{i}", i / 4) for i in range(40)] + [("c-3", 99.0)])
+    flat = view.join(keys_df(spark, keys), "k", flatten=True)
+    assert {"value_Customer", "value_Order"} <= set(flat.columns)
+    view.close()

@@ -276,3 +276,57 @@ def test_run_refuses_a_missing_schema_file_at_start_exit_2(tmp_path: Path) -> No
     assert done.stderr.strip().splitlines() == [f"globald: config error: tables[0].value.schema: cannot read "
                                                 f"{tmp_path / 'missing.avsc'}: No such file or directory"]
     assert not (tmp_path / "state").exists()  # nothing touched
+
+
+CUSTOMER = {"type": "record", "name": "Customer", "namespace": "shop",
+            "fields": [{"name": "id", "type": "long"}, {"name": "name", "type": "string"}]}
+ORDER = {"type": "record", "name": "Order", "namespace": "shop",
+         "fields": [{"name": "total", "type": "double"}, {"name": "lines", "type": "int", "default": 1}]}
+ORDER_V1 = {**ORDER, "fields": ORDER["fields"][:1]}
+
+
+def test_several_record_types_in_one_topic_are_one_struct_field_per_type(tmp_path: Path,
+                                                                         registry: RegistryDouble) -> None:
+    """TopicRecordNameStrategy: each record type under its own subject; the reader schema a union of them (here
+    through references), one struct field per type, exactly one set."""
+    customer = registry.register("events-shop.Customer", CUSTOMER)
+    order = registry.register("events-shop.Order", ORDER_V1)
+    registry.register("events-shop.Order", ORDER)
+    registry.register("events-value", ["shop.Customer", "shop.Order"], references=[
+        {"name": "shop.Customer", "subject": "events-shop.Customer", "version": 1},
+        {"name": "shop.Order", "subject": "events-shop.Order", "version": 2}])
+    config = load(write_config(tmp_path, registry.url, 'writer_schemas = "registry"\nsubject = "events-value"'))
+    dec = decoder(config)
+    assert dec.arrow_type == pa.struct([("Customer", pa.struct([("id", pa.int64()), ("name", pa.string())])),
+                                        ("Order", pa.struct([("total", pa.float64()), ("lines", pa.int32())]))])
+    values = pa.array([confluent(customer, avro_bytes(CUSTOMER, {"id": 7, "name": "Ada"})),
+                       confluent(order, avro_bytes(ORDER_V1, {"total": 2.5})), None], pa.binary())
+    got = dec.decode(values)
+    assert got.error_count == 0
+    assert python_rows(got.values) == [{"Customer": {"id": 7, "name": "Ada"}, "Order": None},
+                                       {"Customer": None, "Order": {"total": 2.5, "lines": 1}}, None]
+    # A record of a type the union does not list is a decode error naming it.
+    other = registry.register("events-shop.Refund", {**ORDER, "name": "Refund"})
+    bad = dec.decode(pa.array([confluent(other, avro_bytes({**ORDER, "name": "Refund"}, {"total": 1.0,
+                                                                                          "lines": 2}))]))
+    assert bad.error_count == 1 and "Refund" in bad.errors[0].as_py()
+
+
+def test_a_union_reader_file_reads_records_written_with_the_union_itself(tmp_path: Path) -> None:
+    (tmp_path / "events.avsc").write_text(json.dumps(["null", CUSTOMER, ORDER]))
+    from globald.typed.spec import ValueFormat
+
+    dec = typed.load(ValueFormat(format="avro", schema=tmp_path / "events.avsc"), "t")
+    import fastavro
+
+    union = fastavro.parse_schema(["null", CUSTOMER, ORDER])
+    rows = []
+    for value in (("shop.Order", {"total": 3.0, "lines": 2}), None):
+        import io
+
+        buf = io.BytesIO()
+        fastavro.schemaless_writer(buf, union, value)
+        rows.append(buf.getvalue())
+    got = dec.decode(pa.array(rows, pa.binary()))
+    assert got.error_count == 0
+    assert python_rows(got.values) == [{"Customer": None, "Order": {"total": 3.0, "lines": 2}}, None]
