@@ -40,8 +40,9 @@ class ValueFormat:
     format: str = field(default="raw", metadata=declare(Choice(
         FORMATS, help="raw: bytes as stored; json, avro, protobuf: decoded into typed columns by the schema")))
     schema: Path | None = field(default=None, metadata=declare(Directory(
-        help="avro: the reader schema (.avsc; a union of record types: one struct field per type); json: a file holding a Spark DDL string or a JSON Schema; "
-             "protobuf: a descriptor set (protoc --include_imports --descriptor_set_out); relative paths are taken "
+        help="avro: the reader schema (.avsc; a union of record types: one struct field per type); json: a file "
+             "holding a Spark DDL string or a JSON Schema; protobuf: a descriptor set (protoc --include_imports "
+             "--descriptor_set_out); relative paths are taken "
              "from the config file's directory")))
     message: str | None = field(default=None, metadata=declare(Text(
         help="protobuf: the full name of the message type in the descriptor set (shop.Customer)")))
