@@ -55,11 +55,15 @@ def load(fmt: ValueFormat | None, where: str, registry: Registry | None = None) 
         arrow_type, one = compile_format(fmt, where)
         return Decoder(fmt, where, arrow_type, one, fingerprint(fmt, where))
     from globald.typed.avro import compile_avro  # REGISTRY_FORMATS: check_format_keys refuses the others
+    from globald.typed.jsonfmt import compile_json
 
     assert registry is not None
     reader_text = None
     if fmt.subject is not None:
         _, reader_text = registry.reader(where.rpartition(".")[2], fmt, where)
+    if fmt.format == "json":  # a JSON value decodes without its writer schema: writer ids need no fetch
+        arrow_type, one = compile_json(fmt, where, reader_text)
+        return Decoder(fmt, where, arrow_type, one, fingerprint(fmt, where, reader_text))
     arrow_type, one = compile_avro(fmt, where, registry, reader_text)
     return Decoder(fmt, where, arrow_type, one, fingerprint(fmt, where, reader_text),
                    registry.available if fmt.writers_from_registry else None)
@@ -80,7 +84,7 @@ def _registry(config: Config, table: str, fmt: ValueFormat | None) -> Registry |
         return None
     from globald.typed.registry import registry_of
 
-    return registry_of(config, table)
+    return registry_of(config, table, fmt.format)
 
 
 def load_table(config: Config, table: str) -> tuple[Decoder, Decoder]:

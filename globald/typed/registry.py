@@ -50,6 +50,8 @@ RETRY_S = 5.0  # an id the registry could not give is asked again at most this o
 # Bounds of one request unless [registry] says otherwise: a decode waits for a registry that is down at most this.
 CLIENT_DEFAULTS: dict[str, Any] = {"timeout": 10, "max.retries": 1, "retries.wait.ms": 200}
 NOT_FOUND_SCHEMA, NOT_FOUND_SUBJECT, NOT_FOUND_VERSION = 40403, 40401, 40402
+SCHEMA_TYPES = {"avro": "AVRO", "json": "JSON"}  # globald format -> the registry's schemaType
+SUFFIXES = {"AVRO": ".avsc", "JSON": ".json"}  # as in a writer_schemas directory
 AVRO_PRIMITIVES = frozenset({"null", "boolean", "int", "long", "float", "double", "bytes", "string"})
 
 
@@ -116,10 +118,11 @@ def _is_not_found(e: BaseException) -> bool:
 class Registry:
     """One table's view of the registry: its client settings and the daemon's cache directory."""
 
-    def __init__(self, settings: dict[str, Any], state_dir: Path, table: str) -> None:
+    def __init__(self, settings: dict[str, Any], state_dir: Path, table: str, fmt: str = "avro") -> None:
         self.settings = settings
         self.dir = cache_dir(state_dir)
         self.table = table
+        self.kind = SCHEMA_TYPES[fmt]  # the registry's schemaType of the table's format
         self._schemas: dict[int, str] = {}
         self._failed: dict[int, float] = {}  # id -> monotonic time of the last failed fetch
 
@@ -163,7 +166,7 @@ class Registry:
         return False
 
     def _path(self, schema_id: int) -> Path:
-        return self.dir / SCHEMAS_DIR / f"{schema_id}.avsc"
+        return self.dir / SCHEMAS_DIR / f"{schema_id}{SUFFIXES[self.kind]}"
 
     def _cached(self, schema_id: int) -> str | None:
         try:
@@ -177,9 +180,15 @@ class Registry:
         from globald.typed.arrow import DecodeError
 
         schema = client(self.settings).get_schema(schema_id)
-        if (schema.schema_type or "AVRO") != "AVRO":
-            raise DecodeError(f"schema {schema_id} is {schema.schema_type}, not Avro")
-        text = json.dumps(self._expanded(schema))
+        if (schema.schema_type or "AVRO") != self.kind:
+            raise DecodeError(f"schema {schema_id} is {schema.schema_type or 'AVRO'}, not {self.kind}")
+        if self.kind == "JSON":
+            if schema.references:  # a $ref to another subject's schema: not followed yet
+                raise DecodeError(f"schema {schema_id}: JSON Schema references to other subjects are not followed; "
+                                  "use a schema file")
+            text = schema.schema_str
+        else:
+            text = json.dumps(self._expanded(schema))
         self._store(self._path(schema_id), text)
         self._schemas[schema_id] = text
         log.info("table %s: writer schema %d fetched from the registry %s and cached", self.table, schema_id,
@@ -256,8 +265,8 @@ class Registry:
             raise SchemaError(f"{where}.subject", f"the reader schema cannot be had: {e}") from None
 
 
-def registry_of(config: Config, table: str) -> Registry | None:
-    return None if config.registry is None else Registry(config.registry, config.state_dir, table)
+def registry_of(config: Config, table: str, fmt: str = "avro") -> Registry | None:
+    return None if config.registry is None else Registry(config.registry, config.state_dir, table, fmt)
 
 
 def take_reader_schemas(config: Config) -> list[tuple[bool, str]]:
@@ -270,7 +279,7 @@ def take_reader_schemas(config: Config) -> list[tuple[bool, str]]:
         for section, fmt in (("value", t.value), ("key", t.key)):
             if fmt is None or fmt.subject is None:
                 continue
-            reg = registry_of(config, t.name)
+            reg = registry_of(config, t.name, fmt.format)
             assert reg is not None  # parse() refuses a subject without [registry]
             try:
                 _, what = reg.take(section, fmt)
@@ -292,7 +301,8 @@ def probe(config: Config) -> str | None:
         client(config.registry).get_subjects()
         return None
     except Exception as e:
-        cached = len(list((cache_dir(config.state_dir) / SCHEMAS_DIR).glob("*.avsc")))
+        cached = len([p for p in (cache_dir(config.state_dir) / SCHEMAS_DIR).glob("*") if p.suffix in
+                      SUFFIXES.values()])
         return (f"registry {(redact(config.registry) or {}).get('url')} {describe(e)}: decoding with the {cached} "
                 "schema(s) cached in state_dir; values of other writer ids wait (pending) until it answers")
 

@@ -27,7 +27,7 @@ DECODER_VERSION = "1"
 # writer_schemas = "registry": each writer id is fetched from [registry] when first met (globald.typed.registry).
 REGISTRY = Path("registry")
 # Formats whose schemas the registry can supply so far.
-REGISTRY_FORMATS = ("avro",)
+REGISTRY_FORMATS = ("avro", "json")
 
 
 class SchemaError(ConfigError):
@@ -55,7 +55,7 @@ class ValueFormat:
              "first met and kept in state_dir (required for avro with confluent framing; a directory named "
              "registry is written as an absolute path)")))
     subject: str | None = field(default=None, metadata=declare(Text(
-        help="avro: the reader schema is this Schema Registry subject's (customers-value), instead of a schema "
+        help="avro, json: the reader schema is this Schema Registry subject's (customers-value), not a schema "
              "file: its latest version as the daemon took it at start (or at a reload), or subject_version")))
     subject_version: int | None = field(default=None, metadata=declare(Integer(
         1, 2**31 - 1, help="with subject: this version of it, pinned, instead of the latest")))

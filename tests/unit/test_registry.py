@@ -264,8 +264,9 @@ def test_registry_keys_need_a_registry_and_avro(tmp_path: Path) -> None:
                     'subject = "t-value"\n')
     with pytest.raises(ConfigError, match=r"tables\[0\].value.subject: needs a \[registry\] table"):
         load(path)
-    path.write_text(path.read_text().replace('format = "avro"', 'format = "json"') + '[registry]\nurl = "http://h"\n')
-    with pytest.raises(ConfigError, match="supplies avro schemas so far, not json"):
+    path.write_text(path.read_text().replace('format = "avro"', 'format = "protobuf"\nmessage = "a.B"')
+                    + '[registry]\nurl = "http://h"\n')
+    with pytest.raises(ConfigError, match="supplies avro, json schemas so far, not protobuf"):
         load(path)
 
 
@@ -330,3 +331,15 @@ def test_a_union_reader_file_reads_records_written_with_the_union_itself(tmp_pat
     got = dec.decode(pa.array(rows, pa.binary()))
     assert got.error_count == 0
     assert python_rows(got.values) == [{"Customer": None, "Order": {"total": 3.0, "lines": 2}}, None]
+
+
+def test_a_json_schema_reader_from_a_subject(tmp_path: Path, registry: RegistryDouble) -> None:
+    schema = {"type": "object", "properties": {"id": {"type": "integer"}, "name": {"type": "string"}}}
+    sid = registry.register("people-value", json.dumps(schema), kind="JSON")
+    path = write_config(tmp_path, registry.url, 'writer_schemas = "registry"\nsubject = "people-value"')
+    path.write_text(path.read_text().replace('format = "avro"', 'format = "json"'))
+    dec = decoder(load(path))
+    assert dec.arrow_type == pa.struct([("id", pa.int64()), ("name", pa.string())])
+    got = dec.decode(pa.array([confluent(sid, b'{"id": 4, "name": "Ada", "x": 1}'), confluent(99, b'{"id": 5}')]))
+    assert python_rows(got.values) == [{"id": 4, "name": "Ada"}, {"id": 5, "name": None}] and got.error_count == 0
+    assert (tmp_path / "state" / "registry" / "schemas" / f"{sid}.json").exists()
