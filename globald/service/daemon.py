@@ -181,7 +181,7 @@ class Daemon:
         down = probe(self.config)
         if down is not None:
             log.warning("%s", down)
-        for taken, line in take_reader_schemas(self.config):
+        for taken, line in take_reader_schemas(self.config, reachable=down is None):
             (log.info if taken else log.warning)("reader schema: %s", line)
 
     def _shutdown(self, lock: IO[str]) -> None:

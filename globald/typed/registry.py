@@ -269,10 +269,11 @@ def registry_of(config: Config, table: str, fmt: str = "avro") -> Registry | Non
     return None if config.registry is None else Registry(config.registry, config.state_dir, table, fmt)
 
 
-def take_reader_schemas(config: Config) -> list[tuple[bool, str]]:
+def take_reader_schemas(config: Config, reachable: bool = True) -> list[tuple[bool, str]]:
     """Pin every table's reader subject as the registry has it now: what ``run`` does at start and what a reload
     calls. A registry that does not answer leaves the pin already taken in force (said in the line returned); a
-    subject never pinned then has no reader schema, and its readers report that. Returns (taken, what happened)
+    subject never pinned then has no reader schema, and its readers report that. ``reachable=False`` (``probe``
+    found it down) asks nothing, so a start is not held a timeout per subject. Returns (taken, what happened)
     per subject."""
     lines = []
     for t in config.tables:
@@ -282,6 +283,8 @@ def take_reader_schemas(config: Config) -> list[tuple[bool, str]]:
             reg = registry_of(config, t.name, fmt.format)
             assert reg is not None  # parse() refuses a subject without [registry]
             try:
+                if not reachable:
+                    raise RegistryUnavailable(f"registry {reg.where} is down")
                 _, what = reg.take(section, fmt)
                 lines.append((True, f"table {t.name} {section}: {what}"))
             except RegistryUnavailable as e:

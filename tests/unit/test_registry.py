@@ -149,6 +149,9 @@ def test_the_reader_schema_is_the_subjects_version_taken_at_start_until_taken_ag
     registry.stop()
     taken, line = take_reader_schemas(config)[0]
     assert not taken and "unreachable" in line and "keeping version 2" in line
+    assert take_reader_schemas(config, reachable=False)[0] == (
+        False, f"table customers value: registry {registry.url} is down; keeping version 2 (schema {two}) taken "
+               "before")
     assert decoder(config).fingerprint == after.fingerprint
 
 
@@ -218,6 +221,12 @@ def test_check_config_says_in_one_line_what_failed(tmp_path: Path, registry: Reg
     done = globald("check-config", "--config", str(good))
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1
     assert "registry.url" in done.stderr and "unreachable" in done.stderr
+    # A key the client does not know: refused by the client itself, named.
+    unknown = write_config(tmp_path, registry.url, 'subject = "customers-value"\nwriter_schemas = "registry"',
+                           '"basic.auth.usr.info" = "svc:pw"')
+    done = globald("check-config", "--config", str(unknown))
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1
+    assert "registry: Unrecognized properties: basic.auth.usr.info" in done.stderr
 
 
 def test_secrets_come_from_the_environment_or_a_file_and_are_masked(tmp_path: Path, registry: RegistryDouble,
