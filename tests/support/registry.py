@@ -30,6 +30,10 @@ every request needs ``Authorization: Basic`` with one of them, with ``tokens`` s
 one of them; otherwise 401 with error_code 40101 "Unauthorized". Error bodies are always ``{"error_code",
 "message"}`` with ``Content-Type: application/vnd.schemaregistry.v1+json``, as the API's.
 
+TLS: with ``tls`` (a certificate file and its key, ``tls_ca`` to require client certificates signed by that CA) it
+serves HTTPS, as a registry behind TLS does; the client's ``ssl.ca.location``, ``ssl.certificate.location`` and
+``ssl.key.location`` then apply.
+
 Outages: ``stop()`` closes the socket (a client then gets "connection refused", as from a registry that is down);
 ``start()`` serves again on the same port with the same content. ``requests`` counts what was asked, by path.
 """
@@ -40,6 +44,7 @@ import base64
 import contextlib
 import json
 import socket
+import ssl
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
@@ -76,7 +81,9 @@ class _Error(Exception):
 class RegistryDouble:
     """The registry's content (schemas by id, versions by subject) and its HTTP server on 127.0.0.1."""
 
-    def __init__(self, users: dict[str, str] | None = None, tokens: set[str] | None = None) -> None:
+    def __init__(self, users: dict[str, str] | None = None, tokens: set[str] | None = None,
+                 tls: tuple[str, str] | None = None, tls_ca: str | None = None) -> None:
+        self.tls, self.tls_ca = tls, tls_ca
         self.users = users or {}
         self.tokens = tokens or set()
         self.schemas: dict[int, _Schema] = {}
@@ -90,7 +97,7 @@ class RegistryDouble:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
 
     # -- content, as a producer's serializer would register it -------------------------------------------------
 
@@ -116,6 +123,13 @@ class RegistryDouble:
     def start(self) -> RegistryDouble:
         server = ThreadingHTTPServer(("127.0.0.1", self.port), _handler(self))
         server.daemon_threads = True
+        if self.tls is not None:
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            ctx.load_cert_chain(*self.tls)
+            if self.tls_ca is not None:
+                ctx.load_verify_locations(self.tls_ca)
+                ctx.verify_mode = ssl.CERT_REQUIRED
+            server.socket = ctx.wrap_socket(server.socket, server_side=True)
         self.port = server.server_address[1]
         self._server = server
         self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},

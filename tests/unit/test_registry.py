@@ -352,3 +352,51 @@ def test_a_json_schema_reader_from_a_subject(tmp_path: Path, registry: RegistryD
     got = dec.decode(pa.array([confluent(sid, b'{"id": 4, "name": "Ada", "x": 1}'), confluent(99, b'{"id": 5}')]))
     assert python_rows(got.values) == [{"id": 4, "name": "Ada"}, {"id": 5, "name": None}] and got.error_count == 0
     assert (tmp_path / "state" / "registry" / "schemas" / f"{sid}.json").exists()
+
+
+def self_signed(tmp_path: Path, name: str, issuer: tuple[Any, Any] | None = None) -> tuple[str, str, Any, Any]:
+    """(certificate file, key file, certificate, key) for 127.0.0.1, signed by ``issuer`` or by itself."""
+    import datetime as dt
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    signer_cert, signer_key = issuer if issuer is not None else (None, key)
+    now = dt.datetime.now(dt.UTC)
+    builder = (x509.CertificateBuilder().subject_name(subject)
+               .issuer_name(signer_cert.subject if signer_cert is not None else subject)
+               .public_key(key.public_key()).serial_number(x509.random_serial_number())
+               .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=1))
+               .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                              critical=False)
+               .add_extension(x509.BasicConstraints(ca=issuer is None, path_length=None), critical=True))
+    cert = builder.sign(signer_key, hashes.SHA256())
+    cert_file, key_file = tmp_path / f"{name}.pem", tmp_path / f"{name}.key"
+    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return str(cert_file), str(key_file), cert, key
+
+
+def test_tls_and_client_certificates_the_clients_way(tmp_path: Path) -> None:
+    ca_file, _, ca, ca_key = self_signed(tmp_path, "ca")
+    server_cert, server_key, _, _ = self_signed(tmp_path, "server", (ca, ca_key))
+    client_cert, client_key, _, _ = self_signed(tmp_path, "client", (ca, ca_key))
+    with RegistryDouble(tls=(server_cert, server_key), tls_ca=ca_file) as r:
+        r.register("customers-value", V1)
+        value = 'writer_schemas = "registry"\nsubject = "customers-value"'
+        ok = write_config(tmp_path, r.url, value, f'"ssl.ca.location" = "{ca_file}"\n'
+                                                  f'"ssl.certificate.location" = "{client_cert}"\n'
+                                                  f'"ssl.key.location" = "{client_key}"')
+        assert r.url.startswith("https://")
+        assert "visits" not in [f.name for f in decoder(load(ok)).arrow_type]
+        # Without a client certificate the server refuses the handshake: check-config says so in one line.
+        no_cert = write_config(tmp_path, r.url, value, f'"ssl.ca.location" = "{ca_file}"')
+        done = globald("check-config", "--config", str(no_cert))
+        assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1
+        assert "registry.url" in done.stderr and "unreachable" in done.stderr, done.stderr
