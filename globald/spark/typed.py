@@ -66,15 +66,17 @@ class TypedDeclarationError(GlobaldError):
 
 DECODERS_KEPT = 16
 DESCRIPTOR_KEY = "decoder"  # the descriptor's field: the fingerprint of the declaration the view was refreshed with
+READERS_KEY = "reader_ids"  # and the registry reader schemas ({"value": id}) of that declaration
 _DECODERS: OrderedDict[tuple[str, str, str], tuple[Decoder, Decoder]] = OrderedDict()
 _DECODERS_LOCK = threading.Lock()
 
 
-def current(path: str, table: str) -> tuple[Decoder, Decoder]:
+def current(path: str, table: str, reader_ids: dict[str, int] | None = None) -> tuple[Decoder, Decoder]:
     """(key decoder, value decoder) of ``table`` as the config at ``path`` declares it now (the config and every
     schema file read again), kept under its fingerprint: the same declaration keeps its decoders (and the writer
-    schemas they fetched)."""
-    key_dec, val_dec = load_table(load(path), table)
+    schemas they fetched). ``reader_ids``: a registry subject's reader schema by id, as a descriptor names it (a
+    daemon that took a newer version meanwhile does not change what a job of the older one reads)."""
+    key_dec, val_dec = load_table(load(path), table, reader_ids)
     fp = file_fingerprint(val_dec, key_dec)
     with _DECODERS_LOCK:
         found = _DECODERS.get((path, table, fp))
@@ -86,16 +88,17 @@ def current(path: str, table: str) -> tuple[Decoder, Decoder]:
         return found
 
 
-def decoders(path: str, table: str, fingerprint: str | None = None) -> tuple[Decoder, Decoder]:
+def decoders(path: str, table: str, fingerprint: str | None = None,
+             reader_ids: dict[str, int] | None = None) -> tuple[Decoder, Decoder]:
     """(key decoder, value decoder) of ``table`` in the config at ``path`` whose declaration has ``fingerprint``
-    (the descriptor's), loaded once per process and fingerprint; without one, the declaration in force now.
-    TypedDeclarationError when this host declares the table otherwise."""
+    (the descriptor's, with its ``reader_ids``), loaded once per process and fingerprint; without one, the
+    declaration in force now. TypedDeclarationError when this host declares the table otherwise."""
     if fingerprint is not None:
         with _DECODERS_LOCK:
             found = _DECODERS.get((path, table, fingerprint))
         if found is not None:
             return found
-    found = current(path, table)
+    found = current(path, table, reader_ids)
     if fingerprint is not None and file_fingerprint(found[1], found[0]) != fingerprint:
         raise TypedDeclarationError(
             f"config {path}: table {table} declares its value or key format otherwise than the version this job "
@@ -109,13 +112,15 @@ def of_view(view: Any) -> tuple[Decoder, Decoder]:
     """The decoders of the view's current descriptor (refreshing first if it has none)."""
     view._current()
     desc = view.descriptor or {}
-    return decoders(view.config_path, view.table.name, desc.get(DESCRIPTOR_KEY))
+    return decoders(view.config_path, view.table.name, desc.get(DESCRIPTOR_KEY), desc.get(READERS_KEY))
 
 
-def declaration(config_path: str, table: str) -> str:
-    """The fingerprint of ``table``'s declaration in force now: what ``refresh()`` puts in the descriptor."""
+def declaration(config_path: str, table: str) -> dict[str, Any]:
+    """What ``refresh()`` puts in the descriptor: the fingerprint of ``table``'s declaration in force now and the
+    registry reader schemas it reads with."""
     key_dec, val_dec = current(config_path, table)
-    return file_fingerprint(val_dec, key_dec)
+    ids = {name: d.reader_id for name, d in (("key", key_dec), ("value", val_dec)) if d.reader_id is not None}
+    return {DESCRIPTOR_KEY: file_fingerprint(val_dec, key_dec), **({READERS_KEY: ids} if ids else {})}
 
 
 def is_typed(view: Any) -> bool:
@@ -149,7 +154,7 @@ class TypedHandle:
     def __init__(self, settings: Settings, desc: dict[str, Any], data: Any, fingerprint: str) -> None:
         path, source = config_path(settings.config_path)
         try:
-            self.key_decoder, self.decoder = decoders(path, settings.table, fingerprint)
+            self.key_decoder, self.decoder = decoders(path, settings.table, fingerprint, desc.get(READERS_KEY))
         except TypedDeclarationError as e:
             raise TypedDeclarationError(f"{e} (this host's config: {source}; the driver's: "
                                         f"{settings.config_path})") from None

@@ -160,7 +160,7 @@ class GlobalTableView:
         desc: dict[str, Any] = {"table": self.table.name, "topic": self.table.topic, "mode": self.mode,
                                 "seq": self._seq, "created": time.time(), "requested": offsets_to_json(target)}
         if self.table.typed:  # the declaration in force now: jobs of this version decode with it, on every host
-            desc[typed.DESCRIPTOR_KEY] = typed.declaration(self.config_path, self.table.name)
+            desc.update(typed.declaration(self.config_path, self.table.name))
         state_dir = self.config.state_dir
         if self.mode == MODE_SNAPSHOT and statusfile.read_live(state_dir) is None:
             # No sidecar on the driver's host: executors resolve the offsets against their own sidecars.

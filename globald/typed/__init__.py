@@ -26,10 +26,12 @@ __all__ = ["SchemaError", "ValueFormat", "check_schemas", "load", "load_table"]
 RAW = ValueFormat()
 
 
-def load(fmt: ValueFormat | None, where: str, registry: Registry | None = None) -> Decoder:
+def load(fmt: ValueFormat | None, where: str, registry: Registry | None = None,
+         reader_id: int | None = None) -> Decoder:
     """The decoder of ``fmt`` (None: raw), named ``where`` ("tables[0].value") in errors. Raises SchemaError for a
     schema that cannot be read or used, ConfigError when the ``typed`` extra is missing. ``registry``: the table's
-    Schema Registry, for a ``subject`` or ``writer_schemas = "registry"`` (``globald.typed.registry``)."""
+    Schema Registry, for a ``subject`` or ``writer_schemas = "registry"`` (``globald.typed.registry``);
+    ``reader_id``: the subject's schema id to read with, instead of the version the daemon pinned."""
     fmt = fmt or RAW
     if fmt.uses_registry and registry is None:
         raise SchemaError(f"{where}.subject" if fmt.subject else f"{where}.writer_schemas",
@@ -60,13 +62,14 @@ def load(fmt: ValueFormat | None, where: str, registry: Registry | None = None) 
     assert registry is not None
     reader_text = None
     if fmt.subject is not None:
-        _, reader_text = registry.reader(where.rpartition(".")[2], fmt, where)
+        pin, reader_text = registry.reader(where.rpartition(".")[2], fmt, where, reader_id)
+        reader_id = pin.id
     if fmt.format == "json":  # a JSON value decodes without its writer schema: writer ids need no fetch
         arrow_type, one = compile_json(fmt, where, reader_text)
-        return Decoder(fmt, where, arrow_type, one, fingerprint(fmt, where, reader_text))
+        return Decoder(fmt, where, arrow_type, one, fingerprint(fmt, where, reader_text), reader_id=reader_id)
     arrow_type, one = compile_avro(fmt, where, registry, reader_text)
     return Decoder(fmt, where, arrow_type, one, fingerprint(fmt, where, reader_text),
-                   registry.available if fmt.writers_from_registry else None)
+                   registry.available if fmt.writers_from_registry else None, reader_id)
 
 
 def check_schemas(config: Config, *, without_subjects: bool = False) -> None:
@@ -87,11 +90,13 @@ def _registry(config: Config, table: str, fmt: ValueFormat | None) -> Registry |
     return registry_of(config, table, fmt.format)
 
 
-def load_table(config: Config, table: str) -> tuple[Decoder, Decoder]:
-    """(key decoder, value decoder) of ``table`` in a loaded config."""
+def load_table(config: Config, table: str, reader_ids: dict[str, int] | None = None) -> tuple[Decoder, Decoder]:
+    """(key decoder, value decoder) of ``table`` in a loaded config; ``reader_ids`` ("key", "value": a registry
+    subject's schema id) read with those reader schemas instead of the versions the daemon pinned."""
+    ids = reader_ids or {}
     for i, t in enumerate(config.tables):
         if t.name == table:
-            return (load(t.key, f"tables[{i}].key", _registry(config, t.name, t.key)),
-                    load(t.value, f"tables[{i}].value", _registry(config, t.name, t.value)))
+            return (load(t.key, f"tables[{i}].key", _registry(config, t.name, t.key), ids.get("key")),
+                    load(t.value, f"tables[{i}].value", _registry(config, t.name, t.value), ids.get("value")))
     config.table(table)  # raises UnknownTableError naming the known ones
     raise AssertionError("unreachable")

@@ -95,7 +95,7 @@ class Decoder:
 
     def __init__(self, fmt: ValueFormat, where: str, arrow_type: pa.DataType,
                  one: Callable[[bytes], Any] | None, fingerprint: str,
-                 available: Callable[[list[int]], bool] | None = None) -> None:
+                 available: Callable[[list[int]], bool] | None = None, reader_id: int | None = None) -> None:
         self.format = fmt
         self.where = where  # the config section, "tables[0].value", for messages
         self.arrow_type = arrow_type
@@ -103,6 +103,7 @@ class Decoder:
         self.fingerprint = fingerprint
         # Writer ids from a registry: whether any of the ids a columnar file was decoded without can be had now.
         self.available = available
+        self.reader_id = reader_id  # a reader schema from a registry subject: its schema id
 
     @property
     def typed(self) -> bool:

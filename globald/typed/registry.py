@@ -252,11 +252,12 @@ class Registry:
             return pin, f"kept {pin.subject} version {pin.version} (schema {pin.id}), the latest"
         return pin, f"moved {pin.subject} from version {before.version} to {pin.version} (schema {pin.id})"
 
-    def reader(self, section: str, fmt: ValueFormat, where: str) -> tuple[Pin, str]:
-        """(pin, schema text) of the reader schema in force: the daemon's pin, else the registry's answer now."""
+    def reader(self, section: str, fmt: ValueFormat, where: str, schema_id: int | None = None) -> tuple[Pin, str]:
+        """(pin, schema text) of the reader schema in force: the daemon's pin, else the registry's answer now.
+        ``schema_id``: that one instead (a job's descriptor names the one its version was refreshed with)."""
         from globald.typed.arrow import DecodeError
 
-        pin = self.pinned(section, fmt)
+        pin = self.pinned(section, fmt) if schema_id is None else Pin(fmt.subject or "", 0, schema_id)
         try:
             if pin is None:
                 pin = self.resolve(fmt)

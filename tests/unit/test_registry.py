@@ -400,3 +400,28 @@ def test_tls_and_client_certificates_the_clients_way(tmp_path: Path) -> None:
         done = globald("check-config", "--config", str(no_cert))
         assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1
         assert "registry.url" in done.stderr and "unreachable" in done.stderr, done.stderr
+
+
+def test_a_worker_decodes_with_the_reader_schema_its_descriptor_names_after_the_daemon_took_another(
+        tmp_path: Path, registry: RegistryDouble) -> None:
+    """A job refreshed with version 1 whose worker starts after the daemon took version 2 (a reload mid-job): the
+    worker, with no decoder cached, builds version 1's from the descriptor's reader ids, not the daemon's new pin."""
+    from globald.spark import typed as spark_typed
+
+    registry.register("customers-value", V1)
+    path = write_config(tmp_path, registry.url, 'writer_schemas = "registry"\nsubject = "customers-value"')
+    config = load(path)
+    take_reader_schemas(config)
+    desc = spark_typed.declaration(str(path), "customers")  # what refresh() puts in the descriptor
+    assert desc["reader_ids"] == {"value": 1}
+    registry.register("customers-value", V2)
+    take_reader_schemas(config)  # the daemon's reload, between the refresh and the task
+    spark_typed._DECODERS.clear()  # a fresh Python worker
+    key_dec, val_dec = spark_typed.decoders(str(path), "customers", desc["decoder"], desc["reader_ids"])
+    assert "visits" not in [f.name for f in val_dec.arrow_type]
+    assert spark_typed.file_fingerprint(val_dec, key_dec) == desc["decoder"]
+    # The next refresh names version 2, and a job of it reads with version 2.
+    new = spark_typed.declaration(str(path), "customers")
+    assert new["reader_ids"] == {"value": 2} and new["decoder"] != desc["decoder"]
+    after = spark_typed.decoders(str(path), "customers", new["decoder"], new["reader_ids"])[1]
+    assert "visits" in [f.name for f in after.arrow_type]
