@@ -25,7 +25,8 @@ Decoders are cached per process (driver and every reused Python worker) under th
 (format, schema files, the registry subject's pinned version), never under the table's name alone: each
 ``refresh()`` loads the declaration in force and carries its fingerprint in the descriptor (``decoder``), so a job
 decodes with the schema of the version it reads, and a long-lived application follows a changed schema at its next
-refresh, in the driver and in workers alike.
+refresh, in the driver and in workers alike. The descriptor also names a registry subject's reader schema id
+(``reader_ids``): a worker starting after the daemon took a newer version still builds the job's own.
 """
 
 from __future__ import annotations
