@@ -145,6 +145,9 @@ class Registry:
             raise PendingSchema(schema_id, f"registry {self.where} did not answer; asked again within {RETRY_S:.0f}s")
         try:
             text = self._fetch(schema_id)
+        except DecodeError:  # the registry answered, with a schema this cannot use: no use waiting for it
+            self._failed[schema_id] = time.monotonic()
+            raise
         except Exception as e:
             self._failed[schema_id] = time.monotonic()
             if _is_not_found(e):
@@ -189,8 +192,13 @@ class Registry:
             text = schema.schema_str
         else:
             text = json.dumps(self._expanded(schema))
-        self._store(self._path(schema_id), text)
         self._schemas[schema_id] = text
+        try:
+            self._store(self._path(schema_id), text)
+        except OSError as e:  # decoded all the same; only a restart with the registry down would miss it
+            log.warning("table %s: writer schema %d fetched from the registry %s, but not cached in %s: %s",
+                        self.table, schema_id, self.where, self.dir, e)
+            return text
         log.info("table %s: writer schema %d fetched from the registry %s and cached", self.table, schema_id,
                  self.where)
         return text

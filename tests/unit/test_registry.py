@@ -123,9 +123,11 @@ def test_an_id_the_registry_does_not_have_is_a_decode_error_not_pending(tmp_path
                                                                         registry: RegistryDouble) -> None:
     shutil.copy(FIXTURES / "customer_reader.avsc", tmp_path / "reader.avsc")
     config = load(write_config(tmp_path, registry.url, 'writer_schemas = "registry"\nschema = "reader.avsc"'))
-    got = decoder(config).decode(pa.array([v1(77, 1)], pa.binary()))
+    json_id = registry.register("other-value", '{"type": "object"}', kind="JSON")
+    got = decoder(config).decode(pa.array([v1(77, 1), v1(json_id, 2)], pa.binary()))
     assert got.pending == () and "schema 77 is not in the registry" in got.errors[0].as_py()
     assert "40403" in got.errors[0].as_py()
+    assert f"schema {json_id} is JSON, not AVRO" in got.errors[1].as_py()  # an answer, not an outage
 
 
 def test_the_reader_schema_is_the_subjects_version_taken_at_start_until_taken_again(
