@@ -186,10 +186,7 @@ class Registry:
         if (schema.schema_type or "AVRO") != self.kind:
             raise DecodeError(f"schema {schema_id} is {schema.schema_type or 'AVRO'}, not {self.kind}")
         if self.kind == "JSON":
-            if schema.references:  # a $ref to another subject's schema: not followed yet
-                raise DecodeError(f"schema {schema_id}: JSON Schema references to other subjects are not followed; "
-                                  "use a schema file")
-            text = schema.schema_str
+            text = json.dumps(self._json_expanded(schema)) if schema.references else schema.schema_str
         else:
             text = json.dumps(self._expanded(schema))
         self._schemas[schema_id] = text
@@ -210,6 +207,21 @@ class Registry:
             registered = client(self.settings).get_version(ref.subject, ref.version)
             named[ref.name] = self._expanded(registered.schema)
         return inline(json.loads(schema.schema_str), named)
+
+    def _json_expanded(self, schema: Any) -> Any:
+        """A JSON Schema with every ``$ref`` to a reference's name (``address.json``, ``address.json#/x``) and every
+        local one replaced by what it names, so that it stands alone."""
+        from globald.typed.arrow import DecodeError
+
+        docs: dict[str, Any] = {}
+        for ref in schema.references or []:
+            registered = client(self.settings).get_version(ref.subject, ref.version)
+            docs[ref.name] = self._json_expanded(registered.schema)
+        root = json.loads(schema.schema_str)
+        try:
+            return dereference(root, root, docs, 0)
+        except (KeyError, IndexError, ValueError) as e:
+            raise DecodeError(f"JSON Schema reference not resolved: {e}") from None
 
     def _store(self, path: Path, text: str) -> None:
         make_dirs(path.parent)
@@ -335,6 +347,32 @@ def check_registry(config: Config) -> None:
             if fmt is not None and fmt.subject is not None and fmt.subject not in subjects:
                 raise ConfigError(f"tables[{i}].{section}.subject", f"subject not found: {fmt.subject!r} is not "
                                   f"in the registry {where}")
+
+
+MAX_REF_DEPTH = 64  # a recursive JSON Schema has no column type: refused past this depth
+
+
+def dereference(node: Any, root: Any, docs: dict[str, Any], depth: int) -> Any:
+    """``node`` with every ``$ref`` replaced: ``#/a/b`` by that place in ``root``, ``name#/a`` or ``name`` by
+    that place in the referenced document ``docs[name]``."""
+    if isinstance(node, list):
+        return [dereference(v, root, docs, depth) for v in node]
+    if not isinstance(node, dict):
+        return node
+    ref = node.get("$ref")
+    if isinstance(ref, str):
+        if depth > MAX_REF_DEPTH:
+            raise ValueError(f"$ref {ref!r} nested over {MAX_REF_DEPTH} deep (a recursive schema?)")
+        name, _, pointer = ref.partition("#")
+        target_root = root if not name else docs[name]
+        target = target_root
+        for part in (p for p in pointer.split("/") if p):
+            part = part.replace("~1", "/").replace("~0", "~")
+            target = target[int(part)] if isinstance(target, list) else target[part]
+        rest = {k: v for k, v in node.items() if k != "$ref"}
+        resolved = dereference(target, target_root, docs, depth + 1)
+        return {**resolved, **dereference(rest, root, docs, depth)} if isinstance(resolved, dict) else resolved
+    return {k: dereference(v, root, docs, depth) for k, v in node.items()}
 
 
 def inline(schema: Any, named: dict[str, Any], seen: set[str] | None = None, namespace: str = "") -> Any:

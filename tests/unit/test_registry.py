@@ -427,3 +427,19 @@ def test_a_worker_decodes_with_the_reader_schema_its_descriptor_names_after_the_
     assert new["reader_ids"] == {"value": 2} and new["decoder"] != desc["decoder"]
     after = spark_typed.decoders(str(path), "customers", new["decoder"], new["reader_ids"])[1]
     assert "visits" in [f.name for f in after.arrow_type]
+
+
+def test_json_schema_references_through_the_registry(tmp_path: Path, registry: RegistryDouble) -> None:
+    address = {"type": "object", "properties": {"city": {"type": "string"}, "zip": {"$ref": "#/definitions/zip"}},
+               "definitions": {"zip": {"type": "string"}}}
+    registry.register("address", json.dumps(address), kind="JSON")
+    person = {"type": "object", "properties": {"id": {"type": "integer"}, "home": {"$ref": "address.json"}}}
+    sid = registry.register("people-value", json.dumps(person), kind="JSON",
+                            references=[{"name": "address.json", "subject": "address", "version": 1}])
+    path = write_config(tmp_path, registry.url, 'writer_schemas = "registry"\nsubject = "people-value"')
+    path.write_text(path.read_text().replace('format = "avro"', 'format = "json"'))
+    dec = decoder(load(path))
+    assert dec.arrow_type == pa.struct([("id", pa.int64()), ("home", pa.struct([("city", pa.string()),
+                                                                               ("zip", pa.string())]))])
+    got = dec.decode(pa.array([confluent(sid, b'{"id": 1, "home": {"city": "Oslo", "zip": "0150"}}')]))
+    assert python_rows(got.values) == [{"id": 1, "home": {"city": "Oslo", "zip": "0150"}}]
