@@ -21,7 +21,8 @@ from globald.kafka.properties import secret_values
 from globald.settings.config import Config, load
 from globald.typed.arrow import PendingSchema, python_rows
 from globald.typed.columnar import ColumnarInvalid, ColumnarTable, build_table, write_columnar
-from globald.typed.registry import inline, take_reader_schemas
+from globald.typed.references import inline
+from globald.typed.registry import take_reader_schemas
 from tests.harness import globald
 from tests.support.registry import RegistryDouble
 from tests.unit.typed_fixtures import FIXTURES, avro_payload, avro_schema, confluent, customer_v1, customer_v2
