@@ -36,11 +36,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     cfg = configmod.load(args.config)
     check_kafka_properties(cfg)
-    _check_typed(cfg)
     try:
         allocator.switch(cfg.allocator)  # returns here unless it re-executes this command with jemalloc preloaded
     except ValueError as e:
         raise ConfigError("allocator", str(e)) from None
+    _check_typed(cfg)  # after the switch: once, in the process that runs
     logs.setup(cfg.log_level, cfg.log_format, secret_values(cfg))
     logging.getLogger("globald").debug("glibc malloc tuning: %s", allocator.tune_glibc() or "none")
     return Daemon(cfg).run()

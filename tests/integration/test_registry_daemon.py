@@ -43,9 +43,12 @@ writer_schemas = "registry"
 """
 
 
+SECRET = "pw-Secret-9"
+
+
 @pytest.fixture
 def registry() -> Iterator[RegistryDouble]:
-    with RegistryDouble() as r:
+    with RegistryDouble(users={"svc": SECRET}) as r:
         yield r
 
 
@@ -107,10 +110,12 @@ def test_new_writer_ids_mid_run_an_outage_pending_then_resolved_and_a_restart_wi
     broker.admin.produce(t, produced(one, V1, 300, keys=120, seed=1))
     d = daemon({"cust": t}, start=False, http=HTTP, snapshots={"decode_interval_ms": 500},
                registry={"url": registry.url, "timeout": 5})
-    d.config.write_text(d.config.read_text() + SECTION)
+    text = d.config.read_text().replace("timeout = 5\n", f'timeout = 5\n"basic.auth.user.info" = "svc:{SECRET}"\n')
+    d.config.write_text(text + SECTION)
     d.start()
     decode = decoded_at(d, broker.admin.end_offsets(t))
     check_file(d, broker, registry, t, decode)
+    assert "'basic.auth.user.info': '***'" in d.tail(200) and SECRET not in d.log.read_text()
 
     # A producer deploys v2 mid-run: its id is fetched when its first record is decoded, no restart, no file copied.
     two = registry.register("customers-value", V2)
@@ -154,3 +159,4 @@ def test_new_writer_ids_mid_run_an_outage_pending_then_resolved_and_a_restart_wi
     decode = decoded_at(d, broker.admin.end_offsets(t))
     check_file(d, broker, registry, t, decode)
     assert "decoding with the 3 schema(s) cached in state_dir" in d.tail(400)
+    assert SECRET not in d.log.read_text()
