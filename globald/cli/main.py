@@ -24,6 +24,7 @@ from globald.common.errors import (
     UsageError,
 )
 from globald.settings import config as configmod
+from globald.settings import registry as registry_settings
 from globald.settings import spec as configspec
 from globald.settings.kafka_properties import check_kafka_properties, redact, secret_values
 
@@ -39,9 +40,27 @@ def cmd_run(args: argparse.Namespace) -> int:
         allocator.switch(cfg.allocator)  # returns here unless it re-executes this command with jemalloc preloaded
     except ValueError as e:
         raise ConfigError("allocator", str(e)) from None
+    _check_typed(cfg)  # after the switch: once, in the process that runs
     logs.setup(cfg.log_level, cfg.log_format, secret_values(cfg))
     logging.getLogger("globald").debug("glibc malloc tuning: %s", allocator.tune_glibc() or "none")
     return Daemon(cfg).run()
+
+
+def _check_typed(cfg: configmod.Config) -> None:
+    """The typed tables' schemas checked as check-config does, in a process of its own (``globald.typed.check``):
+    a missing schema file is a config error now (exit 2), not an error logged at every decode."""
+    if cfg.source is None or not any(t.typed for t in cfg.tables):
+        return
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-m", "globald.typed.check", "--config", str(cfg.source)],
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, check=False)
+    if done.returncode != exitcodes.OK:
+        line = (done.stderr.strip().splitlines() or [""])[-1].removeprefix("globald: config error: ")
+        key, sep, message = line.partition(": ")
+        if done.returncode == exitcodes.USAGE and sep:
+            raise ConfigError(key, message)
+        raise ConfigError("tables", f"the typed schema check failed (exit {done.returncode}): {line}")
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -112,9 +131,11 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         raise ConfigError("--config", "is required (or pass --keys to list the config keys)")
     from globald.store.statedir import check_state_dir
     from globald.typed import check_schemas
+    from globald.typed.registry import check_registry
 
     cfg = configmod.load(args.config)
     check_kafka_properties(cfg)
+    check_registry(cfg)  # the registry answers, with these credentials, and has every subject named
     check_schemas(cfg)  # every schema file read and mapped to its column type: SchemaError names key and file
     note = check_state_dir(cfg.state_dir)  # what run needs of it: created (or a directory), written, locked
     summary: dict[str, Any] = {
@@ -123,6 +144,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         "state_dir_note": note,
         "tables": {t.name: t.topic for t in cfg.tables},
         "kafka": redact(cfg.kafka),
+        "registry": registry_settings.redact(cfg.registry),
     }
     if args.json:
         print(json.dumps(summary, sort_keys=True))

@@ -12,7 +12,9 @@ What bounds its cost, so that it cannot slow ingestion:
 - per table, at most one decode per ``[snapshots] decode_interval_ms``, counted from the end of the previous one
   and never sooner than that one lasted, so a table updated every second keeps a core at most half busy, and
   ``decode_s / (decode_s + interval)`` of it for short decodes; after failures the wait doubles, up to 16 times;
-- only when CURRENT is not the snapshot decoded last; only tables with a typed value or key;
+- only when CURRENT is not the snapshot decoded last, or when the last decode left values pending (their writer
+  schema not fetched from the Schema Registry yet: the decode process redoes the file once one can be had,
+  ``globald.typed.registry``); only tables with a typed value or key;
 - never started while a table restores, the daemon's busiest time (cores, caches and disk are shared, not only
   the scheduler's time). Measured on 2 cores with the daemon itself at nice 19 (so no priority to spare): a
   100k-value decode beside the restore of 300k records of another table cost that restore nothing measurable
@@ -117,7 +119,8 @@ class SnapshotDecodes:
         for name, tab in self._tables.items():
             t = doc.tables.get(name)
             current = t.snapshot.current if t is not None and t.snapshot is not None else None
-            if current is not None and current != tab.status.snapshot and now >= tab.next_at:
+            redo = current != tab.status.snapshot or tab.status.pending > 0
+            if current is not None and redo and now >= tab.next_at:
                 due.append((tab.next_at, name, current))
         if due:
             _, name, current = min(due)  # the table that has waited longest
@@ -182,9 +185,15 @@ class SnapshotDecodes:
         tab.status = DecodeStatus(
             snapshot=str(done["snapshot"]), offsets=offsets, created=_number(done.get("created")),
             values=int(done.get("values") or 0), errors=int(done.get("errors") or 0),
+            pending=int(done.get("pending") or 0),
             key_errors=int(done.get("key_errors") or 0),
             decode_seconds=_number(done.get("decode_seconds")), written=bool(done.get("written")),
             too_large=bool(done.get("too_large")), runs=s.runs + 1, failures=s.failures)
+        if tab.status.pending != s.pending and tab.status.pending:
+            log.warning("table %s: %d value(s) of snapshot %s wait for writer schemas not yet fetched from the "
+                        "registry; decoded again once it answers", run.table, tab.status.pending, tab.status.snapshot)
+        elif s.pending and not tab.status.pending:
+            log.info("table %s: every pending value of snapshot %s is decoded now", run.table, tab.status.snapshot)
         if tab.status.written:  # the decode process logged its figures already; this adds the whole run's time
             log.debug("table %s: snapshot %s decoded into its columnar file: %d values, %d decode errors, %.1fs",
                      run.table, tab.status.snapshot, tab.status.values, tab.status.errors, now - run.started)

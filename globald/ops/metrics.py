@@ -223,6 +223,8 @@ def _decodes(s: Sample) -> Iterator[Metric]:
     labels = ["table"]
     errors = GaugeMetricFamily(f"{PREFIX}_table_decode_errors", "Values of the newest decoded snapshot that did not "
                                "decode (null in every reader)", labels=labels)
+    pending = GaugeMetricFamily(f"{PREFIX}_table_decode_pending", "Of the decode errors, values whose writer schema "
+                                "is not fetched from the Schema Registry yet: decoded once it answers", labels=labels)
     key_errors = GaugeMetricFamily(f"{PREFIX}_table_key_decode_errors", "Typed keys: stored keys of the newest "
                                    "decoded snapshot that did not decode (left out of its file)", labels=labels)
     values = GaugeMetricFamily(f"{PREFIX}_table_decoded_values", "Values (keys) of the newest decoded snapshot",
@@ -244,6 +246,7 @@ def _decodes(s: Sample) -> Iterator[Metric]:
             continue
         if d.snapshot is not None and not d.too_large:
             errors.add_metric([name], d.errors)
+            pending.add_metric([name], d.pending)
             key_errors.add_metric([name], d.key_errors)
             values.add_metric([name], d.values)
         if d.created is not None:
@@ -253,7 +256,7 @@ def _decodes(s: Sample) -> Iterator[Metric]:
         active.add_metric([name], 1.0 if d.running_pid is not None else 0.0)
         runs.add_metric([name], d.runs)
         failures.add_metric([name], d.failures)
-    yield from (errors, key_errors, values, age, seconds, active, runs, failures)
+    yield from (errors, pending, key_errors, values, age, seconds, active, runs, failures)
 
 
 def _number(doc: dict[str, object] | None, key: str) -> float | None:

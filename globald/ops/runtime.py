@@ -35,6 +35,7 @@ from globald.ops.metrics import Metrics, Sample, SnapshotStats, callback_failure
 from globald.ops.progress import ProgressDisplay, ProgressOptions, RestoreTracker
 from globald.ops.sdnotify import Notifier
 from globald.ops.status import DaemonStatus, HttpAddress, RestoreStatus
+from globald.settings import registry as registry_settings
 from globald.settings.config import Config
 from globald.settings.kafka_properties import redact
 from globald.store.stalls import STALLS
@@ -86,6 +87,8 @@ class Operations:
         log.info("config %s: state_dir %s, tables %s, kafka %s, hooks: %s", self.config.source or "(in memory)",
                  self.config.state_dir, {t.name: t.topic for t in self.config.tables},
                  redact(self.config.kafka), self.hooks.describe())
+        if self.config.registry is not None:
+            log.info("registry: %s", registry_settings.redact(self.config.registry))
 
     def stop(self) -> None:
         self.decodes.close()  # first: a decode process never outlives the daemon

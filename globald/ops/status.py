@@ -58,6 +58,7 @@ class DecodeStatus:
     created: float | None = None  # that snapshot's creation (wall clock), for its age
     values: int = 0  # rows of the file: the snapshot's keys
     errors: int = 0  # of them, values that did not decode
+    pending: int = 0  # of those, values whose writer schema was not fetched yet (a registry outage): redone later
     key_errors: int = 0  # typed keys: stored keys that did not decode, left out of the file
     decode_seconds: float | None = None  # how long decoding the file took (whoever wrote it)
     written: bool = False  # False: the file was already there (a reader on the host wrote it first)
@@ -69,7 +70,7 @@ class DecodeStatus:
 
     def to_json(self) -> dict[str, Any]:
         return {"snapshot": self.snapshot, "offsets": offsets_to_json(self.offsets), "created": self.created,
-                "values": self.values, "errors": self.errors, "key_errors": self.key_errors,
+                "values": self.values, "errors": self.errors, "pending": self.pending, "key_errors": self.key_errors,
                 "decode_seconds": self.decode_seconds,
                 "written": self.written, "too_large": self.too_large, "runs": self.runs, "failures": self.failures,
                 "running_pid": self.running_pid, "last_error": self.last_error}
@@ -88,7 +89,8 @@ class DecodeStatus:
 
         return cls(snapshot=typed("snapshot", str, None), offsets=_offsets_read_back(raw.get("offsets")),
                    created=typed("created", (int, float), None), values=typed("values", int, 0),
-                   errors=typed("errors", int, 0), key_errors=typed("key_errors", int, 0),
+                   errors=typed("errors", int, 0), pending=typed("pending", int, 0),
+                   key_errors=typed("key_errors", int, 0),
                    decode_seconds=typed("decode_seconds", (int, float), None),
                    written=typed("written", bool, False), too_large=typed("too_large", bool, False),
                    runs=typed("runs", int, 0), failures=typed("failures", int, 0),

@@ -142,6 +142,8 @@ def decode_line(d: DecodeStatus) -> str:
         text = f"decoded: snapshot {d.snapshot} is too large for a columnar file (readers decode per batch)"
     else:
         text = f"decoded: snapshot {d.snapshot}, {d.values:,} values, {d.errors:,} decode errors"
+        if d.pending:  # a registry outage: decoded once the writer schemas can be fetched
+            text += f" ({d.pending:,} pending: writer schema not yet fetched)"
         if d.key_errors:
             text += f", {d.key_errors:,} keys that do not decode (left out)"
     if d.running_pid is not None:

@@ -175,6 +175,7 @@ class Daemon:
         lock = self._own_state_dir()
         if lock is None:
             return None
+        self._take_reader_schemas()
         if self.exports is not None:  # before the engine plans: a store bootstrapped now is planned as any other
             from globald.export.startup import bootstrap_empty_tables
 
@@ -193,6 +194,20 @@ class Daemon:
     def _wait_stop(self, seconds: float) -> bool:
         self.thread.wait_stop(seconds)
         return self.thread.stopping
+
+    def _take_reader_schemas(self) -> None:
+        """Pin each registry subject's latest version, the reader schema until a reload (``typed.registry``); a
+        registry that does not answer leaves the pins already taken, and the daemon starts anyway, saying so.
+        Bounded by the client's timeout and retries ([registry] timeout, max.retries), before the loop starts."""
+        if not any(f is not None and f.uses_registry for t in self.config.tables for f in (t.value, t.key)):
+            return  # the registry client stays out of the daemon
+        from globald.typed.registry import probe, take_reader_schemas
+
+        down = probe(self.config)
+        if down is not None:
+            log.warning("%s", down)
+        for taken, line in take_reader_schemas(self.config, reachable=down is None):
+            (log.info if taken else log.warning)("reader schema: %s", line)
 
     def _shutdown(self, lock: IO[str]) -> None:
         self.snapshots.close()

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from globald.common.errors import ConfigError, UnknownTableError
 from globald.settings.kafka_properties import MANAGED_KAFKA_PROPERTIES, consumer_settings
+from globald.settings.registry import RegistryProperties
 from globald.settings.spec import Argv, Boolean, Choice, Directory, Integer, Section, Spec, Text, Url, build, declare
 from globald.settings.typed_spec import ValueFormat, check_format_keys
 
@@ -261,6 +262,10 @@ class Config:
         HooksConfig, help="state-change hooks, run off the loop, in order; a failure is logged and counted")))
     export: ExportConfig | None = field(default=None, metadata=declare(Section(
         ExportConfig, help="exports to shared storage and bootstraps from them; off unless present")))
+    registry: dict[str, Any] | None = field(default=None, metadata=declare(RegistryProperties(
+        help="one Schema Registry for the daemon: url, then confluent-kafka SchemaRegistryClient settings "
+             "(basic.auth.user.info, bearer.auth.*, ssl.*); a value \"env:NAME\" or \"file:/path\" is read from "
+             "there; secrets are masked as [kafka]'s (docs/typed-tables.md)")))
     source: Path | None = None  # the file this config was loaded from, set by parse()
 
     def table(self, name: str) -> TableConfig:
@@ -283,6 +288,12 @@ def parse(raw: dict[str, Any], source: Path | None = None) -> Config:
         state_dir = source.parent / state_dir
     # Schema paths, like state_dir, are taken from the config file's directory, not from where globald started.
     tables = config.tables if source is None else tuple(t.resolved(source.parent) for t in config.tables)
+    if config.registry is None:
+        for i, t in enumerate(tables):
+            for section, fmt in (("value", t.value), ("key", t.key)):
+                if fmt is not None and fmt.uses_registry:
+                    key = "subject" if fmt.subject is not None else "writer_schemas"
+                    raise ConfigError(f"tables[{i}].{section}.{key}", "needs a [registry] table with its url")
     return replace(config, state_dir=state_dir, tables=tables, source=source)
 
 

@@ -108,6 +108,9 @@ class Configured(Protocol):
     @property
     def hooks(self) -> _Hooks: ...
 
+    @property
+    def registry(self) -> dict[str, Any] | None: ...
+
 
 def consumer_settings(kafka: dict[str, Any]) -> dict[str, Any]:
     """The librdkafka properties of the daemon's consumer: the user's ``kafka``, then what globald needs."""
@@ -122,13 +125,16 @@ _CHECK_WAIT_S = 10.0
 
 def secret_values(config: Configured) -> list[str]:
     """Every configured value a log line must never show: the values of the [kafka] properties that are not
-    ``printable`` and the webhook URL's password. The log masker decides which are long enough to look for."""
+    ``printable``, the webhook URL's password and the [registry] secrets (``globald.settings.registry``). The log
+    masker decides which are long enough to look for."""
     from urllib.parse import urlsplit
+
+    from globald.settings import registry
 
     values = [str(v) for k, v in config.kafka.items() if not printable(k)]
     if config.hooks.webhook_url:
         values.append(urlsplit(config.hooks.webhook_url).password or "")
-    return values
+    return values + registry.secret_values(config.registry)
 
 
 def check_kafka_properties(config: Configured) -> None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from globald.common.errors import ConfigError
-from globald.settings.spec import Choice, Directory, Text, declare
+from globald.settings.spec import Choice, Directory, Integer, Text, declare
 
 FORMATS = ("raw", "json", "avro", "protobuf")
 FRAMINGS = ("none", "confluent")
@@ -24,6 +24,10 @@ ON_ERROR = ("null", "fail")
 WRITER_SUFFIX = {"avro": ".avsc", "json": ".json", "protobuf": ".desc"}
 # Bumped whenever decoding changes what a decoded column holds, so columnar files of an older decoder are rebuilt.
 DECODER_VERSION = "1"
+# writer_schemas = "registry": each writer id is fetched from [registry] when first met (globald.typed.registry).
+REGISTRY = Path("registry")
+# Formats whose schemas the registry can supply so far.
+REGISTRY_FORMATS = ("avro", "json")
 
 
 class SchemaError(ConfigError):
@@ -36,8 +40,9 @@ class ValueFormat:
     format: str = field(default="raw", metadata=declare(Choice(
         FORMATS, help="raw: bytes as stored; json, avro, protobuf: decoded into typed columns by the schema")))
     schema: Path | None = field(default=None, metadata=declare(Directory(
-        help="avro: the reader schema (.avsc); json: a file holding a Spark DDL string or a JSON Schema; "
-             "protobuf: a descriptor set (protoc --include_imports --descriptor_set_out); relative paths are taken "
+        help="avro: the reader schema (.avsc; a union of record types: one struct field per type); json: a file "
+             "holding a Spark DDL string or a JSON Schema; protobuf: a descriptor set (protoc --include_imports "
+             "--descriptor_set_out); relative paths are taken "
              "from the config file's directory")))
     message: str | None = field(default=None, metadata=declare(Text(
         help="protobuf: the full name of the message type in the descriptor set (shop.Customer)")))
@@ -46,7 +51,14 @@ class ValueFormat:
                        "protobuf, the message-index array")))
     writer_schemas: Path | None = field(default=None, metadata=declare(Directory(
         help="confluent framing: a directory of <id>.avsc / <id>.json / <id>.desc, one per schema id a record may "
-             "carry; an id not there is a decode error (required for avro with confluent framing)")))
+             "carry, an id not there being a decode error; or \"registry\": each id is fetched from [registry] when "
+             "first met and kept in state_dir (required for avro with confluent framing; a directory named "
+             "registry is written as an absolute path)")))
+    subject: str | None = field(default=None, metadata=declare(Text(
+        help="avro, json: the reader schema is this Schema Registry subject's (customers-value), not a schema "
+             "file: its latest version as the daemon took it at start (or at a reload), or subject_version")))
+    subject_version: int | None = field(default=None, metadata=declare(Integer(
+        1, 2**31 - 1, help="with subject: this version of it, pinned, instead of the latest")))
     on_error: str = field(default="null", metadata=declare(Choice(
         ON_ERROR, help="null: a value that does not decode becomes null, counted, with the reason; fail: the read "
                        "fails naming the key and the reason")))
@@ -55,10 +67,18 @@ class ValueFormat:
     def typed(self) -> bool:
         return self.format != "raw"
 
+    @property
+    def writers_from_registry(self) -> bool:
+        return self.writer_schemas == REGISTRY
+
+    @property
+    def uses_registry(self) -> bool:
+        return self.writers_from_registry or self.subject is not None
+
     def resolved(self, base: Path) -> ValueFormat:
         """The same format with relative paths taken from ``base`` (the config file's directory)."""
         def absolute(p: Path | None) -> Path | None:
-            return p if p is None or p.is_absolute() else base / p
+            return p if p is None or p.is_absolute() or p == REGISTRY else base / p
 
         return replace(self, schema=absolute(self.schema), writer_schemas=absolute(self.writer_schemas))
 
@@ -66,14 +86,23 @@ class ValueFormat:
 def check_format_keys(fmt: ValueFormat, path: str) -> None:
     """The rules between keys of one section (the ``after`` rule of its configspec Section)."""
     if fmt.format == "raw":
-        for name in ("schema", "message", "writer_schemas"):
+        for name in ("schema", "message", "writer_schemas", "subject", "subject_version"):
             if getattr(fmt, name) is not None:
                 raise ConfigError(f"{path}.{name}", 'has no meaning with format = "raw"')
         if fmt.framing != "none":
             raise ConfigError(f"{path}.framing", 'must be "none" with format = "raw" (raw values are not decoded)')
         return
-    if fmt.schema is None:
-        raise ConfigError(f"{path}.schema", f"is required with format = {fmt.format!r}")
+    if fmt.subject_version is not None and fmt.subject is None:
+        raise ConfigError(f"{path}.subject_version", "needs subject (the version of which subject)")
+    if fmt.subject is not None and fmt.schema is not None:
+        raise ConfigError(f"{path}.subject", "and schema both name the reader schema: keep one")
+    if fmt.uses_registry and fmt.format not in REGISTRY_FORMATS:
+        key = "subject" if fmt.subject is not None else "writer_schemas"
+        raise ConfigError(f"{path}.{key}", f"the Schema Registry supplies {', '.join(REGISTRY_FORMATS)} schemas "
+                          f"so far, not {fmt.format}: use schema files")
+    if fmt.schema is None and fmt.subject is None:
+        raise ConfigError(f"{path}.schema", f"is required with format = {fmt.format!r} (or subject, from the "
+                          "Schema Registry)")
     if (fmt.format == "protobuf") != (fmt.message is not None):
         raise ConfigError(f"{path}.message", "is required with format = \"protobuf\"" if fmt.format == "protobuf"
                           else "is for format = \"protobuf\" only")
@@ -93,8 +122,8 @@ def read_schema_file(path: Path, where: str) -> bytes:
 
 
 def writer_files(fmt: ValueFormat, where: str) -> dict[int, Path]:
-    """The schema id -> file of the writer_schemas directory (empty without one)."""
-    if fmt.writer_schemas is None:
+    """The schema id -> file of the writer_schemas directory (empty without one, or from the registry)."""
+    if fmt.writer_schemas is None or fmt.writers_from_registry:
         return {}
     suffix = WRITER_SUFFIX[fmt.format]
     try:
@@ -112,10 +141,16 @@ def writer_files(fmt: ValueFormat, where: str) -> dict[int, Path]:
     return found
 
 
-def fingerprint(fmt: ValueFormat, where: str) -> str:
+def fingerprint(fmt: ValueFormat, where: str, reader_text: str | None = None) -> str:
     """A digest of the format, every schema file's content and the decoder version: a columnar file decoded under
-    one fingerprint is valid for exactly that declaration."""
+    one fingerprint is valid for exactly that declaration. From a registry: the reader schema's text taken from the
+    subject (``reader_text``); writer ids are not part of it (an id never changes meaning: a file decoded before an
+    id was fetched is redone by its pending ids, ``globald.typed.registry``)."""
     h = hashlib.sha256(repr((DECODER_VERSION, fmt.format, fmt.message, fmt.framing, fmt.on_error)).encode())
+    if fmt.writers_from_registry:
+        h.update(b"writers from the registry\0")
+    if reader_text is not None:
+        h.update(b"subject\0" + reader_text.encode())
     if fmt.schema is not None:
         h.update(read_schema_file(fmt.schema, f"{where}.schema"))
     for sid, path in sorted(writer_files(fmt, where).items()):

@@ -130,7 +130,8 @@ _HANDLES: dict[Hashable, tuple[str, Handle]] = {}
 
 def signature(desc: dict[str, Any]) -> str:
     """What identifies a descriptor's content: a refresh that changes none of it keeps the open handle."""
-    keep = {k: desc.get(k) for k in ("table", "mode", "offsets", "snapshot")}
+    # "decoder": a typed table's declaration (globald.spark.typed): a new schema reopens the handle, decoded anew.
+    keep = {k: desc.get(k) for k in ("table", "mode", "offsets", "snapshot", "decoder")}
     return json.dumps(keep, sort_keys=True)
 
 

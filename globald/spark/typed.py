@@ -20,14 +20,23 @@ Executors decode once per host: every worker maps the snapshot's columnar file (
 snapshot too large for one decodes the values each batch's multi-get found. Each executor loads the decoders from
 its own host's config; the driver's decoder fingerprint travels with the function, and an executor whose
 declaration differs fails its task naming its config rather than decoding otherwise.
+
+Decoders are cached per process (driver and every reused Python worker) under the fingerprint of their declaration
+(format, schema files, the registry subject's pinned version), never under the table's name alone: each
+``refresh()`` loads the declaration in force and carries its fingerprint in the descriptor (``decoder``), so a job
+decodes with the schema of the version it reads, and a long-lived application follows a changed schema at its next
+refresh, in the driver and in workers alike. The descriptor also names a registry subject's reader schema id
+(``reader_ids``): a worker starting after the daemon took a newer version still builds the job's own.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from functools import lru_cache, partial
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -56,16 +65,68 @@ class TypedDeclarationError(GlobaldError):
     another format): give every host the same ``[tables.value]`` section and schema files."""
 
 
-@lru_cache(maxsize=16)
-def decoders(path: str, table: str) -> tuple[Decoder, Decoder]:
-    """(key decoder, value decoder) of ``table`` in the config at ``path``, loaded once per process."""
-    return load_table(load(path), table)
+DECODERS_KEPT = 16
+DESCRIPTOR_KEY = "decoder"  # the descriptor's field: the fingerprint of the declaration the view was refreshed with
+READERS_KEY = "reader_ids"  # and the registry reader schemas ({"value": id}) of that declaration
+_DECODERS: OrderedDict[tuple[str, str, str], tuple[Decoder, Decoder]] = OrderedDict()
+_DECODERS_LOCK = threading.Lock()
+
+
+def current(path: str, table: str, reader_ids: dict[str, int] | None = None) -> tuple[Decoder, Decoder]:
+    """(key decoder, value decoder) of ``table`` as the config at ``path`` declares it now (the config and every
+    schema file read again), kept under its fingerprint: the same declaration keeps its decoders (and the writer
+    schemas they fetched). ``reader_ids``: a registry subject's reader schema by id, as a descriptor names it (a
+    daemon that took a newer version meanwhile does not change what a job of the older one reads)."""
+    key_dec, val_dec = load_table(load(path), table, reader_ids)
+    fp = file_fingerprint(val_dec, key_dec)
+    with _DECODERS_LOCK:
+        found = _DECODERS.get((path, table, fp))
+        if found is None:
+            found = _DECODERS[(path, table, fp)] = (key_dec, val_dec)
+            while len(_DECODERS) > DECODERS_KEPT:
+                _DECODERS.popitem(last=False)
+        _DECODERS.move_to_end((path, table, fp))
+        return found
+
+
+def decoders(path: str, table: str, fingerprint: str | None = None,
+             reader_ids: dict[str, int] | None = None) -> tuple[Decoder, Decoder]:
+    """(key decoder, value decoder) of ``table`` in the config at ``path`` whose declaration has ``fingerprint``
+    (the descriptor's, with its ``reader_ids``), loaded once per process and fingerprint; without one, the
+    declaration in force now. TypedDeclarationError when this host declares the table otherwise."""
+    if fingerprint is not None:
+        with _DECODERS_LOCK:
+            found = _DECODERS.get((path, table, fingerprint))
+        if found is not None:
+            return found
+    found = current(path, table, reader_ids)
+    if fingerprint is not None and file_fingerprint(found[1], found[0]) != fingerprint:
+        raise TypedDeclarationError(
+            f"config {path}: table {table} declares its value or key format otherwise than the version this job "
+            "reads was refreshed with (another schema file, format or registry subject version on this host, or a "
+            "schema changed since the refresh): give every host the same [tables.value] section and schema files, "
+            "and refresh the view")
+    return found
+
+
+def of_view(view: Any) -> tuple[Decoder, Decoder]:
+    """The decoders of the view's current descriptor (refreshing first if it has none)."""
+    view._current()
+    desc = view.descriptor or {}
+    return decoders(view.config_path, view.table.name, desc.get(DESCRIPTOR_KEY), desc.get(READERS_KEY))
+
+
+def declaration(config_path: str, table: str) -> dict[str, Any]:
+    """What ``refresh()`` puts in the descriptor: the fingerprint of ``table``'s declaration in force now and the
+    registry reader schemas it reads with."""
+    key_dec, val_dec = current(config_path, table)
+    ids = {name: d.reader_id for name, d in (("key", key_dec), ("value", val_dec)) if d.reader_id is not None}
+    return {DESCRIPTOR_KEY: file_fingerprint(val_dec, key_dec), **({READERS_KEY: ids} if ids else {})}
 
 
 def is_typed(view: Any) -> bool:
     """Whether the view's table declares a value or a key format other than raw."""
-    key_dec, val_dec = decoders(view.config_path, view.table.name)
-    return key_dec.typed or val_dec.typed
+    return bool(view.table.typed)
 
 
 def counter(view: Any) -> Fallbacks:
@@ -93,10 +154,11 @@ class TypedHandle:
 
     def __init__(self, settings: Settings, desc: dict[str, Any], data: Any, fingerprint: str) -> None:
         path, source = config_path(settings.config_path)
-        self.key_decoder, self.decoder = decoders(path, settings.table)
-        if file_fingerprint(self.decoder, self.key_decoder) != fingerprint:
-            raise TypedDeclarationError(f"config {path} ({source}): table {settings.table} declares its value or "
-                                        f"key format otherwise than the driver's config {settings.config_path}")
+        try:
+            self.key_decoder, self.decoder = decoders(path, settings.table, fingerprint, desc.get(READERS_KEY))
+        except TypedDeclarationError as e:
+            raise TypedDeclarationError(f"{e} (this host's config: {source}; the driver's: "
+                                        f"{settings.config_path})") from None
         self.raw: SnapshotHandle | None = None
         self.table: ColumnarTable | None = None
         self.snapshot: str | None = desc.get("snapshot")
@@ -147,9 +209,10 @@ class TypedHandle:
 
 
 def handle(settings: Settings, desc: dict[str, Any], data: Any, fingerprint: str) -> TypedHandle:
-    """This worker's typed handle for ``desc``, opened again only when the descriptor changed."""
+    """This worker's typed handle for ``desc``, opened again only when the descriptor changed (its declaration's
+    fingerprint included: the handle decoded under the previous schema is closed, its snapshot released)."""
     h = executor.handle(settings, desc, data, opener=partial(TypedHandle, fingerprint=fingerprint),
-                        key=(settings, fingerprint))
+                        key=(settings, "typed"))
     assert isinstance(h, TypedHandle)
     return h
 
@@ -209,7 +272,7 @@ def join(view: Any, df: Any, on: str, value_col: str, timestamp_col: str, snapsh
     """``view.join`` of a typed table (see the module's contract)."""
     from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-    key_dec, val_dec = decoders(view.config_path, view.table.name)
+    key_dec, val_dec = of_view(view)
     require_canonical(key_dec, view.table.name)
     prefix = (value_col + "_" if flatten is True else flatten) or None
     shape = Shape(file_fingerprint(val_dec, key_dec), value_col, timestamp_col, prefix, error_col)
@@ -242,7 +305,7 @@ def udf(view: Any) -> Any:
     """``view.udf()`` of a typed table: an Arrow UDF, key -> struct<value, timestamp, error>."""
     from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-    key_dec, val_dec = decoders(view.config_path, view.table.name)
+    key_dec, val_dec = of_view(view)
     require_canonical(key_dec, view.table.name)
     shape = Shape(file_fingerprint(val_dec, key_dec), "value", None, None, None)
     kind = StructType([*_value_fields(val_dec, shape), StructField("timestamp", LongType(), True),

@@ -159,6 +159,8 @@ class GlobalTableView:
         self._seq += 1
         desc: dict[str, Any] = {"table": self.table.name, "topic": self.table.topic, "mode": self.mode,
                                 "seq": self._seq, "created": time.time(), "requested": offsets_to_json(target)}
+        if self.table.typed:  # the declaration in force now: jobs of this version decode with it, on every host
+            desc.update(typed.declaration(self.config_path, self.table.name))
         state_dir = self.config.state_dir
         if self.mode == MODE_SNAPSHOT and statusfile.read_live(state_dir) is None:
             # No sidecar on the driver's host: executors resolve the offsets against their own sidecars.
@@ -215,7 +217,7 @@ class GlobalTableView:
         kind = df.schema[on].dataType
         # A typed key is matched by the canonical form of its decoded value (globald.typed.keys): an integer
         # column then matches an integer key by its decimal text. Raw keys are bytes: only bytes or text match.
-        integral = isinstance(kind, IntegralType) and typed.decoders(self.config_path, self.table.name)[0].typed
+        integral = isinstance(kind, IntegralType) and self.table.key is not None and self.table.key.typed
         if not (isinstance(kind, BinaryType | StringType) or integral):
             raise TypeError(f"join: key column {on!r} must be binary or string (or an integer, for a table whose "
                             f"[tables.key] declares an integer key), not {kind.simpleString()}")

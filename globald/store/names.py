@@ -56,6 +56,7 @@ CHECKPOINT_FILE = ".checkpoint"
 LOCK_FILE = "globald.lock"
 STATUS_FILE = "status.json"
 REQUESTS_DIR = "requests"  # operator requests to the running daemon (globald reset)
+REGISTRY_DIR = "registry"  # Schema Registry cache (globald.typed.registry): schemas/<id>.avsc, readers/<pin>.json
 # Hidden siblings of table directories (table names start with a letter or digit, so these never collide).
 IMPORT_PREFIX = ".import-"  # a store being built by ``import-kafka-streams``; deleted if left over
 REPLACED_PREFIX = ".replaced-"  # the store an import replaced, deleted once the new one is in place

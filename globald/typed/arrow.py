@@ -31,6 +31,16 @@ class DecodeError(ValueError):
     """One value does not decode; its text is the reason reported for it."""
 
 
+class PendingSchema(DecodeError):
+    """A value's writer schema id is not fetched yet (the Schema Registry is unreachable): the value is decoded once
+    the registry answers (``globald.typed.registry``). Not a bad record: bring the registry back, or check
+    [registry]."""
+
+    def __init__(self, schema_id: int, why: str) -> None:
+        super().__init__(f"schema {schema_id} not yet fetched ({why})")
+        self.schema_id = schema_id
+
+
 class DecodeFailure(GlobaldError):
     """A value does not decode and its table says ``on_error = "fail"``. The message names the key, partition,
     offset (where known) and why: fix that record (produce a corrected value, or a tombstone), or the schema files,
@@ -76,18 +86,24 @@ class Decoded:
     values: pa.Array  # the decoder's arrow_type
     errors: pa.Array  # string: why the row's value did not decode; null where it did (or was null)
     error_count: int
+    pending: tuple[int, ...] = ()  # writer schema ids not fetched yet (PendingSchema), sorted
+    pending_count: int = 0  # of the errors, values waiting for one of them
 
 
 class Decoder:
     """A table's values (or keys) decoder, built by ``globald.typed.load`` from its declared format."""
 
     def __init__(self, fmt: ValueFormat, where: str, arrow_type: pa.DataType,
-                 one: Callable[[bytes], Any] | None, fingerprint: str) -> None:
+                 one: Callable[[bytes], Any] | None, fingerprint: str,
+                 available: Callable[[list[int]], bool] | None = None, reader_id: int | None = None) -> None:
         self.format = fmt
         self.where = where  # the config section, "tables[0].value", for messages
         self.arrow_type = arrow_type
         self._one = one  # None: raw, the stored bytes are the value
         self.fingerprint = fingerprint
+        # Writer ids from a registry: whether any of the ids a columnar file was decoded without can be had now.
+        self.available = available
+        self.reader_id = reader_id  # a reader schema from a registry subject: its schema id
 
     @property
     def typed(self) -> bool:
@@ -111,6 +127,7 @@ class Decoder:
             return Decoded(values.cast(pa.binary()), pa.nulls(len(values), ERROR_TYPE), 0)
         rows: list[Any] = []
         reasons: list[str | None] = []
+        pending: dict[int, int] = {}
         for value in values.to_pylist():
             try:
                 rows.append(None if value is None else self.decode_value(value))
@@ -118,11 +135,14 @@ class Decoder:
             except DecodeError as e:
                 rows.append(None)
                 reasons.append(str(e) or "undecodable")
+                if isinstance(e, PendingSchema):
+                    pending[e.schema_id] = pending.get(e.schema_id, 0) + 1
         column = self._to_arrow(rows, reasons)
         bad = [i for i, r in enumerate(reasons) if r is not None]
         if bad and self.format.on_error == "fail" and not collect:
             raise DecodeFailure(self.where, *(context or RecordContext()).at(bad[0]), reasons[bad[0]] or "")
-        return Decoded(column, pa.array(reasons, ERROR_TYPE), len(bad))
+        return Decoded(column, pa.array(reasons, ERROR_TYPE), len(bad), tuple(sorted(pending)),
+                       sum(pending.values()))
 
     def _to_arrow(self, rows: list[Any], reasons: list[str | None]) -> pa.Array:
         """One C-level build; should a value not fit its Arrow type (an int64 into int32, a decimal wider than

@@ -9,7 +9,9 @@ The Arrow type follows Spark's ``from_avro``: records are structs, arrays lists,
 a union of null and one type that type (nullable), fixed fixed_size_binary; logical types decimal, date,
 timestamp-millis/micros (UTC) and local-timestamp-millis/micros (no zone), uuid (string); time-millis/micros their
 int/long (ms/us after midnight: Spark has no time-of-day type).
-A union of several non-null types has no single column type and is refused when the schema is loaded.
+A union of several non-null types has no single column type and is refused when the schema is loaded, except as
+the reader schema itself when every branch is a record: several record types in one topic, one struct field per
+type (``globald.typed.avro_union``).
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ import io
 import json
 import uuid
 from collections.abc import Callable
-from typing import Any
+from functools import partial
+from typing import TYPE_CHECKING, Any
 
 import fastavro
 import pyarrow as pa
@@ -26,6 +29,10 @@ import pyarrow as pa
 from globald.settings.typed_spec import SchemaError, ValueFormat, read_schema_file, writer_files
 from globald.typed import framing
 from globald.typed.arrow import DecodeError
+from globald.typed.avro_union import RecordBranches, full_name
+
+if TYPE_CHECKING:
+    from globald.typed.registry import Registry
 
 PRIMITIVES = {"null": pa.null(), "boolean": pa.bool_(), "int": pa.int32(), "long": pa.int64(),
               "float": pa.float32(), "double": pa.float64(), "bytes": pa.binary(), "string": pa.string()}
@@ -128,30 +135,44 @@ def _without_time_types(s: Any) -> Any:
     return s
 
 
-def parse(path: Any, where: str) -> tuple[Any, Any]:
-    """(the schema as JSON, as fastavro parsed it) of an .avsc file; SchemaError names ``where`` and the file."""
+def parse(path: Any, where: str, text: bytes | str | None = None) -> tuple[Any, Any]:
+    """(the schema as JSON, as fastavro parsed it) of an .avsc file (or of ``text``, from the registry, ``path``
+    then naming it); SchemaError names ``where`` and the file."""
     try:
-        raw = json.loads(read_schema_file(path, where))
+        raw = json.loads(read_schema_file(path, where) if text is None else text)
         return raw, fastavro.parse_schema(_without_time_types(raw))
     except (ValueError, TypeError, KeyError, fastavro.schema.SchemaParseException) as e:
         raise SchemaError(where, f"{path} is not a valid Avro schema ({type(e).__name__}: {e})") from None
 
 
-def compile_avro(fmt: ValueFormat, where: str) -> tuple[pa.DataType, Callable[[bytes], Any]]:
-    assert fmt.schema is not None
-    raw, reader = parse(fmt.schema, f"{where}.schema")
+def compile_avro(fmt: ValueFormat, where: str, registry: Registry | None = None,
+                 reader_text: str | None = None) -> tuple[pa.DataType, Callable[[bytes], Any]]:
+    """``registry``: where writer ids come from with ``writer_schemas = "registry"``; ``reader_text``: the reader
+    schema taken from a subject (``globald.typed.registry``), instead of the schema file."""
+    named = fmt.schema if reader_text is None else f"subject {fmt.subject}"
+    key = f"{where}.schema" if reader_text is None else f"{where}.subject"
+    raw, reader = parse(named, key, reader_text)
     types = _Types()
+    branches = RecordBranches.of(raw)  # several record types in one topic: a struct of one field per type
     try:
-        arrow_type = types.of(raw)
+        arrow_type = types.of(raw) if branches is None else branches.arrow_type(types.of)
     except (ValueError, KeyError, TypeError) as e:
-        raise SchemaError(f"{where}.schema", f"{fmt.schema}: {e}") from None
+        raise SchemaError(key, f"{named}: {e}") from None
     writers: dict[int, Any] = {}
+    names: dict[int, str | None] = {}  # each writer's record name: the union branch its records resolve to
     for sid, path in writer_files(fmt, where).items():
         writer_raw, writer = parse(path, f"{where}.writer_schemas")
         # A writer schema equal to the reader needs no resolution, which fastavro would otherwise redo per record.
-        writers[sid] = reader if writer_raw == raw else writer
+        writers[sid], names[sid] = (reader if writer_raw == raw else writer), full_name(writer_raw)
     fix = _uuids_as_text if types.has_uuid else None
-    read = fastavro.schemaless_reader
+    read = fastavro.schemaless_reader if branches is None else partial(
+        fastavro.schemaless_reader, return_record_name=True, return_record_name_override=True)
+
+    def branch(record: Any, writer_name: str | None) -> Any:
+        if branches is None:
+            return record
+        picked = branches.pick(record, writer_name)
+        return picked if fix is None else fix(picked)
 
     def finish(buf: io.BytesIO, writer: Any, size: int) -> Any:
         try:
@@ -165,18 +186,23 @@ def compile_avro(fmt: ValueFormat, where: str) -> tuple[pa.DataType, Callable[[b
     if fmt.framing == "none":
         def one(value: bytes) -> Any:
             buf = io.BytesIO(value)
-            return finish(buf, reader, len(value))
+            return branch(finish(buf, reader, len(value)), full_name(raw))
         return arrow_type, one
 
     where_ids = fmt.writer_schemas
+    fetch = registry if fmt.writers_from_registry else None
 
     def one_framed(value: bytes) -> Any:
         sid, _, start = framing.split(value, with_indexes=False)
         writer = writers.get(sid)
+        if writer is None and fetch is not None:  # raises PendingSchema while the registry cannot give it
+            writer_raw, writer = parse(f"schema {sid}", f"{where}.writer_schemas", fetch.writer(sid))
+            writer = writers[sid] = reader if writer_raw == raw else writer
+            names[sid] = full_name(writer_raw)
         if writer is None:
             raise DecodeError(f"unknown schema id {sid} (no {sid}.avsc in writer_schemas {where_ids})")
         buf = io.BytesIO(value)
         buf.seek(start)
-        return finish(buf, writer, len(value))
+        return branch(finish(buf, writer, len(value)), names.get(sid))
 
     return arrow_type, one_framed

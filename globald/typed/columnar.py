@@ -28,7 +28,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
@@ -95,6 +95,8 @@ def build_table(items: Iterable[tuple[bytes, bytes, int]], decoder: Decoder, abo
     values: list[pa.Array] = []
     errors: list[pa.Array] = []
     key_errors = 0
+    pending: set[int] = set()  # writer ids from a registry not fetched yet: the file is redone once one can be had
+    pending_count = 0
     where: dict[int, Origin] = {}  # row of the file (before typed keys are resolved) -> origin of its bad value
     rows_before = 0
     records = iter(items)
@@ -115,6 +117,8 @@ def build_table(items: Iterable[tuple[bytes, bytes, int]], decoder: Decoder, abo
         decoded = decoder.decode(raw_values, collect=True)
         values.append(decoded.values)
         errors.append(decoded.errors)
+        pending.update(decoded.pending)
+        pending_count += decoded.pending_count
         if decoded.error_count and origins is not None:
             bad = np.flatnonzero(decoded.errors.is_valid().to_numpy(zero_copy_only=False))
             at = bad if rows is None else np.asarray(rows)[bad]
@@ -148,7 +152,8 @@ def build_table(items: Iterable[tuple[bytes, bytes, int]], decoder: Decoder, abo
     slots, probes = slot_table(hash_column)
     meta = {**about, "fingerprint": fingerprint(decoder, key_decoder), "where": decoder.where, "hash": HASH,
             "probes": probes, "on_error": decoder.format.on_error, "rows": len(hash_column),
-            "errors": len(error) - error.null_count, **key_meta, "decode_s": round(time.monotonic() - started, 3)}
+            "errors": len(error) - error.null_count, **key_meta, "decode_s": round(time.monotonic() - started, 3),
+            **({"pending": pending_count, "pending_ids": sorted(pending)} if pending else {})}
     slot_type = pa.int32() if slots.dtype == np.int32 else pa.int64()
     return pa.table({
         "key": key_column,
@@ -209,9 +214,16 @@ class ColumnarTable:
         """Values of the snapshot that did not decode."""
         return len(self.errors) - self.errors.null_count
 
+    @property
+    def pending(self) -> int:
+        """Values that did not decode because their writer schema was not fetched yet (a registry outage)."""
+        return int(self.meta.get("pending", 0))
+
     @classmethod
-    def open(cls, path: Path, fingerprint: str) -> ColumnarTable:
-        """Map ``path`` read-only. FileNotFoundError when absent; ColumnarInvalid when it cannot be used."""
+    def open(cls, path: Path, fingerprint: str, available: Callable[[list[int]], bool] | None = None
+             ) -> ColumnarTable:
+        """Map ``path`` read-only. FileNotFoundError when absent; ColumnarInvalid when it cannot be used, or when
+        ``available`` (``Decoder.available``) says a writer schema it was decoded without can now be had."""
         try:
             table = pa.ipc.open_file(pa.memory_map(str(path), "r")).read_all()
             found = cls(table, path)
@@ -223,6 +235,9 @@ class ColumnarTable:
             raise ColumnarInvalid(f"{path} was decoded under another declaration")
         if found.meta.get("hash") != HASH or not np.array_equal(key_hashes(found.keys[:8]), found._hash[:8]):
             raise ColumnarInvalid(f"{path}: its keys were hashed by another function ({found.meta.get('hash')})")
+        ids = found.meta.get("pending_ids")
+        if ids and available is not None and available(list(ids)):
+            raise ColumnarInvalid(f"{path} was decoded before writer schema(s) {ids} were fetched; they are now")
         return found
 
     def positions(self, keys: pa.Array) -> np.ndarray:
@@ -320,13 +335,13 @@ def ensure_columnar(snapshot: Snapshot, decoder: Decoder, key_decoder: Decoder |
     directory = snapshot.table_dir / snapshot.id
     path, fp = columnar_path(directory, decoder, key_decoder), fingerprint(decoder, key_decoder)
     with contextlib.suppress(FileNotFoundError, ColumnarInvalid):
-        return ColumnarTable.open(path, fp)
+        return ColumnarTable.open(path, fp, decoder.available)
     about = {"table": snapshot.manifest.table, "snapshot": snapshot.id,
              "offsets": {str(p): o for p, o in snapshot.offsets.items()}}
     try:
         with _host_lock(directory):
             try:
-                return ColumnarTable.open(path, fp)  # another worker decoded it meanwhile
+                return ColumnarTable.open(path, fp, decoder.available)  # another worker decoded it meanwhile
             except FileNotFoundError:
                 pass
             except ColumnarInvalid as e:

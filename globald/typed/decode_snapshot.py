@@ -164,7 +164,7 @@ def _columnar(snap: Any, decoder: Any, key_decoder: Any, table: str) -> dict[str
     directory = snap.table_dir / snap.id
     path, fp = columnar_path(directory, decoder, key_decoder), fingerprint(decoder, key_decoder)
     with contextlib.suppress(FileNotFoundError, ColumnarInvalid):
-        found = ColumnarTable.open(path, fp)
+        found = ColumnarTable.open(path, fp, decoder.available)  # redone when a pending writer id can be had
         return _figures(found, path, written=False)
     about = {"table": snap.manifest.table, "snapshot": snap.id,
              "offsets": {str(p): o for p, o in snap.offsets.items()}}
@@ -176,7 +176,7 @@ def _columnar(snap: Any, decoder: Any, key_decoder: Any, table: str) -> dict[str
         return {"too_large": True}
     with host_lock(directory):
         with contextlib.suppress(FileNotFoundError, ColumnarInvalid):
-            found = ColumnarTable.open(path, fp)
+            found = ColumnarTable.open(path, fp, decoder.available)
             return _figures(found, path, written=False)  # a reader wrote it meanwhile
         TERM.checkpoint()
         write_columnar(path, built)
@@ -208,7 +208,7 @@ def host_lock(directory: Path) -> Iterator[None]:
 def _figures(columnar: Any, path: Any, written: bool) -> dict[str, Any]:
     return {"file": path.name, "values": len(columnar), "errors": columnar.error_count,
             "key_errors": columnar.meta.get("key_errors", 0), "decode_seconds": columnar.meta.get("decode_s"),
-            "written": written}
+            "written": written, "pending": columnar.pending}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -270,14 +270,20 @@ def _b64(v: Any, path: str) -> bytes:
         raise _fail(path, "base64 text", v) from None
 
 
-def compile_json(fmt: ValueFormat, where: str) -> tuple[pa.DataType, Callable[[bytes], Any]]:
-    assert fmt.schema is not None
+def compile_json(fmt: ValueFormat, where: str, reader_text: str | None = None
+                 ) -> tuple[pa.DataType, Callable[[bytes], Any]]:
+    """``reader_text``: a JSON Schema taken from a registry subject (``globald.typed.registry``), not a file."""
+    named = fmt.schema if reader_text is None else f"subject {fmt.subject}"
+    key = f"{where}.schema" if reader_text is None else f"{where}.subject"
     try:
-        text = read_schema_file(fmt.schema, f"{where}.schema").decode("utf-8")
+        if reader_text is None:
+            assert fmt.schema is not None
+            text = read_schema_file(fmt.schema, key).decode("utf-8")
+        else:
+            text = reader_text
         arrow_type = schema_type(text)
     except (ValueError, KeyError, TypeError) as e:
-        raise SchemaError(f"{where}.schema", f"{fmt.schema} is neither a Spark DDL string nor a JSON Schema this "
-                          f"reads: {e}") from None
+        raise SchemaError(key, f"{named} is neither a Spark DDL string nor a JSON Schema this reads: {e}") from None
     ids = set(writer_files(fmt, where))
     conv = converter(arrow_type)
 
@@ -293,7 +299,7 @@ def compile_json(fmt: ValueFormat, where: str) -> tuple[pa.DataType, Callable[[b
 
     def one(value: bytes) -> Any:
         sid, _, start = framing.split(value, with_indexes=False)
-        if fmt.writer_schemas is not None and sid not in ids:
+        if fmt.writer_schemas is not None and not fmt.writers_from_registry and sid not in ids:
             raise DecodeError(f"unknown schema id {sid} (no {sid}.json in writer_schemas {fmt.writer_schemas})")
         return parse(value[start:])
 

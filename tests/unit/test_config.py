@@ -124,7 +124,8 @@ def test_the_example_config_documents_every_key_with_its_default() -> None:
         value = _in_example(doc, key.path)
         if value is MISSING:  # an optional key without a useful default is shown commented out
             name = key.path.rsplit(".", 1)[-1]
-            assert re.search(rf"^#\s*{re.escape(name)}\s*=", text, re.MULTILINE), f"{key.path} is not in {EXAMPLE}"
+            shown = rf"^#\s*({re.escape(name)}\s*=|\[{re.escape(name)}\]$)"  # a key, or a whole section ([registry])
+            assert re.search(shown, text, re.MULTILINE), f"{key.path} is not in {EXAMPLE}"
         elif key in LEAVES and not key.required:
             assert key.spec.check(value, key.path) == key.default, f"{EXAMPLE} shows {key.path} = {value!r}"
 

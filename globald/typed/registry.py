@@ -1,0 +1,349 @@
+"""Schemas from a Schema Registry ([registry]): writer schemas fetched by id when first met, reader schemas taken
+from a subject, all kept durably in ``state_dir/registry``.
+
+Why confluent-kafka's own ``SchemaRegistryClient``: it is the client of the registry's makers, already a dependency
+(the Kafka client), and it configures basic auth, bearer tokens and TLS the way every Confluent client does
+(``basic.auth.user.info``, ``bearer.auth.*``, ``ssl.*``: the [registry] table is handed to it as it is).
+
+Contract:
+- Writer schemas (``writer_schemas = "registry"``): an id is looked for in memory, then in the cache directory
+  ``state_dir/registry/schemas/<id>.avsc`` (the writer_schemas directory format, so the cache is also a directory a
+  table can name), then asked of the registry and written there durably (``store.durable.replace_file``) before it
+  is used. A registry id never changes meaning, so a cached schema is never fetched again and a restart with the
+  registry down decodes every id seen before. Avro references are inlined at their first use, so each cached file
+  stands alone.
+- An id the registry cannot give yet (unreachable, 5xx, unauthorized) is a *pending* decode: ``PendingSchema``, a
+  decode error whose text is "schema N not yet fetched (why)", never a bad record. It is asked again at most every
+  ``RETRY_S`` per process; the columnar file of a snapshot records its pending ids, and is decoded again once one of
+  them can be had (``globald.typed.columnar``, ``globald.ops.decoding``). An id the registry says it does not have
+  (40403) is an ordinary decode error.
+- Reader schemas (``subject``): ``take_reader_schemas`` (the daemon at start, and the reload) asks the registry for
+  each subject's latest version (or ``subject_version``) and pins it in ``state_dir/registry/readers/`` (subject,
+  version, id), the schema itself cached by id. Readers (Spark, the decode process, ``get --decode``) read the pin,
+  so they decode with the schema the daemon took, never a newer one registered meanwhile. Without a pin (no daemon
+  has run) the registry is asked directly.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from globald.common.errors import ConfigError, GlobaldError
+from globald.settings.registry import redact
+from globald.settings.typed_spec import SchemaError, ValueFormat
+from globald.store.durable import make_dirs, replace_file
+from globald.store.names import REGISTRY_DIR
+from globald.typed.references import dereference, inline
+
+if TYPE_CHECKING:
+    from globald.settings.config import Config
+
+log = logging.getLogger(__name__)
+
+SCHEMAS_DIR, READERS_DIR = "schemas", "readers"
+RETRY_S = 5.0  # an id the registry could not give is asked again at most this often per process
+# Bounds of one request unless [registry] says otherwise: a decode waits for a registry that is down at most this.
+CLIENT_DEFAULTS: dict[str, Any] = {"timeout": 10, "max.retries": 1, "retries.wait.ms": 200}
+NOT_FOUND_SCHEMA, NOT_FOUND_SUBJECT, NOT_FOUND_VERSION = 40403, 40401, 40402
+SCHEMA_TYPES = {"avro": "AVRO", "json": "JSON"}  # globald format -> the registry's schemaType
+SUFFIXES = {"AVRO": ".avsc", "JSON": ".json"}  # as in a writer_schemas directory
+
+
+class RegistryUnavailable(GlobaldError):
+    """The Schema Registry could not be reached or refused the request (unreachable, unauthorized, a subject not
+    found). Check [registry] url and credentials, and that the subject exists; the message says which failed."""
+
+
+@dataclass(frozen=True)
+class Pin:
+    """The reader schema in force for a subject: the version the daemon took and its registry id."""
+
+    subject: str
+    version: int
+    id: int
+
+
+def cache_dir(state_dir: Path) -> Path:
+    return state_dir / REGISTRY_DIR
+
+
+def describe(e: BaseException) -> str:
+    """One line on what failed: unreachable, unauthorized, not found..."""
+    code = getattr(e, "error_code", None)
+    status = getattr(e, "http_status_code", None)
+    message = getattr(e, "error_message", None) or str(e)
+    if status in (401, 403):
+        return f"unauthorized (HTTP {status}, error {code}): {message}"
+    if code == NOT_FOUND_SUBJECT:
+        return f"subject not found (error {code}): {message}"
+    if code in (NOT_FOUND_SCHEMA, NOT_FOUND_VERSION):
+        return f"not found (error {code}): {message}"
+    if status is not None:
+        return f"HTTP {status}, error {code}: {message}"
+    return f"unreachable ({type(e).__name__}: {message})"
+
+
+_CLIENTS: dict[str, Any] = {}
+_CLIENTS_LOCK = threading.Lock()
+
+
+def client(settings: dict[str, Any]) -> Any:
+    """The ``SchemaRegistryClient`` of [registry] settings, one per process and settings."""
+    key = json.dumps(settings, sort_keys=True, default=str)
+    with _CLIENTS_LOCK:
+        found = _CLIENTS.get(key)
+        if found is None:
+            try:
+                from confluent_kafka.schema_registry import SchemaRegistryClient
+            except ImportError as e:
+                raise SchemaError("registry", "needs confluent-kafka's schemaregistry extra (pip install "
+                                  f"'globald[typed]'): {e}") from None
+            try:
+                found = _CLIENTS[key] = SchemaRegistryClient({**CLIENT_DEFAULTS, **settings})
+            except (ValueError, TypeError, OSError) as e:  # unknown keys, bad TLS files: the client's own words
+                raise SchemaError("registry", str(e)) from None
+        return found
+
+
+def _is_not_found(e: BaseException) -> bool:
+    return getattr(e, "error_code", None) in (NOT_FOUND_SCHEMA, NOT_FOUND_SUBJECT, NOT_FOUND_VERSION)
+
+
+class Registry:
+    """One table's view of the registry: its client settings and the daemon's cache directory."""
+
+    def __init__(self, settings: dict[str, Any], state_dir: Path, table: str, fmt: str = "avro") -> None:
+        self.settings = settings
+        self.dir = cache_dir(state_dir)
+        self.table = table
+        self.kind = SCHEMA_TYPES[fmt]  # the registry's schemaType of the table's format
+        self._schemas: dict[int, str] = {}
+        self._failed: dict[int, float] = {}  # id -> monotonic time of the last failed fetch
+
+    @property
+    def where(self) -> str:
+        return str((redact(self.settings) or {}).get("url"))
+
+    # -- writer schemas by id ------------------------------------------------------------------------------
+
+    def writer(self, schema_id: int) -> str:
+        """The self-contained text of schema ``schema_id``: PendingSchema while the registry cannot give it,
+        DecodeError when it says there is none."""
+        from globald.typed.arrow import DecodeError, PendingSchema
+
+        text = self._schemas.get(schema_id) or self._cached(schema_id)
+        if text is not None:
+            return text
+        failed = self._failed.get(schema_id)
+        if failed is not None and time.monotonic() - failed < RETRY_S:
+            raise PendingSchema(schema_id, f"registry {self.where} did not answer; asked again within {RETRY_S:.0f}s")
+        try:
+            text = self._fetch(schema_id)
+        except DecodeError:  # the registry answered, with a schema this cannot use: no use waiting for it
+            self._failed[schema_id] = time.monotonic()
+            raise
+        except Exception as e:
+            self._failed[schema_id] = time.monotonic()
+            if _is_not_found(e):
+                raise DecodeError(f"schema {schema_id} is not in the registry {self.where}: {describe(e)}") from None
+            raise PendingSchema(schema_id, f"registry {self.where}: {describe(e)}") from None
+        self._failed.pop(schema_id, None)
+        return text
+
+    def available(self, ids: list[int]) -> bool:
+        """Whether any of ``ids`` (pending when a columnar file was decoded) can be had now."""
+        from globald.typed.arrow import DecodeError
+
+        for sid in ids:
+            try:
+                self.writer(int(sid))
+                return True
+            except DecodeError:
+                continue
+        return False
+
+    def _path(self, schema_id: int) -> Path:
+        return self.dir / SCHEMAS_DIR / f"{schema_id}{SUFFIXES[self.kind]}"
+
+    def _cached(self, schema_id: int) -> str | None:
+        try:
+            text = self._path(schema_id).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            return None
+        self._schemas[schema_id] = text
+        return text
+
+    def _fetch(self, schema_id: int) -> str:
+        from globald.typed.arrow import DecodeError
+
+        schema = client(self.settings).get_schema(schema_id)
+        if (schema.schema_type or "AVRO") != self.kind:
+            raise DecodeError(f"schema {schema_id} is {schema.schema_type or 'AVRO'}, not {self.kind}")
+        if self.kind == "JSON":
+            text = json.dumps(self._json_expanded(schema)) if schema.references else schema.schema_str
+        else:
+            text = json.dumps(self._expanded(schema))
+        self._schemas[schema_id] = text
+        try:
+            self._store(self._path(schema_id), text)
+        except OSError as e:  # decoded all the same; only a restart with the registry down would miss it
+            log.warning("table %s: writer schema %d fetched from the registry %s, but not cached in %s: %s",
+                        self.table, schema_id, self.where, self.dir, e)
+            return text
+        log.info("table %s: writer schema %d fetched from the registry %s and cached", self.table, schema_id,
+                 self.where)
+        return text
+
+    def _expanded(self, schema: Any) -> Any:
+        """The schema as JSON with every reference's named types inlined at their first use."""
+        named: dict[str, Any] = {}
+        for ref in schema.references or []:
+            registered = client(self.settings).get_version(ref.subject, ref.version)
+            named[ref.name] = self._expanded(registered.schema)
+        return inline(json.loads(schema.schema_str), named)
+
+    def _json_expanded(self, schema: Any) -> Any:
+        """A JSON Schema with every ``$ref`` to a reference's name (``address.json``, ``address.json#/x``) and every
+        local one replaced by what it names, so that it stands alone."""
+        from globald.typed.arrow import DecodeError
+
+        docs: dict[str, Any] = {}
+        for ref in schema.references or []:
+            registered = client(self.settings).get_version(ref.subject, ref.version)
+            docs[ref.name] = self._json_expanded(registered.schema)
+        root = json.loads(schema.schema_str)
+        try:
+            return dereference(root, root, docs, 0)
+        except (KeyError, IndexError, ValueError) as e:
+            raise DecodeError(f"JSON Schema reference not resolved: {e}") from None
+
+    def _store(self, path: Path, text: str) -> None:
+        make_dirs(path.parent)
+        replace_file(path, text)
+
+    # -- reader schemas by subject -------------------------------------------------------------------------
+
+    def _pin_path(self, section: str) -> Path:
+        return self.dir / READERS_DIR / f"{self.table}.{section}.json"
+
+    def pinned(self, section: str, fmt: ValueFormat) -> Pin | None:
+        """The pin the daemon took for this section, if it matches ``fmt``'s subject (and version)."""
+        try:
+            doc = json.loads(self._pin_path(section).read_text(encoding="utf-8"))
+            pin = Pin(str(doc["subject"]), int(doc["version"]), int(doc["id"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        if pin.subject != fmt.subject or fmt.subject_version not in (None, pin.version):
+            return None
+        return pin
+
+    def resolve(self, fmt: ValueFormat) -> Pin:
+        """Ask the registry for the subject's latest (or pinned) version; RegistryUnavailable says why not."""
+        from globald.typed.arrow import DecodeError
+
+        assert fmt.subject is not None
+        try:
+            c = client(self.settings)
+            # get_version("latest") asks the registry each time; get_latest_version would answer from a cache.
+            got = c.get_version(fmt.subject, fmt.subject_version or "latest")
+            pin = Pin(fmt.subject, int(got.version), int(got.schema_id))
+            self.writer(pin.id)  # the schema itself, cached by id like any other
+        except (DecodeError, GlobaldError) as e:
+            raise RegistryUnavailable(f"registry {self.where}, subject {fmt.subject}: {e}") from None
+        except Exception as e:
+            raise RegistryUnavailable(f"registry {self.where}, subject {fmt.subject}: {describe(e)}") from None
+        return pin
+
+    def take(self, section: str, fmt: ValueFormat) -> tuple[Pin, str]:
+        """Resolve the subject now and pin it (the daemon's start, and a reload): (pin, what changed)."""
+        before = self.pinned(section, fmt)
+        pin = self.resolve(fmt)
+        if pin != before:
+            self._store(self._pin_path(section), json.dumps(pin.__dict__))
+        if before is None:
+            return pin, f"took {pin.subject} version {pin.version} (schema {pin.id})"
+        if before == pin:
+            return pin, f"kept {pin.subject} version {pin.version} (schema {pin.id}), the latest"
+        return pin, f"moved {pin.subject} from version {before.version} to {pin.version} (schema {pin.id})"
+
+    def reader(self, section: str, fmt: ValueFormat, where: str, schema_id: int | None = None) -> tuple[Pin, str]:
+        """(pin, schema text) of the reader schema in force: the daemon's pin, else the registry's answer now.
+        ``schema_id``: that one instead (a job's descriptor names the one its version was refreshed with)."""
+        from globald.typed.arrow import DecodeError
+
+        pin = self.pinned(section, fmt) if schema_id is None else Pin(fmt.subject or "", 0, schema_id)
+        try:
+            if pin is None:
+                pin = self.resolve(fmt)
+            return pin, self.writer(pin.id)
+        except (RegistryUnavailable, DecodeError) as e:
+            raise SchemaError(f"{where}.subject", f"the reader schema cannot be had: {e}") from None
+
+
+def registry_of(config: Config, table: str, fmt: str = "avro") -> Registry | None:
+    return None if config.registry is None else Registry(config.registry, config.state_dir, table, fmt)
+
+
+def take_reader_schemas(config: Config, reachable: bool = True) -> list[tuple[bool, str]]:
+    """Pin every table's reader subject as the registry has it now: what ``run`` does at start and what a reload
+    calls. A registry that does not answer leaves the pin already taken in force (said in the line returned); a
+    subject never pinned then has no reader schema, and its readers report that. ``reachable=False`` (``probe``
+    found it down) asks nothing, so a start is not held a timeout per subject. Returns (taken, what happened)
+    per subject."""
+    lines = []
+    for t in config.tables:
+        for section, fmt in (("value", t.value), ("key", t.key)):
+            if fmt is None or fmt.subject is None:
+                continue
+            reg = registry_of(config, t.name, fmt.format)
+            assert reg is not None  # parse() refuses a subject without [registry]
+            try:
+                if not reachable:
+                    raise RegistryUnavailable(f"registry {reg.where} is down")
+                _, what = reg.take(section, fmt)
+                lines.append((True, f"table {t.name} {section}: {what}"))
+            except RegistryUnavailable as e:
+                kept = reg.pinned(section, fmt)
+                lines.append((False, f"table {t.name} {section}: {e}; " + (
+                    f"keeping version {kept.version} (schema {kept.id}) taken before" if kept is not None else
+                    "no reader schema taken yet: its values are not decoded until the registry answers")))
+    return lines
+
+
+def probe(config: Config) -> str | None:
+    """At ``run``'s start: None when the registry answers, else one line on what failed and what is decoded
+    meanwhile (the schemas cached in state_dir)."""
+    if config.registry is None:
+        return None
+    try:
+        client(config.registry).get_subjects()
+        return None
+    except Exception as e:
+        cached = len([p for p in (cache_dir(config.state_dir) / SCHEMAS_DIR).glob("*") if p.suffix in
+                      SUFFIXES.values()])
+        return (f"registry {(redact(config.registry) or {}).get('url')} {describe(e)}: decoding with the {cached} "
+                "schema(s) cached in state_dir; values of other writer ids wait (pending) until it answers")
+
+
+def check_registry(config: Config) -> None:
+    """What ``check-config`` asks of [registry]: the client accepts its settings, the registry answers (GET
+    /subjects), and every subject a table names exists. A ConfigError says in one line what failed."""
+    if config.registry is None:
+        return
+    c = client(config.registry)
+    where = (redact(config.registry) or {}).get("url")
+    try:
+        subjects = set(c.get_subjects())
+    except Exception as e:
+        raise ConfigError("registry.url", f"{where}: {describe(e)}") from None
+    for i, t in enumerate(config.tables):
+        for section, fmt in (("value", t.value), ("key", t.key)):
+            if fmt is not None and fmt.subject is not None and fmt.subject not in subjects:
+                raise ConfigError(f"tables[{i}].{section}.subject", f"subject not found: {fmt.subject!r} is not "
+                                  f"in the registry {where}")

@@ -1,0 +1,162 @@
+"""Schema Registry by URL against the real daemon, a real broker and the real ``SchemaRegistryClient`` talking to the
+registry double (tests/support/registry.py): a producer registers a new schema version mid-run and the daemon
+decodes it without a restart; an outage leaves pending decodes, counted in status and /metrics and said as "schema
+N not yet fetched", which resolve on the same snapshot once the registry is back; a restart with the registry down
+starts, says so, and decodes every id it cached. Every decoded value is compared with fastavro's own decode of the
+oracle fold at the snapshot's offsets."""
+
+from __future__ import annotations
+
+import io
+import json
+import random
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import fastavro
+import pytest
+
+from globald.settings.config import load
+from globald.store.names import snapshots_dir
+from globald.typed import load_table
+from globald.typed.arrow import python_rows
+from globald.typed.columnar import ColumnarTable, columnar_path
+from tests.harness import Broker, DaemonProcess, globald, oracle_at
+from tests.integration.test_ops_http import HTTP, metric, port_of, scrape
+from tests.support.registry import RegistryDouble
+from tests.unit.typed_fixtures import FIXTURES, avro_schema, confluent, customer_v1, customer_v2
+
+pytestmark = pytest.mark.kafka
+
+Daemon = Callable[..., DaemonProcess]
+READER = avro_schema("customer_reader.avsc")
+V1, V2 = avro_schema("customer_v1.avsc"), avro_schema("customer_v2.avsc")
+# A third version a producer deploys mid-run: v2 and one more optional field, which the reader does not know.
+V3 = {**V2, "fields": [*V2["fields"], {"name": "note", "type": ["null", "string"], "default": None}]}
+SECTION = """[tables.value]
+format = "avro"
+schema = "schemas/customer_reader.avsc"
+framing = "confluent"
+writer_schemas = "registry"
+"""
+
+
+SECRET = "pw-Secret-9"
+
+
+@pytest.fixture
+def registry() -> Iterator[RegistryDouble]:
+    with RegistryDouble(users={"svc": SECRET}) as r:
+        yield r
+
+
+def encode(schema: dict[str, Any], record: dict[str, Any]) -> bytes:
+    buf = io.BytesIO()
+    fastavro.schemaless_writer(buf, fastavro.parse_schema(schema), record)
+    return buf.getvalue()
+
+
+def produced(sid: int, schema: dict[str, Any], n: int, keys: int, seed: int) -> list[tuple[bytes, bytes | None]]:
+    rnd = random.Random(seed)
+    make = customer_v1 if schema is V1 else customer_v2
+    out: list[tuple[bytes, bytes | None]] = []
+    for i in range(n):
+        record = make(seed * 10_000 + i)
+        if schema is V3:
+            record = {**record, "note": f"n{i}" if i % 2 else None}
+        out.append((b"cust-%04d" % rnd.randrange(keys), confluent(sid, encode(schema, record))))
+    return out
+
+
+def reference(registry: RegistryDouble, value: bytes) -> Any:
+    """fastavro itself: the writer schema the registry holds for the header's id, resolved to the reader."""
+    sid = int.from_bytes(value[1:5], "big")
+    writer = fastavro.parse_schema(json.loads(registry.schemas[sid].text))
+    return fastavro.schemaless_reader(io.BytesIO(value[5:]), writer, fastavro.parse_schema(READER))
+
+
+def decoded_at(d: DaemonProcess, ends: dict[int, int], timeout: float = 120) -> dict[str, Any]:
+    """Status once the daemon has decoded the snapshot at ``ends``."""
+    want = {str(p): o for p, o in ends.items()}
+
+    def done(s: dict[str, Any]) -> bool:
+        decode = s["tables"]["cust"].get("decode") or {}
+        return decode.get("offsets") == want and decode.get("snapshot") == s["tables"]["cust"]["snapshot"]["current"]
+
+    return d.wait_for(done, timeout=timeout, what=f"the snapshot at {want} decoded")["tables"]["cust"]["decode"]
+
+
+def check_file(d: DaemonProcess, broker: Broker, registry: RegistryDouble, topic: str,
+               decode: dict[str, Any]) -> None:
+    """The decoded file's rows against fastavro's decode of the oracle fold at its offsets."""
+    config = load(d.config)
+    decoder = load_table(config, "cust")[1]
+    path = columnar_path(snapshots_dir(config.state_dir, "cust") / decode["snapshot"], decoder)
+    table = ColumnarTable.open(path, decoder.fingerprint)
+    oracle = oracle_at(broker, topic, decode["offsets"])
+    assert table.keys.to_pylist() == sorted(oracle)
+    assert python_rows(table.values) == [reference(registry, oracle[k]) for k in sorted(oracle)]
+    assert table.error_count == 0 == decode["errors"] and decode["pending"] == 0
+
+
+@pytest.mark.long
+def test_new_writer_ids_mid_run_an_outage_pending_then_resolved_and_a_restart_with_the_registry_down(
+        broker: Broker, topic: Callable[..., str], daemon: Daemon, tmp_path: Path, registry: RegistryDouble) -> None:
+    t = topic()
+    shutil.copytree(FIXTURES, tmp_path / "schemas")
+    one = registry.register("customers-value", V1)
+    broker.admin.produce(t, produced(one, V1, 300, keys=120, seed=1))
+    d = daemon({"cust": t}, start=False, http=HTTP, snapshots={"decode_interval_ms": 500},
+               registry={"url": registry.url, "timeout": 5})
+    text = d.config.read_text().replace("timeout = 5\n", f'timeout = 5\n"basic.auth.user.info" = "svc:{SECRET}"\n')
+    d.config.write_text(text + SECTION)
+    d.start()
+    decode = decoded_at(d, broker.admin.end_offsets(t))
+    check_file(d, broker, registry, t, decode)
+    assert "'basic.auth.user.info': '***'" in d.tail(200) and SECRET not in d.log.read_text()
+
+    # A producer deploys v2 mid-run: its id is fetched when its first record is decoded, no restart, no file copied.
+    two = registry.register("customers-value", V2)
+    broker.admin.produce(t, produced(two, V2, 300, keys=120, seed=2))
+    decode = decoded_at(d, broker.admin.end_offsets(t))
+    check_file(d, broker, registry, t, decode)
+    assert registry.requests[f"GET /schemas/ids/{two}"] >= 1
+    assert (d.state_dir / "registry" / "schemas" / f"{two}.avsc").exists()
+
+    # An outage, and v3 deployed meanwhile: its values are pending decodes, counted and said, never bad records.
+    registry.stop()
+    three = registry.register("customers-value", V3)
+    v3 = produced(three, V3, 50, keys=120, seed=3)
+    broker.admin.produce(t, v3)
+    ends = broker.admin.end_offsets(t)
+    decode = decoded_at(d, ends)
+    oracle = oracle_at(broker, t, decode["offsets"])
+    waiting = sorted(k for k, v in oracle.items() if v is not None and v[1:5] == three.to_bytes(4, "big"))
+    assert waiting and decode["pending"] == len(waiting) == decode["errors"], decode
+    samples = scrape(port_of(d))
+    assert metric(samples, "globald_table_decode_pending", table="cust") == len(waiting)
+    text = globald("status", "--config", str(d.config))
+    assert f"({len(waiting):,} pending: writer schema not yet fetched)" in text.stdout, text.stdout
+    got = globald("get", "--config", str(d.config), "--table", "cust", "--decode", waiting[0].decode())
+    assert f"schema {three} not yet fetched" in got.stdout + got.stderr, (got.stdout, got.stderr)
+    snapshot = decode["snapshot"]
+
+    # The registry answers again: the same snapshot is decoded again, every pending value with it.
+    registry.start()
+    decode = d.wait_for(lambda s: (s["tables"]["cust"].get("decode") or {}).get("pending") == 0 and
+                        s["tables"]["cust"]["decode"]["snapshot"] == snapshot, timeout=120,
+                        what="the pending values decoded")["tables"]["cust"]["decode"]
+    check_file(d, broker, registry, t, decode)
+    assert "every pending value of snapshot" in d.tail(200)
+
+    # A restart with the registry down: run starts, says so, and decodes every id it cached.
+    d.stop()
+    registry.stop()
+    broker.admin.produce(t, produced(one, V1, 40, keys=120, seed=4) + produced(three, V3, 40, keys=120, seed=5))
+    d.start()
+    decode = decoded_at(d, broker.admin.end_offsets(t))
+    check_file(d, broker, registry, t, decode)
+    assert "decoding with the 3 schema(s) cached in state_dir" in d.tail(400)
+    assert SECRET not in d.log.read_text()
