@@ -25,6 +25,7 @@ import pyarrow as pa
 
 from globald.typed import framing
 from globald.typed.arrow import DecodeError
+from globald.typed.avro_check import Limits, Node, compile_schema, validate
 from globald.typed.spec import SchemaError, ValueFormat, read_schema_file, writer_files
 
 PRIMITIVES = {"null": pa.null(), "boolean": pa.bool_(), "int": pa.int32(), "long": pa.int64(),
@@ -137,6 +138,13 @@ def parse(path: Any, where: str) -> tuple[Any, Any]:
         raise SchemaError(where, f"{path} is not a valid Avro schema ({type(e).__name__}: {e})") from None
 
 
+def _checker(raw: Any, path: Any, where: str) -> Node:
+    try:
+        return compile_schema(raw)
+    except ValueError as e:
+        raise SchemaError(where, f"{path} is not a valid Avro schema ({e})") from None
+
+
 def compile_avro(fmt: ValueFormat, where: str) -> tuple[pa.DataType, Callable[[bytes], Any]]:
     assert fmt.schema is not None
     raw, reader = parse(fmt.schema, f"{where}.schema")
@@ -145,15 +153,20 @@ def compile_avro(fmt: ValueFormat, where: str) -> tuple[pa.DataType, Callable[[b
         arrow_type = types.of(raw)
     except (ValueError, KeyError, TypeError) as e:
         raise SchemaError(f"{where}.schema", f"{fmt.schema}: {e}") from None
-    writers: dict[int, Any] = {}
+    writers: dict[int, tuple[Any, Node]] = {}
     for sid, path in writer_files(fmt, where).items():
         writer_raw, writer = parse(path, f"{where}.writer_schemas")
         # A writer schema equal to the reader needs no resolution, which fastavro would otherwise redo per record.
-        writers[sid] = reader if writer_raw == raw else writer
+        writers[sid] = (reader if writer_raw == raw else writer, _checker(writer_raw, path, f"{where}.writer_schemas"))
+    own = _checker(raw, fmt.schema, f"{where}.schema")
+    limits = Limits(items=fmt.max_items)
     fix = _uuids_as_text if types.has_uuid else None
     read = fastavro.schemaless_reader
 
-    def finish(buf: io.BytesIO, writer: Any, size: int) -> Any:
+    def finish(buf: io.BytesIO, writer: Any, check: Node, value: bytes, start: int) -> Any:
+        # Every reader's one way in: the bytes are checked against the writer schema before fastavro believes them.
+        validate(check, value, start, limits)
+        size = len(value)
         try:
             record = read(buf, writer, None if writer is reader else reader)
         except (EOFError, IndexError) as e:  # fastavro reading past the end: which one depends on the field
@@ -164,19 +177,18 @@ def compile_avro(fmt: ValueFormat, where: str) -> tuple[pa.DataType, Callable[[b
 
     if fmt.framing == "none":
         def one(value: bytes) -> Any:
-            buf = io.BytesIO(value)
-            return finish(buf, reader, len(value))
+            return finish(io.BytesIO(value), reader, own, value, 0)
         return arrow_type, one
 
     where_ids = fmt.writer_schemas
 
     def one_framed(value: bytes) -> Any:
         sid, _, start = framing.split(value, with_indexes=False)
-        writer = writers.get(sid)
-        if writer is None:
+        found = writers.get(sid)
+        if found is None:
             raise DecodeError(f"unknown schema id {sid} (no {sid}.avsc in writer_schemas {where_ids})")
         buf = io.BytesIO(value)
         buf.seek(start)
-        return finish(buf, writer, len(value))
+        return finish(buf, *found, value, start)
 
     return arrow_type, one_framed

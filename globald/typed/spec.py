@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from globald.common.errors import ConfigError
-from globald.settings.spec import Choice, Directory, Text, declare
+from globald.settings.spec import Choice, Directory, Integer, Text, declare
 
 FORMATS = ("raw", "json", "avro", "protobuf")
 FRAMINGS = ("none", "confluent")
@@ -23,7 +23,11 @@ ON_ERROR = ("null", "fail")
 # What a writer_schemas directory holds per format: <id><suffix>, the id being the Confluent schema id.
 WRITER_SUFFIX = {"avro": ".avsc", "json": ".json", "protobuf": ".desc"}
 # Bumped whenever decoding changes what a decoded column holds, so columnar files of an older decoder are rebuilt.
-DECODER_VERSION = "1"
+DECODER_VERSION = "2"  # 2: Avro checked against its writer schema (globald.typed.avro_check) and max_items
+# What one value may decode to by default: array items and map entries (JSON: array elements and object members;
+# protobuf: repeated elements and map entries), all levels together. At 1M, the worst value (an Avro array of
+# nulls or of empty records, whose items take no bytes) costs a reader about 100 MB while it decodes.
+DEFAULT_MAX_ITEMS = 1_000_000
 
 
 class SchemaError(ConfigError):
@@ -50,6 +54,11 @@ class ValueFormat:
     on_error: str = field(default="null", metadata=declare(Choice(
         ON_ERROR, help="null: a value that does not decode becomes null, counted, with the reason; fail: the read "
                        "fails naming the key and the reason")))
+    max_items: int = field(default=DEFAULT_MAX_ITEMS, metadata=declare(Integer(
+        1, 1 << 31, help="the most array items and map entries (json: array elements and object members) one "
+                         "value may decode to, all levels together; a value claiming more is a decode error for "
+                         "that value alone (an Avro array of nulls costs no bytes per item: without this bound one "
+                         "record could claim billions)")))
 
     @property
     def typed(self) -> bool:
@@ -115,7 +124,8 @@ def writer_files(fmt: ValueFormat, where: str) -> dict[int, Path]:
 def fingerprint(fmt: ValueFormat, where: str) -> str:
     """A digest of the format, every schema file's content and the decoder version: a columnar file decoded under
     one fingerprint is valid for exactly that declaration."""
-    h = hashlib.sha256(repr((DECODER_VERSION, fmt.format, fmt.message, fmt.framing, fmt.on_error)).encode())
+    h = hashlib.sha256(repr((DECODER_VERSION, fmt.format, fmt.message, fmt.framing, fmt.on_error,
+                             fmt.max_items)).encode())
     if fmt.schema is not None:
         h.update(read_schema_file(fmt.schema, f"{where}.schema"))
     for sid, path in sorted(writer_files(fmt, where).items()):
