@@ -103,6 +103,8 @@ SNAPSHOT_RESPONSES_DIR = "responses"
 SNAPSHOT_TMP_PREFIX = ".tmp-"
 SNAPSHOT_BUILD_PREFIX = ".build-"
 SNAPSHOT_TRASH_PREFIX = ".trash-"
+# A typed table's snapshot decoded into columns (globald.typed.columnar): derived from the snapshot, not store data.
+SNAPSHOT_COLUMNAR_PREFIX, SNAPSHOT_COLUMNAR_SUFFIX = "columnar-", ".arrow"
 
 
 def snapshots_dir(state_dir: Path, table: str) -> Path:

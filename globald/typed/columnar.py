@@ -40,6 +40,7 @@ import pyarrow.compute as pc
 
 from globald.common.errors import GlobaldError
 from globald.store.durable import replace_file
+from globald.store.names import SNAPSHOT_COLUMNAR_PREFIX, SNAPSHOT_COLUMNAR_SUFFIX
 from globald.typed.arrow import ERROR_TYPE, DecodeFailure, Decoder, Origin, OriginLookup, RecordContext
 from globald.typed.hashing import HASH, as_binary, key_hashes, slot_table
 from globald.typed.keys import canonical, decoded_keys, fingerprint, latest_rows, require_canonical
@@ -49,7 +50,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-PREFIX, SUFFIX = "columnar-", ".arrow"
+PREFIX, SUFFIX = SNAPSHOT_COLUMNAR_PREFIX, SNAPSHOT_COLUMNAR_SUFFIX
 ERROR_PARTITION, ERROR_OFFSET = "error_partition", "error_offset"  # where a bad value came from (see build_table)
 DECODE_BATCH = 65_536
 META = "globald.columnar"
