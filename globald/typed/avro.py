@@ -26,6 +26,7 @@ import pyarrow as pa
 from globald.typed import framing
 from globald.typed.arrow import DecodeError
 from globald.typed.avro_check import Limits, Node, compile_schema, validate
+from globald.typed.avro_resolve import check_format
 from globald.typed.spec import SchemaError, ValueFormat, read_schema_file, writer_files
 
 PRIMITIVES = {"null": pa.null(), "boolean": pa.bool_(), "int": pa.int32(), "long": pa.int64(),
@@ -153,6 +154,7 @@ def compile_avro(fmt: ValueFormat, where: str) -> tuple[pa.DataType, Callable[[b
         arrow_type = types.of(raw)
     except (ValueError, KeyError, TypeError) as e:
         raise SchemaError(f"{where}.schema", f"{fmt.schema}: {e}") from None
+    check_format(fmt, where, raw)  # a writer schema the reader cannot read: refused here, naming the field
     writers: dict[int, tuple[Any, Node]] = {}
     for sid, path in writer_files(fmt, where).items():
         writer_raw, writer = parse(path, f"{where}.writer_schemas")

@@ -20,6 +20,7 @@ from typing import Any
 
 import avro.io
 import avro.schema
+import pyarrow as pa
 import pytest
 
 from globald.embedded.oracle import fold
@@ -170,4 +171,33 @@ def test_a_quiet_typed_table_keeps_its_current_and_is_decoded_once(
         cust = doc["tables"]["cust"]
         assert cust["snapshot"]["current"] == current, f"CURRENT moved at tick {i}: {cust['snapshot']}"
         assert cust["snapshot"]["published"] == published and cust["decode"]["runs"] == runs, cust
+    assert d.stop() == 0
+
+
+def test_a_table_whose_values_all_fail_to_decode_is_a_warning_and_a_status_problem(
+        broker: Broker, topic: Callable[..., str], daemon: Daemon, tmp_path: Path) -> None:
+    """Producers writing JSON into a table declared Avro: every value fails. Before, that was an INFO line only."""
+    t = topic()
+    values = [(b"k-%d" % i, json.dumps({"id": i, "name": f"name {i}", "flags": []}).encode()) for i in range(50)]
+    d = hostile_daemon(daemon, t, tmp_path)
+    decoder = load_table(load(d.config), "flags")[1]
+    assert decoder.decode(pa.array([v for _, v in values], pa.binary())).error_count == len(values)
+    broker.admin.produce(t, values)
+    d.start()
+    d.wait_running({"flags": broker.admin.end_offsets(t)})
+    doc = d.wait_for(lambda s: decoded_current(s, "flags"), timeout=120, what="CURRENT decoded by the daemon")
+    problem = doc["tables"]["flags"]["last_error"]
+    assert problem and "every value of snapshot" in problem and "(50 of 50)" in problem, doc["tables"]["flags"]
+    text = subprocess.run([sys.executable, "-m", "globald", "status", "--config", str(d.config)], capture_output=True,
+                          text=True, timeout=60, cwd=REPO)
+    assert "problem: every value of snapshot" in text.stdout, text.stdout
+    warned = [line for line in d.log.read_text().splitlines() if "every value of snapshot" in line]
+    assert warned and "WARNING" in warned[0], warned
+
+    # One good value: the table decodes again, and the problem goes.
+    broker.admin.produce(t, [(b"k-good", avro_write({"id": 1, "name": "one", "flags": []}))])
+    ends = {str(p): o for p, o in broker.admin.end_offsets(t).items()}
+    doc = d.wait_for(lambda s: decoded_current(s, "flags") and s["tables"]["flags"]["decode"]["offsets"] == ends,
+                     timeout=120, what="the good value decoded")
+    assert doc["tables"]["flags"]["last_error"] is None and doc["tables"]["flags"]["decode"]["errors"] == 50
     assert d.stop() == 0
