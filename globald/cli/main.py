@@ -33,9 +33,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     from globald.common import logs
     from globald.ops import allocator
     from globald.service.daemon import Daemon
+    from globald.typed.avro_resolve import check_readers
 
     cfg = configmod.load(args.config)
     check_kafka_properties(cfg)
+    check_readers(cfg)  # as check-config does: a reader schema that cannot read a writer schema is exit 2
     try:
         allocator.switch(cfg.allocator)  # returns here unless it re-executes this command with jemalloc preloaded
     except ValueError as e:

@@ -74,6 +74,7 @@ def typed_tables(config: Config) -> list[str]:
 @dataclass
 class _Table:
     status: DecodeStatus = field(default_factory=DecodeStatus)
+    problem: str | None = None  # every value of the snapshot decoded last fails: a status problem, not a figure
     next_at: float = 0.0  # monotonic: no decode of this table starts before
     failed_in_row: int = 0
     tried: str | None = None  # the CURRENT the last run was started for
@@ -137,8 +138,8 @@ class SnapshotDecodes:
         """``doc`` with each typed table's decode status (none while the daemon does not decode)."""
         if not self.enabled:
             return doc
-        tables = {name: replace(t, decode=self.status(name)) if name in self._tables else t
-                  for name, t in doc.tables.items()}
+        tables = {name: replace(t, decode=self.status(name), last_error=t.last_error or self._tables[name].problem)
+                  if name in self._tables else t for name, t in doc.tables.items()}
         return replace(doc, tables=tables)
 
     def _start(self, table: str, current: str, now: float) -> None:
@@ -194,9 +195,25 @@ class SnapshotDecodes:
                         "registry; decoded again once it answers", run.table, tab.status.pending, tab.status.snapshot)
         elif s.pending and not tab.status.pending:
             log.info("table %s: every pending value of snapshot %s is decoded now", run.table, tab.status.snapshot)
+        self._judge(run.table, tab, done.get("first_error"))
         if tab.status.written:  # the decode process logged its figures already; this adds the whole run's time
             log.debug("table %s: snapshot %s decoded into its columnar file: %d values, %d decode errors, %.1fs",
                      run.table, tab.status.snapshot, tab.status.values, tab.status.errors, now - run.started)
+
+    def _judge(self, table: str, tab: _Table, reason: Any) -> None:
+        """A snapshot whose values all fail to decode is a WARNING and the table's status problem (its reader and
+        writer schemas disagree, or its producers write another format); logged when it begins and when it ends."""
+        s = tab.status
+        problem = None
+        if s.values and s.errors == s.values:
+            problem = (f"every value of snapshot {s.snapshot} fails to decode ({s.errors:,} of {s.values:,}), e.g.: "
+                       f"{reason}; check [tables.value] and its schema files against what the producers write")
+        if problem is not None and tab.problem is None:  # status keeps saying it: the log says when it began
+            log.warning("table %s: %s", table, problem)
+        elif problem is None and tab.problem is not None:
+            log.info("table %s: snapshot %s decodes again (%d of %d values fail)", table, s.snapshot, s.errors,
+                     s.values)
+        tab.problem = problem
 
     def _failed(self, table: str, started: float, now: float, why: str) -> None:
         tab = self._tables[table]

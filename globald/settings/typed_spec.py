@@ -23,7 +23,11 @@ ON_ERROR = ("null", "fail")
 # What a writer_schemas directory holds per format: <id><suffix>, the id being the Confluent schema id.
 WRITER_SUFFIX = {"avro": ".avsc", "json": ".json", "protobuf": ".desc"}
 # Bumped whenever decoding changes what a decoded column holds, so columnar files of an older decoder are rebuilt.
-DECODER_VERSION = "1"
+DECODER_VERSION = "2"  # 2: Avro checked against its writer schema (globald.typed.avro_check) and max_items
+# What one value may decode to by default: array items and map entries (JSON: array elements and object members;
+# protobuf: repeated elements and map entries), all levels together. At 1M, the worst value (an Avro array of
+# nulls or of empty records, whose items take no bytes) costs a reader about 60 MB while it decodes (measured).
+DEFAULT_MAX_ITEMS = 1_000_000
 # writer_schemas = "registry": each writer id is fetched from [registry] when first met (globald.typed.registry).
 REGISTRY = Path("registry")
 # Formats whose schemas the registry can supply so far.
@@ -62,6 +66,11 @@ class ValueFormat:
     on_error: str = field(default="null", metadata=declare(Choice(
         ON_ERROR, help="null: a value that does not decode becomes null, counted, with the reason; fail: the read "
                        "fails naming the key and the reason")))
+    max_items: int = field(default=DEFAULT_MAX_ITEMS, metadata=declare(Integer(
+        1, 1 << 31, help="the most array items and map entries (json: array elements and object members) one "
+                         "value may decode to, all levels together; a value claiming more is a decode error for "
+                         "that value alone (an Avro array of nulls costs no bytes per item: without this bound one "
+                         "record could claim billions)")))
 
     @property
     def typed(self) -> bool:
@@ -146,7 +155,8 @@ def fingerprint(fmt: ValueFormat, where: str, reader_text: str | None = None) ->
     one fingerprint is valid for exactly that declaration. From a registry: the reader schema's text taken from the
     subject (``reader_text``); writer ids are not part of it (an id never changes meaning: a file decoded before an
     id was fetched is redone by its pending ids, ``globald.typed.registry``)."""
-    h = hashlib.sha256(repr((DECODER_VERSION, fmt.format, fmt.message, fmt.framing, fmt.on_error)).encode())
+    h = hashlib.sha256(repr((DECODER_VERSION, fmt.format, fmt.message, fmt.framing, fmt.on_error,
+                             fmt.max_items)).encode())
     if fmt.writers_from_registry:
         h.update(b"writers from the registry\0")
     if reader_text is not None:

@@ -53,7 +53,7 @@ from globald.spark.small import content_origins
 from globald.typed import load_table
 from globald.typed.arrow import Decoder, Origin, RecordContext
 from globald.typed.columnar import ColumnarTable, ColumnarTooLarge, Lookup, build_table
-from globald.typed.join import open_typed, spark_type, typed_columns
+from globald.typed.join import cast_for_spark, open_typed, spark_type, typed_columns
 from globald.typed.keys import canonical, require_canonical
 from globald.typed.keys import fingerprint as file_fingerprint
 
@@ -247,7 +247,7 @@ def arrow_fn(settings: Settings, desc_bc: Any, data_bc: Any, on: str, shape: Sha
             added = typed_columns(found, shape.value_col, timestamp_col=shape.timestamp_col,
                                   flatten_prefix=shape.flatten_prefix, error_col=shape.error_col)
             # In the declared order (Spark reads the columns by position), as the types Spark expects.
-            arrays = [*batch.columns, *(added[n].cast(t) for n, t in targets.items() if n in added)]
+            arrays = [*batch.columns, *(cast_for_spark(added[n], t) for n, t in targets.items() if n in added)]
             names = [*batch.schema.names, *(n for n in targets if n in added)]
             if snapshot_col is not None:
                 arrays.append(pa.repeat(pa.scalar(h.snapshot, pa.string()), batch.num_rows))
@@ -324,8 +324,8 @@ def udf(view: Any) -> Any:
         found = h.lookup(keys)
         if acc is not None and found.error_count:
             acc.add(found.error_count)
-        return pa.StructArray.from_arrays([found.values, found.timestamps, found.errors],
-                                          names=["value", "timestamp", "error"]).cast(target)
+        return cast_for_spark(pa.StructArray.from_arrays([found.values, found.timestamps, found.errors],
+                                                         names=["value", "timestamp", "error"]), target)
 
     F = functions(view.spark)
     return F.arrow_udf(run, kind)

@@ -13,10 +13,12 @@ import logging
 import os
 import shutil
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from globald.store.names import (
+    COLUMNAR_PREFIX,
+    COLUMNAR_SUFFIX,
     IMPORT_PREFIX,
     REPLACED_PREFIX,
     SNAPSHOT_BUILD_PREFIX,
@@ -42,13 +44,16 @@ class TableSpace:
     """Bytes of one table on disk, each inode counted once.
 
     ``snapshots`` is what the snapshots hold that the live store does not (what deleting them all would free);
-    ``by_snapshot`` the same per snapshot id, each counted against the live store only; ``leftovers`` the bytes
-    of trash and abandoned builds."""
+    ``by_snapshot`` the store data each holds that the live store lacks, each counted against the live store only,
+    without the files derived from it (``derived``: a typed table's columnar file, which publishing the snapshot
+    again would only make again, so it never makes CURRENT worth republishing); ``leftovers`` the bytes of trash
+    and abandoned builds."""
 
     live: int
     snapshots: int
     leftovers: int
     by_snapshot: dict[str, int]
+    derived: dict[str, int] = field(default_factory=dict)
 
     @property
     def total(self) -> int:
@@ -95,18 +100,37 @@ def measure(state_dir: Path, table: str) -> TableSpace:
         entries = [e for e in os.scandir(snaps_root) if e.is_dir(follow_symlinks=False)]
     except OSError:
         entries = []
+    derived: dict[str, int] = {}
     for e in entries:
         files = _inodes(Path(e.path))
         own = {k: v for k, v in files.items() if k not in live}
         if e.name.startswith(LEFTOVER_PREFIXES):
             leftovers.update(own)
         elif e.name[:1].isdigit():
-            by_snapshot[e.name] = sum(own.values())
+            made = {k: v for k, v in _derived(Path(e.path)).items() if k in own}
+            by_snapshot[e.name] = sum(v for k, v in own.items() if k not in made)
+            derived[e.name] = sum(made.values())
             held.update(own)
     for path in leftover_table_dirs(state_dir, table):
         leftovers.update(_inodes(path))
     return TableSpace(live=sum(live.values()), snapshots=sum(held.values()),
-                      leftovers=sum(v for k, v in leftovers.items() if k not in held), by_snapshot=by_snapshot)
+                      leftovers=sum(v for k, v in leftovers.items() if k not in held), by_snapshot=by_snapshot,
+                      derived=derived)
+
+
+def _derived(snapshot: Path) -> dict[tuple[int, int], int]:
+    """The files a reader derived from the snapshot in its directory (columnar files), by inode."""
+    found = {}
+    try:
+        entries = list(os.scandir(snapshot))
+    except OSError:
+        return {}
+    for e in entries:
+        if e.name.startswith(COLUMNAR_PREFIX) and e.name.endswith(COLUMNAR_SUFFIX):
+            with contextlib.suppress(OSError):
+                st = e.stat(follow_symlinks=False)
+                found[(st.st_dev, st.st_ino)] = st.st_blocks * 512
+    return found
 
 
 def remove_leftovers(snapshots_root: Path) -> int:

@@ -29,6 +29,8 @@ import pyarrow as pa
 from globald.settings.typed_spec import SchemaError, ValueFormat, read_schema_file, writer_files
 from globald.typed import framing
 from globald.typed.arrow import DecodeError
+from globald.typed.avro_check import Limits, Node, compile_schema, validate
+from globald.typed.avro_resolve import check_format
 from globald.typed.avro_union import RecordBranches, full_name
 
 if TYPE_CHECKING:
@@ -145,6 +147,13 @@ def parse(path: Any, where: str, text: bytes | str | None = None) -> tuple[Any, 
         raise SchemaError(where, f"{path} is not a valid Avro schema ({type(e).__name__}: {e})") from None
 
 
+def _checker(raw: Any, path: Any, where: str) -> Node:
+    try:
+        return compile_schema(raw)
+    except ValueError as e:
+        raise SchemaError(where, f"{path} is not a valid Avro schema ({e})") from None
+
+
 def compile_avro(fmt: ValueFormat, where: str, registry: Registry | None = None,
                  reader_text: str | None = None) -> tuple[pa.DataType, Callable[[bytes], Any]]:
     """``registry``: where writer ids come from with ``writer_schemas = "registry"``; ``reader_text``: the reader
@@ -158,12 +167,16 @@ def compile_avro(fmt: ValueFormat, where: str, registry: Registry | None = None,
         arrow_type = types.of(raw) if branches is None else branches.arrow_type(types.of)
     except (ValueError, KeyError, TypeError) as e:
         raise SchemaError(key, f"{named}: {e}") from None
-    writers: dict[int, Any] = {}
+    check_format(fmt, where, raw)  # a writer schema the reader cannot read: refused here, naming the field
+    writers: dict[int, tuple[Any, Node]] = {}
     names: dict[int, str | None] = {}  # each writer's record name: the union branch its records resolve to
     for sid, path in writer_files(fmt, where).items():
         writer_raw, writer = parse(path, f"{where}.writer_schemas")
         # A writer schema equal to the reader needs no resolution, which fastavro would otherwise redo per record.
-        writers[sid], names[sid] = (reader if writer_raw == raw else writer), full_name(writer_raw)
+        writers[sid] = (reader if writer_raw == raw else writer, _checker(writer_raw, path, f"{where}.writer_schemas"))
+        names[sid] = full_name(writer_raw)
+    own = _checker(raw, named, key)
+    limits = Limits(items=fmt.max_items)
     fix = _uuids_as_text if types.has_uuid else None
     read = fastavro.schemaless_reader if branches is None else partial(
         fastavro.schemaless_reader, return_record_name=True, return_record_name_override=True)
@@ -174,7 +187,10 @@ def compile_avro(fmt: ValueFormat, where: str, registry: Registry | None = None,
         picked = branches.pick(record, writer_name)
         return picked if fix is None else fix(picked)
 
-    def finish(buf: io.BytesIO, writer: Any, size: int) -> Any:
+    def finish(buf: io.BytesIO, writer: Any, check: Node, value: bytes, start: int) -> Any:
+        # Every reader's one way in: the bytes are checked against the writer schema before fastavro believes them.
+        validate(check, value, start, limits)
+        size = len(value)
         try:
             record = read(buf, writer, None if writer is reader else reader)
         except (EOFError, IndexError) as e:  # fastavro reading past the end: which one depends on the field
@@ -185,8 +201,7 @@ def compile_avro(fmt: ValueFormat, where: str, registry: Registry | None = None,
 
     if fmt.framing == "none":
         def one(value: bytes) -> Any:
-            buf = io.BytesIO(value)
-            return branch(finish(buf, reader, len(value)), full_name(raw))
+            return branch(finish(io.BytesIO(value), reader, own, value, 0), full_name(raw))
         return arrow_type, one
 
     where_ids = fmt.writer_schemas
@@ -194,15 +209,19 @@ def compile_avro(fmt: ValueFormat, where: str, registry: Registry | None = None,
 
     def one_framed(value: bytes) -> Any:
         sid, _, start = framing.split(value, with_indexes=False)
-        writer = writers.get(sid)
-        if writer is None and fetch is not None:  # raises PendingSchema while the registry cannot give it
+        found = writers.get(sid)
+        if found is None and fetch is not None:  # raises PendingSchema while the registry cannot give it
             writer_raw, writer = parse(f"schema {sid}", f"{where}.writer_schemas", fetch.writer(sid))
-            writer = writers[sid] = reader if writer_raw == raw else writer
+            try:
+                check = _checker(writer_raw, f"schema {sid}", f"{where}.writer_schemas")
+            except SchemaError as e:  # the registry's schema, not the operator's config: this value's error
+                raise DecodeError(str(e)) from None
+            found = writers[sid] = (reader if writer_raw == raw else writer, check)
             names[sid] = full_name(writer_raw)
-        if writer is None:
+        if found is None:
             raise DecodeError(f"unknown schema id {sid} (no {sid}.avsc in writer_schemas {where_ids})")
         buf = io.BytesIO(value)
         buf.seek(start)
-        return branch(finish(buf, writer, len(value)), names.get(sid))
+        return branch(finish(buf, *found, value, start), names.get(sid))
 
     return arrow_type, one_framed

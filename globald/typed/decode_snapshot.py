@@ -206,7 +206,8 @@ def host_lock(directory: Path) -> Iterator[None]:
 
 
 def _figures(columnar: Any, path: Any, written: bool) -> dict[str, Any]:
-    return {"file": path.name, "values": len(columnar), "errors": columnar.error_count,
+    first = columnar.errors.drop_null()[0].as_py() if columnar.error_count else None  # one reason, for the log
+    return {"file": path.name, "values": len(columnar), "errors": columnar.error_count, "first_error": first,
             "key_errors": columnar.meta.get("key_errors", 0), "decode_seconds": columnar.meta.get("decode_s"),
             "written": written, "pending": columnar.pending}
 

@@ -270,6 +270,19 @@ def _b64(v: Any, path: str) -> bytes:
         raise _fail(path, "base64 text", v) from None
 
 
+def _count_items(doc: Any, most: int) -> None:
+    """DecodeError when ``doc`` holds more than ``most`` array elements and object members, all levels together."""
+    items, todo = 0, [doc]
+    while todo:
+        v = todo.pop()
+        if isinstance(v, list | dict):
+            items += len(v)
+            if items > most:
+                raise DecodeError(f"a JSON value of more than {most} array elements and object members: over "
+                                  "max_items")
+            todo.extend(v.values() if isinstance(v, dict) else v)
+
+
 def compile_json(fmt: ValueFormat, where: str, reader_text: str | None = None
                  ) -> tuple[pa.DataType, Callable[[bytes], Any]]:
     """``reader_text``: a JSON Schema taken from a registry subject (``globald.typed.registry``), not a file."""
@@ -286,12 +299,15 @@ def compile_json(fmt: ValueFormat, where: str, reader_text: str | None = None
         raise SchemaError(key, f"{named} is neither a Spark DDL string nor a JSON Schema this reads: {e}") from None
     ids = set(writer_files(fmt, where))
     conv = converter(arrow_type)
+    most = fmt.max_items
 
     def parse(payload: bytes) -> Any:
         try:
-            doc = orjson.loads(payload)
+            doc = orjson.loads(payload)  # nesting past 1024 is orjson's error; each item takes at least one byte
         except orjson.JSONDecodeError as e:
             raise DecodeError(f"invalid JSON: {e}") from None
+        if len(payload) > most:  # only then can it hold more items than the bound
+            _count_items(doc, most)
         return None if doc is None else conv(doc, "")
 
     if fmt.framing == "none":

@@ -129,6 +129,27 @@ def message_at(file: FileDescriptor, indexes: tuple[int, ...]) -> str:
     return name
 
 
+def _count_items(m: Any, most: int) -> None:
+    """DecodeError when the message holds more than ``most`` repeated elements and map entries, all levels
+    together."""
+    items, todo = 0, [m]
+    while todo:
+        for f, v in todo.pop().ListFields():
+            if f.is_repeated:
+                items += len(v)
+                if items > most:
+                    raise DecodeError(f"a protobuf value of more than {most} repeated elements and map entries: "
+                                      "over max_items")
+                if f.message_type is None:
+                    continue
+                if not f.message_type.GetOptions().map_entry:
+                    todo.extend(v)
+                elif f.message_type.fields_by_name["value"].message_type is not None:
+                    todo.extend(v.values())
+            elif f.message_type is not None:
+                todo.append(v)
+
+
 def compile_protobuf(fmt: ValueFormat, where: str) -> tuple[pa.DataType, Callable[[bytes], Any]]:
     assert fmt.schema is not None and fmt.message is not None
     pool, _ = _pool(fmt.schema, f"{where}.schema")
@@ -141,10 +162,13 @@ def compile_protobuf(fmt: ValueFormat, where: str) -> tuple[pa.DataType, Callabl
     except ValueError as e:
         raise SchemaError(f"{where}.message", f"{fmt.message}: {e}") from None
     cls = message_factory.GetMessageClass(desc)
+    most = fmt.max_items
 
     def parse(payload: bytes) -> Any:
         m = cls()
-        m.ParseFromString(payload)
+        m.ParseFromString(payload)  # nesting past 100 is the runtime's error; each element takes at least a byte
+        if len(payload) > most:  # only then can it hold more elements than the bound
+            _count_items(m, most)
         return convert(m)
 
     if fmt.framing == "none":

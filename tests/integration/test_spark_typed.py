@@ -29,6 +29,7 @@ from globald.spark.session import is_connect
 from tests.harness import Broker, daemon_factory, globald, oracle_at
 from tests.integration.test_spark import keys_df, session, spark
 from tests.integration.test_typed import READER, as_json, records, reference
+from tests.integration.test_typed_hostile import HOSTILE_KEY, HOSTILE_SCHEMA, avro_read, good_records, hostile_value
 from tests.support.oracle import fold_located, fold_timestamped
 from tests.support.spark_connect import connect_server, connect_session
 from tests.unit.typed_fixtures import (
@@ -67,6 +68,8 @@ SECTIONS = {
     # An unframed Avro long key with a JSON (DDL) value: joined on an integer column.
     "ikey": '[tables.key]\nformat = "avro"\nschema = "schemas/long.avsc"\n' + VALUE + 'format = "json"\n'
             'schema = "schemas/customer.ddl"\n',
+    # Unframed Avro with an array<null>, one value of which claims 3e9 items (test_typed_hostile).
+    "hostile": VALUE + 'format = "avro"\nschema = "schemas/hostile.avsc"\n',
 }
 LONG_KEYS = (-7, 0, 1, 42, 2**40, 2**62)  # zigzag varints of one to nine bytes
 
@@ -131,6 +134,9 @@ def typed_tables(broker: Broker, tmp_path_factory: pytest.TempPathFactory) -> It
     broker.admin.produce(topics["jkey"], keyed_records(800, keys=200, seed=27))
     broker.admin.produce(topics["rkey"], [(b'{"id": 1}', b"one")])
     (tmp / "schemas" / "long.avsc").write_text('"long"')
+    (tmp / "schemas" / "hostile.avsc").write_text(json.dumps(HOSTILE_SCHEMA))
+    good = good_records(300)
+    broker.admin.produce(topics["hostile"], [*good[:150], (HOSTILE_KEY, hostile_value()), *good[150:]])
     rnd = random.Random(28)
     broker.admin.produce(topics["ikey"], [(long_key(rnd.choice(LONG_KEYS)), json_value(i, rnd)) for i in range(60)])
     broker.admin.produce(topics["custfail"], [(b"good", confluent(1, avro_payload("customer_v1.avsc",
@@ -462,4 +468,35 @@ def test_an_integer_key_joins_on_an_integer_column(session: Any, typed_tables: T
         assert (r["value"], r["timestamp"]) == (want, ts), r["k"]
     as_text = rows_of(view.join(df.selectExpr("id", "CAST(k AS STRING) AS k"), "k"))
     assert [(r["value"], r["timestamp"]) for r in as_text] == [(r["value"], r["timestamp"]) for r in rows]
+    view.close()
+
+
+def test_one_hostile_value_leaves_a_join_of_the_good_keys_equal_to_the_reference(session: Any,
+                                                                                  typed_tables: Typed) -> None:
+    """Issue 33: an array<null> value claiming 3e9 items took every Spark worker's memory, since a worker decodes
+    the whole snapshot: a join of only the good keys failed ("Python worker exited unexpectedly"). Now it is one
+    decode error, of that value alone; the good keys equal the avro package's decode of the fold. Snapshot mode
+    (the columnar file, decoded by the daemon or the first worker) and small-table mode (each worker decodes)."""
+    env = typed_tables
+    view = GlobalTableView(session, env.config, "hostile")
+    desc = view.refresh()
+    oracle = oracle_at(env.broker, env.topics["hostile"], desc["offsets"])
+    assert HOSTILE_KEY in oracle
+    good = sorted(k for k in oracle if k != HOSTILE_KEY)
+    df = keys_df(session, good)
+
+    def rows_of(df: Any) -> list[dict[str, Any]]:  # not through toArrow: pyspark's cast of list<null> there fails
+        return sorted((r.asDict(recursive=True) for r in df.collect()), key=lambda r: r["id"])
+
+    rows = rows_of(view.join(df, "k", error_col="err"))
+    assert [as_key(r["k"]) for r in rows] == good  # keys_df numbers the keys in order: ids follow them
+    for r in rows:
+        assert r["err"] is None and r["value"] == avro_read(oracle[as_key(r["k"])]), r
+    hostile = rows_of(view.join(keys_df(session, [HOSTILE_KEY]), "k", error_col="err"))
+    assert hostile[0]["value"] is None and "max_items" in hostile[0]["err"], hostile
+
+    small = GlobalTableView(session, env.config, "hostile", mode="broadcast")
+    small.refresh(offsets={int(p): o for p, o in desc["offsets"].items()})
+    assert rows_of(small.join(df, "k", error_col="err")) == rows
+    small.close()
     view.close()

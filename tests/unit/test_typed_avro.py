@@ -1,5 +1,6 @@
 """Avro values into Arrow: every type the contract names, evolution across two writer schemas (Confluent ids 1 and 2)
-read through a reader schema, and bad records. The reference is fastavro called directly with the same schemas."""
+read through a reader schema, and bad records. The reference is fastavro called directly with the same schemas, and
+for the evolution cases also the avro package (Apache's implementation, which production does not use)."""
 
 from __future__ import annotations
 
@@ -55,20 +56,6 @@ def test_arrow_type_follows_the_schema() -> None:
     assert t.field("since").type == pa.date32()
     assert t.field("updated").type == pa.timestamp("ms", "UTC")
     assert t.field("segment").type == pa.string() and "email" not in [f.name for f in t]
-
-
-def test_two_writer_schemas_resolve_through_the_reader() -> None:
-    values = [confluent(1, avro_payload("customer_v1.avsc", customer_v1(i))) for i in range(12)]
-    values += [confluent(2, avro_payload("customer_v2.avsc", customer_v2(i))) for i in range(12, 24)]
-    decoded = framed().decode(pa.array(values, pa.binary()))
-    assert decoded.error_count == 0
-    rows = python_rows(decoded.values)
-    assert rows == [reference(v) for v in values]
-    # v1 records: v2's added fields take their defaults, v1's email is dropped; both get the reader's segment.
-    assert rows[1]["visits"] == 0 and rows[1]["phone"] is None and "email" not in rows[1]
-    assert rows[13]["visits"] == 13 * 7 and rows[13]["phone"] == "+4700000013"
-    assert {r["segment"] for r in rows} == {"retail"}
-    assert rows[0]["address"] is None and rows[7]["address"] == {"city": "Oslo", "zip": None}
 
 
 def test_unframed_values_read_with_the_reader_schema_alone() -> None:
@@ -139,3 +126,42 @@ def test_time_of_day_is_the_number_on_the_wire(tmp_path: Path) -> None:
     decoder = typed.load(ValueFormat(format="avro", schema=path), "t")
     assert decoder.arrow_type == pa.struct([("ms", pa.int32()), ("us", pa.int64())])
     assert python_rows(decoder.decode(pa.array([buf.getvalue()])).values) == [{"ms": 3_600_000, "us": 1}]
+
+
+def avro_package_write(schema_file: str, record: dict[str, Any]) -> bytes:
+    """``record`` written by the avro package (Apache's own implementation), not fastavro."""
+    import avro.io
+    import avro.schema
+
+    buf = io.BytesIO()
+    schema = avro.schema.parse((FIXTURES / schema_file).read_text())
+    avro.io.DatumWriter(schema).write(record, avro.io.BinaryEncoder(buf))
+    return buf.getvalue()
+
+
+def avro_package_read(value: bytes) -> dict[str, Any]:
+    """The avro package's schema resolution: the writer schema the id names, read through the reader schema."""
+    import avro.io
+    import avro.schema
+
+    writer = avro.schema.parse((IDS / f"{int.from_bytes(value[1:5], 'big')}.avsc").read_text())
+    reader = avro.schema.parse(READER.read_text())
+    return avro.io.DatumReader(writer, reader).read(avro.io.BinaryDecoder(io.BytesIO(value[5:])))  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize(("write", "read"), [(avro_payload, reference), (avro_package_write, avro_package_read)],
+                         ids=["fastavro", "avro-package"])
+def test_two_writer_schemas_resolve_through_the_reader(write: Any, read: Any) -> None:
+    """Against fastavro, and against the avro package (Apache's implementation, which production does not use):
+    it writes the records (v1 and v2) and resolves them through the reader schema itself."""
+    values = [confluent(1, write("customer_v1.avsc", customer_v1(i))) for i in range(12)]
+    values += [confluent(2, write("customer_v2.avsc", customer_v2(i))) for i in range(12, 24)]
+    decoded = framed().decode(pa.array(values, pa.binary()))
+    assert decoded.error_count == 0
+    rows = python_rows(decoded.values)
+    assert rows == [read(v) for v in values]
+    # v1 records: v2's added fields take their defaults, v1's email is dropped; both get the reader's segment.
+    assert rows[1]["visits"] == 0 and rows[1]["phone"] is None and "email" not in rows[1]
+    assert rows[13]["visits"] == 13 * 7 and rows[13]["phone"] == "+4700000013"
+    assert {r["segment"] for r in rows} == {"retail"}
+    assert rows[0]["address"] is None and rows[7]["address"] == {"city": "Oslo", "zip": None}
