@@ -91,8 +91,10 @@ class StoreOptions:
         o.set_block_based_table_factory(table)
         return o
 
-    def column_families(self, bulk: bool = False, origins: bool = False) -> tuple[Options, dict[str, Options]]:
-        """(database options, {family: options}) sharing one block cache; with ``origins`` a typed table's.
+    def column_families(self, bulk: bool = False, origins: bool = False,
+                        compactions: bool = True) -> tuple[Options, dict[str, Options]]:
+        """(database options, {family: options}) sharing one block cache; with ``origins`` a typed table's; without
+        ``compactions`` the large families start with automatic compactions off (``compaction_gate``).
 
         With ``bulk`` the values family appends to a vector memtable that is sorted once when flushed: a
         several-fold cheaper write while nothing reads the live memtable (a restore), and slow point reads.
@@ -110,6 +112,8 @@ class StoreOptions:
             families[ORIGINS_CF] = self.rocksdb(cache=cache)
             large.append(ORIGINS_CF)
         db = self.rocksdb(cache=cache)
+        for cf in large:
+            families[cf].set_disable_auto_compactions(not compactions)
         for values in (families[cf] for cf in large if bulk):
             values.set_memtable_factory(MemtableFactory.vector())
             values.set_write_buffer_size(self.bulk_buffer_mb << 20)

@@ -1,0 +1,108 @@
+"""Compactions run only while the disk has room for them; a store that holds a table opens and serves without.
+
+A compaction writes its output before it deletes its input, and an L0 compaction of a one-level table (the merge
+after a bulk load, or any later one: every flush overlaps the whole key range) rewrites the whole table: it needs
+the live store's size free. Started on a disk without that room, it fails with "No space left on device", and
+RocksDB then keeps the failure as a background error (no SstFileManager, so no automatic recovery): every later
+flush, checkpoint and write fails with it, and after a restart the compaction RocksDB schedules at open failed
+the same way before the store could serve (issue 33, item 2).
+
+So the large families (values, a typed table's origins) are opened with automatic compactions off whenever the
+room free on the state_dir is below the live store's size, and switched on and off at most once a second
+(``CompactionGate.apply``) as the room comes and goes. Compactions off, a flush still writes its memtable into
+L0 (a snapshot flushes at most what was written since the previous one) and reads stay exact: only the files
+add up, and writes slow down once L0 holds as many as its slowdown trigger
+(``StoreOptions.rocksdb``). Once the room is back, RocksDB
+compacts what piled up, in the background, and the disk guard (``globald.snapshot.space``) republishes a
+CURRENT left holding the old files.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+from rocksdict import Rdict
+
+from globald.store import space
+
+log = logging.getLogger(__name__)
+
+GATE_EVERY_S = 1.0  # how often the room is looked at again (a statvfs and a scan of the store's directory)
+_RUNNING = "rocksdb.num-running-compactions"
+
+
+def compaction_need(db_path: Path) -> int:
+    """Bytes a compaction of the store at ``db_path`` may write before it deletes its input: its table files."""
+    total = 0
+    try:
+        entries = list(os.scandir(db_path))
+    except OSError:
+        return 0
+    for e in entries:
+        if e.name.endswith(".sst"):
+            try:
+                total += e.stat(follow_symlinks=False).st_blocks * 512
+            except OSError:  # deleted by a compaction meanwhile
+                continue
+    return total
+
+
+def has_room(db_path: Path, state_dir: Path) -> tuple[bool, int, int | None]:
+    """(room for the store's largest compaction, the bytes it needs, the bytes free); unknown free counts as room."""
+    need = compaction_need(db_path)
+    free = space.free_bytes(state_dir)
+    return free is None or free >= need, need, free
+
+
+class CompactionGate:
+    """Whether one table's automatic compactions are on; the store's owner thread asks it (``apply``)."""
+
+    def __init__(self, table: str, db_path: Path, state_dir: Path) -> None:
+        self.table = table
+        self.db_path = db_path
+        self.state_dir = state_dir
+        self.on = True
+        self._next = 0.0
+
+    def at_open(self) -> bool:
+        """Whether the store is opened with automatic compactions on (said in the log when not)."""
+        room, need, free = has_room(self.db_path, self.state_dir)
+        if not room and self.on:
+            self._say(False, need, free)
+        self.on = room
+        self._next = time.monotonic() + GATE_EVERY_S
+        return room
+
+    def apply(self, db: Rdict, families: Iterable[Rdict], force: bool = False) -> None:
+        """Switch automatic compactions of ``families`` on or off as the room says, at most once a second. Never
+        while a compaction runs: it takes the room it needs meanwhile, and gives it back when it ends."""
+        now = time.monotonic()
+        if not force and now < self._next:
+            return
+        self._next = now + GATE_EVERY_S
+        try:
+            if int(db.property_int_value(_RUNNING) or 0) > 0:
+                return
+            room, need, free = has_room(self.db_path, self.state_dir)
+            if room == self.on:
+                return
+            for f in families:
+                f.set_options({"disable_auto_compactions": "false" if room else "true"})
+        except Exception as e:  # a store being closed: the next look has it
+            log.debug("table %s: compaction gate: %s", self.table, e)
+            return
+        self.on = room
+        self._say(room, need, free)
+
+    def _say(self, room: bool, need: int, free: int | None) -> None:
+        if room:
+            log.info("table %s: room for compactions again (%s free, %s needed): compacting what piled up",
+                     self.table, space.mb(free or 0), space.mb(need))
+        else:
+            log.warning("table %s: compactions paused: a compaction may rewrite the whole store (%s) and only %s is "
+                        "free; the table is served meanwhile, flushes pile up in L0 until room returns",
+                        self.table, space.mb(need), space.mb(free or 0))
