@@ -33,6 +33,26 @@ log = logging.getLogger(__name__)
 
 GATE_EVERY_S = 1.0  # how often the room is looked at again (a statvfs and a scan of the store's directory)
 _RUNNING = "rocksdb.num-running-compactions"
+MIB = 1 << 20
+# Leveled compaction's shape, scaled with the table (``shape``): the base level about an eighth of it and files
+# about a thirty-second, within these bounds (the upper ones are RocksDB's defaults, which a large table keeps).
+BASE_MB = (8, 256)
+TARGET_FILE_MB = (2, 64)
+
+
+def shape(table_bytes: int) -> tuple[int, int]:
+    """(max_bytes_for_level_base, target_file_size_base) in MiB for a store of ``table_bytes``: powers of two, so
+    that a table changes shape only when it doubles or halves.
+
+    RocksDB's defaults (256 and 64 MiB) keep a table under 256 MiB in one file of one level: every L0 compaction
+    then rewrites the whole table (14.7 x the user bytes under churn, and a copy of it on disk while snapshots
+    still link the old one). A base level of an eighth of the table, in files of a thirty-second, makes each
+    compaction rewrite a slice (measured in docs/operations/disk-space.md)."""
+    def pow2(n: int, bounds: tuple[int, int]) -> int:
+        mb = max(1, n // MIB)
+        return max(bounds[0], min(bounds[1], 1 << (mb - 1).bit_length()))
+
+    return pow2(table_bytes // 8, BASE_MB), pow2(table_bytes // 32, TARGET_FILE_MB)
 
 
 def compaction_need(db_path: Path) -> int:
@@ -66,14 +86,16 @@ class CompactionGate:
         self.db_path = db_path
         self.state_dir = state_dir
         self.on = True
+        self.shape = shape(0)
         self._next = 0.0
 
     def at_open(self) -> bool:
-        """Whether the store is opened with automatic compactions on (said in the log when not)."""
+        """Whether the store is opened with automatic compactions on (said in the log when not); sets ``shape``."""
         room, need, free = has_room(self.db_path, self.state_dir)
         if not room and self.on:
             self._say(False, need, free)
         self.on = room
+        self.shape = shape(need)
         self._next = time.monotonic() + GATE_EVERY_S
         return room
 
@@ -88,6 +110,14 @@ class CompactionGate:
             if int(db.property_int_value(_RUNNING) or 0) > 0:
                 return
             room, need, free = has_room(self.db_path, self.state_dir)
+            fits = shape(need)
+            if fits != self.shape:
+                for f in families:
+                    f.set_options({"max_bytes_for_level_base": str(fits[0] * MIB),
+                                   "target_file_size_base": str(fits[1] * MIB)})
+                log.info("table %s: compaction shape for %s: base level %d MiB, files of %d MiB", self.table,
+                         space.mb(need), *fits)
+                self.shape = fits
             if room == self.on:
                 return
             for f in families:

@@ -74,9 +74,10 @@ class Database:
                 ORIGINS_CF in layout.families(self.path)
             # No compaction is started on a disk without room for it (compaction_gate): one that fails there
             # leaves RocksDB refusing every flush and write, and at open it kept a complete table from serving.
-            db_options, families = (space.fit_bulk_load(self.options, self.state_dir) if bulk else self.options
+            compactions = self._gate.at_open()
+            db_options, families = (space.fit_bulk_load(self.options, self.state_dir) if bulk else self._shaped()
                                     ).column_families(bulk, self.origins or self.stale_origins,  # see space.py
-                                                      compactions=self._gate.at_open())
+                                                      compactions=compactions)
             self._db = Rdict(str(self.path), db_options, column_families=families)
         self._values = self._db.get_column_family_handle(VALUES_CF)
         self._values_cf = self._db.get_column_family(VALUES_CF)
@@ -87,6 +88,12 @@ class Database:
             self._origins_cf = self._db.get_column_family(ORIGINS_CF)
         self._bulk = bulk
         self._write_opts = write_options(disable_wal=bulk)
+
+    def _shaped(self) -> StoreOptions:
+        """The options with leveled compaction's shape scaled to the table (``compaction_gate.shape``), unless set."""
+        base, target = self._gate.shape
+        o = self.options
+        return replace(o, level_base_mb=o.level_base_mb or base, target_file_mb=o.target_file_mb or target)
 
     def _disconnect(self) -> None:
         db = self._db
