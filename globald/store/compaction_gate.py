@@ -81,10 +81,11 @@ def has_room(db_path: Path, state_dir: Path) -> tuple[bool, int, int | None]:
 class CompactionGate:
     """Whether one table's automatic compactions are on; the store's owner thread asks it (``apply``)."""
 
-    def __init__(self, table: str, db_path: Path, state_dir: Path) -> None:
+    def __init__(self, table: str, db_path: Path, state_dir: Path, scale: bool = True) -> None:
         self.table = table
         self.db_path = db_path
         self.state_dir = state_dir
+        self.scale = scale  # the shape follows the table's size (else the options' own, set explicitly, stay)
         self.on = True
         self.shape = shape(0)
         self._next = 0.0
@@ -111,7 +112,7 @@ class CompactionGate:
                 return
             room, need, free = has_room(self.db_path, self.state_dir)
             fits = shape(need)
-            if fits != self.shape:
+            if self.scale and fits != self.shape:
                 for f in families:
                     f.set_options({"max_bytes_for_level_base": str(fits[0] * MIB),
                                    "target_file_size_base": str(fits[1] * MIB)})

@@ -49,7 +49,8 @@ class Database:
         self._write_opts = write_options()
         self._bulk = False
         self._stalls_at_load = Stalls()
-        self._gate = CompactionGate(table, self.path, state_dir)
+        self._gate = CompactionGate(table, self.path, state_dir,
+                                    scale=options.level_base_mb is None and options.target_file_mb is None)
 
     # -- connection -------------------------------------------------------------------------------------------
 

@@ -14,7 +14,10 @@ from __future__ import annotations
 import base64
 import json
 import os
+import random
+import shutil
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -22,15 +25,18 @@ from typing import Any
 import pytest
 
 from globald.embedded.oracle import Table
+from globald.store.codec import encode_value
+from globald.store.names import db_dir
+from globald.store.options import StoreOptions
 from globald.store.space import MB, minimum_state_dir
+from globald.store.table_store import TableStore
 from tests.ci import require_module
 from tests.harness import Broker, DaemonProcess, globald, oracle_at, random_records
 from tests.integration.snapshot_helpers import wait_snapshot_at
+from tests.reliability.checks import read_store
 from tests.reliability.disk import resize, tmpfs
 from tests.reliability.ledger import FaultRow
 from tests.reliability.test_disk_space import RECORDS, VALUE_SIZE, equals_oracle, running_at, settled_live
-
-pytestmark = pytest.mark.kafka
 
 Daemon = Callable[..., DaemonProcess]
 Topic = Callable[..., str]
@@ -99,6 +105,7 @@ def update(broker: Broker, d: DaemonProcess, t: str, seed: int) -> dict[int, int
     return ends
 
 
+@pytest.mark.kafka
 @pytest.mark.long  # two restores, three restarts of the reads and a Spark session: minutes on a loaded machine
 @pytest.mark.timeout(1500)  # the waits inside bound each step; this only stops a hang
 def test_a_table_serves_publishes_and_restarts_below_the_rule_then_compacts(
@@ -155,3 +162,63 @@ def test_a_table_serves_publishes_and_restarts_below_the_rule_then_compacts(
         equals_oracle(broker, d, t, ends, row)
         reads_equal_the_fold(broker, d, t, spark)
         assert d.stop() == 0, d.tail()
+
+
+def write(store: TableStore, rnd: random.Random, n: int, offset: int, fold: dict[bytes, bytes]) -> int:
+    """``n`` records of random bytes on random keys, with their offsets in the same batch; the next offset."""
+    records = [(b"key-%09d" % rnd.randrange(10**9), rnd.randbytes(VALUE_SIZE)) for _ in range(n)]
+
+    def batch() -> Any:
+        b = store.new_batch()
+        for i, (key, value) in enumerate(records):
+            b.put(key, encode_value(offset + i, value))
+        store.put_offsets(b, {0: offset + n})
+        return b
+
+    store.write(batch(), rebuild=batch)
+    fold.update(records)
+    return offset + n
+
+
+def test_a_store_below_the_rule_opens_publishes_and_compacts_once_room_returns(tmp_path: Path) -> None:
+    """The store alone, without Kafka: a bulk load's pile (in L0, as a restore leaves it) moved to a tmpfs at 1.4 x
+    its size. Before the compaction gate, the compaction RocksDB started at open filled the disk and failed, and
+    every checkpoint and write after it failed with it ("No space left on device")."""
+    rnd = random.Random(3310)
+    options = StoreOptions(write_buffer_mb=WB_MB)
+    fold: dict[bytes, bytes] = {}
+    build = tmp_path / "build"
+    store = TableStore.open(build, "tbl", "t", options).store
+    store.begin_bulk_load()
+    offset = 0
+    while offset < RECORDS:
+        offset = write(store, rnd, 5_000, offset, fold)
+    store.end_bulk_load()
+    assert store.files_per_level()[0] >= 4, store.files_per_level()  # the pile a compaction would merge
+    store.close()
+    pile = sum(p.stat().st_size for p in db_dir(build, "tbl").glob("*.sst"))
+    with tmpfs(tmp_path / "disk", int(BELOW_RULE * pile / MB)) as disk:
+        shutil.copytree(build / "tables", disk / "tables")
+        (disk / "snapshots").mkdir()
+        store = TableStore.open(disk, "tbl", "t", options).store
+        try:
+            assert not store.compactions_on and store.offsets() == {0: offset}
+            for n in range(5):  # snapshots of new writes, each needing room for its flush only
+                offset = write(store, rnd, 2_000, offset, fold)
+                snap = disk / "snapshots" / f"{n:03d}"
+                store.checkpoint(snap)
+                assert read_store(snap) == ({0: offset}, fold)
+                shutil.rmtree(snap)
+            store.close()
+            store = TableStore.open(disk, "tbl", "t", options).store  # the restart that stayed RESTORING
+            assert store.offsets() == {0: offset}
+            resize(disk, -(-minimum_state_dir(pile, WB_MB) // MB))  # room returns
+            deadline = time.monotonic() + 120
+            while store.files_per_level()[0] >= 4 or not store.compactions_on:
+                assert time.monotonic() < deadline, (store.files_per_level(), store.compactions_on)
+                store.offsets()  # where the owner thread looks at the room (once a second)
+                time.sleep(0.2)
+            store.checkpoint(disk / "snapshots" / "after")
+        finally:
+            store.close()
+        assert read_store(disk / "snapshots" / "after") == ({0: offset}, fold)
