@@ -8,13 +8,16 @@ flush, checkpoint and write fails with it, and after a restart the compaction Ro
 the same way before the store could serve (issue 33, item 2).
 
 So the large families (values, a typed table's origins) are opened with automatic compactions off whenever the
-room free on the state_dir is below the live store's size, and switched on and off at most once a second
-(``CompactionGate.apply``) as the room comes and goes. Compactions off, a flush still writes its memtable into
-L0 (a snapshot flushes at most what was written since the previous one) and reads stay exact: only the files
-add up, and writes slow down once L0 holds as many as its slowdown trigger
-(``StoreOptions.rocksdb``). Once the room is back, RocksDB
-compacts what piled up, in the background, and the disk guard (``globald.snapshot.space``) republishes a
+room free on the state_dir is below the store's table files, and switched on and off at most once a second
+(``CompactionGate.apply``) as the room for the largest compaction RocksDB may pick next (``largest_compaction``,
+from the files per level) comes and goes. Compactions off, a flush still writes its memtable into L0 (a snapshot
+flushes at most what was written since the previous one) and reads stay exact: only the files add up, and writes
+slow down once L0 holds as many as its slowdown trigger (``StoreOptions.rocksdb``). Once the room is back,
+RocksDB compacts what piled up, in the background, and the disk guard (``globald.snapshot.space``) republishes a
 CURRENT left holding the old files.
+
+The gate also scales leveled compaction's shape with the table (``shape``), so that a compaction rewrites a slice
+of a small table rather than all of it.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import os
 import time
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from rocksdict import Rdict
 
@@ -55,8 +59,8 @@ def shape(table_bytes: int) -> tuple[int, int]:
     return pow2(table_bytes // 8, BASE_MB), pow2(table_bytes // 32, TARGET_FILE_MB)
 
 
-def compaction_need(db_path: Path) -> int:
-    """Bytes a compaction of the store at ``db_path`` may write before it deletes its input: its table files."""
+def table_bytes(db_path: Path) -> int:
+    """Bytes of the store's table files at ``db_path`` (what a compaction of all of it would write again)."""
     total = 0
     try:
         entries = list(os.scandir(db_path))
@@ -71,9 +75,34 @@ def compaction_need(db_path: Path) -> int:
     return total
 
 
-def has_room(db_path: Path, state_dir: Path) -> tuple[bool, int, int | None]:
-    """(room for the store's largest compaction, the bytes it needs, the bytes free); unknown free counts as room."""
-    need = compaction_need(db_path)
+def largest_compaction(files: list[dict[str, Any]]) -> int:
+    """Input bytes of the largest compaction RocksDB may pick next among ``files`` (``Rdict.live_files()``), which
+    its output needs free at most: all of L0 with the files of the level below that overlap them, or one file of
+    a lower level with those of the next level that overlap it. A bulk load's pile, all in L0 over a one-level
+    table, is the whole table; a table in several levels, a slice of it."""
+    levels: dict[int, list[tuple[bytes, bytes, int]]] = {}
+    for f in files:
+        levels.setdefault(int(f["level"]), []).append((bytes(f["start_key"]), bytes(f["end_key"]), int(f["size"])))
+    order = sorted(levels)
+
+    def below(level: int, lo: bytes, hi: bytes) -> int:
+        nxt = next((n for n in order if n > level), None)
+        return 0 if nxt is None else sum(size for a, b, size in levels[nxt] if a <= hi and b >= lo)
+
+    need = 0
+    l0 = levels.get(0, [])
+    if l0:
+        need = sum(size for _, _, size in l0) + below(0, min(a for a, _, _ in l0), max(b for _, b, _ in l0))
+    for level in order:
+        if level > 0:
+            need = max([need] + [size + below(level, a, b) for a, b, size in levels[level]])
+    return need
+
+
+def has_room(db_path: Path, state_dir: Path, db: Rdict | None = None) -> tuple[bool, int, int | None]:
+    """(room for the store's largest next compaction, the bytes it needs, the bytes free); unknown free counts as
+    room. Without the open database (before it is opened) the need is the whole store's table files."""
+    need = table_bytes(db_path) if db is None else largest_compaction(db.live_files())
     free = space.free_bytes(state_dir)
     return free is None or free >= need, need, free
 
@@ -96,7 +125,7 @@ class CompactionGate:
         if not room and self.on:
             self._say(False, need, free)
         self.on = room
-        self.shape = shape(need)
+        self.shape = shape(table_bytes(self.db_path))
         self._next = time.monotonic() + GATE_EVERY_S
         return room
 
@@ -110,8 +139,8 @@ class CompactionGate:
         try:
             if int(db.property_int_value(_RUNNING) or 0) > 0:
                 return
-            room, need, free = has_room(self.db_path, self.state_dir)
-            fits = shape(need)
+            room, need, free = has_room(self.db_path, self.state_dir, db)
+            fits = shape(table_bytes(self.db_path))
             if self.scale and fits != self.shape:
                 for f in families:
                     f.set_options({"max_bytes_for_level_base": str(fits[0] * MIB),
@@ -134,6 +163,6 @@ class CompactionGate:
             log.info("table %s: room for compactions again (%s free, %s needed): compacting what piled up",
                      self.table, space.mb(free or 0), space.mb(need))
         else:
-            log.warning("table %s: compactions paused: a compaction may rewrite the whole store (%s) and only %s is "
-                        "free; the table is served meanwhile, flushes pile up in L0 until room returns",
+            log.warning("table %s: compactions paused: the next compaction may write %s and only %s is free; the "
+                        "table is served meanwhile, flushes pile up in L0 until room returns",
                         self.table, space.mb(need), space.mb(free or 0))

@@ -26,6 +26,7 @@ import pytest
 
 from globald.embedded.oracle import Table
 from globald.store.codec import encode_value
+from globald.store.compaction_gate import largest_compaction, shape
 from globald.store.names import db_dir
 from globald.store.options import StoreOptions
 from globald.store.space import MB, minimum_state_dir
@@ -129,8 +130,9 @@ def test_a_table_serves_publishes_and_restarts_below_the_rule_then_compacts(
                    snapshots={"interval_ms": 1000, "retain": 3})
         row.injected += 1
         running_at(d, ends, timeout=240)
-        # The fault landed: the merge after the restore did not fit, and compactions waited for room.
-        d.wait_for(lambda s: PAUSED in d.log.read_text(), timeout=60, what="compactions paused for room")
+        # The fault landed: the disk cannot hold the table's next compaction (the disk guard's line, status and log).
+        d.wait_for(lambda s: bool(s["disk"]["tables"]["tbl"]["short"]), timeout=60, what="the disk short of room")
+        assert "disk: table tbl needs" in d.log.read_text(), d.tail()
         equals_oracle(broker, d, t, ends, row)
         reads_equal_the_fold(broker, d, t, spark)
         ends = update(broker, d, t, seed=3302)
@@ -222,3 +224,18 @@ def test_a_store_below_the_rule_opens_publishes_and_compacts_once_room_returns(t
         finally:
             store.close()
         assert read_store(disk / "snapshots" / "after") == ({0: offset}, fold)
+
+
+def test_the_room_a_compaction_needs_is_the_whole_pile_or_a_slice() -> None:
+    """``largest_compaction``: a pile in L0 over a one-level table rewrites it all; a table in levels, a slice (the
+    gate pauses compactions only when that much is not free)."""
+    def f(level: int, lo: bytes, hi: bytes, size: int) -> dict[str, Any]:
+        return {"level": level, "start_key": lo, "end_key": hi, "size": size}
+
+    assert largest_compaction([f(0, b"a", b"z", 10), f(0, b"b", b"y", 10)]) == 20
+    assert largest_compaction([f(0, b"a", b"z", 1), f(6, b"a", b"m", 30), f(6, b"n", b"z", 30)]) == 61
+    levels = [f(0, b"c", b"d", 1), f(5, b"a", b"f", 4), f(5, b"g", b"z", 4),
+              f(6, b"a", b"e", 10), f(6, b"f", b"k", 10), f(6, b"l", b"z", 10)]
+    assert largest_compaction(levels) == 24  # an L5 file and the two L6 files it overlaps, not the 39 of it all
+    assert shape(0) == (8, 2) and shape(60 * MB) == (8, 2) and shape(1 << 30) == (128, 32)
+    assert shape(10 << 30) == (256, 64)  # RocksDB's defaults for a large table
