@@ -149,6 +149,10 @@ def test_a_table_serves_publishes_and_restarts_below_the_rule_then_compacts(
         equals_oracle(broker, d, t, ends, row)
         reads_equal_the_fold(broker, d, t, spark)
 
+        # Every publish so far went through (before the gate, the compaction the updates started failed on this
+        # disk, and every checkpoint after it with "No space left on device").
+        assert "snapshot publish failed" not in d.log.read_text(), d.tail()
+
         # Room returns: the disk grows to the rule. The pile is compacted away, CURRENT republished off it.
         rule = minimum_state_dir(live, WB_MB)
         resize(disk, -(-rule // MB))
