@@ -49,7 +49,7 @@ def shape(table_bytes: int) -> tuple[int, int]:
     that a table changes shape only when it doubles or halves.
 
     RocksDB's defaults (256 and 64 MiB) keep a table under 256 MiB in one file of one level: every L0 compaction
-    then rewrites the whole table (14.7 x the user bytes under churn, and a copy of it on disk while snapshots
+    then rewrites the whole table (15.1 x the user bytes under churn, and a copy of it on disk while snapshots
     still link the old one). A base level of an eighth of the table, in files of a thirty-second, makes each
     compaction rewrite a slice (measured in docs/operations/disk-space.md)."""
     def pow2(n: int, bounds: tuple[int, int]) -> int:

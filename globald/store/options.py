@@ -57,7 +57,7 @@ class StoreOptions:
     # Leveled compaction's shape outside bulk loads (``compaction_gate.shape`` scales it with the table; None:
     # RocksDB's defaults, 256 and 64 MiB). RocksDB's defaults keep a table under 256 MiB in one file of one level,
     # and an L0 compaction then rewrites all of it, every few snapshots while they still link the old copy (issue
-    # 33: 2.08 x live and a write amplification of 14.7 under churn). Measured in docs/operations/disk-space.md.
+    # 33: 2.08 x live and a write amplification of 15.1 under churn). Measured in docs/operations/disk-space.md.
     level_base_mb: int | None = None
     target_file_mb: int | None = None
     l0_trigger: int = STEADY_L0_TRIGGER
