@@ -31,7 +31,7 @@ from globald.settings.kafka_properties import CONSUMER_DEFAULTS
 from globald.snapshot.publisher import SnapshotPublisher
 from globald.store.codec import NO_TIMESTAMP, encode_offset, pack_i64, partition_key
 from globald.store.names import OFFSETS_CF, VALUES_CF
-from globald.store.options import L0_COMPACTION_TRIGGER, StoreOptions
+from globald.store.options import STEADY_L0_TRIGGER, StoreOptions
 from globald.store.table_store import Batch, TableStore
 
 _EOF = KafkaError._PARTITION_EOF
@@ -370,7 +370,7 @@ class RunningGlobald:
         assert self.running_at is not None
         stores = [rt.store for rt in self.thread.manager.tables.values()]
         cpu = time.process_time()
-        while any(s.files_per_level()[0] >= L0_COMPACTION_TRIGGER for s in stores):
+        while any(s.files_per_level()[0] >= STEADY_L0_TRIGGER for s in stores):
             if time.monotonic() - self.running_at > timeout:
                 break
             time.sleep(0.05)

@@ -15,6 +15,7 @@ from rocksdict import Checkpoint, ColumnFamily, Rdict, WriteBatch
 
 from globald.common.errors import StoreIOError, StoreUnavailableError
 from globald.store import layout, memory, space
+from globald.store.compaction_gate import CompactionGate
 from globald.store.failures import store_io
 from globald.store.names import META_CF, OFFSETS_CF, ORIGINS_CF, VALUES_CF, db_dir
 from globald.store.options import StoreOptions
@@ -48,6 +49,8 @@ class Database:
         self._write_opts = write_options()
         self._bulk = False
         self._stalls_at_load = Stalls()
+        self._gate = CompactionGate(table, self.path, state_dir,
+                                    scale=options.level_base_mb is None and options.target_file_mb is None)
 
     # -- connection -------------------------------------------------------------------------------------------
 
@@ -66,8 +69,12 @@ class Database:
             # RocksDB opens a database only with every family it has named: one left by a typed declaration too.
             self.stale_origins = not self.origins and (self.path / "CURRENT").exists() and \
                 ORIGINS_CF in layout.families(self.path)
-            db_options, families = (space.fit_bulk_load(self.options, self.state_dir) if bulk else self.options
-                                    ).column_families(bulk, self.origins or self.stale_origins)  # see space.py
+            # No compaction is started on a disk without room for it (compaction_gate): one that fails there
+            # leaves RocksDB refusing every flush and write, and at open it kept a complete table from serving.
+            compactions = self._gate.at_open()
+            db_options, families = (space.fit_bulk_load(self.options, self.state_dir) if bulk else self._shaped()
+                                    ).column_families(bulk, self.origins or self.stale_origins,  # see space.py
+                                                      compactions=compactions)
             self._db = Rdict(str(self.path), db_options, column_families=families)
         self._values = self._db.get_column_family_handle(VALUES_CF)
         self._values_cf = self._db.get_column_family(VALUES_CF)
@@ -78,6 +85,12 @@ class Database:
             self._origins_cf = self._db.get_column_family(ORIGINS_CF)
         self._bulk = bulk
         self._write_opts = write_options(disable_wal=bulk)
+
+    def _shaped(self) -> StoreOptions:
+        """The options with leveled compaction's shape scaled to the table (``compaction_gate.shape``), unless set."""
+        base, target = self._gate.shape
+        o = self.options
+        return replace(o, level_base_mb=o.level_base_mb or base, target_file_mb=o.target_file_mb or target)
 
     def _disconnect(self) -> None:
         db = self._db
@@ -164,13 +177,30 @@ class Database:
         """The stored next-offsets (those written so far: durable once ``sync`` or ``end_bulk_load`` returned)."""
         if self._offsets is None:
             raise StoreUnavailableError(f"table {self.table}: store is closed")
+        self.fit_compactions()  # read at every publish interval, also of a table nothing is written to
         with store_io(f"table {self.table}: read offsets"):
             return layout.offsets_in(self._offsets.items())
 
     def checkpoint(self, dest: Path) -> None:
-        """A consistent, hard-linked copy of the database at ``dest`` (which must not exist)."""
+        """A consistent, hard-linked copy of the database at ``dest`` (which must not exist).
+
+        RocksDB flushes the memtables first (rocksdict passes no ``log_size_for_flush``): that needs room for what
+        was written since the last flush, never for a compaction (``compaction_gate``)."""
+        self.fit_compactions()
         with store_io(f"table {self.table}: checkpoint to {dest}"):
             Checkpoint(self.db).create_checkpoint(str(dest))
+
+    def fit_compactions(self, force: bool = False) -> None:
+        """Automatic compactions on while the disk has room for one, off otherwise (``compaction_gate``); looks
+        at most once a second unless ``force``. The owner thread calls it (writes, offsets, checkpoints)."""
+        db = self._db
+        if db is None:
+            return
+        self._gate.apply(db, [h for h in (self._values_cf, self._origins_cf) if h is not None], force)
+
+    @property
+    def compactions_on(self) -> bool:
+        return self._gate.on
 
     def files_per_level(self) -> list[int]:
         """SST files of the values family per level, L0 first (a bulk load leaves its flushes in L0)."""

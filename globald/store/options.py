@@ -23,8 +23,11 @@ if TYPE_CHECKING:  # only a type: at run time the store imports nothing above it
 # Offsets and metadata hold a handful of keys: a small memtable keeps their arenas from costing memory.
 _SMALL_FAMILY_BUFFER_MB = 1
 _BULK_BACKGROUND_JOBS = 8
-# RocksDB's default, spelled out: outside bulk loads, L0 is merged down once it holds this many files.
+# RocksDB's default, spelled out: a bulk load's L0 pile starts compacting no earlier than this many files.
 L0_COMPACTION_TRIGGER = 4
+# Outside bulk loads L0 is merged down once it holds this many files (a snapshot a second flushes one each): twice
+# RocksDB's default halves how often the base level is rewritten (write amplification 5.7 -> 4.1 under churn).
+STEADY_L0_TRIGGER = 8
 # L0 files at which writes slow down / stop: RocksDB's margins (20, 36) above the files a bulk load may leave, so
 # the writes that follow a load never wait for its merge. During a load, past its bound, compaction of L0 lags
 # behind the flushes for a while: writes slow down at twice the bound and stop at three times.
@@ -51,6 +54,13 @@ class StoreOptions:
     # usual compaction merges the files left behind in one pass, in the background while the table is served.
     # The bound keeps the open files and a point read's filter probes of a very large load in check.
     bulk_l0_mb: int = 2048
+    # Leveled compaction's shape outside bulk loads (``compaction_gate.shape`` scales it with the table; None:
+    # RocksDB's defaults, 256 and 64 MiB). RocksDB's defaults keep a table under 256 MiB in one file of one level,
+    # and an L0 compaction then rewrites all of it, every few snapshots while they still link the old copy (issue
+    # 33: 2.08 x live and a write amplification of 15.1 under churn). Measured in docs/operations/disk-space.md.
+    level_base_mb: int | None = None
+    target_file_mb: int | None = None
+    l0_trigger: int = STEADY_L0_TRIGGER
 
     @classmethod
     def from_config(cls, c: StoreConfig) -> StoreOptions:
@@ -81,7 +91,12 @@ class StoreOptions:
         o.set_compression_type(DBCompressionType.lz4())
         o.set_keep_log_file_num(3)
         o.set_max_background_jobs(2)
-        o.set_level_zero_file_num_compaction_trigger(L0_COMPACTION_TRIGGER)
+        o.set_level_zero_file_num_compaction_trigger(self.l0_trigger)
+        if self.level_base_mb is not None:
+            o.set_max_bytes_for_level_base(self.level_base_mb << 20)
+        if self.target_file_mb is not None:
+            o.set_target_file_size_base(self.target_file_mb << 20)
+
         o.set_level_zero_slowdown_writes_trigger(self.bulk_l0_files + _L0_SLOWDOWN_MARGIN)
         o.set_level_zero_stop_writes_trigger(self.bulk_l0_files + _L0_STOP_MARGIN)
         table = BlockBasedOptions()
@@ -91,8 +106,10 @@ class StoreOptions:
         o.set_block_based_table_factory(table)
         return o
 
-    def column_families(self, bulk: bool = False, origins: bool = False) -> tuple[Options, dict[str, Options]]:
-        """(database options, {family: options}) sharing one block cache; with ``origins`` a typed table's.
+    def column_families(self, bulk: bool = False, origins: bool = False,
+                        compactions: bool = True) -> tuple[Options, dict[str, Options]]:
+        """(database options, {family: options}) sharing one block cache; with ``origins`` a typed table's; without
+        ``compactions`` the large families start with automatic compactions off (``compaction_gate``).
 
         With ``bulk`` the values family appends to a vector memtable that is sorted once when flushed: a
         several-fold cheaper write while nothing reads the live memtable (a restore), and slow point reads.
@@ -110,6 +127,8 @@ class StoreOptions:
             families[ORIGINS_CF] = self.rocksdb(cache=cache)
             large.append(ORIGINS_CF)
         db = self.rocksdb(cache=cache)
+        for cf in large:
+            families[cf].set_disable_auto_compactions(not compactions)
         for values in (families[cf] for cf in large if bulk):
             values.set_memtable_factory(MemtableFactory.vector())
             values.set_write_buffer_size(self.bulk_buffer_mb << 20)

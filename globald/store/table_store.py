@@ -22,11 +22,17 @@ from pathlib import Path
 
 from rocksdict import WriteBatch
 
-from globald.common.errors import GlobaldError, StoreCorruptError, StoreFormatError, StoreUnavailableError
+from globald.common.errors import (
+    GlobaldError,
+    StoreCorruptError,
+    StoreFormatError,
+    StoreIOError,
+    StoreUnavailableError,
+)
 from globald.store import checkpoint_file, durable, layout, plain
 from globald.store.codec import decode_format, unreadable_format
 from globald.store.database import Database
-from globald.store.failures import classify, store_io
+from globald.store.failures import classify, out_of_space, store_io
 from globald.store.fingerprint import Ladder, ladders_in
 from globald.store.layout import OriginWriter
 from globald.store.names import (
@@ -266,7 +272,23 @@ class TableStore(Database):
     def write(self, batch: Batch, rebuild: Callable[[], Batch]) -> None:
         """Write ``batch`` atomically. ``rebuild`` makes the same batch again, offsets included: a write that
         RocksDB holds back (flushes behind) is made again from it once there is room (see ``writes.write``)."""
+        self.fit_compactions()
         write(self.db, _inner(batch), self._write_opts, f"table {self.table}: write", rebuild=lambda: _inner(rebuild()))
+
+    def checkpoint(self, dest: Path) -> None:
+        """As ``Database.checkpoint``; a store that a failed background write (a compaction the disk could not
+        hold) left refusing flushes is reopened, which clears RocksDB's error, and the checkpoint taken again."""
+        try:
+            super().checkpoint(dest)
+        except StoreIOError as e:
+            if not out_of_space(e) or self._bulk:
+                raise
+            for left in (dest, dest.with_name(dest.name + ".tmp")):  # RocksDB's work directory, if it left one
+                shutil.rmtree(left, ignore_errors=True)
+            log.warning("table %s: checkpoint refused for lack of room (%s); reopening the store to clear RocksDB's "
+                        "background error, compactions paused while the disk is short", self.table, e)
+            self.reopen()
+            super().checkpoint(dest)
 
     def write_offsets(self, offsets: dict[int, int]) -> None:
         """Store ``offsets`` alone (partitions whose next record the store holds no data below)."""

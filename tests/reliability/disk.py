@@ -37,6 +37,11 @@ def tmpfs(path: Path, size_mb: int) -> Iterator[Path]:
         unmount(path)
 
 
+def resize(path: Path, size_mb: int) -> None:
+    """Grow (or shrink) the tmpfs at ``path`` in place: room returning, as an operator would give it."""
+    subprocess.run(["mount", "-o", f"remount,size={size_mb}m", str(path)], check=True, capture_output=True)
+
+
 def bind_read_only(path: Path) -> str | None:
     """Make ``path`` a read-only bind mount of itself; None on success, else why not."""
     path.mkdir(parents=True, exist_ok=True)

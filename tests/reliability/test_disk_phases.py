@@ -146,11 +146,16 @@ def test_disk_full_at_stop(broker: Broker, topic: Topic, daemon: Daemon, tmp_pat
         d = daemon({"tbl": t}, state_dir=disk / "state", commit_interval_ms=60_000)
         d.wait_running({"tbl": broker.admin.end_offsets(t)})
         broker.admin.produce(t, random_records(2_000, keys=2_000, seed=74, value_size=200))
-        time.sleep(2)
+        # Applied, not committed (the commit interval is a minute): the stop's final commit is the one to meet the
+        # full disk.
+        d.wait_running({"tbl": broker.admin.end_offsets(t)})
         fill(disk, leave=0)
         row.injected += 1
         assert d.stop() == 0, d.tail()
-        assert "Traceback" not in d.log.read_text(), d.tail()
+        said = d.log.read_text()
+        assert "Traceback" not in said, d.tail()
+        # The fault landed where it was aimed: the final commit met the full disk and said so.
+        assert any("final commit failed" in line and "No space left" in line for line in said.splitlines()), d.tail()
         no_false_claims(broker, d.state_dir, "tbl", t, row)
         status = json.loads((d.state_dir / "status.json").read_text())
         assert status["state"] in ("NOT_RUNNING", "RUNNING"), status

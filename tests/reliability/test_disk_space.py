@@ -14,7 +14,10 @@ republished CURRENT once the merge left it holding the pile alone, every publish
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 import shutil
+import signal
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,13 +25,16 @@ from typing import Any
 import pytest
 
 from globald.snapshot import manifest as manifests
+from globald.snapshot.reader import current_id
 from globald.store.names import snapshots_dir
 from globald.store.space import MB, minimum_state_dir
+from tests.chaos import entry, plan
 from tests.harness import Broker, DaemonProcess, random_records
 from tests.integration.snapshot_helpers import wait_snapshot_at
-from tests.reliability.checks import check_snapshots, check_store, watch
+from tests.reliability.checks import check_snapshots, check_store
 from tests.reliability.disk import fill, tmpfs
 from tests.reliability.ledger import FaultRow
+from tests.reliability.test_power_loss import stopped_by_hook
 
 pytestmark = pytest.mark.kafka
 
@@ -38,14 +44,34 @@ Topic = Callable[..., str]
 RECORDS = 150_000  # above BULK_LOAD_MIN_RECORDS: the restore is a bulk load (WAL off, L0 pile)
 DISK_MB = 64
 VALUE_SIZE = 150  # ~27 MB live (values do not compress): the disk is ~2.4x the live store
+# What the daemon says when it meets a disk without room: a write refused, compactions held back, the guard's line.
+MET_FULL_DISK = ("No space left", "compactions paused", "disk: table tbl needs")
 
 
-def running_at(d: DaemonProcess, ends: dict[int, int], timeout: float) -> dict[str, Any]:
+def running_at(d: DaemonProcess, ends: dict[int, int], timeout: float,
+               check: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """The status once RUNNING at ``ends`` and not degraded; ``check`` sees every document polled on the way."""
     want = {str(p): o for p, o in ends.items()}
-    return d.wait_for(lambda s: s.get("pid") == d.pid and s["state"] == "RUNNING" and not s.get("degraded")
-                      and s["tables"]["tbl"]["state"] == "RUNNING"
-                      and all(s["tables"]["tbl"]["offsets"].get(p) == o for p, o in want.items()),
-                      timeout=timeout, what="RUNNING at the log end, not degraded")
+
+    def there(s: dict[str, Any]) -> bool:
+        if check is not None:
+            check(s)
+        return (s.get("pid") == d.pid and s["state"] == "RUNNING" and not s.get("degraded")
+                and s["tables"]["tbl"]["state"] == "RUNNING"
+                and all(s["tables"]["tbl"]["offsets"].get(p) == o for p, o in want.items()))
+
+    return d.wait_for(there, timeout=timeout, what="RUNNING at the log end, not degraded")
+
+
+def settled_live(d: DaemonProcess) -> int:
+    """The live store's bytes once the merge after the load is over: the same size for 5 s, no snapshot beyond it."""
+    seen: list[int] = []
+
+    def settled(doc: dict[str, Any]) -> bool:
+        seen.append(doc["disk"]["tables"]["tbl"]["live_bytes"])
+        return len(seen) >= 25 and len(set(seen[-25:])) == 1 and doc["disk"]["tables"]["tbl"]["snapshot_bytes"] < MB
+
+    return int(d.wait_for(settled, timeout=120, what="the live store settled")["disk"]["tables"]["tbl"]["live_bytes"])
 
 
 def equals_oracle(broker: Broker, d: DaemonProcess, t: str, ends: dict[int, int], row: FaultRow) -> None:
@@ -67,15 +93,22 @@ def test_disk_filled_during_bulk_load_then_freed_then_restart(broker: Broker, to
     broker.admin.produce(t, random_records(RECORDS, keys=RECORDS * 50, seed=2101, tombstones=0.0,
                                            value_size=VALUE_SIZE))
     ends = broker.admin.end_offsets(t)
+    # The chaos campaign's restore hook stops the daemon (SIGSTOP) a third of the way into the restore: the disk is
+    # filled while it stands there, so the restore always goes on into the full disk (waiting for progress in the
+    # status and then filling raced the end of a restore that takes under a second on a fast machine).
+    arm = tmp_path / "arm.json"
+    arm.write_text(json.dumps({"id": 1, "phase": plan.RESTORE, "action": "freeze", "table": "tbl", "fraction": 0.3}))
     with tmpfs(tmp_path / "disk", DISK_MB) as disk:
-        d = daemon({"tbl": t}, state_dir=disk / "state", snapshots={"interval_ms": 1000, "retain": 5})
-        # Fill once the load has started writing (its first flushes are on disk), as another tenant would.
-        d.wait_for(lambda s: (s["tables"]["tbl"]["state"] == "RESTORING"
-                              and sum(int(o) for o in s["tables"]["tbl"]["offsets"].values()) > 0)
-                   or s["state"] == "RUNNING", timeout=60, what="the restore under way")
+        d = daemon({"tbl": t}, state_dir=disk / "state", snapshots={"interval_ms": 1000, "retain": 5}, start=False)
+        d.module, d.env = entry.__name__, {entry.ARM_ENV: str(arm)}
+        d.start()
+        assert stopped_by_hook(d, arm.with_name(f"{arm.name}.fired-1")), d.tail()
         filler = fill(disk, leave=20 << 20)
         row.injected += 1
-        watch(d, 5)
+        os.kill(d.pid, signal.SIGCONT)
+        # The daemon met the full disk: a write refused, or its guards saw the room short of the next step.
+        d.wait_for(lambda s: any(m in d.log.read_text() for m in MET_FULL_DISK), timeout=120,
+                   what=f"the daemon meeting the full disk ({' / '.join(MET_FULL_DISK)})")
         filler.unlink()
         running_at(d, ends, timeout=120)
         equals_oracle(broker, d, t, ends, row)
@@ -112,39 +145,35 @@ def test_restart_on_a_disk_at_the_documented_minimum(broker: Broker, topic: Topi
     # The live size on a roomy disk first: the rule is stated in it.
     roomy = daemon({"tbl": t}, state_dir=tmp_path / "roomy", store={"write_buffer_mb": wb_mb})
     running_at(roomy, ends, timeout=120)
-    seen: list[int] = []
-
-    def settled(doc: dict[str, Any]) -> bool:  # the merge after the load is over: the same size for 5 s
-        seen.append(doc["disk"]["tables"]["tbl"]["live_bytes"])
-        return len(seen) >= 25 and len(set(seen[-25:])) == 1 and doc["disk"]["tables"]["tbl"]["snapshot_bytes"] < MB
-
-    live = roomy.wait_for(settled, timeout=120, what="the live store settled")["disk"]["tables"]["tbl"]["live_bytes"]
+    live = settled_live(roomy)
     assert roomy.stop() == 0
     size_mb = -(-minimum_state_dir(live, wb_mb) // MB)
     with tmpfs(tmp_path / "disk", size_mb) as disk:
         d = daemon({"tbl": t}, state_dir=disk / "state", store={"write_buffer_mb": wb_mb})
         row.injected += 1
 
-        def never_degraded(doc: dict[str, Any]) -> bool:
-            assert not doc.get("degraded"), f"degraded on a disk of the documented minimum: {doc}"
-            return True
+        def never_degraded(doc: dict[str, Any]) -> None:  # every document polled, not only those at the end
+            if doc.get("pid") == d.pid:
+                assert not doc.get("degraded"), f"degraded on a disk of the documented minimum: {doc}"
 
-        running_at(d, ends, timeout=120)
+        running_at(d, ends, timeout=120, check=never_degraded)
         equals_oracle(broker, d, t, ends, row)
         assert d.stop() == 0, d.tail()
         d.start()
-        running_at(d, ends, timeout=90)
+        running_at(d, ends, timeout=90, check=never_degraded)
         for batch in range(6):
             broker.admin.produce(t, random_records(2_000, keys=RECORDS * 50, seed=2112 + batch, value_size=VALUE_SIZE))
             ends = broker.admin.end_offsets(t)
-            never_degraded(running_at(d, ends, timeout=60))
+            running_at(d, ends, timeout=60, check=never_degraded)
             wait_snapshot_at(d, "tbl", ends, timeout=60)
         equals_oracle(broker, d, t, ends, row)
         fig = d.status()["disk"]
         used = sum(v for k, v in fig["tables"]["tbl"].items() if k in ("live_bytes", "snapshot_bytes"))
         assert abs(fig["tables"]["tbl"]["live_bytes"] - live) < live // 5, (fig, live)
         assert used <= minimum_state_dir(live, wb_mb), fig
-        assert "No space left" not in d.log.read_text(), d.tail()
+        said = d.log.read_text()
+        # Between the polls too: every degradation is logged ("degraded: ..."), every refused write says why.
+        assert "No space left" not in said and "degraded:" not in said, d.tail()
         assert d.stop() == 0, d.tail()
 
 
@@ -163,8 +192,12 @@ def test_a_full_disk_is_relieved_by_freeing_globalds_own_snapshots(broker: Broke
     with tmpfs(tmp_path / "disk", DISK_MB) as disk:
         d = daemon({"tbl": t}, state_dir=disk / "state")
         running_at(d, ends, timeout=120)
-        cur = wait_snapshot_at(d, "tbl", ends, timeout=60)["id"]
+        wait_snapshot_at(d, "tbl", ends, timeout=60)
         assert d.stop() == 0, d.tail()
+        # CURRENT as the stop left it: the merge after the restore may have had it republished at the same offsets
+        # (and the one shown above deleted) in the meantime.
+        cur = current_id(d.state_dir, "tbl")
+        assert cur is not None, d.tail()
         # An older snapshot with files of its own (a copy, not links), as one published before a compaction is.
         root = snapshots_dir(d.state_dir, "tbl")
         older = str(int(cur) - 1_000_000)
