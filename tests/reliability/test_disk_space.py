@@ -29,12 +29,12 @@ from globald.snapshot.reader import current_id
 from globald.store.names import snapshots_dir
 from globald.store.space import MB, minimum_state_dir
 from tests.chaos import entry, plan
+from tests.chaos.daemon import stopped_at_hook
 from tests.harness import Broker, DaemonProcess, random_records
 from tests.integration.snapshot_helpers import wait_snapshot_at
 from tests.reliability.checks import check_snapshots, check_store
 from tests.reliability.disk import fill, tmpfs
 from tests.reliability.ledger import FaultRow
-from tests.reliability.test_power_loss import stopped_by_hook
 
 pytestmark = pytest.mark.kafka
 
@@ -102,7 +102,7 @@ def test_disk_filled_during_bulk_load_then_freed_then_restart(broker: Broker, to
         d = daemon({"tbl": t}, state_dir=disk / "state", snapshots={"interval_ms": 1000, "retain": 5}, start=False)
         d.module, d.env = entry.__name__, {entry.ARM_ENV: str(arm)}
         d.start()
-        assert stopped_by_hook(d, arm.with_name(f"{arm.name}.fired-1")), d.tail()
+        assert stopped_at_hook(d, arm.with_name(f"{arm.name}.fired-1"), 120), d.tail()
         filler = fill(disk, leave=20 << 20)
         row.injected += 1
         os.kill(d.pid, signal.SIGCONT)
