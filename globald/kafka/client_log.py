@@ -28,9 +28,12 @@ _KNOWN_HARMLESS = ("allow.auto.create.topics=false not supported by broker",
                    # librdkafka 2.x parsing a 0.9 broker's Metadata v0 answer; the request is retried and succeeds.
                    "Not enough room in tmpabuf")
 
-# "(after 0ms in state CONNECT)", "(after 12ms in state UP, 3 identical error(s) suppressed)", "in 1.2s"
+# "(after 0ms in state CONNECT)", "(after 12ms in state UP, 3 identical error(s) suppressed)", "in 1.2s", and the
+# client's instance in "[globald#consumer-3]": the daemon's consumer and the cluster worker's meet the same broker
+# problem, which is one problem, logged once.
 _VARYING = (re.compile(r"\s*\((after \d+ms|\d+ identical)(?:[^()]|\([^()]*\))*\)"),
-            re.compile(r"\b\d+(\.\d+)?(ms|s)\b"))
+            re.compile(r"\b\d+(\.\d+)?(ms|s)\b"),
+            re.compile(r"(?<=#)(consumer|producer)-\d+"))
 
 
 class _HarmlessAtDebug(logging.Filter):

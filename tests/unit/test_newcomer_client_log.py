@@ -66,3 +66,14 @@ def test_the_0_9_protoerr_line_is_at_debug(caplog: pytest.LogCaptureFixture) -> 
                         "Not enough room in tmpabuf")
         kafka_log.error("PROTOERR [rdkafka#producer-1] 127.0.0.1:9/0: Protocol parse failure for Produce v2")
     assert [r.getMessage()[-20:] for r in caplog.records] == ["e failure for Produce v2"[-20:]]
+
+
+def test_two_clients_meeting_the_same_broker_problem_are_one_problem() -> None:
+    """The daemon's consumer and the cluster worker's (kafka.worker) both meet a broker that refuses them: one
+    problem, logged once, not once per client."""
+    from globald.kafka.client_log import problem_key
+
+    line = ("FAIL [globald#consumer-{n}] [thrd:127.0.0.1:9/bootstrap]: 127.0.0.1:9/bootstrap: Connect to "
+            "ipv4#127.0.0.1:9 failed: Connection refused (after 0ms in state CONNECT)")
+    assert problem_key(line.format(n=2)) == problem_key(line.format(n=3))
+    assert "Connection refused" in problem_key(line.format(n=2))
