@@ -277,8 +277,15 @@ PHASES: dict[str, Callable[[Broker, Daemon, Path, str, str], Run]] = {
 _LONG = {"restore", "bulk-load end", "exact build", "identity check at plan"}
 
 
-@pytest.mark.parametrize("steps", STEPS)
-@pytest.mark.parametrize("phase", [pytest.param(p, marks=pytest.mark.long) if p in _LONG else p for p in PHASES])
+def _cases() -> list[Any]:
+    """Every phase in both directions; the long ones in the long lane. So is +1 h and back at start: its step back
+    lands while the cluster worker's first questions wait in librdkafka, stretched by the hour, and the worker
+    leaves them behind after 60 s, as designed (70 s on the 2-core machine)."""
+    return [pytest.param(p, s, marks=pytest.mark.long) if p in _LONG or (p, s) == ("start", "forward-and-back")
+            else pytest.param(p, s) for p in PHASES for s in STEPS]
+
+
+@pytest.mark.parametrize(("phase", "steps"), _cases())
 def test_clock_stepped_in_a_phase(broker: Broker, topic: Topic, daemon: Daemon, tmp_path: Path,
                                   fault: Callable[[str, str], FaultRow], phase: str, steps: str) -> None:
     first, then_, tool = STEPS[steps]
