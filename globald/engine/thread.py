@@ -155,8 +155,8 @@ class GlobalThread:
             for rt in self.tables.values():
                 rt.machine.to(State.PENDING_SHUTDOWN, "stop requested")
             if loop is not None:
-                try:
-                    self.manager.commit({name: loop.task.positions(name) for name in self.tables})
+                try:  # every table but those waiting for their plan (see ``Loop.committable``)
+                    self.manager.commit({n: loop.task.positions(n) for n in self.tables if n not in loop.pending})
                 except STORE_FAULTS as e:
                     log.warning("final commit failed (%s); the stores stay at their last durable commit", e)
                     clean = False
