@@ -214,7 +214,9 @@ class Loop:
         committed = [name for name in positions if not self.manager.tables[name].store.bulk]
         for name in committed:
             self.task.committed(name)
-        if committed or not any(rt.store.bulk for rt in self.manager.tables.values()):
+        # Nothing committed proves the disk only once every table is planned and none is in a bulk load: a table
+        # waiting for its plan's answer is about to begin one, whose writes say nothing of the disk (see below).
+        if committed or not (self.pending or any(rt.store.bulk for rt in self.manager.tables.values())):
             self._disk_proven()
 
     def _disk_proven(self) -> None:
