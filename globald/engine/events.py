@@ -140,6 +140,9 @@ def deliver(listeners: Listeners) -> Subscriber:
 
 
 OPERATOR_RESET = "operator_reset"  # the wipe kind of a rebuild an operator asked for
+# Not a wipe: a store holding no offsets when the daemon opens it (a wipe emptied it before a restart, or its first
+# restore never got under way); ``engine.refill``'s source decides whether the start already looked for an export.
+EMPTY_STORE = "empty_store"
 
 
 class RebuildRequest:

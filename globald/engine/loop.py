@@ -34,6 +34,7 @@ from globald.engine.cluster_watch import (
 )
 from globald.engine.events import OPERATOR_RESET, Emit, RebuildRequests
 from globald.engine.problems import KAFKA, STORE, Problems
+from globald.engine.refill import Refiller, Refills
 from globald.engine.state_manager import StateManager
 from globald.engine.table import TableRuntime
 from globald.engine.update_task import PollResult, UpdateTask
@@ -69,6 +70,7 @@ class LoopParts:
     rebuilds: RebuildRequests
     machine: StateMachine  # the daemon's
     stop: threading.Event
+    refills: Refills | None = None  # where a store a wipe emptied may be refilled from ([export] bootstrap)
 
 
 class Loop:
@@ -95,6 +97,7 @@ class Loop:
         self.worker = self.manager.worker
         self.watch = ClusterWatch(self.manager.tables, self.identity, self.worker, self.problems,
                                   self.config.metadata_refresh_ms / 1000)
+        self.refill = Refiller(parts.refills, self.identity)
         self._idle_wait = _IDLE_WAIT_MIN_S
         self._next_commit = time.monotonic() + self.config.commit_interval_ms / 1000
         for rt in self.manager.tables.values():
@@ -234,10 +237,14 @@ class Loop:
                 continue
             rt = self.manager.tables[name]
             try:
+                if self.refill.hold(rt):  # emptied by a wipe, and refilled from an export before it is planned
+                    continue
                 facts = self.identity.plan_answer(rt)  # asked of the cluster worker; None until it is in
                 if facts is None:
                     continue
-                plan = self.manager.plan(rt, facts)
+                plan = self.manager.plan(rt, facts, refill=self.refill.on)
+                if plan is None:  # the plan wiped it: refilled first, planned again after
+                    continue
                 self.task.start(name, plan.starts, plan.ladders)
                 self.consumer.incremental_assign(plan.assignment)
             except STORE_FAULTS:
@@ -265,6 +272,7 @@ class Loop:
         """Wipe ``table`` (counted under ``kind``) and restore it from the log start. Returns None once the store
         is wiped, else why the wipe failed (the stores then rewind, as after any store fault)."""
         rt = self.manager.tables[table]
+        self.refill.cancel(table)  # what a refill still out would install predates this wipe
         self._unassign(rt)
         # RESTORING before the wipe: status readers learn of the rebuild before the data goes.
         self.manager.restoring(rt, f"{kind.replace('_', ' ')}, rebuilding: {detail}")
@@ -330,6 +338,7 @@ class Loop:
         """The consumer goes to the cluster worker to be closed there, then the worker stops (bounded)."""
         for rt in self.manager.tables.values():
             rt.assigned = False  # nothing is assigned once the consumer is closed: no more watermarks from it
+        self.refill.close()
         self.worker.retire(self.consumer)
         if not self.worker.close():
             log.warning("a Kafka client did not close within the stop's bound (stuck in librdkafka); stopping "

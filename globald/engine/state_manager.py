@@ -25,6 +25,7 @@ from confluent_kafka import TopicPartition
 from globald.common.errors import StoreCorruptError, StoreIOError, StoreUnavailableError
 from globald.common.states import State, StateMachine
 from globald.engine.events import (
+    EMPTY_STORE,
     BatchRestored,
     Committed,
     Emit,
@@ -116,15 +117,18 @@ class StateManager:
             if opened.wiped_reason:
                 self._count_wipe(rt, "corrupt_store", opened.wiped_reason)
             stored[tc.name] = store.offsets()
+            if not stored[tc.name] and rt.emptied is None:
+                rt.emptied = EMPTY_STORE
         return stored, refused
 
     # -- planning -----------------------------------------------------------------------------------------------
 
-    def plan(self, rt: TableRuntime, facts: PlanFacts) -> Plan:
+    def plan(self, rt: TableRuntime, facts: PlanFacts, refill: bool = False) -> Plan | None:
         """The assignment that restores ``rt``, from what the cluster said of its topic (``facts``, asked off the
         loop thread: ``TopicIdentity.ask_plan``); wipes it first when its stored offsets are invalid or its topic
-        is another one. A restoring table with at least BULK_LOAD_MIN_RECORDS to read is bulk-loaded. Raises
-        TransientKafkaError when the check could not be made (asked again later)."""
+        is another one, and then, with ``refill``, stops there (None: the loop refills the emptied store first,
+        ``engine.refill``, and plans it again). A restoring table with at least BULK_LOAD_MIN_RECORDS to read is
+        bulk-loaded. Raises TransientKafkaError when the check could not be made (asked again later)."""
         parts, marks = facts.partitions, facts.marks
         stored = rt.store.offsets()
         changed = self.identity.changed_id(rt, facts.topic_id) if stored else None
@@ -137,6 +141,8 @@ class StateManager:
             rt.machine.to(State.RESTORING, f"invalid offset, rebuilding: {detail}")  # even a RUNNING table
             self.wipe(rt, "invalid_offset", detail)
             stored = {}
+        if refill and rt.emptied:
+            return None
         ladders = rt.store.fingerprints() if stored else {}
         if stored:
             if facts.verdict is None:  # asked about another store than this one: ask again
@@ -144,10 +150,13 @@ class StateManager:
             recreated = self.identity.judge(rt, facts.verdict, {p: f for p, f in ladders.items() if p in marks})
             if recreated:
                 self.rebuild_recreated(rt, recreated)
+                if refill:
+                    return None
                 stored, ladders = {}, {}
         if facts.topic_id is not None:
             rt.store.record_topic_id(facts.topic_id)
         start = {p: stored.get(p, low) for p, (low, _) in marks.items()}
+        rt.emptied = None  # planned from the topic: nothing to refill any more
         self._store_starts(rt, {p: o for p, o in start.items() if p not in stored})
         self.identity.planned(rt, ladders, start)  # checked above, or empty: the topic there now from its start
         rt.partitions = parts
@@ -252,6 +261,7 @@ class StateManager:
 
     def _count_wipe(self, rt: TableRuntime, kind: str, detail: str) -> None:
         self.wipes[(rt.name, kind)] += 1
+        rt.emptied = kind
         log.warning("table %s: WIPE (%s): %s", rt.name, kind, detail)
         shown = self.identity.forget(rt.name)  # nothing of an emptied store is shown until its next plan
         # Another topic under the name: what was applied past the offsets last shown, and every snapshot taken

@@ -42,6 +42,7 @@ class TableRuntime:
     restore: Restore | None = None  # set by a plan with something to restore; None once it is durable
     assigned: bool = False
     last_error: str | None = None
+    emptied: str | None = None  # the kind of the wipe that emptied the store, until it is refilled or planned
 
     @property
     def name(self) -> str:

@@ -28,6 +28,7 @@ from globald.engine.events import (
 )
 from globald.engine.loop import Loop, LoopParts, LoopService
 from globald.engine.problems import Problems
+from globald.engine.refill import Refills
 from globald.engine.state_manager import StateManager
 from globald.engine.table import TableRuntime
 from globald.engine.view import LoopStats
@@ -48,7 +49,7 @@ class GlobalThread:
 
     def __init__(self, config: Config, manager: StateManager, emit: Emit, services: Sequence[LoopService] = (),
                  rebuilds: RebuildRequests | None = None, stats: LoopStats | None = None,
-                 consumer_factory: Callable[..., Consumer] = make_consumer) -> None:
+                 consumer_factory: Callable[..., Consumer] = make_consumer, refills: Refills | None = None) -> None:
         self.config = config
         self.manager = manager
         self._emit = emit
@@ -58,6 +59,7 @@ class GlobalThread:
         self._services = (BackgroundUpgrade(manager.tables), *services)
         self._rebuilds = rebuilds or RebuildRequests()
         self._consumer_factory = consumer_factory
+        self._refills = refills
         self._stop = threading.Event()
         self._loop: Loop | None = None
 
@@ -127,7 +129,7 @@ class GlobalThread:
             self.machine.to(State.RESTORING, "starting")
             stored, refused = self.manager.open_all()
             parts = LoopParts(self.config, self.manager, self.problems, self.stats, self._services, self._emit,
-                              self._rebuilds, self.machine, self._stop)
+                              self._rebuilds, self.machine, self._stop, self._refills)
             self._loop = Loop(parts, lambda: self._consumer_factory(self.config, on_error=self._on_kafka_error),
                               stored)
             if refused:

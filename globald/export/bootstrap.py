@@ -119,6 +119,14 @@ class Install:
             self._state = "installed"
 
 
+class Staged(Install):
+    """The last step for a store the daemon's loop puts in place itself (``engine.refill``, after a wipe while
+    it runs): the checked stage is left where it is, ready, and the loop moves it at its next turn."""
+
+    def run(self, move: Callable[[], None]) -> None:
+        super().run(lambda: None)
+
+
 class Bootstrap:
     """Bootstraps one table (on a worker thread: every call may block on the storage or the broker)."""
 

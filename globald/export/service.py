@@ -24,6 +24,7 @@ from globald.engine.view import EngineView
 from globald.export import retention
 from globald.export.bootstrap import Origin
 from globald.export.exporter import ExportStopped, export_snapshot
+from globald.export.refill import ExportRefills
 from globald.export.target import Target, TargetError, masked
 from globald.settings.config import Config, ExportConfig
 from globald.snapshot import leases
@@ -98,12 +99,17 @@ class ExportService:
         self._stop = threading.Event()
         self._lock = threading.Lock()  # status reads the tables from the HTTP thread
         self._worker = threading.Thread(target=self._work, name="globald-export", daemon=True)
+        self._looked_at_start: dict[str, bool] = {}
+        # A store a wipe empties while the daemon runs starts again from an export too (``engine.refill``).
+        self.refills = ExportRefills(config, self._set_origin, lambda t: self._looked_at_start.get(t, False)) \
+            if self.export.bootstrap else None
 
     # -- lifecycle (main thread) --------------------------------------------------------------------------------
 
     def start(self, origins: dict[str, Origin]) -> None:
         for name, origin in origins.items():
             self._tables[name].origin = origin
+            self._looked_at_start[name] = origin.kind != "store"
         first = time.monotonic() + (self.export.interval_s if self.export.interval_s else 0)
         for name, tab in self._tables.items():
             tab.next_at = first
@@ -132,9 +138,8 @@ class ExportService:
             case Wiped(table=name) if name in self._tables:
                 tab = self._tables[name]
                 tab.shown, tab.wiped_at, tab.next_at = None, time.time(), 0.0  # export again once rebuilt
-                with self._lock:
-                    tab.origin = Origin("topic", fallback=f"wiped ({event.kind}): restored from the topic "
-                                                          "(a bootstrap after a wipe is not wired yet)")
+                with self._lock:  # until a refill (``refills``) looks for an export, when it does
+                    tab.origin = Origin("topic", fallback=f"wiped ({event.kind}): restored from the topic")
             case StateChanged(table=str() as name, new=State.RUNNING) if name in self._tables:
                 tab = self._tables[name]
                 if tab.origin is not None and tab.origin.kind == "export" and tab.origin.tail is None:
@@ -251,6 +256,10 @@ class ExportService:
             log.warning("table %s: export retention failed (the next export tries again): %s", table, e)
 
     # -- status (any thread) -------------------------------------------------------------------------------------
+
+    def _set_origin(self, table: str, origin: Origin) -> None:
+        with self._lock:
+            self._tables[table].origin = origin
 
     def origin(self, table: str) -> dict[str, Any] | None:
         with self._lock:

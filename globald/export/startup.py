@@ -5,11 +5,12 @@ slow costs at most that bound; the table then restores from the topic, and statu
 from __future__ import annotations
 
 import logging
+import shutil
 import threading
 import time
 from collections.abc import Callable
 
-from globald.export.bootstrap import Abandoned, Bootstrap, Install, Origin, needs_bootstrap
+from globald.export.bootstrap import Abandoned, Bootstrap, Install, Origin, needs_bootstrap, staging_dir
 from globald.export.target import Target, TargetError, masked
 from globald.settings.config import Config, TableConfig
 
@@ -18,11 +19,12 @@ log = logging.getLogger(__name__)
 _WATCH_S = 0.1  # how often the caller's stop is looked at: well within the daemon's one-second stop bound
 
 
-class _Worker(threading.Thread):
-    def __init__(self, config: Config, table: TableConfig, stop: threading.Event) -> None:
+class BootstrapWorker(threading.Thread):
+    def __init__(self, config: Config, table: TableConfig, stop: threading.Event, install: Install | None = None,
+                 ) -> None:
         super().__init__(name=f"globald-bootstrap-{table.name}", daemon=True)  # abandoned on a stop or past the bound
         self.config, self.table, self.stop = config, table, stop
-        self.install = Install()
+        self.install = install or Install()
         self.origin: Origin | None = None
 
     def run(self) -> None:
@@ -46,15 +48,16 @@ def bootstrap_empty_tables(config: Config, wait_stop: Callable[[float], bool]) -
     export = config.export
     assert export is not None
     origins: dict[str, Origin] = {}
-    workers: list[_Worker] = []
+    workers: list[BootstrapWorker] = []
     stop = threading.Event()
     for t in config.tables:
+        shutil.rmtree(staging_dir(config.state_dir, t.name), ignore_errors=True)  # a download a stop cut short
         if not needs_bootstrap(config.state_dir, t.name):
             origins[t.name] = Origin("store")
         elif not export.bootstrap:
             origins[t.name] = Origin("topic", fallback="bootstrap = false", uri=masked(export.uri))
         else:
-            w = _Worker(config, t, stop)
+            w = BootstrapWorker(config, t, stop)
             log.info("table %s: store empty; looking for an export in %s", t.name, masked(export.uri))
             w.start()
             workers.append(w)

@@ -79,7 +79,8 @@ class Daemon:
         self.thread = GlobalThread(config, self.manager, self.bus.emit, services=(
                                        (self.snapshots, self.ops, self) if self.exports is None else
                                        (self.snapshots, self.ops, self, self.exports)),
-                                   rebuilds=rebuilds, stats=self.stats)
+                                   rebuilds=rebuilds, stats=self.stats,
+                                   refills=self.exports.refills if self.exports else None)
         # The order matters and is fixed here: user callbacks first (as registered), the publisher before status
         # (a status written on a wipe shows the stale mark), operations and exports before status (readiness,
         # metrics, the origin's tail).

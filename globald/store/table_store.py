@@ -210,6 +210,17 @@ class TableStore(Database):
         self._delete_files()
         self._open_checked()
 
+    def replace_with(self, stage: Path) -> None:
+        """Put ``stage`` (a complete store directory its maker checked: ``export.bootstrap``) in place of this
+        emptied one, and open it. The old directory goes by one durable rename, the stage comes by another: a power
+        loss between leaves no store, which the next start bootstraps or restores; never half of one. Raises
+        StoreIOError while the disk refuses (the store is then left closed for ``recover_stores``)."""
+        self._close_quietly()
+        with store_io(f"table {self.table}: put the refilled store in place"):
+            self._delete_files()
+            durable.rename(stage, table_dir(self.state_dir, self.table))
+        self.open_or_wipe(wipe_unusable=False)
+
     def reopen(self) -> None:
         """Close and open again (RocksDB refuses every write after one failed until it is reopened). Raises
         StoreCorruptError for a store found unusable, StoreIOError while the disk refuses (left closed)."""

@@ -1,0 +1,84 @@
+"""Bootstrap after a wipe while the daemon runs (issue 34, ``engine.refill``): a store a KIP-406 wipe emptied
+starts again from the newest usable export, with the checks of a new host's bootstrap, and equals the oracle fold;
+an export it cannot use is refused with its reason and the table replays the topic, in the same process."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.harness import Broker, DaemonProcess, random_records, values_only
+from tests.integration.test_export import _equals_fold, _export_at, _export_conf, _exporter, _fresh
+
+pytestmark = [pytest.mark.kafka, pytest.mark.long]  # two daemons, restores and the broker's JVM tools: over 30 s
+
+Daemon = Callable[..., DaemonProcess]
+
+
+def test_a_store_wiped_for_an_invalid_offset_is_refilled_from_a_usable_export(
+        broker: Broker, topic: Callable[..., str], daemon: Daemon, tmp_path: Path) -> None:
+    t, root, exporter = _exporter(daemon, broker, topic, tmp_path, 2_000, 400, 361, compact=False)
+    written = random_records(2_000, keys=400, seed=361, tombstones=0.1)  # what _exporter produced
+    # Host B replays the topic (there is no export yet), then stops.
+    b, table = _fresh(daemon, broker, t, root, tmp_path, "state-b")
+    assert table["origin"]["kind"] == "topic", table["origin"]
+    b.stop()
+    # Retention drops every record B's store holds offsets in: its offsets are invalid (KIP-406) ...
+    written += random_records(500, keys=400, seed=362, tombstones=0.0)
+    broker.admin.produce(t, written[2_000:])
+    broker.admin.advance_log_start(t)  # it also writes b"__roll__" records
+    # ... while the exporter, which kept up, exports above the new log start.
+    done = _export_at(exporter, root, broker.admin.end_offsets(t))
+    tail = random_records(300, keys=400, seed=363, tombstones=0.0)
+    broker.admin.produce(t, tail)  # the tail after the export
+    b.start()
+    doc = b.wait_running({"tbl": broker.admin.end_offsets(t)}, timeout=120)
+    table = doc["tables"]["tbl"]
+    assert table["wipes"] == 1, table  # the store was wiped by the plan (an invalid offset), in this process
+    origin = table["origin"]
+    assert origin["kind"] == "export" and origin["export"] == done["export"], origin
+    assert origin["bytes_downloaded"] > 0
+    end = broker.admin.end_offsets(t)
+    assert origin["tail"] == sum(end.values()) - sum(origin["offsets"].values()) >= 300
+    log_text = b.log.read_text(errors="replace")
+    assert "WIPE (invalid_offset)" in log_text and "store refilled from" in log_text, b.tail()
+    # The oracle over every record ever written below the offsets: retention (this topic is not compacted)
+    # dropped the records below the log start from the broker, not from the fold a host that kept up holds.
+    assert values_only(b.dump("tbl")) == _fold([*written, (b"__roll__", b"x"), *tail])
+    assert not list((b.state_dir / "tables").glob(".bootstrap-*"))
+
+
+def _fold(records: list[tuple[bytes | None, bytes | None]]) -> dict[bytes, bytes]:
+    table: dict[bytes, bytes] = {}
+    for key, value in records:
+        if key is None:
+            continue
+        if value is None:
+            table.pop(key, None)
+        else:
+            table[key] = value
+    return table
+
+
+def test_a_store_wiped_for_a_recreated_topic_while_running_refuses_the_old_export(
+        broker: Broker, topic: Callable[..., str], daemon: Daemon, tmp_path: Path) -> None:
+    t, root, exporter = _exporter(daemon, broker, topic, tmp_path, 400, 100, 364, partitions=1)
+    _export_at(exporter, root, broker.admin.end_offsets(t))
+    exporter.stop()
+    b = daemon({"tbl": t}, metadata_refresh_ms=300, export=_export_conf(root), state_dir=tmp_path / "state-b")
+    first = b.wait_running({"tbl": broker.admin.end_offsets(t)}, timeout=120)["tables"]["tbl"]
+    assert first["origin"]["kind"] == "export", first["origin"]
+    pid = b.pid
+    broker.admin.delete(t)
+    broker.admin.create(t, partitions=1)
+    broker.admin.produce(t, random_records(900, keys=100, seed=365, tombstones=0.0))  # past the export's offsets
+    doc = b.wait_for(lambda s: s["tables"]["tbl"]["wipes"] == 1 and s["state"] == "RUNNING"
+                     and s["tables"]["tbl"]["origin"]["kind"] == "topic"
+                     and s["tables"]["tbl"]["offsets"] == {str(p): o for p, o in broker.admin.end_offsets(t).items()},
+                     timeout=120, what="the recreated topic restored from the topic")
+    table = doc["tables"]["tbl"]
+    assert "is not the one exported" in table["origin"]["fallback"], table["origin"]
+    assert b.pid == pid and doc["pid"] == pid
+    _equals_fold(broker, t, b, table)
