@@ -13,13 +13,8 @@ from typing import Any
 
 import pytest
 
-from globald.settings.config import load
-from globald.store.names import snapshots_dir
-from globald.typed import load_table
-from globald.typed.arrow import python_rows
-from globald.typed.columnar import ColumnarTable, columnar_path
 from tests.harness import Broker, DaemonProcess, oracle_at
-from tests.integration.test_registry_daemon import decoded_at
+from tests.integration.test_registry_daemon import check_decoded, decoded_at
 from tests.support.registry import RegistryDouble
 from tests.unit.test_registry_protobuf import (
     CUSTOMER_V1,
@@ -53,15 +48,8 @@ def produced(sid: int, cls: Any, n: int, keys: int, start: int) -> list[tuple[by
 
 
 def check_file(d: DaemonProcess, broker: Broker, topic: str, v1: Any, decode: dict[str, Any]) -> None:
-    """The decoded file's rows against the oracle fold at its offsets, read with the v1 reader's class."""
-    config = load(d.config)
-    decoder = load_table(config, "cust")[1]
-    path = columnar_path(snapshots_dir(config.state_dir, "cust") / decode["snapshot"], decoder)
-    table = ColumnarTable.open(path, decoder.fingerprint)
-    oracle = oracle_at(broker, topic, decode["offsets"])
-    assert table.keys.to_pylist() == sorted(oracle)
-    assert python_rows(table.values) == [expected(v1.FromString(oracle[k][5 + len(INDEX):]).id) for k in sorted(oracle)]
-    assert table.error_count == 0 == decode["errors"] and decode["pending"] == 0
+    """The decoded file's rows against the oracle fold at its offsets, each parsed with the v1 reader's class."""
+    check_decoded(d, broker, topic, decode, lambda value: expected(v1.FromString(value[5 + len(INDEX):]).id))
 
 
 @pytest.mark.long
