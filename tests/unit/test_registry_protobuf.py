@@ -23,6 +23,7 @@ from globald.common.errors import ConfigError
 from globald.settings.config import Config, load
 from globald.typed.arrow import PendingSchema, python_rows
 from globald.typed.registry import take_reader_schemas
+from tests.harness import globald
 from tests.support.registry import RegistryDouble
 from tests.unit.test_registry import write_config
 from tests.unit.typed_fixtures import confluent
@@ -224,3 +225,15 @@ def test_a_schema_of_another_type_or_not_in_the_registry_is_a_decode_error_not_p
     with pytest.raises(PendingSchema):
         registry.stop()
         decoder(config).decode_value(confluent(98, b"", INDEX))
+
+
+def test_check_config_reaches_the_registry_and_names_a_message_the_subject_lacks(
+        tmp_path: Path, registry: RegistryDouble) -> None:
+    register_customer(registry)
+    good = write_config(tmp_path, registry.url, FROM_REGISTRY, fmt="protobuf")
+    done = globald("check-config", "--config", str(good))
+    assert done.returncode == 0, done.stderr
+    good.write_text(good.read_text().replace('"shop.Customer"', '"shop.Order"'))
+    done = globald("check-config", "--config", str(good))
+    assert done.returncode == 2 and done.stderr.strip().splitlines() == [
+        "globald: config error: tables[0].value.message: no message shop.Order in subject customers-value"], done.stderr
