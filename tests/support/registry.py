@@ -31,6 +31,9 @@ schema-registry/develop/api, and the Confluent Cloud pages of the same operation
 - ``POST /subjects/{subject}`` (Subjects, "Check if a schema has already been registered under the specified
   subject"): ``{"subject", "id", "version", "schema"}``; 404 with 40401 or 40403.
 
+Any other path is answered 404 with error_code 404 "HTTP 404 Not Found", as the registry answers a path it does
+not serve (Confluent's Protobuf serializer asks ``GET /associations/resources/...`` first and falls back on that).
+
 Authentication (Security, "HTTP Basic Authentication" and Confluent Cloud's bearer tokens): with ``users`` set,
 every request needs ``Authorization: Basic`` with one of them, with ``tokens`` set ``Authorization: Bearer`` with
 one of them; otherwise 401 with error_code 40101 "Unauthorized". Error bodies are always ``{"error_code",

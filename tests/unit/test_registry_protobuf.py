@@ -237,3 +237,24 @@ def test_check_config_reaches_the_registry_and_names_a_message_the_subject_lacks
     done = globald("check-config", "--config", str(good))
     assert done.returncode == 2 and done.stderr.strip().splitlines() == [
         "globald: config error: tables[0].value.message: no message shop.Order in subject customers-value"], done.stderr
+
+
+def test_records_written_by_confluents_own_protobuf_serializer_decode(tmp_path: Path,
+                                                                      registry: RegistryDouble) -> None:
+    """The framing (id, message-index array) as Confluent's ProtobufSerializer writes it, for the subject's latest
+    version, read back by a protobuf registry table."""
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+    from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    sid = register_customer(registry)
+    v1 = classes(tmp_path, CUSTOMER_V1)
+    serializer = ProtobufSerializer(v1, SchemaRegistryClient({"url": registry.url}), {
+        "auto.register.schemas": False, "use.latest.version": True, "use.deprecated.format": False})
+    context = SerializationContext("customers", MessageField.VALUE)
+    values = [serializer(v1.FromString(customer(v1, i)), context) for i in range(5)]
+    assert all(v[:5] == confluent(sid, b"") for v in values)
+    config = load(write_config(tmp_path, registry.url, FROM_REGISTRY, fmt="protobuf"))
+    take_reader_schemas(config)
+    got = decoder(config).decode(pa.array(values, pa.binary()))
+    assert got.error_count == 0 and python_rows(got.values) == [expected(i) for i in range(5)]
