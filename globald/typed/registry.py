@@ -40,7 +40,7 @@ from globald.settings.registry import redact
 from globald.settings.typed_spec import SchemaError, ValueFormat
 from globald.store.durable import make_dirs, replace_file
 from globald.store.names import REGISTRY_DIR
-from globald.typed.references import dereference, inline, proto_descriptor_set, proto_file
+from globald.typed.references import MAX_REF_DEPTH, dereference, inline, proto_descriptor_set, proto_file
 
 if TYPE_CHECKING:
     from globald.settings.config import Config
@@ -226,19 +226,23 @@ class Registry:
         (google/protobuf/*) from the runtime; a set the runtime cannot build is a DecodeError."""
         from globald.typed.arrow import DecodeError
 
-        files: dict[str, bytes] = {}
+        texts: dict[str, str | None] = {}
+        self._proto_texts(schema, name, texts)  # the registry's errors pass: an outage is a pending decode
         try:
-            self._proto_files(schema, name, files)
-            return proto_descriptor_set(files)
+            return proto_descriptor_set({n: proto_file(n, text) for n, text in texts.items()})
         except (ValueError, KeyError, TypeError) as e:
             raise DecodeError(f"Protobuf schema not usable: {e}") from None
 
-    def _proto_files(self, schema: Any, name: str, files: dict[str, bytes]) -> None:
+    def _proto_texts(self, schema: Any, name: str, texts: dict[str, str | None], depth: int = 0) -> None:
+        from globald.typed.arrow import DecodeError
+
+        if depth > MAX_REF_DEPTH:  # protobuf forbids import cycles; a registry that has one is not waited for
+            raise DecodeError(f"Protobuf references nested over {MAX_REF_DEPTH} deep at {name} (a cycle?)")
         for ref in schema.references or []:
-            if ref.name not in files:
+            if ref.name not in texts:
                 got = client(self.settings).get_version(ref.subject, ref.version, fmt="serialized")
-                self._proto_files(got.schema, ref.name, files)
-        files[name] = proto_file(name, schema.schema_str)
+                self._proto_texts(got.schema, ref.name, texts, depth + 1)
+        texts[name] = schema.schema_str
 
     def _json_expanded(self, schema: Any) -> Any:
         """A JSON Schema with every ``$ref`` to a reference's name (``address.json``, ``address.json#/x``) and every
