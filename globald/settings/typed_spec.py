@@ -30,8 +30,6 @@ DECODER_VERSION = "2"  # 2: Avro checked against its writer schema (globald.type
 DEFAULT_MAX_ITEMS = 1_000_000
 # writer_schemas = "registry": each writer id is fetched from [registry] when first met (globald.typed.registry).
 REGISTRY = Path("registry")
-# Formats whose schemas the registry can supply so far.
-REGISTRY_FORMATS = ("avro", "json")
 
 
 class SchemaError(ConfigError):
@@ -59,8 +57,9 @@ class ValueFormat:
              "first met and kept in state_dir (required for avro with confluent framing; a directory named "
              "registry is written as an absolute path)")))
     subject: str | None = field(default=None, metadata=declare(Text(
-        help="avro, json: the reader schema is this Schema Registry subject's (customers-value), not a schema "
-             "file: its latest version as the daemon took it at start (or at a reload), or subject_version")))
+        help="the reader schema is this Schema Registry subject's (customers-value), not a schema file: its latest "
+             "version as the daemon took it at start (or at a reload), or subject_version; protobuf: message names "
+             "the reader's message type in it (or in a file it imports)")))
     subject_version: int | None = field(default=None, metadata=declare(Integer(
         1, 2**31 - 1, help="with subject: this version of it, pinned, instead of the latest")))
     on_error: str = field(default="null", metadata=declare(Choice(
@@ -105,10 +104,6 @@ def check_format_keys(fmt: ValueFormat, path: str) -> None:
         raise ConfigError(f"{path}.subject_version", "needs subject (the version of which subject)")
     if fmt.subject is not None and fmt.schema is not None:
         raise ConfigError(f"{path}.subject", "and schema both name the reader schema: keep one")
-    if fmt.uses_registry and fmt.format not in REGISTRY_FORMATS:
-        key = "subject" if fmt.subject is not None else "writer_schemas"
-        raise ConfigError(f"{path}.{key}", f"the Schema Registry supplies {', '.join(REGISTRY_FORMATS)} schemas "
-                          f"so far, not {fmt.format}: use schema files")
     if fmt.schema is None and fmt.subject is None:
         raise ConfigError(f"{path}.schema", f"is required with format = {fmt.format!r} (or subject, from the "
                           "Schema Registry)")

@@ -57,7 +57,7 @@ def load(fmt: ValueFormat | None, where: str, registry: Registry | None = None,
     if not fmt.uses_registry:
         arrow_type, one = compile_format(fmt, where)
         return Decoder(fmt, where, arrow_type, one, fingerprint(fmt, where))
-    from globald.typed.avro import compile_avro  # REGISTRY_FORMATS: check_format_keys refuses the others
+    from globald.typed.avro import compile_avro
     from globald.typed.jsonfmt import compile_json
 
     assert registry is not None
@@ -68,7 +68,12 @@ def load(fmt: ValueFormat | None, where: str, registry: Registry | None = None,
     if fmt.format == "json":  # a JSON value decodes without its writer schema: writer ids need no fetch
         arrow_type, one = compile_json(fmt, where, reader_text)
         return Decoder(fmt, where, arrow_type, one, fingerprint(fmt, where, reader_text), reader_id=reader_id)
-    arrow_type, one = compile_avro(fmt, where, registry, reader_text)
+    if fmt.format == "protobuf":
+        from globald.typed.protobuf import compile_protobuf
+
+        arrow_type, one = compile_protobuf(fmt, where, registry, reader_text)
+    else:
+        arrow_type, one = compile_avro(fmt, where, registry, reader_text)
     return Decoder(fmt, where, arrow_type, one, fingerprint(fmt, where, reader_text),
                    registry.available if fmt.writers_from_registry else None, reader_id)
 

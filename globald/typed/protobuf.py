@@ -13,10 +13,11 @@ has no column type and is refused when the schema is loaded.
 
 from __future__ import annotations
 
+import base64
 import decimal
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
@@ -25,6 +26,9 @@ from google.protobuf.descriptor import Descriptor, FieldDescriptor, FileDescript
 from globald.settings.typed_spec import SchemaError, ValueFormat, read_schema_file, writer_files
 from globald.typed import framing
 from globald.typed.arrow import DecodeError
+
+if TYPE_CHECKING:
+    from globald.typed.registry import Registry
 
 F = FieldDescriptor
 SCALARS: dict[int, tuple[pa.DataType, Callable[[Any], Any] | None]] = {
@@ -101,9 +105,13 @@ class _Compiler:
         return t, conv or (lambda x: x)
 
 
-def _pool(path: Path, where: str) -> tuple[descriptor_pool.DescriptorPool, FileDescriptor | None]:
-    """A pool holding every file of the descriptor set, and its last file (protoc writes the imports first)."""
-    data = read_schema_file(path, where)
+def _pool(path: Path | str, where: str, data: bytes | None = None
+          ) -> tuple[descriptor_pool.DescriptorPool, FileDescriptor | None]:
+    """A pool holding every file of the descriptor set, and its last file (protoc writes the imports first).
+    ``data``: the set itself (from the registry, ``path`` then names where it came from)."""
+    if data is None:
+        assert isinstance(path, Path)
+        data = read_schema_file(path, where)
     try:
         files = descriptor_pb2.FileDescriptorSet.FromString(data).file
         pool = descriptor_pool.DescriptorPool()
@@ -150,13 +158,24 @@ def _count_items(m: Any, most: int) -> None:
                 todo.append(v)
 
 
-def compile_protobuf(fmt: ValueFormat, where: str) -> tuple[pa.DataType, Callable[[bytes], Any]]:
-    assert fmt.schema is not None and fmt.message is not None
-    pool, _ = _pool(fmt.schema, f"{where}.schema")
+def compile_protobuf(fmt: ValueFormat, where: str, registry: Registry | None = None,
+                     reader_text: str | None = None) -> tuple[pa.DataType, Callable[[bytes], Any]]:
+    """``registry``: where writer ids come from with ``writer_schemas = "registry"``; ``reader_text``: the reader
+    schema taken from a subject, a base64 descriptor set (``globald.typed.registry``), instead of the schema file.
+    Either way ``message`` names the reader's message type: it must be in the subject's schema or a file that
+    schema imports."""
+    assert fmt.message is not None
+    if reader_text is None:
+        assert fmt.schema is not None
+        pool, _ = _pool(fmt.schema, f"{where}.schema")
+        named: Path | str = fmt.schema
+    else:
+        named = f"subject {fmt.subject}"
+        pool, _ = _pool(named, f"{where}.subject", base64.standard_b64decode(reader_text))
     try:
         desc = pool.FindMessageTypeByName(fmt.message)
     except KeyError:
-        raise SchemaError(f"{where}.message", f"no message {fmt.message} in {fmt.schema}") from None
+        raise SchemaError(f"{where}.message", f"no message {fmt.message} in {named}") from None
     try:
         arrow_type, convert = _Compiler().message(desc)
     except ValueError as e:
@@ -175,19 +194,26 @@ def compile_protobuf(fmt: ValueFormat, where: str) -> tuple[pa.DataType, Callabl
         return arrow_type, parse
     # The index array names the message in the writer's file: that id's descriptor set, else the reader's file.
     writer_file = {sid: _pool(p, f"{where}.writer_schemas")[1] for sid, p in writer_files(fmt, where).items()}
+    fetch = registry if fmt.writers_from_registry else None
     own_file = desc.file
     message = fmt.message
     names: dict[tuple[int | None, tuple[int, ...]], str] = {}  # (writer id, indexes) -> message: resolved once
 
     def one(value: bytes) -> Any:
         sid, indexes, start = framing.split(value, with_indexes=True)
-        if writer_file:
+        if fetch is not None and sid not in writer_file:  # raises PendingSchema while the registry cannot give it
+            text = fetch.writer(sid)
+            try:
+                writer_file[sid] = _pool(f"schema {sid}", f"{where}.writer_schemas", base64.standard_b64decode(text))[1]
+            except (SchemaError, ValueError) as e:  # the registry's schema, not the operator's config: this value's
+                raise DecodeError(str(e)) from None
+        if writer_file or fetch is not None:
             if sid not in writer_file:
                 raise DecodeError(f"unknown schema id {sid} (no {sid}.desc in writer_schemas {fmt.writer_schemas})")
             file = writer_file[sid]
         else:
             file = own_file
-        where_named = (sid if writer_file else None, indexes)
+        where_named = (sid if writer_file or fetch is not None else None, indexes)
         named = names.get(where_named)
         if named is None:
             named = message_at(file, indexes) if file is not None else message

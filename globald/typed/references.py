@@ -9,6 +9,8 @@ from typing import Any
 AVRO_PRIMITIVES = frozenset({"null", "boolean", "int", "long", "float", "double", "bytes", "string"})
 
 
+# The well-known types a Protobuf schema imports without a reference (Confluent's clients treat them as built in).
+WELL_KNOWN = ("any", "duration", "empty", "field_mask", "struct", "timestamp", "wrappers")
 MAX_REF_DEPTH = 64  # a recursive JSON Schema has no column type: refused past this depth
 
 
@@ -66,3 +68,50 @@ def inline(schema: Any, named: dict[str, Any], seen: set[str] | None = None, nam
                                                     and out["type"] not in ("enum", "fixed", "array", "map")):
         out["type"] = inline(out["type"], named, seen, namespace)
     return out
+
+
+def proto_file(name: str, serialized: str | None) -> bytes:
+    """The FileDescriptorProto of a registry schema in its ``format=serialized`` form (base64), renamed to
+    ``name``: the reference name its importers use (Confluent's deserializer renames it the same way)."""
+    import base64
+    import binascii
+
+    from google.protobuf import descriptor_pb2
+    from google.protobuf.message import DecodeError as ProtoDecodeError
+
+    try:
+        proto = descriptor_pb2.FileDescriptorProto.FromString(base64.standard_b64decode((serialized or "").encode()))
+    except (binascii.Error, ValueError, ProtoDecodeError) as e:
+        raise ValueError(f"{name}: not a serialized FileDescriptorProto ({e})") from None
+    proto.name = name
+    return proto.SerializeToString()
+
+
+def proto_descriptor_set(files: dict[str, bytes]) -> bytes:
+    """A FileDescriptorSet of ``files`` (name -> FileDescriptorProto, imports before their importers) with the
+    well-known types they import (google/protobuf/*, never sent as references) put first, checked by building it
+    into a pool as a reader will: ValueError says what is missing."""
+    import importlib
+
+    from google.protobuf import descriptor_pb2, descriptor_pool
+
+    for name in WELL_KNOWN:  # each module adds its file to the runtime's default pool
+        importlib.import_module(f"google.protobuf.{name}_pb2")
+
+    protos = [descriptor_pb2.FileDescriptorProto.FromString(b) for b in files.values()]
+    known = descriptor_pool.Default()
+    out = descriptor_pb2.FileDescriptorSet()
+    for dep in sorted({d for p in protos for d in p.dependency if d not in files}):
+        try:
+            known.FindFileByName(dep).CopyToProto(out.file.add())
+        except KeyError:
+            raise ValueError(f"imports {dep}, which no reference names and which is not a well-known type") from None
+    out.file.extend(protos)
+    pool = descriptor_pool.DescriptorPool()
+    try:
+        for f in out.file:
+            pool.Add(f)
+        pool.FindFileByName(protos[-1].name)
+    except Exception as e:  # the runtime raises several kinds for an inconsistent set
+        raise ValueError(f"{type(e).__name__}: {e}") from None
+    return out.SerializeToString()

@@ -26,6 +26,7 @@ Contract:
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import threading
@@ -39,7 +40,7 @@ from globald.settings.registry import redact
 from globald.settings.typed_spec import SchemaError, ValueFormat
 from globald.store.durable import make_dirs, replace_file
 from globald.store.names import REGISTRY_DIR
-from globald.typed.references import dereference, inline
+from globald.typed.references import MAX_REF_DEPTH, dereference, inline, proto_descriptor_set, proto_file
 
 if TYPE_CHECKING:
     from globald.settings.config import Config
@@ -51,8 +52,8 @@ RETRY_S = 5.0  # an id the registry could not give is asked again at most this o
 # Bounds of one request unless [registry] says otherwise: a decode waits for a registry that is down at most this.
 CLIENT_DEFAULTS: dict[str, Any] = {"timeout": 10, "max.retries": 1, "retries.wait.ms": 200}
 NOT_FOUND_SCHEMA, NOT_FOUND_SUBJECT, NOT_FOUND_VERSION = 40403, 40401, 40402
-SCHEMA_TYPES = {"avro": "AVRO", "json": "JSON"}  # globald format -> the registry's schemaType
-SUFFIXES = {"AVRO": ".avsc", "JSON": ".json"}  # as in a writer_schemas directory
+SCHEMA_TYPES = {"avro": "AVRO", "json": "JSON", "protobuf": "PROTOBUF"}  # globald format -> the registry's schemaType
+SUFFIXES = {"AVRO": ".avsc", "JSON": ".json", "PROTOBUF": ".desc"}  # as in a writer_schemas directory
 
 
 class RegistryUnavailable(GlobaldError):
@@ -173,7 +174,10 @@ class Registry:
 
     def _cached(self, schema_id: int) -> str | None:
         try:
-            text = self._path(schema_id).read_text(encoding="utf-8")
+            if self.kind == "PROTOBUF":  # a binary descriptor set on disk, its base64 in memory
+                text = base64.standard_b64encode(self._path(schema_id).read_bytes()).decode("ascii")
+            else:
+                text = self._path(schema_id).read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError):
             return None
         self._schemas[schema_id] = text
@@ -182,10 +186,12 @@ class Registry:
     def _fetch(self, schema_id: int) -> str:
         from globald.typed.arrow import DecodeError
 
-        schema = client(self.settings).get_schema(schema_id)
+        schema = client(self.settings).get_schema(schema_id, fmt=self._format)
         if (schema.schema_type or "AVRO") != self.kind:
             raise DecodeError(f"schema {schema_id} is {schema.schema_type or 'AVRO'}, not {self.kind}")
-        if self.kind == "JSON":
+        if self.kind == "PROTOBUF":
+            text = base64.standard_b64encode(self._proto_set(schema, f"schema-{schema_id}.proto")).decode("ascii")
+        elif self.kind == "JSON":
             text = json.dumps(self._json_expanded(schema)) if schema.references else schema.schema_str
         else:
             text = json.dumps(self._expanded(schema))
@@ -208,6 +214,36 @@ class Registry:
             named[ref.name] = self._expanded(registered.schema)
         return inline(json.loads(schema.schema_str), named)
 
+    @property
+    def _format(self) -> str | None:
+        """The registry's output format asked for: a Protobuf schema as its serialized FileDescriptorProto (the
+        form Confluent's own deserializer asks for), so that no .proto parser is needed here."""
+        return "serialized" if self.kind == "PROTOBUF" else None
+
+    def _proto_set(self, schema: Any, name: str) -> bytes:
+        """A serialized FileDescriptorSet of the schema and every file it imports, imports first (the form of a
+        writer_schemas .desc file): references fetched from their subject versions, well-known types
+        (google/protobuf/*) from the runtime; a set the runtime cannot build is a DecodeError."""
+        from globald.typed.arrow import DecodeError
+
+        texts: dict[str, str | None] = {}
+        self._proto_texts(schema, name, texts)  # the registry's errors pass: an outage is a pending decode
+        try:
+            return proto_descriptor_set({n: proto_file(n, text) for n, text in texts.items()})
+        except (ValueError, KeyError, TypeError) as e:
+            raise DecodeError(f"Protobuf schema not usable: {e}") from None
+
+    def _proto_texts(self, schema: Any, name: str, texts: dict[str, str | None], depth: int = 0) -> None:
+        from globald.typed.arrow import DecodeError
+
+        if depth > MAX_REF_DEPTH:  # protobuf forbids import cycles; a registry that has one is not waited for
+            raise DecodeError(f"Protobuf references nested over {MAX_REF_DEPTH} deep at {name} (a cycle?)")
+        for ref in schema.references or []:
+            if ref.name not in texts:
+                got = client(self.settings).get_version(ref.subject, ref.version, fmt="serialized")
+                self._proto_texts(got.schema, ref.name, texts, depth + 1)
+        texts[name] = schema.schema_str
+
     def _json_expanded(self, schema: Any) -> Any:
         """A JSON Schema with every ``$ref`` to a reference's name (``address.json``, ``address.json#/x``) and every
         local one replaced by what it names, so that it stands alone."""
@@ -225,7 +261,7 @@ class Registry:
 
     def _store(self, path: Path, text: str) -> None:
         make_dirs(path.parent)
-        replace_file(path, text)
+        replace_file(path, base64.standard_b64decode(text) if path.suffix == SUFFIXES["PROTOBUF"] else text)
 
     # -- reader schemas by subject -------------------------------------------------------------------------
 
@@ -251,7 +287,7 @@ class Registry:
         try:
             c = client(self.settings)
             # get_version("latest") asks the registry each time; get_latest_version would answer from a cache.
-            got = c.get_version(fmt.subject, fmt.subject_version or "latest")
+            got = c.get_version(fmt.subject, fmt.subject_version or "latest", fmt=self._format)
             pin = Pin(fmt.subject, int(got.version), int(got.schema_id))
             self.writer(pin.id)  # the schema itself, cached by id like any other
         except (DecodeError, GlobaldError) as e:

@@ -91,13 +91,19 @@ def decoded_at(d: DaemonProcess, ends: dict[int, int], timeout: float = 120) -> 
 def check_file(d: DaemonProcess, broker: Broker, registry: RegistryDouble, topic: str,
                decode: dict[str, Any]) -> None:
     """The decoded file's rows against fastavro's decode of the oracle fold at its offsets."""
+    check_decoded(d, broker, topic, decode, lambda value: reference(registry, value))
+
+
+def check_decoded(d: DaemonProcess, broker: Broker, topic: str, decode: dict[str, Any],
+                  expect: Callable[[bytes], Any]) -> None:
+    """Table cust's decoded file at ``decode`` against ``expect`` of each value of the oracle fold at its offsets."""
     config = load(d.config)
     decoder = load_table(config, "cust")[1]
     path = columnar_path(snapshots_dir(config.state_dir, "cust") / decode["snapshot"], decoder)
     table = ColumnarTable.open(path, decoder.fingerprint)
     oracle = oracle_at(broker, topic, decode["offsets"])
     assert table.keys.to_pylist() == sorted(oracle)
-    assert python_rows(table.values) == [reference(registry, oracle[k]) for k in sorted(oracle)]
+    assert python_rows(table.values) == [expect(oracle[k]) for k in sorted(oracle)]
     assert table.error_count == 0 == decode["errors"] and decode["pending"] == 0
 
 

@@ -8,7 +8,9 @@ schema-registry/develop/api, and the Confluent Cloud pages of the same operation
 
 - ``GET /schemas/ids/{id}`` (Schemas, "Get the schema string identified by the input ID"): ``{"schema",
   "schemaType" (omitted for AVRO), "references" (omitted when none)}``; 404 with error_code 40403 "Schema not
-  found".
+  found". The query parameter ``format=serialized`` (same section: "for PROTOBUF type, supports 'serialized'")
+  answers a PROTOBUF schema as the base64 of its ``FileDescriptorProto``, what the client's Protobuf
+  deserializer asks for; other formats and other types answer the schema as registered.
 - ``GET /schemas/ids/{id}/versions`` (Schemas, "List subject-versions associated to schema ID"): ``[{"subject",
   "version"}]``; 404, 40403.
 - ``GET /subjects`` (Subjects, "Get a list of registered subjects"): the subjects, sorted.
@@ -17,13 +19,20 @@ schema-registry/develop/api, and the Confluent Cloud pages of the same operation
 - ``GET /subjects/{subject}/versions/{version}`` with a version number or ``latest`` (Subjects, "Get a specific
   version of the schema registered under this subject"): ``{"subject", "id", "version", "schema", "schemaType",
   "references"}``; 404 with 40401 (subject not found) or 40402 (version not found); 422 with 42202 for a version
-  that is neither a positive number nor ``latest``.
+  that is neither a positive number nor ``latest``; ``format=serialized`` as for ``/schemas/ids/{id}`` (the client
+  fetches a Protobuf schema's references this way). ``deleted`` is accepted and changes nothing (nothing here is
+  ever deleted).
 - ``POST /subjects/{subject}/versions`` (Subjects, "Register a new schema under the specified subject"): ``{"id"}``;
   a schema already registered under the subject returns its id and adds no version; the same schema under
-  another subject gets the same id (ids are global); 422 with 42201 for a body without a schema or an Avro schema
-  that is not JSON.
+  another subject gets the same id (ids are global); 422 with 42201 for a body without a schema, an Avro schema
+  that is not JSON, a reference to a subject version that does not exist, or a PROTOBUF schema that does not
+  compile. ``references`` (Schemas, "Schema references": ``[{"name", "subject", "version"}]``) name the schemas a
+  schema imports: a Protobuf import path, an Avro full name, a JSON Schema ``$ref``.
 - ``POST /subjects/{subject}`` (Subjects, "Check if a schema has already been registered under the specified
   subject"): ``{"subject", "id", "version", "schema"}``; 404 with 40401 or 40403.
+
+Any other path is answered 404 with error_code 404 "HTTP 404 Not Found", as the registry answers a path it does
+not serve (Confluent's Protobuf serializer asks ``GET /associations/resources/...`` first and falls back on that).
 
 Authentication (Security, "HTTP Basic Authentication" and Confluent Cloud's bearer tokens): with ``users`` set,
 every request needs ``Authorization: Basic`` with one of them, with ``tokens`` set ``Authorization: Bearer`` with
@@ -33,6 +42,13 @@ one of them; otherwise 401 with error_code 40101 "Unauthorized". Error bodies ar
 TLS: with ``tls`` (a certificate file and its key, ``tls_ca`` to require client certificates signed by that CA) it
 serves HTTPS, as a registry behind TLS does; the client's ``ssl.ca.location``, ``ssl.certificate.location`` and
 ``ssl.key.location`` then apply.
+
+Protobuf: the registry keeps a Protobuf schema as ``.proto`` text; this double compiles it (with its references,
+each written under its reference name, and the well-known google/protobuf imports) with protoc from grpcio-tools,
+the tests' protobuf compiler, to answer ``format=serialized``. Not served: a registration whose PROTOBUF schema
+is itself base64 (Confluent's Python serializer registers that way; the registry would print it back as
+``.proto`` text, which this double cannot): it is refused with 42201, so a test cannot rely on an answer the real
+registry would not give.
 
 Outages: ``stop()`` closes the socket (a client then gets "connection refused", as from a registry that is down);
 ``start()`` serves again on the same port with the same content. ``requests`` counts what was asked, by path.
@@ -45,14 +61,18 @@ import contextlib
 import json
 import socket
 import ssl
+import tempfile
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 CONTENT_TYPE = "application/vnd.schemaregistry.v1+json"
+ROOT_PROTO = "default.proto"  # the name the registry's serialized form gives the schema's own file
+_PROTOC = threading.Lock()
 
 
 @dataclass
@@ -60,6 +80,7 @@ class _Schema:
     text: str
     kind: str  # AVRO, JSON, PROTOBUF
     references: list[dict[str, Any]] = field(default_factory=list)
+    serialized: str | None = None  # PROTOBUF: base64 of the compiled FileDescriptorProto (format=serialized)
 
     def same(self, other: _Schema) -> bool:
         if self.kind != other.kind or self.references != other.references:
@@ -107,6 +128,9 @@ class RegistryDouble:
         text = schema if isinstance(schema, str) else json.dumps(schema)
         new = _Schema(text, kind, list(references or []))
         with self._lock:
+            self._check_references(new)
+            if kind == "PROTOBUF":
+                new.serialized = self._compile(new)
             versions = self.subjects.setdefault(subject, [])
             for sid in versions:
                 if self.schemas[sid].same(new):
@@ -173,8 +197,9 @@ class RegistryDouble:
             return self.users.get(user) == password
         return scheme.lower() == "bearer" and value in self.tokens
 
-    def answer(self, method: str, path: str, body: dict[str, Any] | None) -> Any:
+    def answer(self, method: str, path: str, body: dict[str, Any] | None, query: str = "") -> Any:
         parts = [unquote(p) for p in path.strip("/").split("/")]
+        serialized = parse_qs(query).get("format") == ["serialized"]
         with self._lock:
             if method == "GET" and parts[:2] == ["schemas", "ids"] and len(parts) in (3, 4):
                 sid = _number(parts[2], 40403, "Schema not found")
@@ -182,7 +207,7 @@ class RegistryDouble:
                 if schema is None:
                     raise _Error(404, 40403, f"Schema {sid} not found")
                 if len(parts) == 3:
-                    return _schema_doc(schema)
+                    return _schema_doc(schema, serialized)
                 if parts[3] != "versions":
                     raise _Error(404, 404, "HTTP 404 Not Found")
                 return [{"subject": s, "version": v + 1} for s, ids in sorted(self.subjects.items())
@@ -213,11 +238,47 @@ class RegistryDouble:
                 if not 1 <= version <= len(versions):
                     raise _Error(404, 40402, f"Version {parts[3]} not found.")
                 sid = versions[version - 1]
-                return {"subject": subject, "id": sid, "version": version, **_schema_doc(self.schemas[sid])}
+                return {"subject": subject, "id": sid, "version": version,
+                        **_schema_doc(self.schemas[sid], serialized)}
             else:
                 raise _Error(405, 405, "HTTP 405 Method Not Allowed")
         # registration, outside the lock (register takes it)
         return {"id": self.register(subject, new.text, new.kind, new.references)}
+
+    def _check_references(self, schema: _Schema) -> None:
+        for ref in schema.references:
+            versions = self.subjects.get(str(ref.get("subject")))
+            version = ref.get("version")
+            if not versions or not isinstance(version, int) or not 1 <= version <= len(versions):
+                raise _Error(422, 42201, f"Invalid schema: reference {ref} names no registered subject version")
+
+    def _sources(self, schema: _Schema, into: Path) -> None:
+        """Each reference's .proto text written under its reference name (an import path), recursively."""
+        for ref in schema.references:
+            target = self.schemas[self.subjects[ref["subject"]][ref["version"] - 1]]
+            path = into / ref["name"]
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(target.text)
+            self._sources(target, into)
+
+    def _compile(self, schema: _Schema) -> str:
+        """The base64 FileDescriptorProto of a .proto text, as the registry's ``format=serialized`` answers it."""
+        import grpc_tools
+        from google.protobuf import descriptor_pb2
+        from grpc_tools import protoc
+
+        with tempfile.TemporaryDirectory() as tmp:
+            root = Path(tmp)
+            self._sources(schema, root)
+            (root / ROOT_PROTO).write_text(schema.text)
+            out = root / "out.desc"
+            with _PROTOC:  # protoc runs in this process: one at a time
+                rc = protoc.main(["protoc", f"-I{root}", f"-I{Path(grpc_tools.__file__).parent / '_proto'}",
+                                  f"--descriptor_set_out={out}", str(root / ROOT_PROTO)])
+            if rc != 0:
+                raise _Error(422, 42201, "Invalid schema: the Protobuf schema does not compile")
+            files = descriptor_pb2.FileDescriptorSet.FromString(out.read_bytes()).file
+        return base64.standard_b64encode(files[-1].SerializeToString()).decode("ascii")
 
     def _versions(self, subject: str) -> list[int]:
         versions = self.subjects.get(subject)
@@ -232,8 +293,8 @@ def _number(text: str, code: int, message: str, status: int = 404) -> int:
     return int(text)
 
 
-def _schema_doc(schema: _Schema) -> dict[str, Any]:
-    doc: dict[str, Any] = {"schema": schema.text}
+def _schema_doc(schema: _Schema, serialized: bool = False) -> dict[str, Any]:
+    doc: dict[str, Any] = {"schema": schema.serialized if serialized and schema.serialized else schema.text}
     if schema.kind != "AVRO":
         doc["schemaType"] = schema.kind
     if schema.references:
@@ -250,6 +311,8 @@ def _body_schema(body: dict[str, Any] | None) -> _Schema:
             json.loads(body["schema"])
         except ValueError:
             raise _Error(422, 42201, "Invalid schema: not JSON") from None
+    if kind == "PROTOBUF" and "syntax" not in body["schema"] and "message" not in body["schema"]:
+        raise _Error(422, 42201, "Invalid schema: a serialized (base64) Protobuf schema is not served by this double")
     return _Schema(body["schema"], kind, list(body.get("references") or []))
 
 
@@ -271,7 +334,8 @@ def _handler(registry: RegistryDouble) -> type[BaseHTTPRequestHandler]:
             super().finish()
 
         def _serve(self, method: str) -> None:
-            path = urlsplit(self.path).path
+            url = urlsplit(self.path)
+            path = url.path
             registry.requests[f"{method} {path}"] += 1
             length = int(self.headers.get("Content-Length") or 0)
             raw = self.rfile.read(length) if length else b""
@@ -282,7 +346,7 @@ def _handler(registry: RegistryDouble) -> type[BaseHTTPRequestHandler]:
                     body = json.loads(raw) if raw else None
                 except ValueError:
                     raise _Error(400, 400, "Bad Request: the body is not JSON") from None
-                status, doc = 200, registry.answer(method, path, body)
+                status, doc = 200, registry.answer(method, path, body, url.query)
             except _Error as e:
                 status, doc = e.status, {"error_code": e.code, "message": e.message}
             out = json.dumps(doc).encode()

@@ -36,7 +36,7 @@ def registry() -> Iterator[RegistryDouble]:
         yield r
 
 
-def write_config(tmp_path: Path, url: str, value: str, registry_extra: str = "") -> Path:
+def write_config(tmp_path: Path, url: str, value: str, registry_extra: str = "", fmt: str = "avro") -> Path:
     path = tmp_path / "g.toml"
     path.write_text(f"""
 state_dir = "state"
@@ -51,7 +51,7 @@ timeout = 5
 name = "customers"
 topic = "customers"
 [tables.value]
-format = "avro"
+format = "{fmt}"
 framing = "confluent"
 {value}
 """)
@@ -269,7 +269,7 @@ def subprocess_env(args: list[str], env: dict[str, str]) -> Any:
                           cwd=REPO, env={**os.environ, **env})
 
 
-def test_registry_keys_need_a_registry_and_avro(tmp_path: Path) -> None:
+def test_registry_keys_need_a_registry(tmp_path: Path) -> None:
     path = tmp_path / "g.toml"
     path.write_text('state_dir = "s"\n[kafka]\n"bootstrap.servers" = "x:1"\n[[tables]]\nname = "t"\ntopic = "t"\n'
                     '[tables.value]\nformat = "avro"\nframing = "confluent"\nwriter_schemas = "registry"\n'
@@ -278,8 +278,11 @@ def test_registry_keys_need_a_registry_and_avro(tmp_path: Path) -> None:
         load(path)
     path.write_text(path.read_text().replace('format = "avro"', 'format = "protobuf"\nmessage = "a.B"')
                     + '[registry]\nurl = "http://h"\n')
-    with pytest.raises(ConfigError, match="supplies avro, json schemas so far, not protobuf"):
-        load(path)
+    value = load(path).tables[0].value  # every typed format takes its schemas from the registry
+    assert value is not None and value.format == "protobuf" and value.writers_from_registry
+    path.write_text(path.read_text().replace('message = "a.B"\n', ""))
+    with pytest.raises(ConfigError, match=r"tables\[0\].value.message: is required"):
+        load(path)  # the reader's message type is named, from a subject as from a file
 
 
 def test_run_refuses_a_missing_schema_file_at_start_exit_2(tmp_path: Path) -> None:
