@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from globald.store.names import tables_dir
-from tests.harness import Broker, daemon_factory, globald, oracle_at, random_records, values_only
+from globald.store.names import META_CF, META_TOPIC, db_dir, tables_dir
+from tests.harness import Broker, daemon_factory, globald, open_store_db, oracle_at, random_records, values_only
+from tests.reliability.checks import read_store
 from tests.reliability.conftest import new_topic
 from tests.reliability.powercut import LoopImage, check_cut
 from tests.reliability.test_power_loss import SEED, TABLE, assert_whole, disk, running_on  # noqa: F401 (fixture)
@@ -61,3 +62,51 @@ def test_power_loss_during_a_bootstrap(broker: Broker, disk: LoopImage, tmp_path
                     assert again.stop() == 0
                 assert not [p for p in os.listdir(tables_dir(state)) if p.startswith(".bootstrap-")]
     print(json.dumps({"seed": SEED, "store_installed_before_the_cut": installed}))
+
+
+@pytest.mark.long  # three daemons, restores and an image copy: about a minute
+def test_power_loss_during_a_refill_after_a_wipe(broker: Broker, disk: LoopImage, tmp_path: Path) -> None:  # noqa: F811
+    """The same, for a store the running daemon wiped and refills (``engine.refill``): the table's store says it
+    mirrors another topic (corrupt: wiped at open), and the loop moves the checked export into place itself. The
+    cut finds the emptied store, no store, or the installed one; never half of one."""
+    rnd = random.Random(SEED + 8)
+    topic = new_topic(broker)
+    broker.admin.produce(topic, random_records(40_000, keys=10_000, seed=SEED + 3, tombstones=0.1))
+    export = {"uri": (tmp_path / "exports").as_uri(), "interval_s": 0}
+    state = disk.mount / "state"
+    with daemon_factory(broker, tmp_path) as make:
+        with running_on(make, state, topic) as first:
+            first.wait_running({TABLE: broker.admin.end_offsets(topic)})
+            assert first.stop() == 0
+        db = open_store_db(db_dir(state, TABLE))
+        try:  # damaged: the store now claims another topic, so the next open wipes it (corrupt_store)
+            db.get_column_family(META_CF)[META_TOPIC] = b"another-topic"
+        finally:
+            db.close()
+        exporter = make({TABLE: topic}, state_dir=tmp_path / "exporter", metadata_refresh_ms=300, export=export,
+                        snapshots={"interval_ms": 200})
+        exporter.wait_running({TABLE: broker.admin.end_offsets(topic)})
+        r = globald("export", "--config", str(exporter.config), "--table", TABLE, "--json", timeout=180)
+        assert r.returncode == 0, r.stderr
+        assert exporter.stop() == 0
+        broker.admin.produce(topic, random_records(2_000, keys=10_000, seed=SEED + 4, tombstones=0.1))
+        with running_on(make, state, topic, export=export) as d:
+            deadline = time.monotonic() + 60
+            while "emptied (corrupt_store); looking for an export" not in d.log.read_text(errors="replace"):
+                assert time.monotonic() < deadline and d.alive(), d.tail()
+                time.sleep(0.02)
+            time.sleep(rnd.uniform(0.0, 2.0))  # anywhere in the refill's checks, download, install or the tail
+            d.stop(signal.SIGKILL)
+            said = d.tail(8)
+            with disk.cut() as copy:
+                cut = copy / "state"
+                installed = (db_dir(cut, TABLE) / "CURRENT").exists() and bool(read_store(db_dir(cut, TABLE))[0])
+                report = check_cut(broker, cut, TABLE, topic, require_store=False, require_current=False)
+                assert_whole(report, f"the disk after a power loss during a refill (store installed: {installed}; "
+                                     f"the daemon last said:\n{said})")
+                with running_on(make, cut, topic, export=export) as again:
+                    doc = again.wait_running({TABLE: broker.admin.end_offsets(topic)}, timeout=120)
+                    table = doc["tables"][TABLE]
+                    # An emptied store, or none, starts from the export again; an installed one is kept.
+                    assert table["origin"]["kind"] == ("store" if installed else "export"), table["origin"]
+                    assert values_only(again.dump(TABLE)) == oracle_at(broker, topic, table["offsets"])
