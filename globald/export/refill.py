@@ -48,7 +48,8 @@ class ExportRefills:
 
     def begin(self, table: str, kind: str) -> bool:
         uri = masked(self.export.uri)
-        if kind == OPERATOR_RESET or (kind == EMPTY_STORE and self._looked_at_start(table)):
+        if kind == OPERATOR_RESET or (kind == EMPTY_STORE and self._looked_at_start(table)) or \
+                table not in self._tables:  # a table this exporter was not configured with (added by a reload)
             return False
         previous = self._out.get(table)
         if previous is not None and previous.worker.is_alive():  # given up, still unwinding: its stage is in use
