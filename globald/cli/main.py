@@ -37,6 +37,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     cfg = configmod.load(args.config)
     check_kafka_properties(cfg)
+    _check_export_uri(cfg)
     check_readers(cfg)  # as check-config does: a reader schema that cannot read a writer schema is exit 2
     try:
         allocator.switch(cfg.allocator)  # returns here unless it re-executes this command with jemalloc preloaded
@@ -45,7 +46,40 @@ def cmd_run(args: argparse.Namespace) -> int:
     _check_typed(cfg)  # after the switch: once, in the process that runs
     logs.setup(cfg.log_level, cfg.log_format, secret_values(cfg))
     logging.getLogger("globald").debug("glibc malloc tuning: %s", allocator.tune_glibc() or "none")
-    return Daemon(cfg).run()
+    code = Daemon(cfg).run()
+    if cfg.export is not None:
+        _exit_past_storage_calls(code)
+    return code
+
+
+def _exit_past_storage_calls(code: int) -> None:
+    """The stop's bound holds when the export storage does not answer: a storage call still in flight (abandoned)
+    would hold the interpreter's exit in pyarrow's S3 finalizer, so the process ends without its exit handlers,
+    once the logs are flushed. The stores are closed by then."""
+    from globald.export.target import storage_calls_in_flight
+
+    stuck = storage_calls_in_flight()
+    if not stuck:
+        return
+    logging.getLogger("globald").warning("exiting without waiting for export storage calls still in flight (%s)",
+                                         ", ".join(stuck))
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _check_export_uri(cfg: configmod.Config) -> None:
+    """An [export] uri pyarrow cannot make a filesystem of (a typo in an option) is a config error, exit 2;
+    storage that is only unreachable is not (the daemon serves and restores from the topic meanwhile)."""
+    if cfg.export is None:
+        return
+    from globald.export.target import check_uri
+
+    try:
+        check_uri(cfg.export.uri)
+    except ValueError as e:
+        raise ConfigError("export.uri", str(e)) from None
 
 
 def _check_typed(cfg: configmod.Config) -> None:
@@ -137,6 +171,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
 
     cfg = configmod.load(args.config)
     check_kafka_properties(cfg)
+    _check_export_uri(cfg)
     check_registry(cfg)  # the registry answers, with these credentials, and has every subject named
     check_schemas(cfg)  # every schema file read and mapped to its column type: SchemaError names key and file
     note = check_state_dir(cfg.state_dir)  # what run needs of it: created (or a directory), written, locked

@@ -53,6 +53,56 @@ def masked(uri: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, "***" if parts.query else "", ""))
 
 
+# Threads that may be inside a storage call (the bootstraps, the exporter): pyarrow's S3 client, finalized at
+# interpreter exit, waits for every request in flight, so a process with one of them still alive would hang there.
+STORAGE_THREADS = ("globald-bootstrap-", "globald-export")
+
+
+def storage_calls_in_flight() -> list[str]:
+    """Names of the storage threads still alive (each abandoned by its bound or by the stop)."""
+    import threading
+
+    return sorted(t.name for t in threading.enumerate() if t.is_alive() and t.name.startswith(STORAGE_THREADS))
+
+
+def scrubbed(text: str, uri: str) -> str:
+    """``text`` (an error about ``uri``) with the URI, its user info and every query value replaced by ``***``."""
+    text = text.replace(uri, masked(uri))
+    try:
+        parts = urlsplit(uri)
+    except ValueError:
+        return text
+    found = [parts.username, parts.password, *(v for _, _, v in (q.partition("=") for q in parts.query.split("&")))]
+    for secret in sorted((x for x in found if x and len(x) > 2), key=len, reverse=True):
+        text = text.replace(secret, "***")
+    return text
+
+
+def check_uri(uri: str, timeout_s: float = 10.0) -> None:
+    """Raise ValueError (with a scrubbed reason) when pyarrow cannot make a filesystem of ``uri`` at all: an
+    unknown scheme, or a query option it does not take. Storage that is only unreachable (an OSError, or no answer
+    within ``timeout_s``: opening an S3 URI without a region asks the bucket's) is not refused here."""
+    import threading
+
+    from pyarrow import fs
+
+    refused: list[str] = []
+
+    def attempt() -> None:
+        try:
+            fs.FileSystem.from_uri(uri)
+        except ValueError as e:  # pyarrow's ArrowInvalid is one
+            refused.append(scrubbed(str(e), uri))
+        except Exception:  # unreachable now is a runtime matter (the daemon falls back), not the config's
+            pass
+
+    worker = threading.Thread(target=attempt, name="globald-check-export-uri", daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+    if refused:
+        raise ValueError(refused[0])
+
+
 @dataclass(frozen=True)
 class Entry:
     name: str  # base name
@@ -71,7 +121,8 @@ class Target:
         try:
             self.fs, root = fs.FileSystem.from_uri(uri)
         except Exception as e:  # pyarrow raises ArrowInvalid, OSError...; its text may quote the URI
-            raise TargetError(f"cannot open export storage {self.shown}: {type(e).__name__}") from None
+            raise TargetError(f"cannot open export storage {self.shown}: {type(e).__name__}: "
+                              f"{scrubbed(str(e), uri)}") from None
         self.root = root.rstrip("/")
         # Object stores make an object visible whole when its upload completes, and their move is a copy: written
         # in place. File systems (local, NFS, HDFS) show a file while it is written: written aside, then renamed.

@@ -171,14 +171,17 @@ def test_unreachable_storage_falls_back_to_the_topic(broker: Broker, topic: Call
                                                      tmp_path: Path) -> None:
     t = topic()
     broker.admin.produce(t, random_records(500, keys=100, seed=349, tombstones=0.0))
-    # An S3 endpoint nobody listens on, with credentials in the URI: the bound holds and nothing secret is shown.
-    uri = "s3://AKIDSECRET:hunter2@bucket/exports?endpoint_override=127.0.0.1:9&scheme=http&connect_timeout=1" \
-          "&request_timeout=1"
+    # An S3 endpoint that takes connections and never answers, with credentials in the URI: the bound holds and
+    # nothing secret is shown.
+    silent = socket.create_server(("127.0.0.1", 0), backlog=64)  # the kernel accepts; nothing ever reads
+    uri = f"s3://AKIDSECRET:hunter2@bucket/exports?endpoint_override=127.0.0.1:{silent.getsockname()[1]}" \
+          "&scheme=http&region=us-east-1"
     d = daemon({"tbl": t}, snapshots=FAST, export={"uri": uri, "interval_s": 0, "bootstrap_timeout_s": 5},
                state_dir=tmp_path / "state-new")
     doc = d.wait_running({"tbl": broker.admin.end_offsets(t)}, timeout=120)
     origin = doc["tables"]["tbl"]["origin"]
-    assert origin["kind"] == "topic" and origin["fallback"], origin
+    assert origin["kind"] == "topic" and "bootstrap_timeout_s = 5" in origin["fallback"], origin
+    silent.close()
     text = json.dumps(doc) + d.log.read_text()
     assert "hunter2" not in text and "AKIDSECRET" not in text
     _equals_fold(broker, t, d, doc["tables"]["tbl"])
@@ -242,7 +245,8 @@ def test_retention_during_a_download_keeps_its_files_for_the_grace_period(
 def test_a_stop_during_a_bootstrap_is_seen_within_a_second(broker: Broker, topic: Callable[..., str], daemon: Daemon,
                                                           tmp_path: Path) -> None:
     t = topic()
-    uri = "s3://bucket/exports?endpoint_override=127.0.0.1:9&scheme=http&connect_timeout=30&request_timeout=30"
+    silent = socket.create_server(("127.0.0.1", 0), backlog=64)  # storage that takes connections, never answers
+    uri = f"s3://bucket/exports?endpoint_override=127.0.0.1:{silent.getsockname()[1]}&scheme=http&region=us-east-1"
     d = daemon({"tbl": t}, snapshots=FAST, export={"uri": uri, "bootstrap_timeout_s": 600},
                state_dir=tmp_path / "state-new")
     deadline = time.monotonic() + 60
@@ -253,6 +257,9 @@ def test_a_stop_during_a_bootstrap_is_seen_within_a_second(broker: Broker, topic
     assert d.stop() == 0
     assert time.monotonic() - started < 5.0, d.tail()  # the process exit itself included; the bound is 600 s
     assert not (tmp_path / "state-new" / "tables" / "tbl").exists()
+    # The storage call was still in flight (the storage never answers): the exit did not wait for it.
+    assert "exiting without waiting for export storage calls still in flight" in d.log.read_text(errors="replace")
+    silent.close()
 
 
 @pytest.fixture

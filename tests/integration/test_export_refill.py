@@ -4,6 +4,8 @@ an export it cannot use is refused with its reason and the table replays the top
 
 from __future__ import annotations
 
+import socket
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -82,3 +84,40 @@ def test_a_store_wiped_for_a_recreated_topic_while_running_refuses_the_old_expor
     assert "is not the one exported" in table["origin"]["fallback"], table["origin"]
     assert b.pid == pid and doc["pid"] == pid
     _equals_fold(broker, t, b, table)
+
+
+def test_a_refill_from_slow_storage_holds_one_table_is_stopped_at_once_and_falls_back_after_its_bound(
+        broker: Broker, topic: Callable[..., str], daemon: Daemon, tmp_path: Path) -> None:
+    t, u = topic(partitions=1), topic(partitions=1)
+    broker.admin.produce(t, random_records(300, keys=100, seed=366, tombstones=0.1))
+    broker.admin.produce(u, random_records(300, keys=100, seed=367, tombstones=0.1))
+    state = tmp_path / "state"
+    first = daemon({"tbl": t, "other": u}, state_dir=state)  # the stores exist: no bootstrap at start after this
+    first.wait_running({"tbl": broker.admin.end_offsets(t), "other": broker.admin.end_offsets(u)})
+    assert first.stop() == 0
+    # Storage that never answers within the bound: an S3 endpoint that takes connections and never replies.
+    silent = socket.create_server(("127.0.0.1", 0), backlog=64)  # the kernel accepts; nothing ever reads
+    slow = f"s3://bucket/exports?endpoint_override=127.0.0.1:{silent.getsockname()[1]}&scheme=http&region=us-east-1"
+    d = daemon({"tbl": t, "other": u}, metadata_refresh_ms=300, state_dir=state,
+               export={"uri": slow, "interval_s": 0, "bootstrap_timeout_s": 600})
+    d.wait_running({"tbl": broker.admin.end_offsets(t), "other": broker.admin.end_offsets(u)})
+    broker.admin.delete(t)
+    broker.admin.create(t, partitions=1)
+    broker.admin.produce(t, random_records(200, keys=100, seed=368, tombstones=0.1))
+    doc = d.wait_for(lambda s: "looking for an export" in str(s["tables"]["tbl"]["origin"]["fallback"]),
+                     timeout=120, what="the wiped table's refill under way")
+    assert doc["tables"]["tbl"]["state"] == "RESTORING" and doc["tables"]["other"]["state"] == "RUNNING", doc
+    started = time.monotonic()
+    assert d.stop() == 0
+    assert time.monotonic() - started < 5.0, d.tail()  # the process exit included; the refill's bound is 600 s
+    # Restarted with the store still empty (the refill never installed): it looks again, and past its bound
+    # restores from the topic, saying why.
+    again = daemon({"tbl": t, "other": u}, metadata_refresh_ms=300, state_dir=state,
+                   export={"uri": slow, "interval_s": 0, "bootstrap_timeout_s": 3})
+    doc = again.wait_running({"tbl": broker.admin.end_offsets(t), "other": broker.admin.end_offsets(u)}, timeout=120)
+    origin = doc["tables"]["tbl"]["origin"]
+    assert origin["kind"] == "topic" and "emptied (empty_store)" in origin["fallback"], origin
+    assert "bootstrap_timeout_s = 3" in origin["fallback"], origin
+    assert doc["tables"]["other"]["origin"]["kind"] == "store"
+    _equals_fold(broker, t, again, doc["tables"]["tbl"])
+    silent.close()

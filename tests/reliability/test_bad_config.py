@@ -35,6 +35,9 @@ def doc(top: str = "", kafka: str = "", sections: str = "", name: str = '"custom
 
 CASES: list[tuple[str, str, str]] = [
     # (case id, config text, key the message must name)
+    ("export uri option pyarrow does not take",
+     doc(sections='[export]\nuri = "s3://AKID:hunter2@bucket/x?region=us-east-1&request_timeout=1"'), "export.uri"),
+    ("export uri unknown scheme", doc(sections='[export]\nuri = "nope://bucket/x"'), "export.uri"),
     ("state_dir empty", doc().replace('state_dir = "{state}"', 'state_dir = ""'), "state_dir"),
     ("commit_interval_ms string", doc(top='commit_interval_ms = "1000"'), "commit_interval_ms"),
     ("commit_interval_ms float", doc(top="commit_interval_ms = 1.5"), "commit_interval_ms"),
