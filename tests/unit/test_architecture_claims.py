@@ -83,7 +83,8 @@ def snapshot_table_fields_changed_outside_table_state() -> list[str]:
     found = []
     for rel, tree in _modules():
         # Its instances live in the snapshot package, and reach only modules that name the class.
-        if rel == "snapshot/table_state.py" or not (rel.startswith("snapshot/") or "SnapshotTable" in ast.unparse(tree)):
+        names_it = rel.startswith("snapshot/") or "SnapshotTable" in ast.unparse(tree)
+        if rel == "snapshot/table_state.py" or not names_it:
             continue
         for node in ast.walk(tree):
             targets: list[ast.expr] = []
