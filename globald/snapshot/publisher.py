@@ -46,7 +46,7 @@ class SnapshotPublisher:
         self._tables = {t.name: SnapshotTable(t, snapshots_dir(config.state_dir, t.name)) for t in config.tables}
         self._ids = SnapshotIds()
         self.disk = DiskGuard(config.state_dir, config.snapshots.build_timeout_ms / 1000)
-        self._retention = Retention(config, self._tables, self.disk, config.snapshots.interval_ms / 1000)
+        self._retention = Retention(config, self.disk, config.snapshots.interval_ms / 1000)
         self._publishing = Publishing(config, engine, self._tables, self._ids, self._retention)
         self._desk = RequestDesk(config, engine, self._tables, self._ids, self._publishing, self._retention)
 
@@ -55,21 +55,25 @@ class SnapshotPublisher:
     def start(self) -> None:
         """Sweep what a crash left behind, load each table's CURRENT, start the exact-build worker."""
         for tab in self._tables.values():
-            try:
-                durable.make_dirs(tab.dir)
-            except OSError as e:  # a full or failing disk: the first publish makes it once the disk heals
-                log.warning("table %s: cannot create %s (%s); snapshots follow once the disk takes writes",
-                            tab.name, tab.dir, e)
-                continue
-            space.remove_leftovers(tab.dir)  # what a crash left: nothing else runs yet
-            found = manifests_of(self.config.state_dir, tab.name)
-            if found:
-                self._ids.seen(found[0].id)
-            cur = current_id(self.config.state_dir, tab.name)
-            tab.loaded(next((m for m in found if m.id == cur), None))
-            if tab.current is not None and recreated.unverified(tab.current):  # a crash inside keep_verified
-                recreated.point_current(tab, None, {})
+            self._open(tab)
         self._desk.start()
+
+    def _open(self, tab: SnapshotTable) -> None:
+        """Make ``tab``'s directory, sweep what a crash left in it, and load its CURRENT."""
+        try:
+            durable.make_dirs(tab.dir)
+        except OSError as e:  # a full or failing disk: the first publish makes it once the disk heals
+            log.warning("table %s: cannot create %s (%s); snapshots follow once the disk takes writes",
+                        tab.name, tab.dir, e)
+            return
+        space.remove_leftovers(tab.dir)  # what a crash left: nothing else runs in it yet
+        found = manifests_of(self.config.state_dir, tab.name)
+        if found:
+            self._ids.seen(found[0].id)
+        cur = current_id(self.config.state_dir, tab.name)
+        tab.loaded(next((m for m in found if m.id == cur), None))
+        if tab.current is not None and recreated.unverified(tab.current):  # a crash inside keep_verified
+            recreated.point_current(tab, None, {})
 
     def close(self) -> None:
         self._desk.close()

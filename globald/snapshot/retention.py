@@ -33,16 +33,16 @@ log = logging.getLogger(__name__)
 
 
 class Retention:
-    def __init__(self, config: Config, tables: dict[str, SnapshotTable], disk: DiskGuard, interval_s: float) -> None:
+    def __init__(self, config: Config, disk: DiskGuard, interval_s: float) -> None:
         self.config = config
         self.disk = disk
-        self._leases = {name: leases.LeaseClock(tab.dir) for name, tab in tables.items()}
+        self._leases: dict[str, leases.LeaseClock] = {}  # per table, from its first use (a clock starts empty)
         self._every = max(interval_s, 1.0)
         self._next_sweep = 0.0
 
     def held(self, tab: SnapshotTable) -> set[str]:
         """Snapshots a lease or a build holds now."""
-        return self._leases[tab.name].refresh() | tab.busy()
+        return self._clock(tab).refresh() | tab.busy()
 
     def due(self, now: float) -> bool:
         """Whether a sweep of every table is due (at most once per interval, at least a second apart)."""
@@ -81,7 +81,7 @@ class Retention:
             short = self.disk.doomed(name, tab.dir, found, held, cur, tab.short_of_space)
             doomed += [i for i in short if i not in doomed]
             self._remove(tab, doomed)
-        self._leases[name].sweep()
+        self._clock(tab).sweep()
         requests.sweep_responses(self.config.state_dir, name, time.time())
 
     def free(self, tab: SnapshotTable, missing: int, found: list[str], keep: set[str]) -> tuple[int, int]:
@@ -91,6 +91,12 @@ class Retention:
             freed, doomed = self.disk.room_for_build(tab.name, tab.dir, missing, found, keep | self.held(tab))
             self._remove(tab, doomed)
         return freed, len(doomed)
+
+    def _clock(self, tab: SnapshotTable) -> leases.LeaseClock:
+        clock = self._leases.get(tab.name)
+        if clock is None:
+            clock = self._leases[tab.name] = leases.LeaseClock(tab.dir)
+        return clock
 
     @staticmethod
     def _remove(tab: SnapshotTable, doomed: list[str]) -> None:
