@@ -4,12 +4,16 @@ Only a user who may write the state_dir can ask, which is exactly who may wipe i
 ``reset-<token>.json``; the daemon claims it by renaming it (so a request is either cancelled or taken, never
 both), hands the wipe to its loop, and answers in ``<token>.done`` once the loop has run it: ``ok`` when the store
 was wiped, else the wipe's error. Files are JSON and size-capped; nothing read here is ever executed or unpickled.
+
+The mechanism (claim by rename, size-capped JSON, answer file, cancellation) is ``ops.file_requests``, shared with
+the exact snapshot requests of Spark readers (``snapshot.exact_requests``); what is this protocol's own is its
+folder (one per state_dir: a request names its table), the action in the file's name, the ``<token>.done`` answer
+and that an answer may wait for the loop (a wipe runs at the start of the loop's next turn).
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import secrets
@@ -20,13 +24,13 @@ from typing import Any, Protocol
 
 from globald.common.errors import GlobaldError
 from globald.common.waits import pause
-from globald.store import durable
-from globald.store.durable import replace_file
+from globald.ops import file_requests
 from globald.store.names import REQUESTS_DIR
 
 log = logging.getLogger(__name__)
 
 MAX_REQUEST_BYTES = 4096
+MAX_ANSWER_BYTES = 1 << 20  # an answer carries a wipe's error or an export's figures: still small
 CHECK_INTERVAL = 0.25
 RESET = "reset"
 EXPORT = "export"  # `globald export`: export a table's verified snapshot now ([export] configured)
@@ -66,21 +70,14 @@ class RequestInbox:
         if now < self._next:
             return
         self._next = now + CHECK_INTERVAL
-        try:
-            names = sorted(e.name for e in os.scandir(self.dir) if e.name.startswith((f"{RESET}-", f"{EXPORT}-"))
-                           and e.name.endswith(".json"))
-        except FileNotFoundError:
-            return
-        for name in names:
+        for name in file_requests.pending(self.dir, (f"{RESET}-", f"{EXPORT}-")):
             self._handle(name)
 
     def _handle(self, name: str) -> None:
         kind = EXPORT if name.startswith(f"{EXPORT}-") else RESET
         token = name[len(kind) + 1:-len(".json")]
-        taken = self.dir / f".{name}.taken"
-        try:
-            durable.claim(self.dir / name, taken)  # from here the client can no longer cancel
-        except FileNotFoundError:
+        taken = file_requests.claim(self.dir, name)  # from here the client can no longer cancel
+        if taken is None:
             return
         try:
             answer = self._act(taken, kind)
@@ -120,17 +117,14 @@ class RequestInbox:
     def _reply(self, token: str, answer: dict[str, Any]) -> None:
         if token.isalnum():
             # Not durable: the asker waits on this machine and does not outlive a power loss; the wipe itself is.
-            replace_file(self.dir / f"{token}.done", json.dumps(answer, sort_keys=True), durable=False)
+            file_requests.post(self.dir / f"{token}.done", answer)
 
     def _act(self, path: Path, kind: str = RESET) -> dict[str, Any] | Wipe:
-        raw = path.read_bytes()[:MAX_REQUEST_BYTES + 1]
-        if len(raw) > MAX_REQUEST_BYTES:
-            return {"ok": False, "error": "request too large"}
         try:
-            doc = json.loads(raw)
-        except ValueError:
-            return {"ok": False, "error": "request is not JSON"}
-        table = doc.get("table") if isinstance(doc, dict) else None
+            doc = file_requests.read(path, MAX_REQUEST_BYTES)
+        except ValueError as e:
+            return {"ok": False, "error": str(e)}
+        table = doc.get("table")
         if table not in self.tables:
             return {"ok": False, "error": f"no table named {table!r} in the daemon's config"}
         if kind == EXPORT:
@@ -156,20 +150,20 @@ def ask_daemon_to_reset(state_dir: Path, table: str, timeout: float = 30.0, acti
     doc = {"action": action, "table": table, "requested": time.time(),
            "requested_by": {"uid": os.getuid(), "pid": os.getpid()}}
     # Not durable: a request lost in a power loss was never answered, and its asker is gone with the machine.
-    replace_file(request, json.dumps(doc, sort_keys=True), durable=False)
+    file_requests.post(request, doc)
     deadline = time.monotonic() + timeout
     taken = False
     while True:
-        if done.exists():
-            answer = json.loads(done.read_text())
-            done.unlink(missing_ok=True)
-            return answer if isinstance(answer, dict) else {"ok": False, "error": "malformed answer"}
+        try:
+            answer = file_requests.collect(done, MAX_ANSWER_BYTES)
+        except ValueError:
+            return {"ok": False, "error": "malformed answer"}
+        if answer is not None:
+            return answer
         if time.monotonic() > deadline:
             if taken:
                 raise GlobaldError(f"the daemon took the {action} request but did not answer; check its log")
-            try:
-                request.unlink()
-            except FileNotFoundError:  # taken meanwhile: the answer is on its way
+            if not file_requests.withdraw(request):  # taken meanwhile: the answer is on its way
                 taken, deadline = True, time.monotonic() + timeout
                 continue
             raise GlobaldError(f"the daemon did not take the {action} request within {timeout:.0f}s; request "
@@ -181,7 +175,7 @@ def sweep(state_dir: Path, older_than: float = 3600.0) -> None:
     """At daemon start: drop claims of a daemon that died while acting, and answers nobody collected."""
     with contextlib.suppress(FileNotFoundError):
         for e in os.scandir(requests_dir(state_dir)):
-            stale = e.name.endswith((".taken", ".tmp")) or (
+            stale = e.name.endswith((file_requests.CLAIM_SUFFIX, ".tmp")) or (
                 e.name.endswith(".done") and time.time() - e.stat().st_mtime > older_than)
             if stale:
                 Path(e.path).unlink(missing_ok=True)

@@ -3,7 +3,9 @@ has (``builder``), and answers each request once: READY, or why not.
 
 A build reads the topic from the closest earlier snapshot (or the log start) to the requested offsets. A table
 wiped after a request was admitted (its generation moved on) is refused as REBUILDING, never built on a stale base;
-a base snapshot is kept from retention while a build copies it (``SnapshotTable.busy``).
+a base snapshot is kept from retention while a build copies it (``SnapshotTable.busy``). The table's state is
+``table_state``'s: a build's generation check, manifest and rename run under the table's lock, so a wipe never
+lands between them.
 """
 
 from __future__ import annotations
@@ -13,23 +15,21 @@ import queue
 import shutil
 import threading
 import time
-from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Protocol
 
 from globald.common import swallowed
-from globald.settings.config import Config, TableConfig
+from globald.settings.config import Config
 from globald.snapshot import manifest as manifests
 from globald.snapshot.builder import Builder, BuildRefused
 from globald.snapshot.exact_requests import Code, Request, Response
 from globald.snapshot.manifest import Manifest, Offsets
 from globald.snapshot.reader import find_exact, manifests_of
 from globald.snapshot.space import BuildNeed, build_need
+from globald.snapshot.table_state import SnapshotTable
 from globald.store import durable
 from globald.store import space as store_space
-from globald.store.fingerprint import Fingerprint
 from globald.store.names import SNAPSHOT_BUILD_PREFIX
 from globald.store.space import mb
 
@@ -38,31 +38,6 @@ log = logging.getLogger(__name__)
 
 # How long a stop waits for the build worker (see ExactBuilds.close).
 CLOSE_WAIT_S = 10.0
-
-
-@dataclass
-class SnapshotTable:
-    """What the publisher knows about one table's snapshots (guarded by the publisher's lock, which the exact-build
-    worker shares)."""
-
-    config: TableConfig
-    dir: Path
-    current: Manifest | None = None
-    published_offsets: Offsets | None = None  # offsets of the newest fresh periodic snapshot
-    stale_reason: str | None = None
-    generation: int = 0  # bumped by every wipe; builds started in an older generation are discarded
-    busy: set[str] = field(default_factory=set)  # snapshots a build is copying from
-    published: int = 0
-    exact_built: int = 0
-    refused: Counter[str] = field(default_factory=Counter)
-    last_publish_s: float = 0.0
-    last_error: str | None = None  # why the last periodic publish failed, until one succeeds
-    short_of_space: bool = False  # that failure was a full disk (failures.out_of_space): retention frees room
-    unmarked: str | None = None  # a wipe's reason not yet written into every manifest (the disk refused)
-    # The last identity check the engine made (engine.events.Verified): the fingerprints it found, which a build
-    # reads back first, so that a base taken past the offsets it showed cannot vouch for itself.
-    fingerprints: dict[int, tuple[Fingerprint, ...]] = field(default_factory=dict)
-    no_room_said: float = float("-inf")  # when a refusal for room was last logged (monotonic)
 
 
 @dataclass(frozen=True)
@@ -74,7 +49,7 @@ class Job:
 
 
 class BuildHost(Protocol):
-    """What the worker needs of the snapshot publisher."""
+    """What the worker needs of the request desk (``desk.RequestDesk``)."""
 
     def next_id(self) -> str: ...
 
@@ -88,11 +63,9 @@ class BuildHost(Protocol):
 class ExactBuilds:
     """The worker thread and its queue of admitted requests."""
 
-    def __init__(self, config: Config, tables: Mapping[str, SnapshotTable], lock: threading.RLock,
-                 host: BuildHost) -> None:
+    def __init__(self, config: Config, tables: Mapping[str, SnapshotTable], host: BuildHost) -> None:
         self.config = config
         self._tables = tables
-        self._lock = lock
         self._host = host
         self._stop = threading.Event()
         self._jobs: queue.Queue[Job] = queue.Queue()
@@ -158,12 +131,12 @@ class ExactBuilds:
         if done is not None:  # an earlier request for the same offsets built it
             return done
         work = tab.dir / f"{SNAPSHOT_BUILD_PREFIX}{job.request.id}"
-        with self._lock:
+        with tab.locked():
             found = manifests_of(self.config.state_dir, name)
             base = base_for(found, target)
             if base is not None:
-                tab.busy.add(base.id)
-            verified = dict(tab.fingerprints)
+                tab.hold_base(base.id)
+            verified = tab.fingerprints()
         try:
             # Admitted with room (the publisher freed what it may); an earlier build may have taken it since.
             need = build_need(self.config.state_dir, name, target, base, tab.dir / base.id if base else None,
@@ -174,7 +147,7 @@ class ExactBuilds:
             started = time.perf_counter()
             built = builder.build(tab.config, target, base.offsets if base else None,
                                   tab.dir / base.id if base else None, work, job.deadline, verified)
-            with self._lock:
+            with tab.locked():
                 if job.generation != tab.generation:
                     raise BuildRefused(Code.REBUILDING, f"table {name} was wiped during the build; it is rebuilding")
                 sid = self._host.next_id()
@@ -184,14 +157,13 @@ class ExactBuilds:
                              request=job.request.id)
                 manifests.write(work, m)
                 durable.rename(work, tab.dir / sid)
-                tab.exact_built += 1
+                tab.built()
             log.info("table %s: exact snapshot %s at %s built from %s with %d records in %.3fs", name, sid, target,
                      base.id if base else "the log start", built.consumed, time.perf_counter() - started)
             return m
         finally:
-            with self._lock:
-                if base is not None:
-                    tab.busy.discard(base.id)
+            if base is not None:
+                tab.release_base(base.id)
             shutil.rmtree(work, ignore_errors=True)
 
 

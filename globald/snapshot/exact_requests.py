@@ -3,6 +3,11 @@
 A reader drops ``requests/<id>.json`` (written under a dot-name, then renamed) and polls for
 ``responses/<id>.json``. The daemon answers every request it takes exactly once: a snapshot id, or a refusal with a
 code saying why. A reader never waits past its own timeout, and learns at once when no daemon owns the state_dir.
+
+The mechanism (claim by rename, size-capped JSON, answer file, cancellation) is ``ops.file_requests``, shared with
+the operator's requests (``ops.operator_requests``); what is this protocol's own is its folders (per table, under
+the table's snapshot directory, where the readers already look), its fields and codes, and that uncollected
+answers are swept after ``RESPONSE_TTL_S``.
 """
 
 from __future__ import annotations
@@ -17,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from globald.common.waits import pause
-from globald.ops import statusfile
-from globald.snapshot.manifest import Offsets, offsets_from_json, offsets_to_json, read_json, valid_id, write_json
+from globald.ops import file_requests, statusfile
+from globald.snapshot.manifest import MAX_JSON_BYTES, Offsets, offsets_from_json, offsets_to_json, valid_id
 from globald.store.names import SNAPSHOT_REQUESTS_DIR, SNAPSHOT_RESPONSES_DIR, snapshots_dir
 
 REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
@@ -104,7 +109,7 @@ def submit(state_dir: Path, table: str, offsets: Offsets, lease_s: float = DEFAU
     requests_dir, _ = _dirs(state_dir, table)
     requests_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     # Not durable: the reader waiting for the answer does not outlive a power loss of this machine.
-    write_json(requests_dir / f"{req.id}.json", req.to_json(), durable=False)
+    file_requests.post(requests_dir / f"{req.id}.json", req.to_json())
     return req
 
 
@@ -116,13 +121,10 @@ def wait(state_dir: Path, req: Request, timeout: float, poll_s: float = 0.01) ->
     next_alive_check = 0.0
     while True:
         try:
-            resp = Response.from_json(read_json(path), req.id)
-            path.unlink(missing_ok=True)
-            return resp
-        except FileNotFoundError:
-            pass
+            doc = file_requests.collect(path, MAX_JSON_BYTES)
+            if doc is not None:
+                return Response.from_json(doc, req.id)
         except (OSError, ValueError) as e:
-            path.unlink(missing_ok=True)
             return Response(req.id, Code.FAILED, f"unreadable response: {e}")
         now = time.monotonic()
         if now >= next_alive_check:
@@ -137,7 +139,7 @@ def wait(state_dir: Path, req: Request, timeout: float, poll_s: float = 0.01) ->
 
 
 def _withdraw(requests_dir: Path, req: Request) -> None:
-    (requests_dir / f"{req.id}.json").unlink(missing_ok=True)
+    file_requests.withdraw(requests_dir / f"{req.id}.json")  # taken already: answered, then swept uncollected
 
 
 def request(state_dir: Path, table: str, offsets: Offsets, timeout: float,
@@ -154,24 +156,20 @@ def request(state_dir: Path, table: str, offsets: Offsets, timeout: float,
 def take_pending(state_dir: Path, table: str) -> list[Request | Response]:
     """Every request waiting for ``table``, removed from the queue: parsed, or an INVALID response to send."""
     requests_dir, _ = _dirs(state_dir, table)
-    try:
-        entries = sorted(os.scandir(requests_dir), key=lambda e: e.name)
-    except FileNotFoundError:
-        return []
     out: list[Request | Response] = []
-    for e in entries:
-        if e.name.startswith(".") or not e.name.endswith(".json"):
+    for name in file_requests.pending(requests_dir):
+        request_id = name[: -len(file_requests.REQUEST_SUFFIX)]
+        if not REQUEST_ID_RE.match(request_id):  # no answer file can be named after it
+            (requests_dir / name).unlink(missing_ok=True)
             continue
-        request_id = e.name[: -len(".json")]
-        path = Path(e.path)
-        if not REQUEST_ID_RE.match(request_id):
-            path.unlink(missing_ok=True)
+        taken = file_requests.claim(requests_dir, name)
+        if taken is None:  # withdrawn by its reader meanwhile
             continue
         try:
-            out.append(Request.from_json(read_json(path), request_id, table))
+            out.append(Request.from_json(file_requests.read(taken, MAX_JSON_BYTES), request_id, table))
         except (OSError, ValueError) as err:
             out.append(Response(request_id, Code.INVALID, f"unreadable request: {err}"))
-        path.unlink(missing_ok=True)
+        taken.unlink(missing_ok=True)
     return out
 
 
@@ -179,7 +177,7 @@ def respond(state_dir: Path, table: str, resp: Response) -> None:
     _, responses_dir = _dirs(state_dir, table)
     responses_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     # Not durable: the reader waiting for it does not outlive a power loss; the snapshot it names is durable.
-    write_json(responses_dir / f"{resp.request}.json", resp.to_json(), durable=False)
+    file_requests.post(responses_dir / f"{resp.request}.json", resp.to_json())
 
 
 def sweep_responses(state_dir: Path, table: str, now: float) -> None:

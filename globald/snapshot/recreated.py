@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any
 
 from globald.snapshot import manifest as manifests
-from globald.snapshot.exact_builds import SnapshotTable
 from globald.snapshot.manifest import (
     Manifest,
     Offsets,
@@ -40,6 +39,7 @@ from globald.snapshot.manifest import (
     write_json,
 )
 from globald.snapshot.reader import manifests_of
+from globald.snapshot.table_state import SnapshotTable
 from globald.store import durable
 from globald.store.names import SNAPSHOT_CURRENT, SNAPSHOT_TRASH_PREFIX, SNAPSHOT_VERIFIED
 
@@ -86,8 +86,8 @@ def forget_vouched(tab: SnapshotTable) -> None:
 
 
 def keep_verified(state_dir: Path, tab: SnapshotTable, shown: Offsets, why: str, held: set[str]) -> None:
-    """Apply the rules above to ``tab`` (the publisher's lock held); ``held``: snapshots leased or being copied.
-    With nothing shown in this run, what the last run vouched for is kept (``vouched``)."""
+    """Apply the rules above to ``tab`` (its lock held: ``SnapshotTable.locked``); ``held``: snapshots leased or
+    being copied. With nothing shown in this run, what the last run vouched for is kept (``vouched``)."""
     name = tab.config.name
     found = manifests_of(state_dir, name)
     only: set[str] | None = None
@@ -125,16 +125,16 @@ def point_current(tab: SnapshotTable, m: Manifest | None, shown: Offsets) -> Non
         durable.replace_file(path, m.id + "\n")
         log.warning("table %s: CURRENT moves back from %s to %s, the newest snapshot at or below the offsets last "
                     "shown to be of topic %s (%s)", name, was, m.id, tab.config.topic, offsets_text(shown))
-        tab.current, tab.stale_reason = m, m.stale_reason
+        tab.pointed(m, m.stale_reason)
         return
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
     durable.fsync_dir(tab.dir)
-    tab.current = None
-    tab.stale_reason = (f"no snapshot served: none is at or below the offsets last shown to be of topic "
-                        f"{tab.config.topic} ({offsets_text(shown) or 'none in this run'})")
+    why = (f"no snapshot served: none is at or below the offsets last shown to be of topic {tab.config.topic} "
+           f"({offsets_text(shown) or 'none in this run'})")
+    tab.pointed(None, why)
     log.warning("table %s: CURRENT (%s) removed, %s; readers get none until the rebuilt table is RUNNING", name, was,
-                tab.stale_reason)
+                why)
 
 
 def offsets_text(offsets: Offsets) -> str:

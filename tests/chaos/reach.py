@@ -45,7 +45,8 @@ ERRNO_TEXTS = ("no space left on device", "input/output error")
 FIU_TEXTS = (*ERRNO_TEXTS, "io error", "did not reach the disk")
 _SWALLOWED = re.compile(r'^globald_swallowed_failures_total\{where="([^"]*)"\} ([0-9.e+]+)$', re.M)
 # The places (``common.swallowed`` labels) whose except clauses catch only OSError, around writes to the state_dir:
-# status.json (service.daemon), a snapshot's stale mark and a reply to an exact request (snapshot.publisher).
+# status.json (service.daemon), a snapshot's stale mark (snapshot.publishing) and a reply to an exact request
+# (snapshot.desk).
 DISK_PLACES = frozenset({"status_file", "snapshot_stale_mark", "snapshot_reply"})
 
 

@@ -5,6 +5,8 @@
 - "Every file replaced or renamed on disk goes through ``store/durable.py``": no other module calls ``os.rename`` or
   ``os.replace``.
 - "The names are declared once, in ``store/names.py``": no other module spells a reserved prefix or suffix.
+- "A table's snapshot state changes only in ``snapshot/table_state.py``": no other module assigns a field of a
+  ``SnapshotTable`` or reaches into its private ones.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import globald
+from globald.snapshot.table_state import SnapshotTable
 
 PACKAGE_ROOT = Path(globald.__file__).parent
 # The dot-prefixes of work in progress and leftovers, and the typed tables' columnar file (store/names.py).
@@ -74,6 +77,30 @@ def reserved_names_outside_names() -> list[str]:
     return found
 
 
+def snapshot_table_fields_changed_outside_table_state() -> list[str]:
+    private = {f for f in SnapshotTable.__slots__ if f.startswith("_")}
+    fields = private | {f.lstrip("_") for f in SnapshotTable.__slots__}
+    found = []
+    for rel, tree in _modules():
+        # Its instances live in the snapshot package, and reach only modules that name the class.
+        names_it = rel.startswith("snapshot/") or "SnapshotTable" in ast.unparse(tree)
+        if rel == "snapshot/table_state.py" or not names_it:
+            continue
+        for node in ast.walk(tree):
+            targets: list[ast.expr] = []
+            if isinstance(node, ast.Assign):
+                targets = node.targets
+            elif isinstance(node, ast.AugAssign | ast.AnnAssign):
+                targets = [node.target]
+            flat = [e for t in targets for e in (t.elts if isinstance(t, ast.Tuple) else [t])]
+            assigned = [t for t in flat if isinstance(t, ast.Attribute) and t.attr in fields]
+            reached = [node] if isinstance(node, ast.Attribute) and node.attr in private else []
+            for t in assigned + reached:
+                if isinstance(t, ast.Attribute) and ast.unparse(t.value) != "self":
+                    found.append(f"{rel}:{t.lineno} {ast.unparse(t)}")
+    return found
+
+
 def test_every_store_write_goes_through_writes() -> None:
     assert store_writes_outside_writes() == []
 
@@ -84,3 +111,7 @@ def test_every_rename_goes_through_durable() -> None:
 
 def test_reserved_names_are_spelled_only_in_names() -> None:
     assert reserved_names_outside_names() == []
+
+
+def test_snapshot_table_state_changes_only_in_table_state() -> None:
+    assert snapshot_table_fields_changed_outside_table_state() == []

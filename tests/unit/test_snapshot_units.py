@@ -414,7 +414,7 @@ def test_retention_keeps_a_snapshot_whose_manifest_the_disk_cannot_read(tmp_path
     with pytest.raises(manifests.ManifestIOError):
         manifests.read(old, "tbl")
     pub = _publisher(tmp_path)
-    pub._gc(pub._tables["tbl"])
+    pub._retention.sweep(pub._tables["tbl"])
     assert old.exists()  # kept for a later sweep
     assert not (old.parent / ID2).exists()  # retention still applies to snapshots it can read (retain = 1)
 
@@ -425,7 +425,7 @@ def test_retention_never_deletes_a_leased_snapshot_with_an_invalid_manifest(tmp_
     leases.take(leased.parent, "reader-1", ID1, 900)
     (leased / SNAPSHOT_MANIFEST).write_bytes(b"{garbage")
     pub = _publisher(tmp_path)
-    pub._gc(pub._tables["tbl"])
+    pub._retention.sweep(pub._tables["tbl"])
     assert leased.exists()
 
 
@@ -433,13 +433,12 @@ def test_an_answer_the_disk_refuses_does_not_stop_the_publisher(tmp_path: Path) 
     """Regression (chaos campaign, seed 0, fault 12): a response file that cannot be written (a full disk) killed
     the exact-build worker, and no exact request was ever answered again."""
     pub = _publisher(tmp_path)
-    tab = pub._tables["tbl"]
     responses = snapshots_dir(tmp_path, "tbl") / "responses"
     responses.parent.mkdir(parents=True)
     responses.write_text("a file where the folder should be")  # every write below it fails with an OSError
-    pub.answer(tab, Response("r1", Code.FAILED, "no space"))  # logged, not raised
+    pub.answer("tbl", Response("r1", Code.FAILED, "no space"))  # logged, not raised
     responses.unlink()
-    pub.answer(tab, Response("r2", Code.READY, "ready", ID1))
+    pub.answer("tbl", Response("r2", Code.READY, "ready", ID1))
     assert (responses / "r2.json").exists()
 
 
@@ -471,7 +470,7 @@ def test_a_recreated_topic_moves_current_back_to_the_newest_verified_snapshot(tm
     status = pub.status("tbl")
     assert status.current == ID1 and status.stale
     leases.release(leased.parent, "reader-1")
-    pub._gc(pub._tables["tbl"])
+    pub._retention.sweep(pub._tables["tbl"])
     assert not leased.exists()  # released: an unverified snapshot goes, whatever retention says
     assert old.exists()
 
