@@ -109,6 +109,19 @@ class GlobalThread:
                     ends[p] = max(high, ends.get(p, 0))
         return ends
 
+    def reconfigure(self, config: Config, kafka_changed: bool) -> None:
+        """A reload's config, on the loop thread between two turns (``service.reload``): the loop's settings are
+        read from it from now on; new [kafka] properties replace the consumer (made first: if librdkafka refuses
+        them, this raises and nothing changed) and the cluster worker's clients."""
+        new = self._consumer_factory(config, on_error=self._on_kafka_error) if kafka_changed and self._loop else None
+        self.config = self.manager.config = config
+        if self._loop is not None:
+            self._loop.config = config
+            if new is not None:
+                self._loop.replace_consumer(new)
+        if kafka_changed:
+            self.manager.worker.renew(config.consumer_settings())
+
     def stop(self) -> None:
         self._stop.set()
 

@@ -90,6 +90,18 @@ class Operations:
         if self.config.registry is not None:
             log.info("registry: %s", registry_settings.redact(self.config.registry))
 
+    def reconfigure(self, config: Config) -> HookRunner | None:
+        """A reload's settings, on the loop thread: when [hooks] changed, a new hook runner
+        (started; every event from now on goes to it). Returns the runner it replaced, for the caller to close off
+        the loop thread (a close delivers what is queued, bounded by the hooks' timeout), or None."""
+        old = None
+        if config.hooks != self.config.hooks:
+            old, self.hooks = self.hooks, HookRunner(config.hooks)
+            self.hooks.failures.update(old.failures)  # the counters are the process's, not one runner's
+            self.hooks.start()
+        self.config = config
+        return old
+
     def stop(self) -> None:
         self.decodes.close()  # first: a decode process never outlives the daemon
         self.inbox.close()  # the loop has ended: a reset it never ran is answered, not left to time out

@@ -19,6 +19,7 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
+from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 from globald.common import swallowed
@@ -32,6 +33,8 @@ from globald.ops.progress import ProgressOptions
 from globald.ops.runtime import Operations
 from globald.ops.status import DaemonStatus, TableStatus
 from globald.service import signals
+from globald.service.reload import Reloader
+from globald.settings.changes import Change
 from globald.settings.config import Config
 from globald.snapshot.publisher import SnapshotPublisher
 from globald.snapshot.space import disk_status
@@ -39,6 +42,7 @@ from globald.store.statedir import DiskNotReady, lock_state_dir, prepare_state_d
 
 if TYPE_CHECKING:
     from globald.export.service import ExportService
+    from globald.ops.hooks import HookRunner
 
 log = logging.getLogger(__name__)
 
@@ -65,8 +69,11 @@ def _guarded(fn: Subscriber) -> Subscriber:
 
 class Daemon:
     def __init__(self, config: Config, listeners: Listeners | None = None,
-                 progress: ProgressOptions | None = None, subscribers: Sequence[Subscriber] = ()) -> None:
-        """``listeners`` are a user's callbacks; ``subscribers`` receive every engine event after globald's own."""
+                 progress: ProgressOptions | None = None, subscribers: Sequence[Subscriber] = (),
+                 config_path: Path | None = None) -> None:
+        """``listeners`` are a user's callbacks; ``subscribers`` receive every engine event after globald's own;
+        ``config_path``: the config file as named on the command line (symlinks unresolved), read again by a
+        SIGHUP (default: the file the config was loaded from)."""
         self.config = config
         self.listeners = listeners or Listeners()
         self.bus = EventBus()
@@ -87,6 +94,7 @@ class Daemon:
                                                   self.ops.on_event,
                                                   *([self.exports.on_event] if self.exports else []),
                                                   self.on_event, *subscribers)))
+        self.reloader = Reloader(config, config_path or config.source, self._reconfigure, self.publish_status)
         self._last_status = 0.0
         self._last_degraded: str | None = None
         self._status_failing = False
@@ -98,6 +106,7 @@ class Daemon:
             self.publish_status()
 
     def tick(self) -> None:
+        self.reloader.tick()  # a checked reload is applied between two turns, here
         # A fault starting or ending is news at once; the rest (offsets, lag) at most once a second.
         if time.monotonic() - self._last_status >= _STATUS_EVERY_S or self.thread.degraded != self._last_degraded:
             self.publish_status()
@@ -115,7 +124,8 @@ class Daemon:
             if self.exports is not None:
                 tables[name] = replace(tables[name], origin=self.exports.origin(name), export=self.exports.status(name))
         doc = DaemonStatus(state=self.thread.state, reason=self.thread.machine.reason, pid=os.getpid(),
-                           degraded=self.thread.degraded, tables=tables, disk=disk_status(self.snapshots.disk))
+                           degraded=self.thread.degraded, tables=tables, disk=disk_status(self.snapshots.disk),
+                           config=self.reloader.status)
         return self.ops.observe(doc)
 
     def publish_status(self) -> None:
@@ -134,8 +144,20 @@ class Daemon:
 
     # -- lifecycle ----------------------------------------------------------------------------------------------
 
+    def _reconfigure(self, config: Config, changed: list[Change]) -> HookRunner | None:
+        """Apply a checked reload (``service.reload``), on the loop thread; the consumer first, the one step that
+        can fail, so that a failure leaves everything as it was."""
+        self.thread.reconfigure(config, kafka_changed=any(c.key.startswith("kafka.") for c in changed))
+        self.snapshots.reconfigure(config)
+        self.config = config
+        return self.ops.reconfigure(config)
+
     def _on_signal(self, signum: int) -> None:
         """On the signal relay's thread (``service.signals``): the main thread may hold any lock at that moment."""
+        if signum == signal.SIGHUP:  # queued for the reload thread; never a stop
+            log.info("SIGHUP received; reading the config again")
+            self.reloader.request(None, "SIGHUP")
+            return
         log.info("%s received; committing and stopping", signal.Signals(signum).name)
         if not self.thread.stopping:
             faulthandler.dump_traceback_later(STOP_GRACE_S, exit=True)
@@ -164,7 +186,7 @@ class Daemon:
         # SIGUSR2 prints every thread's stack to stderr: what a daemon that does not stop is waiting on
         faulthandler.register(signal.SIGUSR2, all_threads=True)
         try:
-            with signals.relayed(self._on_signal):
+            with signals.relayed(self._on_signal, (*signals.STOP_SIGNALS, signal.SIGHUP)):
                 yield
         finally:
             faulthandler.cancel_dump_traceback_later()
@@ -187,6 +209,8 @@ class Daemon:
             self.ops.inbox.export = self.exports.request
         self.snapshots.start()
         self.ops.start()
+        self.ops.inbox.reload = self.reloader.from_operator
+        self.reloader.start()
         log.info("globald %d starting on %s's malloc: %d table(s), state_dir %s", os.getpid(), allocator.active(),
                  len(self.config.tables), self.config.state_dir)
         return lock
@@ -210,6 +234,7 @@ class Daemon:
             (log.info if taken else log.warning)("reader schema: %s", line)
 
     def _shutdown(self, lock: IO[str]) -> None:
+        self.reloader.close()
         self.snapshots.close()
         if self.exports is not None:
             self.exports.close()

@@ -68,6 +68,13 @@ class SnapshotPublisher:
 
     # -- lifecycle (daemon's main thread) ---------------------------------------------------------------------
 
+    def reconfigure(self, config: Config) -> None:
+        """A reload's [snapshots] settings, on the loop thread: the interval from the next publish, retention from
+        the next sweep, build_timeout_ms for builds asked from now on (``service.reload``)."""
+        self.config = config
+        self.interval = config.snapshots.interval_ms / 1000
+        self.build_timeout = config.snapshots.build_timeout_ms / 1000
+
     def start(self) -> None:
         """Sweep what a crash left behind, load each table's CURRENT, start the exact-build worker."""
         for tab in self._tables.values():

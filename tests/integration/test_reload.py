@@ -1,0 +1,182 @@
+"""Live reconfiguration (issue 35 item 2): ``globald reload``, SIGHUP and a ConfigMap-style symlink swap, against
+the real daemon and broker. The same process throughout; the table stays RUNNING and equals the fold of its topic;
+a refused reload leaves the config in force untouched, says why in one line (exit 2) and shows in status."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import signal
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from globald.common import exitcodes
+from tests.harness import Broker, DaemonProcess, globald, oracle_at, random_records, values_only, write_config
+
+pytestmark = pytest.mark.kafka
+
+Daemon = Callable[..., DaemonProcess]
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def edit(path: Path, pattern: str, replacement: str) -> None:
+    """Change one line of the config in place (as an operator's editor would, no rename)."""
+    text = path.read_text()
+    new = re.sub(pattern, replacement, text, count=1, flags=re.M)
+    assert new != text, pattern
+    with open(path, "r+") as f:
+        f.write(new)
+        f.truncate()
+
+
+class StateWatch:
+    """Every table state the status shows while the test runs, from a thread of its own."""
+
+    def __init__(self, d: DaemonProcess) -> None:
+        self.d, self.seen, self.pids = d, [], set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            doc = self.d.status()
+            self.pids.add(doc.get("pid"))
+            self.seen.append({n: t["state"] for n, t in doc["tables"].items()})
+            self._stop.wait(0.2)
+
+    def __enter__(self) -> StateWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+
+def reload(d: DaemonProcess, *extra: str, config: Path | None = None) -> Any:
+    return globald("reload", "--config", str(config or d.config), *extra, timeout=300)
+
+
+@pytest.mark.long  # five reloads, each a check-config in a child process, and three catch-ups: ~55 s
+def test_reload_applies_live_settings_refuses_the_rest_and_keeps_serving(broker: Broker, topic: Callable[..., str],
+                                                                          daemon: Daemon) -> None:
+    t = topic()
+    broker.admin.produce(t, random_records(3_000, keys=600, seed=350))
+    edited = daemon({"tbl": t})
+    pid = edited.pid
+    # Status, dumps and waits read a copy of the first config: the one edited here is invalid at times, on purpose.
+    copy = edited.config.with_name("status.toml")
+    copy.write_bytes(edited.config.read_bytes())
+    d = DaemonProcess(copy, edited.log, proc=edited.proc)
+    doc = d.wait_running({"tbl": broker.admin.end_offsets(t)})
+    assert doc["config"]["generation"] == 1 and doc["config"]["sha256"] == sha256(copy)
+    assert doc["config"]["last_reload"] is None
+
+    with StateWatch(d) as watch:
+        # Live: a tunable, a [snapshots] key and a [kafka] property (the consumer is replaced), edited in place.
+        edit(edited.config, r"^commit_interval_ms = .*$", "commit_interval_ms = 300")
+        edit(edited.config, r"^\[kafka\]$", '[snapshots]\nretain = 5\n[kafka]\n"client.id" = "reloaded"')
+        broker.admin.produce(t, random_records(1_000, keys=600, seed=351))
+        r = reload(edited)
+        assert r.returncode == exitcodes.OK, f"{r.stdout}{r.stderr}\n{d.tail()}"
+        assert "applied, config generation 2" in r.stdout
+        doc = d.status()
+        assert doc["config"]["generation"] == 2 and doc["config"]["sha256"] == sha256(edited.config)
+        assert doc["config"]["last_reload"]["result"] == "applied"
+        assert "kafka.client.id, commit_interval_ms, snapshots.retain" in d.tail(200)
+
+        # The new consumer carries on: records produced after the reload reach the store.
+        broker.admin.produce(t, random_records(1_000, keys=600, seed=352))
+        ends = broker.admin.end_offsets(t)
+        d.wait_running({"tbl": ends}, timeout=120)
+
+        # Refused: a value check-config rejects. One line naming the key; nothing changes.
+        applied_sha = sha256(edited.config)
+        edit(edited.config, r"^commit_interval_ms = .*$", "commit_interval_ms = 5")
+        r = reload(edited)
+        assert r.returncode == exitcodes.USAGE, f"{r.stdout}{r.stderr}"
+        assert r.stderr.count("\n") == 1 and "commit_interval_ms" in r.stderr, r.stderr
+        doc = d.status()
+        assert doc["config"]["generation"] == 2 and doc["config"]["sha256"] == applied_sha
+        assert doc["config"]["last_reload"]["result"] == "refused"
+        assert "commit_interval_ms" in doc["config"]["last_reload"]["error"]
+        assert "refused, the config in force is unchanged" in d.tail(50)
+
+        # Refused: a key that cannot change live, named alone, though another key in the file could.
+        edit(edited.config, r"^commit_interval_ms = .*$", "commit_interval_ms = 400")
+        edit(edited.config, r"^\[kafka\]$", "[store]\nblock_cache_mb = 8\n[kafka]")
+        r = reload(edited)
+        assert r.returncode == exitcodes.USAGE and "store.block_cache_mb: cannot change while the daemon runs" \
+            in r.stderr, r.stderr
+        assert d.status()["config"]["generation"] == 2
+
+        # state_dir: the file names a state_dir no daemon runs on; the daemon asked anyway refuses it.
+        edit(edited.config, r"^\[store\]\nblock_cache_mb = 8\n", "")
+        state_dir = d.state_dir
+        edit(edited.config, r"^state_dir = .*$", f'state_dir = "{state_dir}-elsewhere"')
+        r = reload(edited)
+        assert r.returncode == exitcodes.FAILED and "no globald runs on state_dir" in r.stderr, r.stderr
+        r = reload(edited, "--state-dir", str(state_dir))
+        assert r.returncode == exitcodes.USAGE and "reload refused: state_dir: cannot change" in r.stderr, r.stderr
+        assert d.status()["config"]["generation"] == 2
+
+        # SIGHUP: the daemon reads the path it was started with again; never a stop.
+        edit(edited.config, r"^state_dir = .*$", f'state_dir = "{state_dir}"')
+        os.kill(pid, signal.SIGHUP)
+        doc = d.wait_for(lambda s: s["config"]["generation"] == 3, timeout=120, what="the SIGHUP's reload")
+        assert doc["config"]["sha256"] == sha256(edited.config) and doc["config"]["last_reload"]["result"] == "applied"
+
+        broker.admin.produce(t, random_records(500, keys=600, seed=353))
+        ends = broker.admin.end_offsets(t)
+        doc = d.wait_running({"tbl": ends}, timeout=120)
+
+    assert d.alive() and watch.pids == {pid}
+    assert all(states == {"tbl": "RUNNING"} for states in watch.seen), watch.seen
+    offsets = doc["tables"]["tbl"]["offsets"]
+    assert values_only(d.dump("tbl")) == oracle_at(broker, t, offsets)
+
+
+def test_a_configmap_symlink_swap_is_followed(broker: Broker, topic: Callable[..., str], tmp_path: Path) -> None:
+    """As Kubernetes updates a mounted ConfigMap: the file is a symlink into a versioned directory, replaced by one
+    rename. The daemon opens the path it was given again, so it reads the new version, by SIGHUP or by reload."""
+    t = topic()
+    broker.admin.produce(t, random_records(1_000, keys=300, seed=360))
+    state = tmp_path / "state"
+    versions = [tmp_path / f"..v{i}" for i in (1, 2, 3)]
+    for i, v in enumerate(versions):
+        v.mkdir()
+        write_config(v / "globald.toml", state, broker.settings, {"tbl": t}, commit_interval_ms=200 + i,
+                     http={"enabled": False})
+    live = tmp_path / "globald.toml"
+
+    def swap(to: Path) -> None:
+        tmp = tmp_path / "..tmp"
+        tmp.symlink_to(to / "globald.toml")
+        os.replace(tmp, live)  # atomic: a reader sees the old file or the new one
+
+    swap(versions[0])
+    d = DaemonProcess(live, tmp_path / "daemon.log").start()
+    try:
+        pid = d.pid
+        d.wait_running({"tbl": broker.admin.end_offsets(t)})
+        swap(versions[1])
+        os.kill(pid, signal.SIGHUP)
+        doc = d.wait_for(lambda s: s["config"]["generation"] == 2, timeout=120, what="the swap's reload")
+        assert doc["config"]["sha256"] == sha256(versions[1] / "globald.toml")
+        assert doc["config"]["path"] == str(live)  # the path as given, never the version it pointed to
+        swap(versions[2])
+        r = globald("reload", "--config", str(live), timeout=300)
+        assert r.returncode == exitcodes.OK, f"{r.stdout}{r.stderr}\n{d.tail()}"
+        doc = d.status()
+        assert doc["config"]["generation"] == 3 and doc["config"]["sha256"] == sha256(versions[2] / "globald.toml")
+        assert doc["pid"] == pid and d.alive()
+    finally:
+        d.stop()
