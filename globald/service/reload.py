@@ -154,6 +154,8 @@ class Reloader:
             except Exception as e:  # a bug here must not leave the asker waiting: refused, the old config stays
                 log.exception("reload of %s failed", path)
                 ready = _Ready(r, path, error=f"the reload failed: {type(e).__name__}: {e}")
+            if ready.error is None:
+                log.info("reload of %s (%s) checked; applied at the loop's next turn", path, r.origin)
             self._ready = ready  # the loop's next turn takes it
             ready.done.wait()
             if self._stopping.is_set() and not r.settled:

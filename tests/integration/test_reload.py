@@ -9,6 +9,7 @@ import os
 import re
 import signal
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -180,3 +181,66 @@ def test_a_configmap_symlink_swap_is_followed(broker: Broker, topic: Callable[..
         assert doc["pid"] == pid and d.alive()
     finally:
         d.stop()
+
+
+def test_a_reload_while_the_table_restores_gives_it_the_cluster(broker: Broker, topic: Callable[..., str],
+                                                                daemon: Daemon) -> None:
+    """Started with a [kafka] address nothing answers on, the table stays RESTORING; a reload with the right one
+    replaces the consumer and the cluster worker's clients, and the same process restores it to the fold."""
+    t = topic()
+    broker.admin.produce(t, random_records(2_000, keys=400, seed=370))
+    d = daemon({"tbl": t}, kafka={"bootstrap.servers": "127.0.0.1:9"})
+    pid = d.pid
+    d.wait_for(lambda s: s["tables"]["tbl"]["state"] == "RESTORING" and s["tables"]["tbl"]["last_error"],
+               timeout=120, what="the table restoring, unable to reach the cluster")
+    edit(d.config, r'^"bootstrap.servers" = "127.0.0.1:9"$',
+         f'"bootstrap.servers" = "{broker.settings["bootstrap.servers"]}"')
+    r = reload(d)
+    assert r.returncode == exitcodes.OK, f"{r.stdout}{r.stderr}\n{d.tail()}"
+    broker.admin.produce(t, random_records(500, keys=400, seed=371))
+    doc = d.wait_running({"tbl": broker.admin.end_offsets(t)}, timeout=120)
+    assert doc["pid"] == pid and doc["config"]["generation"] == 2
+    assert values_only(d.dump("tbl")) == oracle_at(broker, t, doc["tables"]["tbl"]["offsets"])
+
+
+@pytest.mark.long  # a topic recreated and a table rebuilt: ~30 s
+def test_a_reload_during_a_kip406_rebuild(broker: Broker, topic: Callable[..., str], daemon: Daemon,
+                                          tmp_path: Path) -> None:
+    """The topic is recreated under the table (a KIP-406 rebuild, ``topic_recreated``); the daemon's loop is held
+    at the end of the rebuild's first partition (``tests.midway``'s hooks) while a SIGHUP asks for a reload: it is
+    read and checked meanwhile, on its own thread, and applied once the loop turns again; the rebuilt table equals
+    the new topic's fold, in the same process."""
+    from tests import midway
+    from tests.reliability.test_recreated_topic import replace_topic
+
+    t = topic()
+    broker.admin.produce(t, random_records(3_000, keys=300, seed=380))
+    d = daemon({"tbl": t}, start=False, metadata_refresh_ms=500)
+    arm = tmp_path / "arm.json"
+    midway.arm(d, arm)
+    d.start()
+    pid = d.pid
+    d.wait_running({"tbl": broker.admin.end_offsets(t)}, timeout=120)
+    tmp = arm.with_name("arm.tmp")  # hold the loop at the end of the next restore of tbl: the rebuild's
+    tmp.write_text('{"id": 1, "phase": "restore", "action": "hold", "hold": true, "table": "tbl", "nth": 1}')
+    tmp.replace(arm)
+    replace_topic(broker, t, seed=381)
+    held = arm.with_name(f"{arm.name}.held-1")
+    deadline = time.monotonic() + 120
+    while not held.is_dir():
+        assert time.monotonic() < deadline and d.alive(), f"the rebuild was never held; log:\n{d.tail()}"
+        time.sleep(0.1)
+    edit(d.config, r"^\[kafka\]$", '[kafka]\n"client.id" = "during-the-rebuild"')
+    os.kill(pid, signal.SIGHUP)
+    while "checked; applied at the loop's next turn" not in d.log.read_text():
+        assert time.monotonic() < deadline + 60, f"the reload was not checked while the loop was held:\n{d.tail()}"
+        time.sleep(0.1)
+    assert "config generation 2" not in d.log.read_text()  # the loop, held, has not applied it yet
+    arm.with_name(f"{arm.name}.release-1").mkdir()
+    ends = broker.admin.end_offsets(t)
+    doc = d.wait_for(lambda s: s["config"]["generation"] == 2 and s["state"] == "RUNNING"
+                     and s["tables"]["tbl"]["wipes"] >= 1
+                     and all(s["tables"]["tbl"]["offsets"].get(str(p)) == o for p, o in ends.items()),
+                     timeout=120, what="the reload applied and the table rebuilt")
+    assert doc["pid"] == pid and "WIPE (" in d.log.read_text()
+    assert values_only(d.dump("tbl")) == oracle_at(broker, t, doc["tables"]["tbl"]["offsets"])
