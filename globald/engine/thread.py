@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from globald.common.states import Listeners, State, StateMachine
+from globald.engine import tables_change
 from globald.engine.background_upgrade import BackgroundUpgrade
 from globald.engine.events import (
     Emit,
@@ -32,7 +33,7 @@ from globald.engine.state_manager import StateManager
 from globald.engine.table import TableRuntime
 from globald.engine.view import LoopStats
 from globald.kafka.clients import make_consumer
-from globald.settings.config import Config
+from globald.settings.config import Config, TableConfig
 from globald.store.failures import STORE_FAULTS
 
 log = logging.getLogger(__name__)
@@ -121,6 +122,15 @@ class GlobalThread:
                 self._loop.replace_consumer(new)
         if kafka_changed:
             self.manager.worker.renew(config.consumer_settings())
+
+    def change_tables(self, added: Sequence[TableConfig], dropped: Sequence[str]) -> None:
+        """A reload's tables (``engine.tables_change``), on the loop thread after ``reconfigure``: the dropped ones
+        stop being consumed at once, the added ones are restored while the others keep serving."""
+        assert self._loop is not None, "a reload is applied between two turns of the loop"
+        for name in dropped:
+            tables_change.drop_table(self._loop, name)
+        for tc in added:
+            tables_change.add_table(self._loop, tc)
 
     def stop(self) -> None:
         self._stop.set()

@@ -36,6 +36,7 @@ from globald.service import signals
 from globald.service.reload import Reloader
 from globald.settings.changes import Change
 from globald.settings.config import Config
+from globald.snapshot.dropped import DroppedSnapshots
 from globald.snapshot.publisher import SnapshotPublisher
 from globald.snapshot.space import disk_status
 from globald.store.statedir import DiskNotReady, lock_state_dir, prepare_state_dir
@@ -94,6 +95,7 @@ class Daemon:
                                                   self.ops.on_event,
                                                   *([self.exports.on_event] if self.exports else []),
                                                   self.on_event, *subscribers)))
+        self.dropped = DroppedSnapshots(config.state_dir)  # the snapshots of tables a reload dropped
         self.reloader = Reloader(config, config_path or config.source, self._reconfigure, self.publish_status)
         self._last_status = 0.0
         self._last_degraded: str | None = None
@@ -107,6 +109,7 @@ class Daemon:
 
     def tick(self) -> None:
         self.reloader.tick()  # a checked reload is applied between two turns, here
+        self.dropped.tick()
         # A fault starting or ending is news at once; the rest (offsets, lag) at most once a second.
         if time.monotonic() - self._last_status >= _STATUS_EVERY_S or self.thread.degraded != self._last_degraded:
             self.publish_status()
@@ -147,8 +150,25 @@ class Daemon:
     def _reconfigure(self, config: Config, changed: list[Change]) -> HookRunner | None:
         """Apply a checked reload (``service.reload``), on the loop thread; the consumer first, the one step that
         can fail, so that a failure leaves everything as it was."""
-        self.thread.reconfigure(config, kafka_changed=any(c.key.startswith("kafka.") for c in changed))
+        added = [c.added for c in changed if c.added is not None]
+        dropped = [c.dropped for c in changed if c.dropped is not None]
+        for tc in added:  # may raise (a failing disk): before anything changed; the publisher before the engine,
+            self.dropped.before_add(tc.name)  # whose events about the table reach it
+            self.snapshots.add_table(tc)
+        try:
+            self.thread.reconfigure(config, kafka_changed=any(c.key.startswith("kafka.") for c in changed))
+        except Exception:
+            for tc in added:  # nothing else changed yet
+                self.snapshots.drop_table(tc.name)
+            raise
         self.snapshots.reconfigure(config)
+        for tc in added:
+            self.ops.inbox.tables.add(tc.name)
+        self.thread.change_tables(added, dropped)
+        for name in dropped:
+            self.snapshots.drop_table(name)
+            self.dropped.drop(name)
+            self.ops.inbox.tables.discard(name)
         self.config = config
         return self.ops.reconfigure(config)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, is_dataclass
 from typing import Any
 
-from globald.settings.config import Config
+from globald.settings.config import Config, TableConfig
 
 # Keys a running daemon takes without a restart, and what takes them (docs/operations/reload.md lists them too).
 LIVE: dict[str, str] = {
@@ -39,7 +39,7 @@ WHY_NOT: dict[str, str] = {
     "export": "the exporter is set up when the daemon starts",
     "registry": "the registry client is set up when the daemon starts",
     "metadata_refresh_ms": "the cluster watch takes it when the loop starts",
-    "tables": "adding, dropping or changing a table live is not supported yet",
+    "tables": "a table's topic or format cannot change live yet: drop it in one reload, add it in the next",
 }
 RESTART = "needs a restart"
 
@@ -52,12 +52,25 @@ class Change:
 
     @property
     def live(self) -> bool:
+        if self.key.startswith("tables."):  # an untyped table added or dropped: yes; changed in place: not yet
+            return (self.old is None or self.new is None) and not (self.old or self.new).typed
         return self.key in LIVE or self.key.split(".", 1)[0] == "kafka"
+
+    @property
+    def added(self) -> TableConfig | None:
+        return self.new if self.key.startswith("tables.") and self.old is None else None
+
+    @property
+    def dropped(self) -> str | None:
+        return self.old.name if self.key.startswith("tables.") and self.new is None else None
 
     def refusal(self) -> str:
         """The one line refusing a reload that changes this key."""
         top = self.key.split(".", 1)[0]
         why = WHY_NOT.get(self.key) or WHY_NOT.get(top) or "it is taken when the daemon starts"
+        if top == "tables":
+            why = WHY_NOT["tables"] if self.old is not None and self.new is not None else \
+                "a typed table cannot be added or dropped live yet"
         return f"{self.key}: cannot change while the daemon runs ({why}); {RESTART}, nothing of this reload was " \
                "applied"
 
@@ -93,8 +106,13 @@ def _diff(key: str, a: Any, b: Any, found: list[Change]) -> None:
     found.append(Change(key, a, b))
 
 
-def refusal(found: list[Change]) -> str | None:
+def refusal(found: list[Change], new: Config | None = None) -> str | None:
     """The one line refusing the reload, or None when every change can be applied live."""
+    if new is not None and new.export is not None:
+        table = next((c for c in found if c.key.startswith("tables.")), None)
+        if table is not None:
+            return f"{table.key}: cannot be added or dropped live while [export] is configured; {RESTART}, " \
+                   "nothing of this reload was applied"
     fixed = [c for c in found if not c.live]
     if not fixed:
         return None

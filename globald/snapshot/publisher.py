@@ -24,7 +24,7 @@ from globald.common.states import State
 from globald.engine.events import Event, StateChanged, Verified, Wiped
 from globald.engine.view import EngineView, TableView
 from globald.ops.status import SnapshotStatus
-from globald.settings.config import Config
+from globald.settings.config import Config, TableConfig
 from globald.snapshot import exact_requests as requests
 from globald.snapshot import leases, recreated
 from globald.snapshot import manifest as manifests
@@ -74,6 +74,21 @@ class SnapshotPublisher:
         self.config = config
         self.interval = config.snapshots.interval_ms / 1000
         self.build_timeout = config.snapshots.build_timeout_ms / 1000
+
+    def add_table(self, tc: TableConfig) -> None:
+        """A table a reload added (``snapshot.dropped`` cleared its directory first): published once RUNNING."""
+        folder = snapshots_dir(self.config.state_dir, tc.name)
+        durable.make_dirs(folder)  # raises on a failing disk: the reload is refused before anything changed
+        with self._lock:
+            self._tables[tc.name] = SnapshotTable(tc, folder)
+            self._leases[tc.name] = leases.LeaseClock(folder)
+
+    def drop_table(self, name: str) -> None:
+        """A table a reload dropped: nothing more is published for it (its files are ``snapshot.dropped``'s)."""
+        with self._lock:
+            self._tables.pop(name, None)
+            self._leases.pop(name, None)
+            self._vouched.pop(name, None)
 
     def start(self) -> None:
         """Sweep what a crash left behind, load each table's CURRENT, start the exact-build worker."""

@@ -38,28 +38,43 @@ def edit(path: Path, pattern: str, replacement: str) -> None:
         f.truncate()
 
 
-class StateWatch:
-    """Every table state the status shows while the test runs, from a thread of its own."""
+class Background:
+    """``step`` again and again on a thread of its own, ``every`` seconds apart, while the ``with`` block runs."""
 
-    def __init__(self, d: DaemonProcess) -> None:
-        self.d, self.seen, self.pids = d, [], set()
+    every = 0.2
+
+    def __init__(self) -> None:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
+    def step(self) -> None:
+        raise NotImplementedError
+
     def _run(self) -> None:
         while not self._stop.is_set():
-            doc = self.d.status()
-            self.pids.add(doc.get("pid"))
-            self.seen.append({n: t["state"] for n, t in doc["tables"].items()})
-            self._stop.wait(0.2)
+            self.step()
+            self._stop.wait(self.every)
 
-    def __enter__(self) -> StateWatch:
+    def __enter__(self) -> Any:
         self._thread.start()
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self._stop.set()
-        self._thread.join(30)
+        self._thread.join(60)
+
+
+class StateWatch(Background):
+    """Every table state the status shows while the test runs."""
+
+    def __init__(self, d: DaemonProcess) -> None:
+        super().__init__()
+        self.d, self.seen, self.pids = d, [], set()
+
+    def step(self) -> None:
+        doc = self.d.status()
+        self.pids.add(doc.get("pid"))
+        self.seen.append({n: t["state"] for n, t in doc["tables"].items()})
 
 
 def reload(d: DaemonProcess, *extra: str, config: Path | None = None) -> Any:
@@ -244,3 +259,72 @@ def test_a_reload_during_a_kip406_rebuild(broker: Broker, topic: Callable[..., s
                      timeout=120, what="the reload applied and the table rebuilt")
     assert doc["pid"] == pid and "WIPE (" in d.log.read_text()
     assert values_only(d.dump("tbl")) == oracle_at(broker, t, doc["tables"]["tbl"]["offsets"])
+
+
+class Producer(Background):
+    """200 records into each topic every 0.3 s: the load the reloads happen under."""
+
+    every = 0.3
+
+    def __init__(self, broker: Broker, topics: list[str], seed: int) -> None:
+        super().__init__()
+        self.broker, self.topics, self.seed = broker, topics, seed
+
+    def step(self) -> None:
+        for t in self.topics:
+            self.broker.admin.produce(t, random_records(200, keys=400, seed=self.seed))
+            self.seed += 1
+
+
+@pytest.mark.long  # two tables under load, three reloads, a restore of each added table: ~60 s
+def test_add_drop_and_re_add_a_table_under_load(broker: Broker, topic: Callable[..., str], daemon: Daemon,
+                                                tmp_path: Path) -> None:
+    from globald.snapshot import leases
+    from globald.snapshot.reader import current_id
+    from globald.store.names import SNAPSHOT_DROPPED_PREFIX, snapshots_dir, table_dir
+
+    a, b = topic(), topic()
+    broker.admin.produce(a, random_records(2_000, keys=400, seed=390))
+    broker.admin.produce(b, random_records(2_000, keys=400, seed=391))
+    events = tmp_path / "events.txt"
+    hook = ["sh", "-c", f'echo "$GLOBALD_TABLE $GLOBALD_STATE $GLOBALD_REASON" >> {events}']
+    d = daemon({"A": a}, hooks={"on_state_change": hook})
+    pid = d.pid
+    d.wait_running({"A": broker.admin.end_offsets(a)})
+    one_table = d.config.read_text()
+    state = d.state_dir
+    with Producer(broker, [a, b], seed=400), StateWatch(d) as watch:
+        d.config.write_text(one_table + f'[[tables]]\nname = "B"\ntopic = "{b}"\n')
+        r = reload(d)
+        assert r.returncode == exitcodes.OK, f"{r.stdout}{r.stderr}\n{d.tail()}"
+        d.wait_for(lambda s: s["tables"]["B"]["state"] == "RUNNING" and s["tables"]["B"]["snapshot"]["current"],
+                   timeout=120, what="B added, RUNNING and published")
+        old = current_id(state, "B")
+        assert old is not None
+        leases.take(snapshots_dir(state, "B"), "a-spark-job", old, ttl_s=600)  # a reader still on B's version
+
+        d.config.write_text(one_table)  # drop B
+        r = reload(d)
+        assert r.returncode == exitcodes.OK, f"{r.stdout}{r.stderr}\n{d.tail()}"
+        doc = d.status()
+        assert set(doc["tables"]) == {"A"} and not table_dir(state, "B").exists()
+        assert (snapshots_dir(state, "B") / old).is_dir()  # leased: kept for its reader
+
+        d.config.write_text(one_table + f'[[tables]]\nname = "B"\ntopic = "{b}"\n')  # and back
+        r = reload(d)
+        assert r.returncode == exitcodes.OK, f"{r.stdout}{r.stderr}\n{d.tail()}"
+        aside = [p for p in (state / "snapshots").iterdir() if p.name.startswith(f"{SNAPSHOT_DROPPED_PREFIX}B-")]
+        assert len(aside) == 1 and (aside[0] / old).is_dir(), aside  # the old files, out of the new B's way
+        doc = d.wait_for(lambda s: s["tables"]["B"]["state"] == "RUNNING" and s["tables"]["B"]["snapshot"]["current"],
+                         timeout=120, what="B added again, RUNNING and published")
+        assert old not in {p.name for p in snapshots_dir(state, "B").iterdir()}
+        leases.release(aside[0], "a-spark-job")
+        d.wait_for(lambda s: not aside[0].exists(), timeout=60, what="the dropped B's snapshots deleted once released")
+    ends = {"A": broker.admin.end_offsets(a), "B": broker.admin.end_offsets(b)}
+    doc = d.wait_running(ends, timeout=120)
+    assert doc["pid"] == pid and doc["config"]["generation"] == 4 and watch.pids == {pid}
+    assert all(states.get("A") == "RUNNING" for states in watch.seen), watch.seen
+    for name, t in (("A", a), ("B", b)):
+        assert values_only(d.dump(name)) == oracle_at(broker, t, doc["tables"][name]["offsets"]), name
+    seen = events.read_text()
+    assert "B RESTORING added by a reload" in seen and "B NOT_RUNNING dropped by a reload" in seen, seen

@@ -33,8 +33,14 @@ def test_a_table_added_dropped_or_changed_is_named_and_reordering_is_no_change()
     old = parse(BASE)
     assert changes(old, replace(old, tables=old.tables[::-1])) == []
     new = parse({**BASE, "tables": [BASE["tables"][0], {"name": "c", "topic": "tc"}]})
-    assert [c.key for c in changes(old, new)] == ["tables.b", "tables.c"]
-    assert (refusal(changes(old, new)) or "").startswith("tables.b: cannot change while the daemon runs")
+    found = changes(old, new)
+    assert [c.key for c in found] == ["tables.b", "tables.c"]
+    assert [c.dropped for c in found] == ["b", None] and [c.added and c.added.name for c in found] == [None, "c"]
+    assert refusal(found) is None  # added and dropped live
+    moved = parse({**BASE, "tables": [BASE["tables"][0], {"name": "b", "topic": "tc"}]})
+    assert (refusal(changes(old, moved)) or "").startswith("tables.b: cannot change while the daemon runs")
+    exported = replace(new, export=object())  # type: ignore[arg-type]
+    assert (refusal(found, exported) or "").startswith("tables.b: cannot be added or dropped live while [export]")
 
 
 def test_the_config_status_round_trips_and_reaches_the_metrics() -> None:
