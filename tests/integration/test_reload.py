@@ -328,3 +328,35 @@ def test_add_drop_and_re_add_a_table_under_load(broker: Broker, topic: Callable[
         assert values_only(d.dump(name)) == oracle_at(broker, t, doc["tables"][name]["offsets"]), name
     seen = events.read_text()
     assert "B RESTORING added by a reload" in seen and "B NOT_RUNNING dropped by a reload" in seen, seen
+
+
+def sighup_ignored(pid: int) -> bool:
+    """The kernel's word: SIGHUP (signal 1, bit 0 of the mask) is ignored by ``pid`` now."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigIgn:"):
+            return bool(int(line.split()[1], 16) & 1)
+    return False
+
+
+def test_sighup_from_the_first_moment_never_ends_the_daemon(broker: Broker, topic: Callable[..., str],
+                                                            daemon: Daemon) -> None:
+    """SIGHUP's default action ends a process: ``run`` ignores it from its first line (kept across the allocator's
+    re-exec) until the daemon's relay hears it. SIGHUPs sent from that moment on (before it, the interpreter is
+    still starting: systemd queues a reload until the start is done), through the whole start, leave it running;
+    those the relay heard were reloads."""
+    t = topic()
+    broker.admin.produce(t, random_records(500, keys=100, seed=410))
+    d = daemon({"tbl": t}, start=False)
+    d.start()
+    deadline = time.monotonic() + 120
+    while not sighup_ignored(d.pid):
+        assert d.alive() and time.monotonic() < deadline, d.tail()
+        time.sleep(0.005)
+    while not (d.state_dir / "status.json").exists() or d.status().get("state") != "RUNNING":
+        assert d.alive(), f"a SIGHUP ended the daemon: exit {d.proc.returncode if d.proc else None}\n{d.tail()}"
+        assert time.monotonic() < deadline, d.tail()
+        os.kill(d.pid, signal.SIGHUP)
+        time.sleep(0.05)
+    os.kill(d.pid, signal.SIGHUP)
+    doc = d.wait_for(lambda s: s["config"]["generation"] >= 2, timeout=120, what="a SIGHUP's reload applied")
+    assert d.alive() and doc["pid"] == d.pid and doc["config"]["last_reload"]["result"] == "applied"
