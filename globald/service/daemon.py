@@ -16,7 +16,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -43,7 +43,6 @@ from globald.store.statedir import DiskNotReady, lock_state_dir, prepare_state_d
 
 if TYPE_CHECKING:
     from globald.export.service import ExportService
-    from globald.ops.hooks import HookRunner
 
 log = logging.getLogger(__name__)
 
@@ -147,19 +146,22 @@ class Daemon:
 
     # -- lifecycle ----------------------------------------------------------------------------------------------
 
-    def _reconfigure(self, config: Config, changed: list[Change]) -> HookRunner | None:
+    def _reconfigure(self, config: Config, changed: list[Change]) -> list[Callable[[], None]]:
         """Apply a checked reload (``service.reload``), on the loop thread; the consumer first, the one step that
         can fail, so that a failure leaves everything as it was."""
         added = [c.added for c in changed if c.added is not None]
         dropped = [c.dropped for c in changed if c.dropped is not None]
-        for tc in added:  # may raise (a failing disk): before anything changed; the publisher before the engine,
-            self.dropped.before_add(tc.name)  # whose events about the table reach it
-            self.snapshots.add_table(tc)
+        http = self.ops.bind_http(config)  # may raise: a new address that cannot be bound refuses the reload
         try:
+            for tc in added:  # may raise (a failing disk); the publisher before the engine, whose events about
+                self.dropped.before_add(tc.name)  # the table reach it
+                self.snapshots.add_table(tc)
             self.thread.reconfigure(config, kafka_changed=any(c.key.startswith("kafka.") for c in changed))
         except Exception:
             for tc in added:  # nothing else changed yet
                 self.snapshots.drop_table(tc.name)
+            if http is not None:
+                http.stop()
             raise
         self.snapshots.reconfigure(config)
         for tc in added:
@@ -170,7 +172,7 @@ class Daemon:
             self.dropped.drop(name)
             self.ops.inbox.tables.discard(name)
         self.config = config
-        return self.ops.reconfigure(config)
+        return self.ops.reconfigure(config, http)
 
     def _on_signal(self, signum: int) -> None:
         """On the signal relay's thread (``service.signals``): the main thread may hold any lock at that moment."""

@@ -35,7 +35,6 @@ from typing import Any
 from globald.common import logs
 from globald.common.errors import ConfigError
 from globald.engine.events import RebuildRequest
-from globald.ops.hooks import HookRunner
 from globald.ops.operator_requests import RELOAD
 from globald.ops.status import ConfigStatus
 from globald.settings import config as configmod
@@ -85,14 +84,15 @@ class _Ready:
     changed: list[Change] = field(default_factory=list)
     error: str | None = None
     done: threading.Event = field(default_factory=threading.Event)
-    old_hooks: HookRunner | None = None  # replaced by the apply, closed on the reload thread
+    later: list[Callable[[], None]] = field(default_factory=list)  # the apply's cleanups, run on the reload thread
 
 
 class Reloader:
     """See the module docstring. ``request`` from any thread; ``tick`` on the loop thread."""
 
     def __init__(self, config: Config, path: Path | None,
-                 apply: Callable[[Config, list[Change]], HookRunner | None], publish: Callable[[], None]) -> None:
+                 apply: Callable[[Config, list[Change]], list[Callable[[], None]]],
+                 publish: Callable[[], None]) -> None:
         self.config = config  # in force; changed on the loop thread only
         self.path = path  # as given at start, never resolved: a symlink swap is followed at each reload
         self._apply = apply
@@ -160,8 +160,11 @@ class Reloader:
             ready.done.wait()
             if self._stopping.is_set() and not r.settled:
                 r.settle("the daemon stopped before it applied the config; the old one was in force until the stop")
-            if ready.old_hooks is not None:
-                ready.old_hooks.close()  # delivers what was queued to it, bounded by its timeout; off the loop thread
+            for cleanup in ready.later:  # a replaced hook runner's close, listener's stop: off the loop thread
+                try:
+                    cleanup()
+                except Exception:
+                    log.exception("reload: a cleanup of the replaced config failed; ignored")
 
     def _check(self, r: ReloadRequest, path: Path) -> _Ready:
         """Read, check and compare ``path`` against the config in force; never touches what is running."""
@@ -207,7 +210,9 @@ class Reloader:
         r, error = ready.request, ready.error
         if ready.config is not None:
             try:
-                ready.old_hooks = self._apply(ready.config, ready.changed)
+                ready.later = self._apply(ready.config, ready.changed)
+            except ConfigError as e:  # a new HTTP address that cannot be bound, before anything changed
+                error = f"config error: {e}"
             except Exception as e:  # made before anything changed (thread.reconfigure): nothing was applied
                 error = f"the new config could not be applied: {type(e).__name__}: {e}; the old one stays in force"
         when = time.time()

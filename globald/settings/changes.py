@@ -26,6 +26,10 @@ LIVE: dict[str, str] = {
     "hooks.on_state_change": "the hook runner (replaced)",
     "hooks.webhook_url": "the hook runner (replaced)",
     "hooks.timeout_ms": "the hook runner (replaced)",
+    "http.enabled": "the HTTP listener (a new one bound first: an address that cannot be bound refuses the reload)",
+    "http.host": "the HTTP listener (a new one bound first: an address that cannot be bound refuses the reload)",
+    "http.port": "the HTTP listener (a new one bound first: an address that cannot be bound refuses the reload)",
+    "http.allow_non_loopback": "the config check, when the file is loaded",
     "kafka": "the loop's consumer and the cluster worker's clients (replaced, every table re-planned from its store)",
 }
 
@@ -35,7 +39,6 @@ WHY_NOT: dict[str, str] = {
     "allocator": "the allocator is chosen when the process starts",
     "log_format": "the log handlers are set up when the process starts",
     "store": "the stores are opened with these options",
-    "http": "the HTTP listener is bound when the daemon starts",
     "export": "the exporter is set up when the daemon starts",
     "registry": "the registry client is set up when the daemon starts",
     "metadata_refresh_ms": "the cluster watch takes it when the loop starts",

@@ -360,3 +360,43 @@ def test_sighup_from_the_first_moment_never_ends_the_daemon(broker: Broker, topi
     os.kill(d.pid, signal.SIGHUP)
     doc = d.wait_for(lambda s: s["config"]["generation"] >= 2, timeout=120, what="a SIGHUP's reload applied")
     assert d.alive() and doc["pid"] == d.pid and doc["config"]["last_reload"]["result"] == "applied"
+
+
+def test_the_http_listener_moves_live_and_an_address_in_use_is_refused(broker: Broker, topic: Callable[..., str],
+                                                                        daemon: Daemon) -> None:
+    """[http] port changed: a new listener is bound first, then the old one stops; /metrics on the new one shows
+    the reload. A port another socket holds cannot be bound: refused in one line naming http.port, the listener
+    in place serves on."""
+    import socket
+    import urllib.error
+    import urllib.request
+
+    def metrics(port: int) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+            return str(r.read().decode())
+
+    t = topic()
+    broker.admin.produce(t, random_records(300, keys=100, seed=420))
+    d = daemon({"tbl": t}, http={"port": 0})
+    doc = d.wait_running({"tbl": broker.admin.end_offsets(t)})
+    first = doc["http"]["port"]
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    edit(d.config, r"^port = 0$", f"port = {port}")
+    r = reload(d)
+    assert r.returncode == exitcodes.OK, f"{r.stdout}{r.stderr}\n{d.tail()}"
+    assert d.status()["http"]["port"] == port
+    assert "globald_config_generation 2.0" in metrics(port)
+    assert 'globald_config_last_reload_result{result="applied"} 1.0' in metrics(port)
+    with pytest.raises(urllib.error.URLError):
+        metrics(first)
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        edit(d.config, rf"^port = {port}$", f"port = {taken.getsockname()[1]}")
+        r = reload(d)
+    assert r.returncode == exitcodes.USAGE and "http.port: cannot listen on" in r.stderr, r.stderr
+    assert 'globald_config_last_reload_result{result="refused"} 1.0' in metrics(port)
+    assert d.status()["config"]["generation"] == 2 and d.status()["http"]["port"] == port
