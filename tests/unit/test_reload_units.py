@@ -9,6 +9,7 @@ from pathlib import Path
 from globald.common.states import State
 from globald.ops.metrics import Metrics, Sample
 from globald.ops.status import ConfigStatus, DaemonStatus
+from globald.ops.statusfile import status_lines
 from globald.settings.changes import changes, refusal
 from globald.settings.config import SnapshotConfig, parse
 
@@ -48,6 +49,7 @@ def test_the_config_status_round_trips_and_reaches_the_metrics() -> None:
                           {"time": 1_700_000_000.5, "result": "refused", "error": "state_dir: cannot change"})
     doc = DaemonStatus(State.RUNNING, 42, {}, config=status)
     assert DaemonStatus.from_json(doc.to_json()).config == status
+    assert "  config: generation 3, last reload refused: state_dir: cannot change" in status_lines(doc)
     assert DaemonStatus.from_json({"state": "RUNNING", "config": {"generation": "x"}}).config is None
     text = Metrics(lambda: Sample(doc=doc), lambda: (0.0, 0.0)).render().decode()
     assert "globald_config_generation 3.0" in text
