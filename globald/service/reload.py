@@ -13,6 +13,8 @@ differs from the config in force (``settings.changes``) and apply it all or noth
 - **Refused** (a file that fails the check, a key that needs a restart, a file that changed while it was
   checked): one line, logged, shown in status ``config.last_reload`` and answered to ``globald reload`` (exit 2);
   the config in force is not touched.
+- **Watched** (``reload_on_change_ms``, off by default): the reload thread also reads the file that often and
+  reloads it when its bytes differ from those in force; bytes refused once are not tried again until they change.
 - **Applied**: ``config.generation`` + 1 and ``config.sha256`` of the bytes applied; each reload applied counts,
   one that changed nothing too (the operator sees it was taken).
 """
@@ -103,6 +105,7 @@ class Reloader:
         self._ready: _Ready | None = None
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
+        self._asked_sha: str | None = None  # bytes the file watch already asked a reload for
 
     # -- any thread -------------------------------------------------------------------------------------------
 
@@ -143,8 +146,24 @@ class Reloader:
 
     # -- the reload thread ------------------------------------------------------------------------------------
 
+    def _next(self) -> ReloadRequest | None:
+        """The next reload to run: one asked for, or (``reload_on_change_ms``) one the file's new bytes ask for.
+        A file whose bytes were refused once is not reloaded again until they change."""
+        while True:
+            every = self.config.reload_on_change_ms / 1000
+            try:
+                return self._queue.get(timeout=every if every > 0 and self.path is not None else None)
+            except queue.Empty:
+                pass
+            assert self.path is not None
+            sha = file_sha256(self.path)
+            if sha is not None and sha not in (self.status.sha256, self._asked_sha):
+                self._asked_sha = sha  # asked once: refused bytes are not tried again at every check
+                log.info("config file %s changed; reloading it (reload_on_change_ms)", self.path)
+                return ReloadRequest(None, "the file changed")
+
     def _run(self) -> None:
-        while (r := self._queue.get()) is not None:
+        while (r := self._next()) is not None:
             path = r.path or self.path
             if self._stopping.is_set() or path is None:
                 r.settle("the daemon is stopping" if path is not None else "the daemon was not started from a file")

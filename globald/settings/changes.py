@@ -19,6 +19,7 @@ LIVE: dict[str, str] = {
     "consume_batch_size": "the loop, from its next poll",
     "poll_timeout_ms": "the loop, from its next poll",
     "log_level": "the root logger",
+    "reload_on_change_ms": "the reload thread's next check of the file",
     "snapshots.interval_ms": "the snapshot publisher",
     "snapshots.retain": "the snapshot publisher's next retention sweep",
     "snapshots.serve_stale": "readers, from the next status",

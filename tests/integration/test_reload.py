@@ -400,3 +400,41 @@ def test_the_http_listener_moves_live_and_an_address_in_use_is_refused(broker: B
     assert r.returncode == exitcodes.USAGE and "http.port: cannot listen on" in r.stderr, r.stderr
     assert 'globald_config_last_reload_result{result="refused"} 1.0' in metrics(port)
     assert d.status()["config"]["generation"] == 2 and d.status()["http"]["port"] == port
+
+
+def test_reload_on_change_follows_a_swap_and_tries_refused_bytes_once(broker: Broker, topic: Callable[..., str],
+                                                                       tmp_path: Path) -> None:
+    """``reload_on_change_ms``: no signal, no command; each ConfigMap-style swap is read within the interval. A
+    version check-config refuses is refused once, not at every check, and the next good one is applied."""
+    t = topic()
+    broker.admin.produce(t, random_records(300, keys=100, seed=430))
+    versions = []
+    for i, commit in enumerate((200, 300, 5, 400)):  # the third is out of bounds
+        v = tmp_path / f"..v{i}"
+        v.mkdir()
+        versions.append(write_config(v / "globald.toml", tmp_path / "state", broker.settings, {"tbl": t},
+                                     commit_interval_ms=commit, reload_on_change_ms=200, http={"enabled": False}))
+    live = tmp_path / "globald.toml"
+
+    def swap(to: Path) -> None:
+        tmp = tmp_path / "..tmp"
+        tmp.symlink_to(to)
+        os.replace(tmp, live)
+
+    swap(versions[0])
+    d = DaemonProcess(live, tmp_path / "daemon.log").start()
+    try:
+        d.wait_running({"tbl": broker.admin.end_offsets(t)})
+        status = DaemonProcess(versions[0], d.log, proc=d.proc)  # reads a valid file whatever live points at
+        swap(versions[1])
+        status.wait_for(lambda s: s["config"]["generation"] == 2, timeout=60, what="the swap seen without a signal")
+        swap(versions[2])
+        doc = status.wait_for(lambda s: (s["config"]["last_reload"] or {}).get("result") == "refused", timeout=60,
+                              what="the bad version refused")
+        assert "commit_interval_ms" in doc["config"]["last_reload"]["error"] and doc["config"]["generation"] == 2
+        swap(versions[3])
+        doc = status.wait_for(lambda s: s["config"]["generation"] == 3, timeout=60, what="the next good version")
+        assert doc["config"]["sha256"] == sha256(versions[3]) and doc["pid"] == d.pid
+        assert d.log.read_text().count("refused, the config in force is unchanged") == 1, d.tail()
+    finally:
+        d.stop()
