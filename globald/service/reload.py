@@ -13,7 +13,8 @@ differs from the config in force (``settings.changes``) and apply it all or noth
 - **Refused** (a file that fails the check, a key that needs a restart, a file that changed while it was
   checked): one line, logged, shown in status ``config.last_reload`` and answered to ``globald reload`` (exit 2);
   the config in force is not touched.
-- **Watched** (``reload_on_change_ms``, off by default): the reload thread also reads the file that often and
+- **Watched** (``reload_on_change_ms``, off by default): the reload thread also reads the file in force (the one
+  the config in force was read from: the start's, or the last reload's) that often and
   reloads it when its bytes differ from those in force; bytes refused once are not tried again until they change.
 - **Applied**: ``config.generation`` + 1 and ``config.sha256`` of the bytes applied; each reload applied counts,
   one that changed nothing too (the operator sees it was taken).
@@ -151,16 +152,17 @@ class Reloader:
         A file whose bytes were refused once is not reloaded again until they change."""
         while True:
             every = self.config.reload_on_change_ms / 1000
+            watched = Path(self.status.path) if self.status.path is not None else None  # the file in force
             try:
-                return self._queue.get(timeout=every if every > 0 and self.path is not None else None)
+                return self._queue.get(timeout=every if every > 0 and watched is not None else None)
             except queue.Empty:
                 pass
-            assert self.path is not None
-            sha = file_sha256(self.path)
+            assert watched is not None
+            sha = file_sha256(watched)
             if sha is not None and sha not in (self.status.sha256, self._asked_sha):
                 self._asked_sha = sha  # asked once: refused bytes are not tried again at every check
-                log.info("config file %s changed; reloading it (reload_on_change_ms)", self.path)
-                return ReloadRequest(None, "the file changed")
+                log.info("config file %s changed; reloading it (reload_on_change_ms)", watched)
+                return ReloadRequest(watched, "the file changed")
 
     def _run(self) -> None:
         while (r := self._next()) is not None:
@@ -176,7 +178,8 @@ class Reloader:
             if ready.error is None:
                 log.info("reload of %s (%s) checked; applied at the loop's next turn", path, r.origin)
             self._ready = ready  # the loop's next turn takes it
-            ready.done.wait()
+            while not ready.done.wait(0.5) and not self._stopping.is_set():
+                pass  # a stop that came meanwhile: the loop will not take it
             if self._stopping.is_set() and not r.settled:
                 r.settle("the daemon stopped before it applied the config; the old one was in force until the stop")
             for cleanup in ready.later:  # a replaced hook runner's close, listener's stop: off the loop thread
