@@ -7,11 +7,14 @@ import argparse
 import json
 import logging
 import os
+import signal
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from globald.cli.read import DECODE_HELP, DUMP_FORMATS, cmd_dump, cmd_get, cmd_snapshots
+from globald.cli.reload import add_reload_arguments, cmd_reload
 from globald.common import exitcodes
 from globald.common.errors import (
     ConfigError,
@@ -35,6 +38,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     from globald.service.daemon import Daemon
     from globald.typed.avro_resolve import check_readers
 
+    # SIGHUP asks for a reload (service.reload), never a stop: ignored until the daemon's relay hears it (an
+    # ignored signal stays ignored across the allocator's re-exec, so no SIGHUP can end the process meanwhile)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     cfg = configmod.load(args.config)
     check_kafka_properties(cfg)
     _check_export_uri(cfg)
@@ -46,7 +52,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     _check_typed(cfg)  # after the switch: once, in the process that runs
     logs.setup(cfg.log_level, cfg.log_format, secret_values(cfg))
     logging.getLogger("globald").debug("glibc malloc tuning: %s", allocator.tune_glibc() or "none")
-    code = Daemon(cfg).run()
+    code = Daemon(cfg, config_path=Path(os.path.abspath(args.config))).run()
     if cfg.export is not None:
         _exit_past_storage_calls(code)
     return code
@@ -297,6 +303,9 @@ def build_parser() -> argparse.ArgumentParser:
             "([export] uri); exits once its manifest is written", json_flag=True, table=True)
     e.add_argument("--timeout", type=float, default=900.0,
                    help="seconds to wait for the daemon's answer (default 900: uploads can be slow)")
+    add_reload_arguments(add("reload", cmd_reload, "make the running daemon read its config file again, check it as "
+                             "check-config does and apply what changed, all or nothing; exit 0 once in force, 2 "
+                             "when refused (one line says why)", json_flag=True))
     add("snapshots", cmd_snapshots, "list a table's published snapshots, newest first", json_flag=True, table=True)
     cc = add("check-config", cmd_check_config, "validate a config file, and try what run needs of its state_dir",
              config=False, json_flag=True)

@@ -27,7 +27,8 @@ TABLE: tuple[tuple[int, str, str], ...] = (
     (OK, "success", "the command did what was asked"),
     (NOT_FOUND, "not found", "get: the key is absent; snapshots: the table has no store or no snapshot yet"),
     (USAGE, "usage or config error", "a bad argument, config key, table name or KEY, or a state_dir this user "
-     "cannot use; one line names it, nothing was touched"),
+     "cannot use; one line names it, nothing was touched; reload: the running daemon refused the file, the config "
+     "in force still runs"),
     (UNAVAILABLE, "unavailable now", "get/dump: no consistent version of the table can be served now; ask again"),
     (REFUSED, "refused", "another globald owns the state_dir, a wipe was not confirmed, an import would lose data"),
     (FAILED, "runtime failure", "Kafka, the disk or a store failed, or a dump stopped partway; the line says what"),

@@ -85,3 +85,16 @@ def setup(level: str = "INFO", fmt: str = "plain", secrets: Iterable[str] = ()) 
     root.setLevel(level)
     # librdkafka is chatty about 0.9-compatibility settings; its warnings still get through.
     logging.getLogger("globald.librdkafka").setLevel(max(logging.WARNING, logging.getLevelName(level)))
+
+
+def reconfigure(level: str, secrets: Iterable[str] = ()) -> None:
+    """A reload (``service.reload``): the new level, and ``secrets`` masked too from now on by each handler ``setup``
+    made (the secrets already masked stay masked: a line may still quote an old one)."""
+    root = logging.getLogger()
+    root.setLevel(level)
+    logging.getLogger("globald.librdkafka").setLevel(max(logging.WARNING, logging.getLevelName(level)))
+    for handler in root.handlers:
+        formatter = handler.formatter
+        if isinstance(formatter, PlainFormatter | JsonFormatter):
+            added = Redactor(secrets)._secrets
+            formatter.redact._secrets = sorted({*formatter.redact._secrets, *added}, key=len, reverse=True)

@@ -324,13 +324,18 @@ class Loop:
         """Replace a consumer that has heard nothing from the cluster for a long while (``cluster_watch.Renew``),
         and re-plan every table from what its store holds (nothing fetched is lost: positions are the stores')."""
         log.warning("kafka: no answer for %.0fs; replacing the consumer and re-planning every table", silent)
+        self.replace_consumer(self._new_consumer())
+
+    def replace_consumer(self, new: Consumer) -> None:
+        """Take ``new`` as the consumer (a silent one renewed, or new [kafka] properties from a reload) and re-plan
+        every table from what its store holds; the old consumer is closed on the cluster worker."""
         self.watch.renewed()
         for rt in self.manager.tables.values():
             self.identity.cancel(rt.name)
             self.identity.vanished.discard(rt.name)  # a new consumer has neither assignment nor pauses
             rt.assigned = False
             self.pending.add(rt.name)
-        old, self.consumer = self.consumer, self._new_consumer()
+        old, self.consumer = self.consumer, new
         self.stats.consumer_renewals += 1
         self.worker.retire(old)  # closed off the loop thread: a destroy can wait as long as a clock step
 

@@ -39,7 +39,7 @@ from globald.engine.table import Restore, TableRuntime
 from globald.engine.view import Checkpointed, TableView
 from globald.kafka.clients import TransientKafkaError
 from globald.kafka.worker import ClusterWorker
-from globald.settings.config import Config
+from globald.settings.config import Config, TableConfig
 from globald.store.fingerprint import Ladder
 from globald.store.options import StoreOptions
 from globald.store.reader import StoreReader
@@ -105,21 +105,30 @@ class StateManager:
         stored: dict[str, dict[int, int]] = {}
         refused: dict[str, str] = {}
         for tc in self.config.tables:
-            store = TableStore(self.config.state_dir, tc.name, tc.topic, self.options, tc.typed)
-            rt = TableRuntime(config=tc, store=store, machine=StateMachine(self._notify, table=tc.name))
-            self.tables[tc.name] = rt
-            try:
-                opened = store.open_or_wipe()
-            except StoreUnavailableError as e:
-                log.warning("table %s: cannot open the store (%s); retrying with backoff", tc.name, e)
-                refused[tc.name] = str(e)
-                continue
-            if opened.wiped_reason:
-                self._count_wipe(rt, "corrupt_store", opened.wiped_reason)
-            stored[tc.name] = store.offsets()
-            if not stored[tc.name] and rt.emptied is None:
-                rt.emptied = EMPTY_STORE
+            offsets, why = self.open_table(tc)
+            if why is not None:
+                refused[tc.name] = why
+            else:
+                stored[tc.name] = offsets
         return stored, refused
+
+    def open_table(self, tc: TableConfig) -> tuple[dict[int, int], str | None]:
+        """Open one table's store, at start or when a reload adds it (``engine.tables_change``): (its stored
+        offsets, None), or ({}, why) when the disk refused it (left closed for ``recover_stores``)."""
+        store = TableStore(self.config.state_dir, tc.name, tc.topic, self.options, tc.typed)
+        rt = TableRuntime(config=tc, store=store, machine=StateMachine(self._notify, table=tc.name))
+        self.tables[tc.name] = rt
+        try:
+            opened = store.open_or_wipe()
+        except StoreUnavailableError as e:
+            log.warning("table %s: cannot open the store (%s); retrying with backoff", tc.name, e)
+            return {}, str(e)
+        if opened.wiped_reason:
+            self._count_wipe(rt, "corrupt_store", opened.wiped_reason)
+        offsets = store.offsets()
+        if not offsets and rt.emptied is None:
+            rt.emptied = EMPTY_STORE  # a refill source may fill it (engine.refill)
+        return offsets, None
 
     # -- planning -----------------------------------------------------------------------------------------------
 

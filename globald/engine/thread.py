@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from globald.common.states import Listeners, State, StateMachine
+from globald.engine import tables_change
 from globald.engine.background_upgrade import BackgroundUpgrade
 from globald.engine.events import (
     Emit,
@@ -33,7 +34,7 @@ from globald.engine.state_manager import StateManager
 from globald.engine.table import TableRuntime
 from globald.engine.view import LoopStats
 from globald.kafka.clients import make_consumer
-from globald.settings.config import Config
+from globald.settings.config import Config, TableConfig
 from globald.store.failures import STORE_FAULTS
 
 log = logging.getLogger(__name__)
@@ -110,6 +111,28 @@ class GlobalThread:
                 if high is not None and high >= 0:
                     ends[p] = max(high, ends.get(p, 0))
         return ends
+
+    def reconfigure(self, config: Config, kafka_changed: bool) -> None:
+        """A reload's config, on the loop thread between two turns (``service.reload``): the loop's settings are
+        read from it from now on; new [kafka] properties replace the consumer (made first: if librdkafka refuses
+        them, this raises and nothing changed) and the cluster worker's clients."""
+        new = self._consumer_factory(config, on_error=self._on_kafka_error) if kafka_changed and self._loop else None
+        self.config = self.manager.config = config
+        if self._loop is not None:
+            self._loop.config = config
+            if new is not None:
+                self._loop.replace_consumer(new)
+        if kafka_changed:
+            self.manager.worker.renew(config.consumer_settings())
+
+    def change_tables(self, added: Sequence[TableConfig], dropped: Sequence[str]) -> None:
+        """A reload's tables (``engine.tables_change``), on the loop thread after ``reconfigure``: the dropped ones
+        stop being consumed at once, the added ones are restored while the others keep serving."""
+        assert self._loop is not None, "a reload is applied between two turns of the loop"
+        for name in dropped:
+            tables_change.drop_table(self._loop, name)
+        for tc in added:
+            tables_change.add_table(self._loop, tc)
 
     def stop(self) -> None:
         self._stop.set()

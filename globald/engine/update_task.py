@@ -90,6 +90,23 @@ class UpdateTask:
             self._ladders[table] = dict(ladders)
         self.unconfirmed_ends[table] = {}
 
+    def add(self, rt: TableRuntime) -> None:
+        """A table a reload added (``engine.tables_change``): its topic's records are routed to it from now on; its
+        positions are its store's once planned. Records are routed by topic from now on, even for one table: a
+        record of a dropped table's topic still queued must never be taken for another's."""
+        self._by_topic[rt.topic] = rt
+        self._only_topic = None
+        self._positions[rt.name], self._ladders[rt.name], self.unconfirmed_ends[rt.name] = {}, {}, {}
+        self.applied[rt.name] = Applied()
+
+    def remove(self, name: str) -> None:
+        """A table a reload dropped: its topic's records are skipped from now on."""
+        self._by_topic = {topic: rt for topic, rt in self._by_topic.items() if rt.name != name}
+        self._only_topic = None
+        for per_table in (self._positions, self._ladders, self.unconfirmed_ends, self.applied):
+            per_table.pop(name, None)
+        self.dirty.discard(name)
+
     def committed(self, table: str) -> None:
         self.dirty.discard(table)
 

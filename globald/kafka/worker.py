@@ -103,8 +103,9 @@ class _Runner(threading.Thread):
                 except BaseException as e:  # the question's own failure is its answer
                     error = e
                 self.job = None
-                if not self.retired.is_set():
-                    self.worker._answered(job, Answer(value, error, job.asked))
+                # A runner left behind answers too: a stuck question was forgotten, so its late answer is
+                # dropped (its serial is no longer wanted); one renewed (``renew``) was still wanted.
+                self.worker._answered(job, Answer(value, error, job.asked))
         finally:
             if clients is not None:
                 clients.close()
@@ -187,6 +188,15 @@ class ClusterWorker:
 
         self._started()
         self._jobs.put(_Job(None, 0, close))
+
+    def renew(self, settings: Mapping[str, Any]) -> None:
+        """New client settings (a reload's [kafka]): the current runner ends after the question it is on, whose
+        answer still counts, and a new runner with new clients takes every question after it."""
+        self._settings = dict(settings)
+        runner = self._runner
+        if runner is not None:
+            runner.retired.set()
+            self._runner = self._start_runner()
 
     def replace_stuck(self) -> str | None:
         """When the question in progress started over ``stuck_after_s`` ago, leave its runner behind and start a

@@ -87,7 +87,7 @@ class DaemonCollector(Collector):
         yield from _counters(s)
         yield from _snapshots(s)
         yield from _decodes(s)
-        yield from _exports(s)
+        yield from _config(s)
         loop_age, progress_age = self._loop_age()
         yield GaugeMetricFamily(f"{PREFIX}_loop_age_seconds", "Seconds since the loop last iterated", value=loop_age)
         yield GaugeMetricFamily(f"{PREFIX}_progress_age_seconds", "Seconds since a poll last moved an offset",
@@ -298,6 +298,27 @@ def _exports(s: Sample) -> Iterator[Metric]:
             if isinstance(recent, dict):
                 last.add_metric([name], _number(recent, "uploaded_bytes") or 0.0)
     yield from (origin, fallback, *figures.values(), uploaded, exports, failures, last)
+
+
+def _config(s: Sample) -> Iterator[Metric]:
+    """The config in force and the last reload (``service.reload``), from the status document's ``config``."""
+    c = s.doc.config
+    if c is None:
+        return
+    yield GaugeMetricFamily(f"{PREFIX}_config_generation", "The config in force: 1 at start, +1 per applied reload",
+                            value=c.generation)
+    last = c.last_reload
+    if last is None:
+        return
+    when = last.get("time")
+    if isinstance(when, int | float):
+        yield GaugeMetricFamily(f"{PREFIX}_config_last_reload_timestamp_seconds",
+                                "When the last reload was asked for (Unix time)", value=float(when))
+    result = GaugeMetricFamily(f"{PREFIX}_config_last_reload_result",
+                               "1 for the last reload's result: applied or refused", labels=["result"])
+    for name in ("applied", "refused"):
+        result.add_metric([name], 1.0 if last.get("result") == name else 0.0)
+    yield result
 
 
 class Metrics:

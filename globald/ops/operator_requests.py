@@ -34,6 +34,8 @@ MAX_ANSWER_BYTES = 1 << 20  # an answer carries a wipe's error or an export's fi
 CHECK_INTERVAL = 0.25
 RESET = "reset"
 EXPORT = "export"  # `globald export`: export a table's verified snapshot now ([export] configured)
+RELOAD = "reload"  # `globald reload`: read the config file named in the request again (service.reload)
+KINDS = (RESET, EXPORT, RELOAD)
 
 
 def requests_dir(state_dir: Path) -> Path:
@@ -60,6 +62,7 @@ class RequestInbox:
         self._next = 0.0
         self._waiting: list[tuple[str, Wipe]] = []  # (token, wipe) of resets handed to the loop, not yet answered
         self.export: Callable[[str, str], Wipe] | None = None  # set by the daemon when [export] is configured
+        self.reload: Callable[[dict[str, Any]], Wipe] | None = None  # set by the daemon (service.reload)
 
     def open(self) -> None:
         self.dir.mkdir(mode=0o700, exist_ok=True)
@@ -70,11 +73,11 @@ class RequestInbox:
         if now < self._next:
             return
         self._next = now + CHECK_INTERVAL
-        for name in file_requests.pending(self.dir, (f"{RESET}-", f"{EXPORT}-")):
+        for name in file_requests.pending(self.dir, tuple(f"{k}-" for k in KINDS)):
             self._handle(name)
 
     def _handle(self, name: str) -> None:
-        kind = EXPORT if name.startswith(f"{EXPORT}-") else RESET
+        kind = next(k for k in KINDS if name.startswith(f"{k}-"))
         token = name[len(kind) + 1:-len(".json")]
         taken = file_requests.claim(self.dir, name)  # from here the client can no longer cancel
         if taken is None:
@@ -97,8 +100,11 @@ class RequestInbox:
         self._waiting = [item for item in self._waiting if item not in settled]
         for token, wipe in settled:
             if wipe.error is None:
-                extra = getattr(wipe, "answer", {})  # an export's id and bytes
+                extra = getattr(wipe, "answer", {})  # an export's id and bytes, a reload's generation
                 self._reply(token, {**extra, "ok": True, "table": wipe.table, "pid": os.getpid()})
+            elif getattr(wipe, "kind", RESET) == RELOAD:  # logged by the reloader, with the config file's name
+                self._reply(token, {**getattr(wipe, "answer", {}), "ok": False, "pid": os.getpid(),
+                                    "error": wipe.error})
             else:
                 log.error("table %s: reset failed: %s", wipe.table, wipe.error)
                 self._reply(token, {"ok": False, "table": wipe.table, "pid": os.getpid(),
@@ -110,8 +116,10 @@ class RequestInbox:
             self._answer_settled()
         for token, wipe in self._waiting:
             with contextlib.suppress(OSError):
-                self._reply(token, {"ok": False, "table": wipe.table, "pid": os.getpid(),
-                                    "error": "the daemon stopped before it wiped the table; nothing was wiped"})
+                self._reply(token, {"ok": False, "table": wipe.table, "pid": os.getpid(), "error": (
+                    "the daemon stopped before it applied the config; the old one was in force until the stop"
+                    if getattr(wipe, "kind", RESET) == RELOAD else
+                    "the daemon stopped before it wiped the table; nothing was wiped")})
         self._waiting = []
 
     def _reply(self, token: str, answer: dict[str, Any]) -> None:
@@ -124,6 +132,10 @@ class RequestInbox:
             doc = file_requests.read(path, MAX_REQUEST_BYTES)
         except ValueError as e:
             return {"ok": False, "error": str(e)}
+        if kind == RELOAD:
+            if self.reload is None:
+                return {"ok": False, "error": "this daemon does not take reload requests"}
+            return self.reload(doc)
         table = doc.get("table")
         if table not in self.tables:
             return {"ok": False, "error": f"no table named {table!r} in the daemon's config"}
@@ -138,8 +150,10 @@ class RequestInbox:
         return self.reset(table, detail)
 
 
-def ask_daemon_to_reset(state_dir: Path, table: str, timeout: float = 30.0, action: str = RESET) -> dict[str, Any]:
-    """The client's side: queue a reset (or an ``action``) for the daemon owning ``state_dir``; wait for its answer."""
+def ask_daemon_to_reset(state_dir: Path, table: str, timeout: float = 30.0, action: str = RESET,
+                        extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The client's side: queue a reset (or an ``action``, with ``extra`` in its request) for the daemon owning
+    ``state_dir``; wait for its answer."""
     d = requests_dir(state_dir)
     if not d.is_dir():
         raise GlobaldError(f"the daemon owning {state_dir} does not accept requests (no {REQUESTS_DIR}/ directory); "
@@ -148,7 +162,7 @@ def ask_daemon_to_reset(state_dir: Path, table: str, timeout: float = 30.0, acti
     request = d / f"{action}-{token}.json"
     done = d / f"{token}.done"
     doc = {"action": action, "table": table, "requested": time.time(),
-           "requested_by": {"uid": os.getuid(), "pid": os.getpid()}}
+           "requested_by": {"uid": os.getuid(), "pid": os.getpid()}, **(extra or {})}
     # Not durable: a request lost in a power loss was never answered, and its asker is gone with the machine.
     file_requests.post(request, doc)
     deadline = time.monotonic() + timeout

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections.abc import Callable
 
 from globald.common import swallowed
 from globald.common.states import State
@@ -89,6 +90,36 @@ class Operations:
                  redact(self.config.kafka), self.hooks.describe())
         if self.config.registry is not None:
             log.info("registry: %s", registry_settings.redact(self.config.registry))
+
+    def bind_http(self, config: Config) -> HttpServer | None:
+        """A reload's [http], bound before anything of the reload is applied (``service.reload``): a new listener
+        when the address changed (raises ConfigError, refusing the reload, when it cannot be bound), else None."""
+        old, new = self.config.http, config.http
+        if old == new or not new.enabled or (old.enabled and (old.host, old.port) == (new.host, new.port)):
+            return None  # unchanged, turned off, or the same address: the listener in place serves on
+        server = HttpServer(new, Endpoints(self.metrics.render, self.status_doc, self.liveness))
+        server.start()
+        return server
+
+    def reconfigure(self, config: Config, http: HttpServer | None) -> list[Callable[[], None]]:
+        """A reload's settings, on the loop thread: when [hooks] changed, a new hook runner (started; every event
+        from now on goes to it); ``http`` (``bind_http``) serves from now on, or [http] turned off stops the
+        listener. Returns what the caller must run off the loop thread: the replaced runner's close (it delivers
+        what is queued, bounded by the hooks' timeout) and the replaced listener's stop."""
+        later: list[Callable[[], None]] = []
+        if config.hooks != self.config.hooks:
+            old, self.hooks = self.hooks, HookRunner(config.hooks)
+            self.hooks.failures.update(old.failures)  # the counters are the process's, not one runner's
+            self.hooks.start()
+            later.append(old.close)
+        if http is not None or not config.http.enabled:
+            if self.http is not None:
+                later.append(self.http.stop)
+            self.http = http
+        elif self.http is not None:
+            self.http.config = config.http  # the same address: allow_non_loopback, checked when loaded
+        self.config = config
+        return later
 
     def stop(self) -> None:
         self.decodes.close()  # first: a decode process never outlives the daemon

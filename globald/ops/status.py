@@ -147,6 +147,30 @@ class HttpAddress:
 
 
 @dataclass(frozen=True)
+class ConfigStatus:
+    """The config in force (``service.reload``): its generation (1 at start, +1 per applied reload), the sha256 of
+    the file's bytes it was read from, and the last reload asked for: when (wall clock), ``applied`` or ``refused``,
+    and the one line saying why when refused."""
+
+    generation: int
+    sha256: str | None
+    path: str | None = None
+    last_reload: dict[str, Any] | None = None  # {"time", "result", "error"}
+
+    def to_json(self) -> dict[str, Any]:
+        return {"generation": self.generation, "sha256": self.sha256, "path": self.path,
+                "last_reload": None if self.last_reload is None else dict(self.last_reload)}
+
+    @classmethod
+    def from_json(cls, raw: Any) -> ConfigStatus | None:
+        if not isinstance(raw, dict) or not isinstance(raw.get("generation"), int):
+            return None
+        last, sha, path = raw.get("last_reload"), raw.get("sha256"), raw.get("path")
+        return cls(raw["generation"], sha if isinstance(sha, str) else None, path if isinstance(path, str) else None,
+                   last if isinstance(last, dict) else None)
+
+
+@dataclass(frozen=True)
 class DaemonStatus:
     state: State
     pid: int | None
@@ -162,6 +186,7 @@ class DaemonStatus:
     # until the process ends, each {"where", "error", "count", "first", "last"}.
     bugs: list[dict[str, Any]] = field(default_factory=list)
     disk: DiskStatus | None = None
+    config: ConfigStatus | None = None
 
     def to_json(self) -> dict[str, Any]:
         doc: dict[str, Any] = {"state": self.state.value, "pid": self.pid,
@@ -177,6 +202,8 @@ class DaemonStatus:
             doc["bugs"] = [dict(b) for b in self.bugs]
         if self.disk is not None:
             doc["disk"] = self.disk.to_json()
+        if self.config is not None:
+            doc["config"] = self.config.to_json()
         return doc
 
     @classmethod
@@ -188,7 +215,8 @@ class DaemonStatus:
                    ready_detail=doc.get("ready_detail"), updated=doc.get("updated"),
                    http=HttpAddress(str(http["host"]), int(http["port"])) if isinstance(http, dict) else None,
                    memory=doc.get("memory"),
-                   bugs=[b for b in doc.get("bugs") or [] if isinstance(b, dict)], disk=_disk_from(doc.get("disk")))
+                   bugs=[b for b in doc.get("bugs") or [] if isinstance(b, dict)], disk=_disk_from(doc.get("disk")),
+                   config=ConfigStatus.from_json(doc.get("config")))
 
 
 def _disk_from(raw: Any) -> DiskStatus | None:

@@ -110,6 +110,9 @@ def status_lines(doc: DaemonStatus) -> list[str]:
         lines.append(f"  BUG at {b.get('where')}: {b.get('error')} ({b.get('count')}x, see the log)")
     if doc.http is not None:
         lines.append(f"  http: http://{doc.http.host}:{doc.http.port}/metrics")
+    last = doc.config.last_reload if doc.config is not None and doc.pid else None
+    if doc.config is not None and last is not None and last.get("result") == "refused":  # the old config runs on
+        lines.append(f"  config: generation {doc.config.generation}, last reload refused: {last.get('error')}")
     for name, t in doc.tables.items():
         offsets = ", ".join(f"p{p}={o}" for p, o in sorted(t.offsets.items())) or "no offsets"
         lag = f", lag {t.lag}" if t.lag is not None else ""

@@ -16,9 +16,10 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
+from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 from globald.common import swallowed
@@ -32,7 +33,10 @@ from globald.ops.progress import ProgressOptions
 from globald.ops.runtime import Operations
 from globald.ops.status import DaemonStatus, TableStatus
 from globald.service import signals
+from globald.service.reload import Reloader
+from globald.settings.changes import Change
 from globald.settings.config import Config
+from globald.snapshot.dropped import DroppedSnapshots
 from globald.snapshot.publisher import SnapshotPublisher
 from globald.snapshot.space import disk_status
 from globald.store.statedir import DiskNotReady, lock_state_dir, prepare_state_dir
@@ -65,8 +69,11 @@ def _guarded(fn: Subscriber) -> Subscriber:
 
 class Daemon:
     def __init__(self, config: Config, listeners: Listeners | None = None,
-                 progress: ProgressOptions | None = None, subscribers: Sequence[Subscriber] = ()) -> None:
-        """``listeners`` are a user's callbacks; ``subscribers`` receive every engine event after globald's own."""
+                 progress: ProgressOptions | None = None, subscribers: Sequence[Subscriber] = (),
+                 config_path: Path | None = None) -> None:
+        """``listeners`` are a user's callbacks; ``subscribers`` receive every engine event after globald's own;
+        ``config_path``: the config file as named on the command line (symlinks unresolved), read again by a
+        SIGHUP (default: the file the config was loaded from)."""
         self.config = config
         self.listeners = listeners or Listeners()
         self.bus = EventBus()
@@ -88,6 +95,8 @@ class Daemon:
                                                   self.ops.on_event,
                                                   *([self.exports.on_event] if self.exports else []),
                                                   self.on_event, *subscribers)))
+        self.dropped = DroppedSnapshots(config.state_dir)  # the snapshots of tables a reload dropped
+        self.reloader = Reloader(config, config_path or config.source, self._reconfigure, self.publish_status)
         self._last_status = 0.0
         self._last_degraded: str | None = None
         self._status_failing = False
@@ -99,6 +108,8 @@ class Daemon:
             self.publish_status()
 
     def tick(self) -> None:
+        self.reloader.tick()  # a checked reload is applied between two turns, here
+        self.dropped.tick()
         # A fault starting or ending is news at once; the rest (offsets, lag) at most once a second.
         if time.monotonic() - self._last_status >= _STATUS_EVERY_S or self.thread.degraded != self._last_degraded:
             self.publish_status()
@@ -116,7 +127,8 @@ class Daemon:
             if self.exports is not None:
                 tables[name] = replace(tables[name], origin=self.exports.origin(name), export=self.exports.status(name))
         doc = DaemonStatus(state=self.thread.state, reason=self.thread.machine.reason, pid=os.getpid(),
-                           degraded=self.thread.degraded, tables=tables, disk=disk_status(self.snapshots.disk))
+                           degraded=self.thread.degraded, tables=tables, disk=disk_status(self.snapshots.disk),
+                           config=self.reloader.status)
         return self.ops.observe(doc)
 
     def publish_status(self) -> None:
@@ -135,8 +147,40 @@ class Daemon:
 
     # -- lifecycle ----------------------------------------------------------------------------------------------
 
+    def _reconfigure(self, config: Config, changed: list[Change]) -> list[Callable[[], None]]:
+        """Apply a checked reload (``service.reload``), on the loop thread; the consumer first, the one step that
+        can fail, so that a failure leaves everything as it was."""
+        added = [c.added for c in changed if c.added is not None]
+        dropped = [c.dropped for c in changed if c.dropped is not None]
+        http = self.ops.bind_http(config)  # may raise: a new address that cannot be bound refuses the reload
+        try:
+            for tc in added:  # may raise (a failing disk); the publisher before the engine, whose events about
+                self.dropped.before_add(tc.name)  # the table reach it
+                self.snapshots.add_table(tc)
+            self.thread.reconfigure(config, kafka_changed=any(c.key.startswith("kafka.") for c in changed))
+        except Exception:
+            for tc in added:  # nothing else changed yet
+                self.snapshots.drop_table(tc.name)
+            if http is not None:
+                http.stop()
+            raise
+        self.snapshots.reconfigure(config)
+        for tc in added:
+            self.ops.inbox.tables.add(tc.name)
+        self.thread.change_tables(added, dropped)
+        for name in dropped:
+            self.snapshots.drop_table(name)
+            self.dropped.drop(name)
+            self.ops.inbox.tables.discard(name)
+        self.config = config
+        return self.ops.reconfigure(config, http)
+
     def _on_signal(self, signum: int) -> None:
         """On the signal relay's thread (``service.signals``): the main thread may hold any lock at that moment."""
+        if signum == signal.SIGHUP:  # queued for the reload thread; never a stop
+            log.info("SIGHUP received; reading the config again")
+            self.reloader.request(None, "SIGHUP")
+            return
         log.info("%s received; committing and stopping", signal.Signals(signum).name)
         if not self.thread.stopping:
             faulthandler.dump_traceback_later(STOP_GRACE_S, exit=True)
@@ -165,7 +209,7 @@ class Daemon:
         # SIGUSR2 prints every thread's stack to stderr: what a daemon that does not stop is waiting on
         faulthandler.register(signal.SIGUSR2, all_threads=True)
         try:
-            with signals.relayed(self._on_signal):
+            with signals.relayed(self._on_signal, (*signals.STOP_SIGNALS, signal.SIGHUP)):
                 yield
         finally:
             faulthandler.cancel_dump_traceback_later()
@@ -188,6 +232,8 @@ class Daemon:
             self.ops.inbox.export = self.exports.request
         self.snapshots.start()
         self.ops.start()
+        self.ops.inbox.reload = self.reloader.from_operator
+        self.reloader.start()
         log.info("globald %d starting on %s's malloc: %d table(s), state_dir %s", os.getpid(), allocator.active(),
                  len(self.config.tables), self.config.state_dir)
         return lock
@@ -211,6 +257,7 @@ class Daemon:
             (log.info if taken else log.warning)("reader schema: %s", line)
 
     def _shutdown(self, lock: IO[str]) -> None:
+        self.reloader.close()
         self.snapshots.close()
         if self.exports is not None:
             self.exports.close()

@@ -1,5 +1,7 @@
-"""SIGTERM and SIGINT for ``globald run``: heard at once, and acted on by a thread of their own, never inside the
-handler.
+"""SIGTERM and SIGINT (a stop) and SIGHUP (a reload, ``service.reload``) for ``globald run``: heard at once, and
+acted on by a thread of their own, never inside the handler. SIGHUP is ignored from the moment ``run`` starts
+(``cli.main``, before the allocator's re-exec, which keeps it), so it never ends the process, even before this
+relay is in place; the relay only queues the reload, which is read and checked on a thread of its own.
 
 CPython runs a Python-level signal handler on the main thread between two bytecodes. So such a handler is late or
 never run: a main thread inside a C call (a client's close, a flush, a compaction wait) runs no bytecode until the

@@ -244,6 +244,10 @@ class Config:
         1, 60_000, help="longest wait of one poll while the topics are idle")))
     metadata_refresh_ms: int = field(default=30_000, metadata=declare(Integer(
         100, 86_400_000, help="how soon partitions added to a topic are picked up")))
+    reload_on_change_ms: int = field(default=0, metadata=declare(Integer(
+        0, 86_400_000, help="check the config file (the path run was given, symlinks followed anew: a Kubernetes "
+                            "ConfigMap's swap) this often, and reload it when its bytes changed, as `globald reload` "
+                            "does; 0: never, a reload happens when asked (docs/operations/reload.md)")))
     log_level: str = field(default="INFO", metadata=declare(Choice(
         ("DEBUG", "INFO", "WARNING", "ERROR"), fold_case=True, help="least severe level logged")))
     log_format: str = field(default="plain", metadata=declare(Choice(

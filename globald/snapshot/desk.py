@@ -52,6 +52,10 @@ class RequestDesk:
         self._retention = retention
         self._builds = ExactBuilds(config, tables, self)
 
+    def reconfigure(self, config: Config) -> None:
+        self.config = config
+        self.build_timeout = config.snapshots.build_timeout_ms / 1000
+
     def start(self) -> None:
         self._builds.start()
 

@@ -24,7 +24,7 @@ import time
 from globald.engine.events import Event, StateChanged, Verified, Wiped
 from globald.engine.view import EngineView
 from globald.ops.status import SnapshotStatus
-from globald.settings.config import Config
+from globald.settings.config import Config, TableConfig
 from globald.snapshot import recreated
 from globald.snapshot.desk import RequestDesk
 from globald.snapshot.exact_requests import Response
@@ -77,6 +77,29 @@ class SnapshotPublisher:
 
     def close(self) -> None:
         self._desk.close()
+
+    # -- a reload (loop thread, ``service.reload``) -----------------------------------------------------------
+
+    def reconfigure(self, config: Config) -> None:
+        """A reload's [snapshots] settings: the interval from the next publish, retention from the next sweep,
+        build_timeout_ms for builds asked from now on."""
+        self.config = config
+        self._publishing.reconfigure(config)
+        self._desk.reconfigure(config)
+        self._retention.reconfigure(config)
+
+    def add_table(self, tc: TableConfig) -> None:
+        """A table a reload added (``snapshot.dropped`` cleared its directory first): published once RUNNING."""
+        tab = SnapshotTable(tc, snapshots_dir(self.config.state_dir, tc.name))
+        durable.make_dirs(tab.dir)  # raises on a failing disk: the reload is refused before anything changed
+        self._tables[tc.name] = tab
+        self._open(tab)
+
+    def drop_table(self, name: str) -> None:
+        """A table a reload dropped: nothing more is published for it (its files are ``snapshot.dropped``'s)."""
+        self._tables.pop(name, None)
+        self._publishing.forget(name)
+        self._retention.forget(name)
 
     # -- loop thread ------------------------------------------------------------------------------------------
 

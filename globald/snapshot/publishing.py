@@ -49,6 +49,14 @@ class Publishing:
         self._vouched: dict[str, tuple[Offsets, str | None]] = {}  # per table: what VERIFIED holds now
         self._next_publish = 0.0
 
+    def reconfigure(self, config: Config) -> None:
+        self.config = config
+        self.interval = config.snapshots.interval_ms / 1000
+
+    def forget(self, table: str) -> None:
+        """A table dropped by a reload."""
+        self._vouched.pop(table, None)
+
     def tick(self, now: float) -> None:
         """Publish every RUNNING table, once per interval, unless the stores are being recovered."""
         if now >= self._next_publish and not self.engine.store_fault:

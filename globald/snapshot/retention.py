@@ -40,6 +40,14 @@ class Retention:
         self._every = max(interval_s, 1.0)
         self._next_sweep = 0.0
 
+    def reconfigure(self, config: Config) -> None:
+        self.config = config
+        self._every = max(config.snapshots.interval_ms / 1000, 1.0)
+
+    def forget(self, table: str) -> None:
+        """A table dropped by a reload: its lease clock goes with it (``snapshot.dropped`` keeps its files)."""
+        self._leases.pop(table, None)
+
     def held(self, tab: SnapshotTable) -> set[str]:
         """Snapshots a lease or a build holds now."""
         return self._clock(tab).refresh() | tab.busy()

@@ -113,6 +113,9 @@ SNAPSHOT_RESPONSES_DIR = "responses"
 SNAPSHOT_TMP_PREFIX = TMP_PREFIX  # a snapshot being published, .tmp-<id>
 SNAPSHOT_BUILD_PREFIX = ".build-"
 SNAPSHOT_TRASH_PREFIX = TRASH_PREFIX  # durable.remove_tree's: a snapshot being deleted
+# In snapshots/: the snapshots of a table a reload dropped, moved aside when the name is added again while a reader
+# still leases one of them (globald.snapshot.dropped); deleted once no lease holds any
+SNAPSHOT_DROPPED_PREFIX = ".dropped-"
 # A typed table's snapshot, decoded once per host: ``<id>/columnar-<fingerprint of the decoders>.arrow`` beside db/.
 COLUMNAR_PREFIX = "columnar-"
 COLUMNAR_SUFFIX = ".arrow"

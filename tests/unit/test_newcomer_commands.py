@@ -27,7 +27,7 @@ from tests.unit.test_read_view import fill, mark_complete
 
 KAFKA = {"bootstrap.servers": "127.0.0.1:9"}  # never reached: nothing here needs a broker
 COMMANDS = ("run", "status", "get", "dump", "snapshots", "reset", "migrate", "import-kafka-streams", "check-config",
-            "demo", "dev")
+            "demo", "dev", "reload")
 
 
 def one_line(r: subprocess.CompletedProcess[str]) -> str:
@@ -75,6 +75,7 @@ def test_every_command_exits_by_the_table(complete: tuple[Path, str], tmp_path: 
         (("get", "--table", "nope", "a"), exitcodes.USAGE, "nope"),
         (("get", "--table", "other", "a"), exitcodes.UNAVAILABLE, "no consistent version"),
         (("reset", "--table", "tbl"), exitcodes.REFUSED, "--yes"),
+        (("reload",), exitcodes.FAILED, "no globald runs on state_dir"),
     ]
     for args, code, says in expected:
         r = subprocess.run([sys.executable, "-m", "globald", args[0], "--config", cfg, *args[1:]],

@@ -77,5 +77,8 @@ def test_units_are_notify_watchdog_hardened_and_never_restarted(name: str) -> No
     state = one["StateDirectory"]
     assert one["ReadWritePaths"] == f"/var/lib/{state}"
     assert one["ExecStart"].startswith(f"{INSTALLED_BINARY} run --config /etc/globald/")
+    # `systemctl reload` asks the daemon to read the same file again (service.reload), synchronously: its exit code
+    # is the reload's outcome
+    assert one["ExecReload"] == one["ExecStart"].replace(" run --config ", " reload --config ")
     if "@" in name:
         assert "%i" in state and "%i" in one["ExecStart"]

@@ -1,0 +1,124 @@
+"""What a reload changes: the difference between the config in force and one read again, key by key.
+
+Pure logic, for ``service.reload``. Every key that differs is named as the config names it (``snapshots.retain``,
+``kafka.fetch.max.bytes``, ``tables.customers``). A key is either one the running daemon applies in place (listed
+in ``LIVE``, each with the part that takes it) or one that needs a restart: a reload that changes any of those is
+refused whole, in one line naming the first such key, and nothing of it is applied (all or nothing).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, is_dataclass
+from typing import Any
+
+from globald.settings.config import Config, TableConfig
+
+# Keys a running daemon takes without a restart, and what takes them (docs/operations/reload.md lists them too).
+LIVE: dict[str, str] = {
+    "commit_interval_ms": "the loop, from its next commit",
+    "consume_batch_size": "the loop, from its next poll",
+    "poll_timeout_ms": "the loop, from its next poll",
+    "log_level": "the root logger",
+    "reload_on_change_ms": "the reload thread's next check of the file",
+    "snapshots.interval_ms": "the snapshot publisher",
+    "snapshots.retain": "the snapshot publisher's next retention sweep",
+    "snapshots.serve_stale": "readers, from the next status",
+    "snapshots.build_timeout_ms": "exact-offset builds asked from then on",
+    "hooks.on_state_change": "the hook runner (replaced)",
+    "hooks.webhook_url": "the hook runner (replaced)",
+    "hooks.timeout_ms": "the hook runner (replaced)",
+    "http.enabled": "the HTTP listener (a new one bound first: an address that cannot be bound refuses the reload)",
+    "http.host": "the HTTP listener (a new one bound first: an address that cannot be bound refuses the reload)",
+    "http.port": "the HTTP listener (a new one bound first: an address that cannot be bound refuses the reload)",
+    "http.allow_non_loopback": "the config check, when the file is loaded",
+    "kafka": "the loop's consumer and the cluster worker's clients (replaced, every table re-planned from its store)",
+}
+
+# Why a key cannot change while the daemon runs, for the refusal's line; keys not named here take the default.
+WHY_NOT: dict[str, str] = {
+    "state_dir": "the daemon holds the state_dir's lock and every store under it",
+    "allocator": "the allocator is chosen when the process starts",
+    "log_format": "the log handlers are set up when the process starts",
+    "store": "the stores are opened with these options",
+    "export": "the exporter is set up when the daemon starts",
+    "registry": "the registry client is set up when the daemon starts",
+    "metadata_refresh_ms": "the cluster watch takes it when the loop starts",
+    "tables": "a table's topic or format cannot change live yet: drop it in one reload, add it in the next",
+}
+RESTART = "needs a restart"
+
+
+@dataclass(frozen=True)
+class Change:
+    key: str  # as the config names it
+    old: Any
+    new: Any
+
+    @property
+    def live(self) -> bool:
+        if self.key.startswith("tables."):  # an untyped table added or dropped: yes; changed in place: not yet
+            return (self.old is None or self.new is None) and not (self.old or self.new).typed
+        return self.key in LIVE or self.key.split(".", 1)[0] == "kafka"
+
+    @property
+    def added(self) -> TableConfig | None:
+        return self.new if self.key.startswith("tables.") and self.old is None else None
+
+    @property
+    def dropped(self) -> str | None:
+        return self.old.name if self.key.startswith("tables.") and self.new is None else None
+
+    def refusal(self) -> str:
+        """The one line refusing a reload that changes this key."""
+        top = self.key.split(".", 1)[0]
+        why = WHY_NOT.get(self.key) or WHY_NOT.get(top) or "it is taken when the daemon starts"
+        if top == "tables":
+            why = WHY_NOT["tables"] if self.old is not None and self.new is not None else \
+                "a typed table cannot be added or dropped live yet"
+        return f"{self.key}: cannot change while the daemon runs ({why}); {RESTART}, nothing of this reload was " \
+               "applied"
+
+
+def changes(old: Config, new: Config) -> list[Change]:
+    """Every key whose value differs, in the config's own order (``source``, where the file was, is not a key)."""
+    found: list[Change] = []
+    for f in fields(Config):
+        if f.name == "source":
+            continue
+        _diff(f.name, getattr(old, f.name), getattr(new, f.name), found)
+    return found
+
+
+def _diff(key: str, a: Any, b: Any, found: list[Change]) -> None:
+    if a == b:
+        return
+    if key == "tables":
+        olds, news = {t.name: t for t in a}, {t.name: t for t in b}
+        for name in [*olds, *(n for n in news if n not in olds)]:
+            if olds.get(name) != news.get(name):
+                found.append(Change(f"tables.{name}", olds.get(name), news.get(name)))
+        return  # the same tables in another order: nothing to apply
+    if key in ("kafka", "registry") and isinstance(a, dict) and isinstance(b, dict):
+        for prop in [*a, *(p for p in b if p not in a)]:
+            if a.get(prop) != b.get(prop):
+                found.append(Change(f"{key}.{prop}", a.get(prop), b.get(prop)))
+        return
+    if is_dataclass(a) and is_dataclass(b) and type(a) is type(b):
+        for f in fields(a):
+            _diff(f"{key}.{f.name}", getattr(a, f.name), getattr(b, f.name), found)
+        return
+    found.append(Change(key, a, b))
+
+
+def refusal(found: list[Change], new: Config | None = None) -> str | None:
+    """The one line refusing the reload, or None when every change can be applied live."""
+    if new is not None and new.export is not None:
+        table = next((c for c in found if c.key.startswith("tables.")), None)
+        if table is not None:
+            return f"{table.key}: cannot be added or dropped live while [export] is configured; {RESTART}, " \
+                   "nothing of this reload was applied"
+    fixed = [c for c in found if not c.live]
+    if not fixed:
+        return None
+    more = f" (and {len(fixed) - 1} other key(s) that need a restart)" if len(fixed) > 1 else ""
+    return fixed[0].refusal() + more

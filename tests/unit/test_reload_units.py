@@ -1,0 +1,58 @@
+"""Pure parts of live reconfiguration: what a reload changes (``settings.changes``), and how the status document
+and /metrics carry the config in force (``ops.status.ConfigStatus``, ``ops.metrics``)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from globald.common.states import State
+from globald.ops.metrics import Metrics, Sample
+from globald.ops.status import ConfigStatus, DaemonStatus
+from globald.ops.statusfile import status_lines
+from globald.settings.changes import changes, refusal
+from globald.settings.config import SnapshotConfig, parse
+
+BASE = {"state_dir": "/srv/state", "kafka": {"bootstrap.servers": "127.0.0.1:9092"},
+        "tables": [{"name": "a", "topic": "ta"}, {"name": "b", "topic": "tb"}]}
+
+
+def test_live_keys_are_applied_and_the_first_fixed_one_refuses_the_whole_reload() -> None:
+    old = parse(BASE)
+    new = replace(old, commit_interval_ms=300, snapshots=SnapshotConfig(retain=9),
+                  kafka={**old.kafka, "client.id": "x"})
+    found = changes(old, new)
+    assert [c.key for c in found] == ["kafka.client.id", "commit_interval_ms", "snapshots.retain"]
+    assert refusal(found) is None
+    moved = replace(new, state_dir=Path("/srv/other"), allocator="glibc")
+    line = refusal(changes(old, moved))
+    assert line is not None and "\n" not in line
+    assert line.startswith("state_dir: cannot change while the daemon runs") and "1 other key" in line
+
+
+def test_a_table_added_dropped_or_changed_is_named_and_reordering_is_no_change() -> None:
+    old = parse(BASE)
+    assert changes(old, replace(old, tables=old.tables[::-1])) == []
+    new = parse({**BASE, "tables": [BASE["tables"][0], {"name": "c", "topic": "tc"}]})
+    found = changes(old, new)
+    assert [c.key for c in found] == ["tables.b", "tables.c"]
+    assert [c.dropped for c in found] == ["b", None] and [c.added and c.added.name for c in found] == [None, "c"]
+    assert refusal(found) is None  # added and dropped live
+    moved = parse({**BASE, "tables": [BASE["tables"][0], {"name": "b", "topic": "tc"}]})
+    assert (refusal(changes(old, moved)) or "").startswith("tables.b: cannot change while the daemon runs")
+    exported = replace(new, export=object())  # type: ignore[arg-type]
+    assert (refusal(found, exported) or "").startswith("tables.b: cannot be added or dropped live while [export]")
+
+
+def test_the_config_status_round_trips_and_reaches_the_metrics() -> None:
+    status = ConfigStatus(3, "ab" * 32, "/etc/globald/globald.toml",
+                          {"time": 1_700_000_000.5, "result": "refused", "error": "state_dir: cannot change"})
+    doc = DaemonStatus(State.RUNNING, 42, {}, config=status)
+    assert DaemonStatus.from_json(doc.to_json()).config == status
+    assert "  config: generation 3, last reload refused: state_dir: cannot change" in status_lines(doc)
+    assert DaemonStatus.from_json({"state": "RUNNING", "config": {"generation": "x"}}).config is None
+    text = Metrics(lambda: Sample(doc=doc), lambda: (0.0, 0.0)).render().decode()
+    assert "globald_config_generation 3.0" in text
+    assert "globald_config_last_reload_timestamp_seconds 1.7000000005e+09" in text
+    assert 'globald_config_last_reload_result{result="refused"} 1.0' in text
+    assert 'globald_config_last_reload_result{result="applied"} 0.0' in text
