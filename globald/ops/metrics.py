@@ -87,6 +87,7 @@ class DaemonCollector(Collector):
         yield from _counters(s)
         yield from _snapshots(s)
         yield from _decodes(s)
+        yield from _exports(s)
         yield from _config(s)
         loop_age, progress_age = self._loop_age()
         yield GaugeMetricFamily(f"{PREFIX}_loop_age_seconds", "Seconds since the loop last iterated", value=loop_age)

@@ -44,7 +44,7 @@ class DroppedSnapshots:
         if not folder.exists():
             return
         aside = folder.with_name(f"{SNAPSHOT_DROPPED_PREFIX}{table}-{time.time_ns()}")
-        os.rename(folder, aside)  # not made durable: after a crash, the directory is swept at the next drop or start
+        durable.rename(folder, aside)  # durable: after a crash, the re-added table never finds the old snapshots
         self._held.pop(folder, None)
         self._held[aside] = LeaseClock(aside)
         log.info("table %s: the snapshots of its earlier, dropped, definition moved to %s until no lease holds them",
