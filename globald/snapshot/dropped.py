@@ -12,7 +12,6 @@ new table starts with an empty one. Runs on the loop thread, at most once a seco
 from __future__ import annotations
 
 import logging
-import os
 import time
 from pathlib import Path
 
