@@ -5,6 +5,7 @@
 - "Every file replaced or renamed on disk goes through ``store/durable.py``": no other module calls ``os.rename`` or
   ``os.replace``.
 - "The names are declared once, in ``store/names.py``": no other module spells a reserved prefix or suffix.
+- The "On disk" tree names every work-in-progress directory a table or a snapshot can leave behind.
 """
 
 from __future__ import annotations
@@ -14,10 +15,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import globald
+from globald.store import names
 
 PACKAGE_ROOT = Path(globald.__file__).parent
+ARCHITECTURE = PACKAGE_ROOT.parent / "docs" / "architecture.md"
 # The dot-prefixes of work in progress and leftovers, and the typed tables' columnar file (store/names.py).
-RESERVED = (".tmp-", ".trash-", ".build-", ".import-", ".replaced-", "columnar-", ".arrow")
+RESERVED = (".tmp-", ".trash-", ".build-", ".import-", ".replaced-", ".bootstrap-", "columnar-", ".arrow")
 
 
 def _modules() -> Iterator[tuple[str, ast.Module]]:
@@ -84,3 +87,10 @@ def test_every_rename_goes_through_durable() -> None:
 
 def test_reserved_names_are_spelled_only_in_names() -> None:
     assert reserved_names_outside_names() == []
+
+
+def test_the_on_disk_tree_names_every_work_in_progress_directory() -> None:
+    tree = ARCHITECTURE.read_text().split("## On disk", 1)[1].split("```")[1]
+    for prefix in (names.IMPORT_PREFIX, names.REPLACED_PREFIX, names.BOOTSTRAP_PREFIX, names.TMP_PREFIX,
+                   names.SNAPSHOT_BUILD_PREFIX, names.TRASH_PREFIX):
+        assert f"/{prefix}<" in tree, prefix
