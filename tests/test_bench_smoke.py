@@ -53,3 +53,29 @@ def test_bench_runs_end_to_end_on_a_small_topic(tmp_path: Path) -> None:
     assert (out / "bench-20k.png").read_bytes().startswith(b"\x89PNG")
     md = (out / "bench-20k.md").read_text()
     assert "## Targets" in md and "globald (GlobalThread, to RUNNING)" in md
+
+
+@pytest.mark.long  # a broker, four daemons and 90 s of load: about 2.5 minutes
+def test_export_bench_runs_end_to_end_on_a_small_topic(tmp_path: Path) -> None:
+    out = tmp_path / "results"
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.export_bootstrap", "--records", "20000", "--load-minutes", "1.5",
+         "--speedup", "10", "--out", str(out), "--scratch", str(tmp_path)],
+        cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    r = json.loads((out / "export-bootstrap-20k.json").read_text())
+
+    origin = r["origin"]
+    # The new host bootstrapped from the first export, and replayed exactly the two tails produced after it.
+    assert origin["kind"] == "export" and origin["export"] == r["exports"]["first"]["export"], origin
+    assert origin["tail"] == r["tail_records"] == 400 and origin["bytes_downloaded"] == r["exports"]["first"]["bytes"]
+    assert r["running_from_topic_s"] > 0 and r["running_from_export_s"] > 0
+    rx = r["broker_bytes"]
+    # librdkafka's statistics: a replay fetches at least the records in the log; a bootstrap far less.
+    assert rx["from_topic_rxbytes"] >= 0.9 * rx["topic_log_bytes"] > 0
+    assert 0 < rx["from_export_rxbytes"] < 0.5 * rx["from_topic_rxbytes"]
+    first, after = r["exports"]["first"], r["exports"]["after_tail"]
+    assert first["uploaded_bytes"] == first["bytes"] > 0 and after["uploaded_bytes"] < after["bytes"]
+    hourly = r["uploads_per_hour"]
+    assert hourly["exports_counted"] >= 1, hourly
+    assert 0 < hourly["incremental_bytes_per_hour"] <= hourly["full_bytes_per_hour"]

@@ -9,7 +9,10 @@ plan, which opens the installed store next, reads the older rungs back too). Any
 line saying why, and the next older export is tried; with none left, the table restores from the topic as before.
 
 The download goes into ``tables/.bootstrap-<table>/`` (inside the state_dir, so the final move is a rename),
-each file read at most to its manifest size, its SHA-256 checked, names checked to be plain base names. The
+each file read at most to its manifest size, its SHA-256 computed while it is copied and checked, names checked to
+be plain base names. ``DOWNLOADERS`` files are fetched at once (an object store's latency, not its bandwidth, bounds
+one stream), each fsynced as soon as it is whole, so its write-back overlaps the next files' download instead of
+waiting for the final sync, which then only syncs what the checks wrote (RocksDB syncs the table files it writes). The
 database is then opened read-only and must hold exactly the manifest's offsets, topic and format. Only then is the
 directory synced and renamed into place as ``tables/<table>/``. A power loss before that rename leaves a dot-named
 leftover, removed by the next start, which bootstraps again; after it, a complete store. Nothing is unpickled.
@@ -19,6 +22,8 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
+import queue
 import shutil
 import threading
 import time
@@ -31,7 +36,7 @@ from rocksdict import Rdict
 
 from globald.export import storeinfo
 from globald.export.exporter import live_manifests
-from globald.export.manifest import ExportManifest
+from globald.export.manifest import ExportFile, ExportManifest
 from globald.export.target import FILES_DIR, Target, TargetError
 from globald.kafka.clients import TransientKafkaError, make_consumer, partitions, watermarks
 from globald.kafka.identity import VERIFY_TIMEOUT_S, RecordReader, TopicIds, verify
@@ -55,6 +60,7 @@ from globald.store.options import StoreOptions
 log = logging.getLogger(__name__)
 
 FREE_MARGIN = 64 << 20  # bytes left free on the state_dir after a download
+DOWNLOADERS = 4  # files downloaded at once
 
 
 class Refused(Exception):
@@ -134,6 +140,7 @@ class Bootstrap:
                  install: Install) -> None:
         self.config, self.table, self.target, self.stop, self.install = config, table, target, stop, install
         self.downloaded = 0
+        self._counted = threading.Lock()  # downloaded is added to by each downloader
 
     def run(self) -> Origin:
         """The origin of the table's store: an export installed, or the topic with the reasons none was."""
@@ -154,7 +161,8 @@ class Bootstrap:
                 self._download(m, stage)
                 self._check(m, stage / DB_DIR)
                 self._stamp_closed(stage / DB_DIR)
-                durable.sync_tree(stage, synced_suffixes=())
+                # Downloaded files were synced whole (_fetch); RocksDB synced each table file it wrote since.
+                durable.sync_tree(stage, synced_suffixes=(".sst",))
                 self.install.run(lambda: self._move(stage))
             except Refused as e:
                 shutil.rmtree(stage, ignore_errors=True)
@@ -225,27 +233,63 @@ class Bootstrap:
         db = stage / DB_DIR
         durable.make_dirs(db)
         for f in m.files:
-            dest = db / f.name  # a plain base name (manifest.FILE_NAME_RE): it cannot leave the directory
-            if dest.parent != db:
+            if (db / f.name).parent != db:  # a plain base name (manifest.FILE_NAME_RE): it cannot leave the directory
                 raise Refused(f"file name {f.name!r} escapes the directory")
-            h, n = hashlib.sha256(), 0
-            try:
-                with open(dest, "xb") as out:
-                    for chunk in self.target.chunks(self.table.name, FILES_DIR, f.blob):
-                        if self.stop.is_set():
-                            raise Abandoned("stopping")
-                        n += len(chunk)
+        # Largest first, so that the long downloads do not start last. Daemon threads, as the bootstrap's own: one
+        # blocked on slow storage is abandoned with it (a stop or the bound), never waited for at exit.
+        pending: queue.SimpleQueue[ExportFile] = queue.SimpleQueue()
+        for f in sorted(m.files, key=lambda f: f.size, reverse=True):
+            pending.put(f)
+        halt = threading.Event()  # one file failed: the others stop at their next chunk
+        failed: list[Exception] = []
+
+        def downloader() -> None:
+            while not halt.is_set():
+                try:
+                    f = pending.get_nowait()
+                except queue.Empty:
+                    return
+                try:
+                    self._fetch(f, db / f.name, halt)
+                except Exception as e:  # Refused, Abandoned, TargetError, OSError: run() tells them apart
+                    failed.append(e)
+                    halt.set()
+
+        threads = [threading.Thread(target=downloader, name=f"globald-download-{self.table.name}-{i}", daemon=True)
+                   for i in range(max(1, min(DOWNLOADERS, len(m.files))))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if failed:
+            raise failed[0]
+
+    def _fetch(self, f: ExportFile, dest: Path, halt: threading.Event) -> None:
+        """Download one file into ``dest``, no larger than its manifest's size, checked against its SHA-256 as it is
+        copied, and synced (on a downloader thread)."""
+        h, n = hashlib.sha256(), 0
+        try:
+            with open(dest, "xb") as out:
+                for chunk in self.target.chunks(self.table.name, FILES_DIR, f.blob):
+                    if self.stop.is_set():
+                        raise Abandoned("stopping")
+                    if halt.is_set():
+                        return  # another file failed: its error is the one reported
+                    n += len(chunk)
+                    with self._counted:
                         self.downloaded += len(chunk)
-                        if n > f.size:
-                            raise Refused(f"file {f.name} is larger than its manifest's {f.size} bytes")
-                        h.update(chunk)
-                        out.write(chunk)
-            except FileNotFoundError:
-                raise Refused(f"file {f.name} ({f.blob}) is missing from the storage") from None
-            if n != f.size:
-                raise Refused(f"file {f.name} has {n} bytes, its manifest says {f.size}")
-            if h.hexdigest() != f.sha256:
-                raise Refused(f"file {f.name}: checksum mismatch (damaged in the storage or in transit)")
+                    if n > f.size:
+                        raise Refused(f"file {f.name} is larger than its manifest's {f.size} bytes")
+                    h.update(chunk)
+                    out.write(chunk)
+                if n != f.size:
+                    raise Refused(f"file {f.name} has {n} bytes, its manifest says {f.size}")
+                if h.hexdigest() != f.sha256:
+                    raise Refused(f"file {f.name}: checksum mismatch (damaged in the storage or in transit)")
+                out.flush()
+                os.fsync(out.fileno())
+        except FileNotFoundError:
+            raise Refused(f"file {f.name} ({f.blob}) is missing from the storage") from None
 
     def _check(self, m: ExportManifest, db: Path) -> None:
         try:

@@ -55,7 +55,7 @@ def masked(uri: str) -> str:
 
 # Threads that may be inside a storage call (the bootstraps, the exporter): pyarrow's S3 client, finalized at
 # interpreter exit, waits for every request in flight, so a process with one of them still alive would hang there.
-STORAGE_THREADS = ("globald-bootstrap-", "globald-export")
+STORAGE_THREADS = ("globald-bootstrap-", "globald-download-", "globald-export")
 
 
 def storage_calls_in_flight() -> list[str]:

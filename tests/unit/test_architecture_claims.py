@@ -7,6 +7,7 @@
 - "The names are declared once, in ``store/names.py``": no other module spells a reserved prefix or suffix.
 - "A table's snapshot state changes only in ``snapshot/table_state.py``": no other module assigns a field of a
   ``SnapshotTable`` or reaches into its private ones.
+- The "On disk" tree names every work-in-progress directory a table or a snapshot can leave behind.
 """
 
 from __future__ import annotations
@@ -17,10 +18,12 @@ from pathlib import Path
 
 import globald
 from globald.snapshot.table_state import SnapshotTable
+from globald.store import names
 
 PACKAGE_ROOT = Path(globald.__file__).parent
+ARCHITECTURE = PACKAGE_ROOT.parent / "docs" / "architecture.md"
 # The dot-prefixes of work in progress and leftovers, and the typed tables' columnar file (store/names.py).
-RESERVED = (".tmp-", ".trash-", ".build-", ".import-", ".replaced-", "columnar-", ".arrow")
+RESERVED = (".tmp-", ".trash-", ".build-", ".import-", ".replaced-", ".bootstrap-", ".dropped-", "columnar-", ".arrow")
 
 
 def _modules() -> Iterator[tuple[str, ast.Module]]:
@@ -115,3 +118,10 @@ def test_reserved_names_are_spelled_only_in_names() -> None:
 
 def test_snapshot_table_state_changes_only_in_table_state() -> None:
     assert snapshot_table_fields_changed_outside_table_state() == []
+
+
+def test_the_on_disk_tree_names_every_work_in_progress_directory() -> None:
+    tree = ARCHITECTURE.read_text().split("## On disk", 1)[1].split("```")[1]
+    for prefix in (names.IMPORT_PREFIX, names.REPLACED_PREFIX, names.BOOTSTRAP_PREFIX, names.TMP_PREFIX,
+                   names.SNAPSHOT_BUILD_PREFIX, names.TRASH_PREFIX, names.SNAPSHOT_DROPPED_PREFIX):
+        assert f"/{prefix}<" in tree, prefix

@@ -169,3 +169,52 @@ def test_globald_export_needs_an_export_section_and_a_running_daemon(tmp_path: P
     assert "no daemon runs" in capsys.readouterr().err
     assert cli.main(["export", "--config", str(exporting), "--table", "nope"]) != 0
     assert not (tmp_path / "bucket").exists()  # nothing written anywhere
+
+
+def test_a_download_fetches_files_at_once_and_a_damaged_one_refuses_the_export(tmp_path: Path) -> None:
+    from collections.abc import Iterator
+
+    from globald.export.bootstrap import Bootstrap, Install, Refused, staging_dir
+    from globald.settings.config import load
+    from globald.store.names import DB_DIR
+
+    target_uri = (tmp_path / "bucket").as_uri()
+    snap, m = _snapshot(tmp_path, 3_000, "0000000000000001")
+    exported = export_snapshot(Target(target_uri), snap, m, threading.Event()).manifest
+    assert len(exported.files) >= 2
+    together = threading.Barrier(2, timeout=30)  # two files' downloads under way at the same moment
+    first_two: set[str] = set()
+    lock = threading.Lock()
+
+    class Meeting(Target):
+        def chunks(self, *parts: str) -> Iterator[bytes]:
+            me = threading.current_thread().name
+            with lock:
+                wait = len(first_two) < 2 and me not in first_two  # the first two threads to open a file
+                first_two.add(me)
+            if wait:
+                together.wait()  # BrokenBarrierError when one thread fetches the files one after the other
+            yield from super().chunks(*parts)
+
+    state = tmp_path / "new"
+    state.mkdir(mode=0o700)
+    cfg_path = tmp_path / "new.toml"
+    cfg_path.write_text(f'state_dir = "{state}"\n[export]\nuri = "{target_uri}"\n[kafka]\n'
+                        '"bootstrap.servers" = "127.0.0.1:9"\n[[tables]]\nname = "tbl"\ntopic = "topic"\n')
+    cfg = load(cfg_path)
+    stage = staging_dir(state, "tbl")
+    b = Bootstrap(cfg, cfg.tables[0], Meeting(target_uri), threading.Event(), Install())
+    b._download(exported, stage)
+    assert b.downloaded == exported.total_bytes  # each downloader's bytes counted once
+    for f in exported.files:
+        assert (stage / DB_DIR / f.name).read_bytes() == (snap / "db" / f.name).read_bytes(), f.name
+
+    # One flipped byte in the largest file: the export is refused, naming that file.
+    largest = max(exported.files, key=lambda f: f.size)
+    blob = tmp_path / "bucket" / "tbl" / FILES_DIR / largest.blob
+    data = bytearray(blob.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    blob.write_bytes(bytes(data))
+    again = tmp_path / "again"
+    with pytest.raises(Refused, match=f"file {largest.name}: checksum mismatch"):
+        Bootstrap(cfg, cfg.tables[0], Target(target_uri), threading.Event(), Install())._download(exported, again)
