@@ -1,23 +1,20 @@
 """Today's raw join before issue 34, in the same run as the mapped one: each Python worker reads the snapshot into
 its own in-memory index (``globald.spark.memindex``, what ``SnapshotHandle`` did until the raw table was mapped
 from one file per host), then looks every batch up there. The same descriptor, snapshot, handle cache and per-batch
-path as ``view.join`` (``executor.handle``, ``lookup_arrow``); only the lookup structure differs, so the two modes
-of ``bench.spark`` compare the mapped file with the per-worker index per core.
+path as ``view.join`` (``executor.arrow_fn``, its hidden fallback column and observation); only the lookup
+structure differs, so the two modes of ``bench.spark`` compare the mapped file with the per-worker index per core.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator
 from typing import Any
 
 import pyarrow as pa
 
 from globald.spark import executor
-from globald.spark.batch import lookup_arrow
 from globald.spark.executor import ContentHandle, Handle, Settings, SnapshotHandle
-
-Batches = Iterator[pa.RecordBatch]
+from globald.spark.session import FALLBACK_COL
 
 
 def _index_handle(settings: Settings, desc: dict[str, Any], data: Any) -> Handle:
@@ -36,19 +33,13 @@ def _index_handle(settings: Settings, desc: dict[str, Any], data: Any) -> Handle
 
 
 def memory_index_join(view: Any, df: Any, on: str) -> Any:
-    """``view.join(df, on)``'s value and timestamp columns, looked up in a per-worker in-memory index."""
-    settings = view.settings
-    desc_bc, data_bc = view._broadcasts()
-
-    def run(batches: Batches) -> Batches:
-        h = executor.handle(settings, desc_bc.value, data_bc, opener=_index_handle, key=(settings, "memindex"))
-        for batch in batches:
-            value, timestamp = lookup_arrow(h.columns, batch.column(on))
-            yield pa.RecordBatch.from_arrays([*batch.columns, value, timestamp],
-                                             names=[*batch.schema.names, "value", "timestamp"])
-
+    """``view.join(df, on)`` exactly (the same ``arrow_fn``, hidden fallback column and observation), its values
+    looked up in a per-worker in-memory index instead of the mapped file."""
     from pyspark.sql.types import BinaryType, LongType, StructField, StructType
 
-    fn: Callable[[Batches], Batches] = run
-    schema = StructType([*df.schema.fields, StructField("value", BinaryType()), StructField("timestamp", LongType())])
-    return df.mapInArrow(fn, schema)
+    desc_bc, data_bc = view._broadcasts()
+    fn = executor.arrow_fn(view.settings, desc_bc, data_bc, on, "value", "timestamp", None, True,
+                           opener=_index_handle, key=(view.settings, "memindex"))
+    schema = StructType([*df.schema.fields, StructField("value", BinaryType(), True),
+                         StructField("timestamp", LongType(), True), StructField(FALLBACK_COL, LongType(), False)])
+    return view.fallbacks.watch(df.mapInArrow(fn, schema), df.sparkSession)

@@ -230,13 +230,16 @@ def partitions_fn(settings: Settings, desc_bc: Any, data_bc: Any, fallbacks: Any
 
 
 def arrow_fn(settings: Settings, desc_bc: Any, data_bc: Any, on: str, value_col: str, timestamp_col: str,
-             snapshot_col: str | None, count_fallbacks: bool = True) -> Callable[[Batches], Batches]:
+             snapshot_col: str | None, count_fallbacks: bool = True,
+             opener: Callable[[Settings, dict[str, Any], Any], Handle] | None = None,
+             key: Hashable = None) -> Callable[[Batches], Batches]:
     """For ``df.mapInArrow``: appends the value, timestamp (and snapshot id) columns to every record batch, and
     (``count_fallbacks``) the hidden ``FALLBACK_COL``: 1 on the first row of a task that read another version than
-    its descriptor asked for, else 0, which the driver's observation adds up (``globald.spark.session``)."""
+    its descriptor asked for, else 0, which the driver's observation adds up (``globald.spark.session``).
+    ``opener`` and ``key``: another kind of handle, as ``handle`` takes them (the benchmarks' per-worker index)."""
 
     def run(batches: Batches) -> Batches:
-        h = handle(settings, desc_bc.value, data_bc)
+        h = handle(settings, desc_bc.value, data_bc, opener=opener, key=key)
         unreported = not h.exact
         for batch in batches:
             value, timestamp = lookup_arrow(h.columns, batch.column(on))
