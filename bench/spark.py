@@ -45,6 +45,7 @@ from bench.spark_harness import (
     stop_all,
     wait,
 )
+from bench.spark_memory import PHASES
 from globald.snapshot import exact_requests, open_snapshot
 from globald.snapshot.reader import Snapshot, current_id
 from tests.support.admin import TopicAdmin
@@ -97,6 +98,7 @@ def request_ms(state: Path, target: dict[int, int]) -> float:
 
 # Each lookup path and the broadcast dict read the same way, which it is measured against.
 BASELINES = {"join_mapInArrow": "baseline_dict_mapInArrow", "pandas_udf": "baseline_dict_pandas_udf",
+             "join_mapInArrow_worker_index": "baseline_dict_mapInArrow",
              "join_mapInArrow_multi_get": "baseline_dict_mapInArrow",
              "pandas_udf_multi_get": "baseline_dict_pandas_udf",
              "small_table_join": "baseline_dict_mapInArrow",
@@ -107,7 +109,8 @@ ARROW_BATCHES = (1_000, 10_000, 50_000)
 
 
 def memory_index_load_ms(state: Path, view: Any, repeats: int = 3) -> float:
-    """What a Python worker pays once per descriptor to read the view's snapshot into its memory index."""
+    """What a Python worker pays once per descriptor to open the view's snapshot: map its file (the first call
+    writes it, the best of ``repeats`` only maps)."""
     from globald.snapshot.resolve import Resolution
     from globald.spark.executor import SnapshotHandle
 
@@ -118,7 +121,7 @@ def memory_index_load_ms(state: Path, view: Any, repeats: int = 3) -> float:
         h = SnapshotHandle(Snapshot(state, TABLE, desc["snapshot"]), Resolution(desc["snapshot"], {}, True, False),
                            None, view.settings.memory_index_mb << 20)
         took.append(time.perf_counter() - t)
-        assert h.in_memory
+        assert h.mapped
         h.close()
     return round(min(took) * 1000, 1)
 
@@ -187,6 +190,10 @@ def lookup_modes(spark: Any, config: Path, probe: list[str]) -> tuple[dict[str, 
         "baseline_dict_pandas_udf": lambda: total(df.select(dict_udf("k").alias("value"))),
     }
     if not connect:  # RDDs: classic sessions only
+        from bench.spark_memindex_join import memory_index_join
+
+        # The raw join before issue 34 (an index in every worker), against the mapped file: the same run, per core.
+        modes["join_mapInArrow_worker_index"] = lambda: total(memory_index_join(view, df, "k"))
         rdd = spark.sparkContext.parallelize(probe, 4).cache()
         rdd.count()
         modes["mapPartitions"] = lambda: view.lookup_partitions(rdd).map(lambda t: len(t[1] or b"")).sum()
@@ -229,8 +236,9 @@ def measure_spark(admin: TopicAdmin, topic: str, config: Path, state: Path, look
     for size in ARROW_BATCHES:
         spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", str(size))
         log(f"spark: arrow batch {size}")
-        got = fastest({"join_mapInArrow": modes["join_mapInArrow"],
-                       "baseline_dict_mapInArrow": modes["baseline_dict_mapInArrow"]}, max(2, rounds // 2))
+        got = fastest({name: modes[name] for name in ("join_mapInArrow", "join_mapInArrow_worker_index",
+                                                      "baseline_dict_mapInArrow") if name in modes},
+                      max(2, rounds // 2))
         by_batch[str(size)] = {name: round(lookups / s) for name, s in got.items()}
     spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", str(DEFAULT_ARROW_BATCH))
     out["join_by_arrow_batch"] = by_batch
@@ -274,6 +282,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--typed-rounds", type=int, default=3, help="interleaved rounds of the typed join's modes")
     ap.add_argument("--formats", default="avro,protobuf", help="the typed join's formats, measured in this order")
     ap.add_argument("--executor-memory", action="store_true", help="add the executor's workers' memory")
+    ap.add_argument("--memory-phases", default=",".join(PHASES),
+                    help="the executor-memory phases to run, among " + ", ".join(PHASES))
+    ap.add_argument("--before-tree", default=None,
+                    help="a checkout of globald from before issue 34, whose workers make the 'before' phase")
     args = ap.parse_args(argv)
     benches = [b for b in args.benches.split(",") if b]
     benches += [b for b, on in (("typed", args.typed), ("executor-memory", args.executor_memory))
@@ -319,8 +331,9 @@ def main(argv: list[str] | None = None) -> int:
         if "executor-memory" in benches:
             from bench.spark_memory import measure_executor_memory
 
-            result["executor_memory"] = measure_executor_memory(admin, kafka.client_settings, work, args.keys,
-                                                                procs)
+            result["executor_memory"] = measure_executor_memory(
+                admin, kafka.client_settings, work, args.keys, procs, tuple(args.memory_phases.split(",")),
+                args.before_tree)
     finally:
         stop_all(procs, admin, kafka)
         shutil.rmtree(work, ignore_errors=True)  # the broker's log and the state_dirs: gigabytes at 1M keys

@@ -1,6 +1,7 @@
-"""Memory of a real Spark executor's Python workers, before and after the columnar file (issue 24).
+"""Memory of a real Spark executor's Python workers, before and after the columnar file (issues 24 and 34).
 
-    python -m bench.spark --benches executor-memory --keys 1000000
+    python -m bench.spark --benches executor-memory --keys 1000000 --before-tree /path/to/a/checkout/of/main
+    python -m bench.spark --benches executor-memory --memory-phases imports,before,raw_first_maps,raw_mapped ...
 
 A classic ``local[4]`` session is the executor: ``spark.python.worker.reuse`` on, and the probe DataFrame in 4
 partitions, so 4 Python workers (forked by the pyspark daemon) run the 4 tasks at once. The table is N Avro
@@ -8,9 +9,14 @@ records of 10 fields (``bench.spark_typed_join``), mirrored by two real daemons:
 in a fresh session (so fresh workers), each looking every key of the table up once:
 - ``imports``: a ``mapInArrow`` that imports globald's Spark side and passes the batches through: what every
   worker holds anyway (interpreter, pyarrow, pandas, numpy, pyspark, globald);
-- ``before``: the raw ``view.join`` with ``memory_index_mb`` large enough for the table, so each worker reads the
-  snapshot into its own in-memory index (``globald.spark.memindex``): what every worker did before issue 24, and
-  what a raw join still does (a user then decodes each value per query, which holds nothing);
+- ``before``: the raw ``view.join`` with ``memory_index_mb`` large enough for the table, its workers importing
+  globald from ``--before-tree`` (a checkout from before issue 34: ``spark.executorEnv.PYTHONPATH``), so each
+  worker reads the snapshot into its own in-memory index (``globald.spark.memindex``): what every worker did before
+  issues 24 and 34 (a typed table's user then decodes each value per query, which holds nothing). Without
+  ``--before-tree`` the phase is left out: this tree's raw join maps the file;
+- ``raw_first_maps``: the raw ``view.join`` of this tree with the same ``memory_index_mb``, no file yet: the first
+  worker writes the raw snapshot's file (``globald.spark.mapped``) while the others wait on its lock, then all map it;
+- ``raw_mapped``: the same in fresh workers, the file already there: every worker only maps it;
 - ``after_first_decodes``: the typed ``view.join`` at once; when the snapshot has no columnar file yet (the
   daemon's own decode process, ``globald.ops.decoding``, has not written it: ``columnar_file_before_query``), the
   first worker decodes it into one while the others wait on its lock, then all map it;
@@ -38,7 +44,9 @@ from bench.spark_typed_join import Format, mirror, produce
 from tests.support.admin import TopicAdmin
 
 MB = 2**20
-PHASES = ("imports", "before", "after_first_decodes", "after_mapped")
+PHASES = ("imports", "before", "raw_first_maps", "raw_mapped", "after_first_decodes", "after_mapped")
+RAW_PHASES = ("before", "raw_first_maps", "raw_mapped")
+TYPED_PHASES = ("after_first_decodes", "after_mapped")
 KEY_FORMAT = "cust-%011d"  # spark_typed_join.key_of, as Spark's format_string
 INDEX_MB = 8192  # the raw view's memory_index_mb: the whole table fits, so every worker indexes it in memory
 
@@ -134,13 +142,17 @@ def passthrough(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         yield pa.RecordBatch.from_arrays([b.column(0), pa.nulls(b.num_rows, pa.int64())], ["k", "n"])
 
 
-def phase(name: str, raw: Path, typed: Path, keys: int, typed_state: Path) -> dict[str, Any]:
+def phase(name: str, raw: Path, typed: Path | None, keys: int, states: dict[str, Path | None],
+          before_tree: str | None = None) -> dict[str, Any]:
     """One phase in a fresh local[4] session: the query, then the workers' memory while they hold their handles."""
     from pyspark.sql import functions as F
 
     from globald.spark import GlobalTableView
 
-    spark = spark_session("local[4]", {"spark.python.worker.reuse": "true"})
+    conf = {"spark.python.worker.reuse": "true"}
+    if name == "before" and before_tree is not None:  # the workers import that tree's globald, ahead of this one
+        conf["spark.executorEnv.PYTHONPATH"] = before_tree
+    spark = spark_session("local[4]", conf)
     try:
         # Every key once, made in the JVM: a DataFrame from a Python list would start Python workers of its own.
         df = spark.range(keys).select(F.format_string(KEY_FORMAT, "id").alias("k")).repartition(4).cache()
@@ -149,16 +161,18 @@ def phase(name: str, raw: Path, typed: Path, keys: int, typed_state: Path) -> di
         view = None
         if name == "imports":
             query = df.mapInArrow(passthrough, "k string, n long").agg(F.count("k")).collect
-        elif name == "before":
+        elif name in RAW_PHASES:
             view = GlobalTableView(spark, raw, TABLE, memory_index_mb=INDEX_MB)
             view.refresh()
             query = view.join(df, "k").agg(F.sum(F.length("value")), F.count("value")).collect
         else:
+            assert typed is not None
             view = GlobalTableView(spark, typed, TABLE)
             view.refresh()
             query = view.join(df, "k").agg(F.sum(F.col("value.visits")), F.count("value")).collect
         # The daemon decodes typed snapshots too (globald.ops.decoding, at nice 19): whether a worker had to.
-        file_before = any(typed_state.rglob("columnar-*.arrow"))
+        state = states["raw" if name in RAW_PHASES else "typed"]
+        file_before = state is not None and any(state.rglob("columnar-*.arrow"))
         log(f"executor memory: {name}")
         started = time.perf_counter()
         with Sampler() as sampler:
@@ -179,31 +193,43 @@ def phase(name: str, raw: Path, typed: Path, keys: int, typed_state: Path) -> di
 
 
 def measure_executor_memory(admin: TopicAdmin, kafka: dict[str, str], work: Path, keys: int,
-                            procs: list[Any]) -> dict[str, Any]:
-    """The four phases over a table of ``keys`` Avro records; the daemons started join ``procs``."""
+                            procs: list[Any], phases: tuple[str, ...] = PHASES,
+                            before_tree: str | None = None) -> dict[str, Any]:
+    """The ``phases`` over a table of ``keys`` Avro records; the daemons started join ``procs``. The typed table
+    is mirrored only for its phases; ``before`` runs only with ``before_tree``."""
+    phases = tuple(p for p in phases if p != "before" or before_tree is not None)
     fdir = work / "memory-avro"
     fdir.mkdir()
     fmt = Format("avro", fdir, keys)
     topic = "bench-memory-avro"
     produce(admin, topic, fmt)
-    raw, _ = mirror(admin, kafka, work, topic, None, procs)
-    typed, typed_state = mirror(admin, kafka, work, topic, fmt.section, procs)
+    raw, raw_state = mirror(admin, kafka, work, topic, None, procs)
+    typed, typed_state = (mirror(admin, kafka, work, topic, fmt.section, procs) if set(TYPED_PHASES) & set(phases)
+                          else (None, None))
     value_bytes = sum(len(v) for _, v, _ in fmt.items)
     assert fmt.items[-1][0] == (KEY_FORMAT % (keys - 1)).encode()
     del fmt
     out: dict[str, Any] = {"keys": keys, "executor": "local[4]", "python_workers": 4, "format": "avro",
-                           "raw_value_bytes_per_key": round(value_bytes / keys, 1), "key_bytes": 16}
-    for name in PHASES:
-        out[name] = phase(name, raw, typed, keys, typed_state)
+                           "raw_value_bytes_per_key": round(value_bytes / keys, 1), "key_bytes": 16,
+                           "memory_index_mb": INDEX_MB, "before_tree": before_tree}
+    states: dict[str, Path | None] = {"raw": raw_state, "typed": typed_state}
+    for name in phases:
+        out[name] = phase(name, raw, typed, keys, states, before_tree)
         assert out[name]["workers"] == 4, f"{name}: {out[name]['workers']} Python workers, not 4"
         assert name == "imports" or out[name]["found"] == keys, out[name]
         log(f"executor memory: {name}: RSS {out[name]['rss_mb_sum']} MB, PSS {out[name]['pss_mb_sum']} MB")
-    files = list(typed_state.rglob("columnar-*.arrow"))
-    out["columnar_file_mb"] = round(sum(f.stat().st_size for f in files) / MB, 1)
-    base = out["imports"]
-    for name in PHASES[1:]:
-        out[name]["pss_mb_above_imports"] = round(out[name]["pss_mb_sum"] - base["pss_mb_sum"], 1)
-        out[name]["rss_mb_above_imports"] = round(out[name]["rss_mb_sum"] - base["rss_mb_sum"], 1)
-    out["before_vs_after_pss_above_imports"] = round(
-        out["before"]["pss_mb_above_imports"] / max(out["after_mapped"]["pss_mb_above_imports"], 0.1), 2)
+    for kind, state in states.items():
+        if state is not None:
+            files = list(state.rglob("columnar-*.arrow"))
+            out[f"{kind}_file_mb"] = round(sum(f.stat().st_size for f in files) / MB, 1)
+    base = out.get("imports")
+    for name in phases:
+        if base is not None and name != "imports":
+            out[name]["pss_mb_above_imports"] = round(out[name]["pss_mb_sum"] - base["pss_mb_sum"], 1)
+            out[name]["rss_mb_above_imports"] = round(out[name]["rss_mb_sum"] - base["rss_mb_sum"], 1)
+    for after in ("after_mapped", "raw_mapped"):
+        if base is not None and "before" in out and after in out:
+            out[f"before_vs_{after}_pss_above_imports"] = round(
+                out["before"]["pss_mb_above_imports"] / max(out[after]["pss_mb_above_imports"], 0.1), 2)
+            out[f"before_vs_{after}_pss_held"] = round(out["before"]["pss_mb_sum"] / out[after]["pss_mb_sum"], 2)
     return out

@@ -30,8 +30,10 @@ from globald.snapshot.reader import OpenOptions, Snapshot
 from globald.snapshot.resolve import Policy, Resolution, resolve
 from globald.spark.batch import encode_key, lookup_arrow, lookup_pandas, stored_columns
 from globald.spark.host import sidecar
-from globald.spark.memindex import DEFAULT_MEMORY_INDEX_MB, ENTRY_OVERHEAD, MemoryIndex
+from globald.spark.mapped import open_raw, raw_columns
+from globald.spark.memindex import DEFAULT_MEMORY_INDEX_MB, MemoryIndex
 from globald.spark.session import FALLBACK_COL
+from globald.typed.columnar import ROW_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +53,8 @@ class Settings:
     policy: str = Policy.FAIL.value
     lease_s: float = 600.0
     batch_size: int = 1024
-    # A snapshot that fits is read whole into each Python worker's memory (globald.spark.memindex); 0: never.
+    # A raw snapshot whose keys and values fit is mapped from one file per host (globald.spark.mapped), shared by
+    # every worker; larger ones, or all with 0, are read by multi-gets. The name is kept from when it was per worker.
     memory_index_mb: int = DEFAULT_MEMORY_INDEX_MB
 
 
@@ -68,8 +71,9 @@ class Handle(Protocol):
 
 
 class SnapshotHandle:
-    """A snapshot of this host's sidecar: read whole into memory when it fits ``budget`` bytes (then closed, its
-    lease released), else kept open read-only, pinned by this worker's lease, and read by batched multi-gets."""
+    """A snapshot of this host's sidecar: mapped from its one file per host when it fits ``budget`` bytes
+    (``globald.spark.mapped``; the snapshot is then closed, its lease released), else kept open read-only, pinned
+    by this worker's lease, and read by batched multi-gets."""
 
     def __init__(self, snap: Snapshot, res: Resolution, note: str | None, budget: int) -> None:
         self.snapshot: str | None = snap.id
@@ -77,20 +81,20 @@ class SnapshotHandle:
         self.note = note
         self._snap: Snapshot | None = snap
         # The manifest's key count is RocksDB's estimate: a table clearly over budget is not read at all.
-        fits = budget > 0 and snap.manifest.records * ENTRY_OVERHEAD <= budget
-        self._index = MemoryIndex.load(snap.items(), budget) if fits else None
-        if self._index is not None:
+        fits = budget > 0 and snap.manifest.records * ROW_BYTES <= budget
+        self._table = open_raw(snap, budget) if fits else None
+        if self._table is not None:
             snap.close(release=True)
             self._snap = None
         self._multi_get = stored_columns(self._fetch)
 
     @property
-    def in_memory(self) -> bool:
-        return self._index is not None
+    def mapped(self) -> bool:
+        return self._table is not None
 
     @property
     def snap(self) -> Snapshot | None:
-        """The open snapshot (None once read into memory): typed tables map its columnar file."""
+        """The open snapshot (None once mapped): typed tables map its columnar file."""
         return self._snap
 
     def _fetch(self, keys: list[bytes]) -> list[bytes | None]:
@@ -99,7 +103,7 @@ class SnapshotHandle:
         return self._snap.multi_get_stored(keys)
 
     def columns(self, keys: pa.Array) -> tuple[pa.Array, pa.Array]:
-        return self._multi_get(keys) if self._index is None else self._index.lookup(keys)
+        return self._multi_get(keys) if self._table is None else raw_columns(self._table, keys)
 
     def close(self) -> None:
         if self._snap is not None:
@@ -226,13 +230,16 @@ def partitions_fn(settings: Settings, desc_bc: Any, data_bc: Any, fallbacks: Any
 
 
 def arrow_fn(settings: Settings, desc_bc: Any, data_bc: Any, on: str, value_col: str, timestamp_col: str,
-             snapshot_col: str | None, count_fallbacks: bool = True) -> Callable[[Batches], Batches]:
+             snapshot_col: str | None, count_fallbacks: bool = True,
+             opener: Callable[[Settings, dict[str, Any], Any], Handle] | None = None,
+             key: Hashable = None) -> Callable[[Batches], Batches]:
     """For ``df.mapInArrow``: appends the value, timestamp (and snapshot id) columns to every record batch, and
     (``count_fallbacks``) the hidden ``FALLBACK_COL``: 1 on the first row of a task that read another version than
-    its descriptor asked for, else 0, which the driver's observation adds up (``globald.spark.session``)."""
+    its descriptor asked for, else 0, which the driver's observation adds up (``globald.spark.session``).
+    ``opener`` and ``key``: another kind of handle, as ``handle`` takes them (the benchmarks' per-worker index)."""
 
     def run(batches: Batches) -> Batches:
-        h = handle(settings, desc_bc.value, data_bc)
+        h = handle(settings, desc_bc.value, data_bc, opener=opener, key=key)
         unreported = not h.exact
         for batch in batches:
             value, timestamp = lookup_arrow(h.columns, batch.column(on))

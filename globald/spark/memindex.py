@@ -79,12 +79,7 @@ class MemoryIndex:
         """(value: binary, timestamp: int64) for a binary array of keys; nulls where absent or null."""
         if not len(self._values):
             return pa.nulls(len(keys), pa.binary()), pa.nulls(len(keys), pa.int64())
-        pos = self._positions(keys)
-        missing = pos < 0
-        if not missing.any():
-            return self._values.take(pa.array(pos)), pa.array(self._stamps[pos])
-        take = pa.array(pos, mask=missing)
-        return self._values.take(take), pa.array(self._stamps[np.where(missing, 0, pos)], mask=missing)
+        return gather(self._values, self._stamps, self._positions(keys))
 
     def _positions(self, keys: pa.Array) -> np.ndarray:
         """Each key's row in the index, -1 where absent or null."""
@@ -96,6 +91,15 @@ class MemoryIndex:
         # a stored key's hash).
         same = pc.fill_null(pc.equal(keys, self._keys.take(pa.array(np.maximum(pos, 0)))), False)
         return np.where(same.to_numpy(zero_copy_only=False) & (pos >= 0), pos, -1)
+
+
+def gather(values: pa.Array, stamps: np.ndarray, pos: np.ndarray) -> tuple[pa.Array, pa.Array]:
+    """(value, timestamp) at each row of ``pos`` (-1: null in both), from columns of at least one row. The
+    timestamps are gathered by numpy (no nulls to mask in the common case), the values by one Arrow ``take``."""
+    missing = pos < 0
+    if not missing.any():
+        return values.take(pa.array(pos)), pa.array(stamps[pos])
+    return values.take(pa.array(pos, mask=missing)), pa.array(stamps[np.where(missing, 0, pos)], mask=missing)
 
 
 def _hash(keys: pa.Array) -> np.ndarray:

@@ -49,8 +49,9 @@ class GlobalTableView:
     ``small_join`` picks how its ``join`` runs (``globald.spark.small``). ``spark`` is a classic or a Spark Connect
     session; ``fallbacks.value`` counts tasks that read another version than asked on both.
 
-    In snapshot mode each Python worker reads a snapshot of up to ``memory_index_mb`` (estimated) whole into
-    memory and looks keys up there; a larger one is read by batched multi-gets. Every worker holds its own copy.
+    In snapshot mode a raw snapshot of up to ``memory_index_mb`` (its keys and values, and the file's 48 bytes a
+    key) is mapped by every Python worker from one file per snapshot and host (``globald.spark.mapped``): one copy
+    in the page cache, however many workers; a larger one, or any with 0, is read by batched multi-gets.
 
     ``config_path`` is the driver's config: its Kafka settings and the table's topic make the descriptor. Executors
     read their own host's sidecar, through ``$GLOBALD_CONFIG`` in their environment when set, else this same path.

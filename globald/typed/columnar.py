@@ -54,6 +54,7 @@ PREFIX, SUFFIX = COLUMNAR_PREFIX, COLUMNAR_SUFFIX  # declared in store/names.py
 ERROR_PARTITION, ERROR_OFFSET = "error_partition", "error_offset"  # where a bad value came from (see build_table)
 DECODE_BATCH = 65_536
 META = "globald.columnar"
+ROW_BYTES = 48  # what a row costs in the file beyond its key and value: timestamp, hash, slots, offsets, error
 class ColumnarInvalid(GlobaldError):
     """A columnar file cannot be used (truncated, from another format, hashed differently). It is rebuilt from the
     snapshot; nothing to do unless it keeps happening (then check the disk)."""
@@ -226,6 +227,8 @@ class ColumnarTable:
         ``available`` (``Decoder.available``) says a writer schema it was decoded without can now be had."""
         try:
             table = pa.ipc.open_file(pa.memory_map(str(path), "r")).read_all()
+            # Untrusted bytes: offsets past their buffers would make a take read out of bounds (full: every offset).
+            table.validate(full=True)
             found = cls(table, path)
         except FileNotFoundError:
             raise
@@ -325,13 +328,30 @@ def _host_lock(directory: Path) -> Iterator[None]:
         os.close(fd)  # releases the lock
 
 
-def ensure_columnar(snapshot: Snapshot, decoder: Decoder, key_decoder: Decoder | None = None) -> ColumnarTable:
+def _bounded(items: Iterable[tuple[bytes, bytes, int]], limit: int | None, about: dict[str, Any]
+             ) -> Iterator[tuple[bytes, bytes, int]]:
+    """``items``, raising ColumnarTooLarge once their keys and values (plus ``ROW_BYTES`` a row) pass ``limit``."""
+    if limit is None:
+        yield from items
+        return
+    used = 0
+    for k, v, ts in items:
+        used += len(k) + len(v) + ROW_BYTES
+        if used > limit:
+            raise ColumnarTooLarge(f"{about.get('table')} snapshot {about.get('snapshot')}: over the {limit >> 20} MB "
+                                   "its reader allows for the file")
+        yield k, v, ts
+
+
+def ensure_columnar(snapshot: Snapshot, decoder: Decoder, key_decoder: Decoder | None = None,
+                    limit: int | None = None) -> ColumnarTable:
     """The snapshot decoded by ``decoder``, from its columnar file; decoded and written first when there is none.
 
     What the Spark side calls once per descriptor and worker; with a typed ``key_decoder`` the file is indexed on
     the decoded keys (``build_table``) and has a name of its own. A snapshot directory this user may not write (a
     reader that is not the daemon's user) is decoded into this process's memory instead, and logged. Raises
-    ColumnarTooLarge for a snapshot that does not fit one file: the caller decodes per batch."""
+    ColumnarTooLarge for a snapshot that does not fit one file, or whose keys and values (``ROW_BYTES`` more a row)
+    pass ``limit`` bytes when one is given and no file is there yet: the caller reads per batch."""
     directory = snapshot.table_dir / snapshot.id
     path, fp = columnar_path(directory, decoder, key_decoder), fingerprint(decoder, key_decoder)
     with contextlib.suppress(FileNotFoundError, ColumnarInvalid):
@@ -346,7 +366,7 @@ def ensure_columnar(snapshot: Snapshot, decoder: Decoder, key_decoder: Decoder |
                 pass
             except ColumnarInvalid as e:
                 log.info("columnar file rebuilt: %s", e)
-            table = build_table(snapshot, decoder, about, key_decoder, snapshot.origins)
+            table = build_table(_bounded(snapshot, limit, about), decoder, about, key_decoder, snapshot.origins)
             write_columnar(path, table)
             log.info("decoded snapshot %s of %s into %s: %d rows, %d decode errors, %.2fs", snapshot.id,
                      about["table"], path.name, table.num_rows, table.num_rows - table.column("error").null_count,
@@ -354,5 +374,6 @@ def ensure_columnar(snapshot: Snapshot, decoder: Decoder, key_decoder: Decoder |
     except PermissionError as e:
         log.warning("cannot write the columnar file of snapshot %s (%s): decoding it in this worker's memory",
                     snapshot.id, e)
-        return ColumnarTable(build_table(snapshot, decoder, about, key_decoder, snapshot.origins))
+        return ColumnarTable(build_table(_bounded(snapshot, limit, about), decoder, about, key_decoder,
+                                         snapshot.origins))
     return ColumnarTable.open(path, fp)

@@ -95,9 +95,9 @@ def check_rows(rows: list[Any], expected: dict[bytes, bytes]) -> int:
     return found
 
 
-# Executors read a snapshot that fits memory_index_mb whole into memory; 0 keeps them on RocksDB multi-gets.
+# Executors map a snapshot that fits memory_index_mb from its one file per host; 0 keeps them on RocksDB multi-gets.
 @pytest.mark.parametrize(("session", "memory_index_mb"), [("classic", 256), ("classic", 0), ("connect", 256)],
-                         ids=["classic-memory_index", "classic-multi_get", "connect-memory_index"],
+                         ids=["classic-mapped", "classic-multi_get", "connect-mapped"],
                          indirect=["session"])
 def test_enrichment_job_sees_new_values_after_refresh(session: Any, broker: Broker, topic: Callable[..., str],
                                                       daemon: Daemon, memory_index_mb: int) -> None:
@@ -117,7 +117,7 @@ def test_enrichment_job_sees_new_values_after_refresh(session: Any, broker: Brok
     probe = [*expected, b"absent", None]
     value, _ = h.columns(pa.array(probe, pa.binary()))
     h.close()
-    assert h.in_memory is (memory_index_mb > 0) and value.to_pylist() == [expected.get(k) for k in probe]
+    assert h.mapped is (memory_index_mb > 0) and value.to_pylist() == [expected.get(k) for k in probe]
 
     keys: list[bytes | None] = [b"key-%06d" % i for i in range(450)] + [None, "ключ".encode()]
     rows = view.join(keys_df(session, keys), "k", snapshot_col="snap").collect()
