@@ -15,8 +15,6 @@ import logging
 import os
 import random
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -31,6 +29,7 @@ from globald.common import exitcodes
 from globald.common.states import Listeners, State
 from globald.embedded.admin import JavaToolsAdmin, Record, TopicAdmin
 from globald.embedded.broker import EmbeddedKafka
+from globald.embedded.demo_spark import Say, spark_enrichment
 from globald.embedded.interrupts import Interrupts, child_groups, stop_groups
 from globald.embedded.oracle import fold
 from globald.engine.events import Committed, Event, StateChanged, Wiped
@@ -39,8 +38,6 @@ from globald.ops.statusfile import status_lines
 from globald.settings import config as configmod
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
-
     from globald.service.daemon import Daemon
 
 TOPIC = TABLE = "customers"
@@ -51,10 +48,8 @@ RECREATED = 2_000  # records in the topic after the recreate: fewer than the dae
 # A bound on a phase that normally takes seconds: on a loaded 2-core machine the old broker's topic recreation and
 # the first restore have taken well over a minute, and a demo that gives up then proves nothing.
 PHASE_TIMEOUT_S = 240
-ORDERS = 2_000
 CITIES = ("Lisbon", "Oslo", "Nairobi", "Lima", "Osaka", "Tunis", "Quebec", "Perth")
 
-Say = Callable[[str], None]
 
 
 class Clock:
@@ -119,85 +114,6 @@ def check_store(state_dir: Path, settings: dict[str, Any], say: Say) -> dict[byt
     say(f"check: store == fold of the topic at its stored offsets {dict(sorted(offsets.items()))}: "
         f"{len(content):,} keys ✓")
     return content
-
-
-def start_spark(log: Path) -> SparkSession:
-    """A local[2] session whose JVM (spark-submit, and the Python workers it forks) runs in a process group of its
-    own, writing to ``log``: a Ctrl-C cannot leave it behind, since clean-up stops every child group
-    (``stop_groups``), even one whose start was cut short before PySpark knew its PID; nor can it print a stack
-    trace over the terminal after the demo has removed the directory it was to write its port into."""
-    from pyspark import SparkConf, SparkContext
-    from pyspark.java_gateway import launch_gateway
-    from pyspark.sql import SparkSession
-
-    conf = (SparkConf().setMaster("local[2]").setAppName("globald-demo").set("spark.ui.enabled", "false")
-            .set("spark.ui.showConsoleProgress", "false").set("spark.sql.shuffle.partitions", "4")
-            .set("spark.driver.host", "127.0.0.1").set("spark.driver.bindAddress", "127.0.0.1")
-            .set("spark.local.dir", str(log.parent / "spark-local")))
-    with open(log, "ab") as out:
-        gateway = launch_gateway(conf, popen_kwargs={"start_new_session": True, "stdout": out,
-                                                     "stderr": subprocess.STDOUT})
-    # SparkContext installs its own SIGINT handler (cancel the jobs, raise KeyboardInterrupt), which knows nothing
-    # of the clean-up that must not be interrupted: the demo's handler is put back.
-    handler = signal.getsignal(signal.SIGINT)
-    try:
-        SparkContext(conf=conf, gateway=gateway)
-    finally:
-        signal.signal(signal.SIGINT, handler)
-    spark = SparkSession.builder.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
-    return spark
-
-
-def spark_enrichment(config_path: Path, table: str, customers: dict[bytes, bytes], say: Say,
-                     log: Path) -> dict[str, Any] | None:
-    """Enrich a batch of orders with PySpark through ``globald.spark.GlobalTableView``; None when skipped."""
-    try:
-        import pyspark.sql  # noqa: F401
-        from pyspark.sql import functions as F
-
-        from globald.spark import GlobalTableView
-    except ImportError as e:
-        say(f"Spark step skipped: {e} (install the [spark] extra; globald.spark ships with the snapshots feature)")
-        return None
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # local mode: nothing listens beyond loopback
-    say("Spark: starting a local session (local[2])")
-    spark = start_spark(log)
-    interrupted = False
-    try:
-        rnd = random.Random(7)
-        keys = sorted(customers)
-        orders = [(f"order-{i:05d}", (rnd.choice(keys) if rnd.random() < 0.95 else b"customer-unknown").decode(),
-                   round(rnd.uniform(5, 500), 2)) for i in range(ORDERS)]
-        df = spark.createDataFrame(orders, ["order_id", "customer_id", "amount"])
-        view = GlobalTableView(spark, str(config_path), table)
-        descriptor = view.refresh()
-        say(f"Spark: view refreshed to snapshot {descriptor.get('snapshot')} at offsets {descriptor.get('offsets')}")
-        enriched = view.join(df, "customer_id", value_col="customer", timestamp_col="customer_ts")
-        enriched = enriched.withColumn("city", F.get_json_object(F.col("customer").cast("string"), "$.city"))
-        rows = enriched.select("order_id", "customer_id", "city").collect()
-        by_city = {r["city"] or "(unknown customer)": r["n"] for r in
-                   enriched.groupBy("city").agg(F.count("*").alias("n")).collect()}
-    except KeyboardInterrupt:
-        interrupted = True  # a py4j call cut mid-way leaves its connection unusable: clean-up stops the JVM's group
-        raise
-    finally:
-        if not interrupted:
-            spark.stop()
-    wrong = sum(1 for r in rows if r["city"] != _city(customers.get(r["customer_id"].encode())))
-    if wrong:
-        raise AssertionError(f"Spark: {wrong} orders were enriched with a value the store does not hold")
-    matched = sum(1 for r in rows if r["city"] is not None)
-    say(f"Spark: enriched {len(rows):,} orders, {matched:,} matched a customer, every city checked against the "
-        "store ✓")
-    say("Spark: orders per city: " + ", ".join(f"{c} {n}" for c, n in sorted(by_city.items())))
-    return {"orders": len(rows), "matched": matched, "snapshot": descriptor.get("snapshot")}
-
-
-def _city(value: bytes | None) -> str | None:
-    return None if value is None else json.loads(value).get("city")
 
 
 class Watch:
