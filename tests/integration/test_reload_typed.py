@@ -15,13 +15,13 @@ import pytest
 
 from globald.common import exitcodes
 from globald.settings.config import load
-from globald.store.names import snapshots_dir
+from globald.store.names import snapshots_dir, table_dir
 from globald.typed import load_table
 from globald.typed.arrow import python_rows
 from globald.typed.columnar import ColumnarTable, columnar_path
 from tests.harness import Broker, DaemonProcess, oracle_at
 from tests.integration.test_reload import StateWatch, edit, reload
-from tests.integration.test_typed import READER, records, reference
+from tests.integration.test_typed import READER, SECTION, records, reference
 from tests.integration.test_typed_daemon import columnar_files, decoded_current, typed_daemon
 from tests.unit.typed_fixtures import FIXTURES
 
@@ -119,3 +119,36 @@ def test_a_reader_schema_changed_by_reload_is_decoded_from_the_next_version_and_
     assert watch.seen and all(states == {"plain": "RUNNING", "cust": "RUNNING"} for states in watch.seen), \
         [s for s in watch.seen if set(s.values()) != {"RUNNING"}][:3]
 
+
+
+def test_a_typed_table_added_and_dropped_live_is_decoded_then_forgotten(
+        broker: Broker, topic: Callable[..., str], daemon: Daemon, tmp_path: Path) -> None:
+    typed_topic, raw_topic = topic(), topic()
+    broker.admin.produce(typed_topic, records(800, keys=200, seed=63))
+    broker.admin.produce(raw_topic, [(b"k%d" % i, b"raw %d" % i) for i in range(50)])
+    d = typed_daemon(daemon, {"plain": raw_topic}, "plain", tmp_path, snapshots={"decode_interval_ms": 500})
+    first = d.config.read_text().removesuffix(SECTION)  # "plain" stays raw: the typed table comes with a reload
+    d.config.write_text(first)
+    d.start()
+    pid = d.wait_running({"plain": broker.admin.end_offsets(raw_topic)})["pid"]
+
+    with StateWatch(d) as watch:
+        d.config.write_text(first + f'[[tables]]\nname = "cust"\ntopic = "{typed_topic}"\n' + SECTION)
+        r = reload(d)
+        assert r.returncode == exitcodes.OK, f"{r.stdout}{r.stderr}\n{d.tail()}"
+        ends = {"plain": broker.admin.end_offsets(raw_topic), "cust": broker.admin.end_offsets(typed_topic)}
+        d.wait_running(ends, timeout=120)
+        doc = d.wait_for(lambda s: decoded_current(s, "cust"), timeout=120, what="the added typed table decoded")
+        check_decoded(broker, d, doc, "cust", typed_topic, READER)
+
+        d.config.write_text(first)
+        r = reload(d)
+        assert r.returncode == exitcodes.OK, f"{r.stdout}{r.stderr}\n{d.tail()}"
+        doc = d.status()
+        assert set(doc["tables"]) == {"plain"} and not table_dir(d.state_dir, "cust").exists()
+        assert "table cust dropped by a reload" in d.tail(200)
+
+    assert watch.pids == {pid}
+    assert all(states.get("plain") == "RUNNING" for states in watch.seen)
+    assert any(states.get("cust") == "RESTORING" for states in watch.seen) or "table cust state CREATED -> " \
+        "RESTORING (added by a reload)" in d.tail(400)
