@@ -135,11 +135,11 @@ class SnapshotDecodes:
 
     def tick(self, doc: DaemonStatus | None) -> None:
         """Collect a finished decode; else start one if a table's CURRENT (as ``doc`` says) awaits it."""
-        if not self.enabled:
-            return
         now = self._clock()
-        if self._run is not None:
+        if self._run is not None:  # watched even when no typed table is left: a reload dropped the last one
             self._watch(self._run, now)
+            return
+        if not self.enabled:
             return
         if doc is None or any(t.state == State.RESTORING.value for t in doc.tables.values()):
             return  # a restore is the daemon's busiest time: readers decode for themselves meanwhile
