@@ -50,8 +50,7 @@ WHY_NOT: dict[str, str] = {
     "export": "the exporter is set up when the daemon starts",
     "registry": "the registry client is set up when the daemon starts",
     "metadata_refresh_ms": "the cluster watch takes it when the loop starts",
-    "tables": "a table's topic, or whether it is typed, cannot change in place: drop it in one reload, add it in the "
-              "next",
+    "tables": "a table's topic, or whether it is typed, cannot change in place",
 }
 RESTART = "needs a restart"
 
@@ -88,8 +87,8 @@ class Change:
         """The one line refusing a reload that changes this key."""
         top = self.key.split(".", 1)[0]
         why = WHY_NOT.get(self.key) or WHY_NOT.get(top) or "it is taken when the daemon starts"
-        return f"{self.key}: cannot change while the daemon runs ({why}); {RESTART}, nothing of this reload was " \
-               "applied"
+        how = "drop the table in one reload and add it in the next, or restart" if top == "tables" else RESTART
+        return f"{self.key}: cannot change while the daemon runs ({why}); {how}, nothing of this reload was applied"
 
 
 def changes(old: Config, new: Config) -> list[Change]:
