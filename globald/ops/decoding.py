@@ -22,6 +22,13 @@ What bounds its cost, so that it cannot slow ingestion:
   5.9-6.6 s) with the cores saturated by other processes; gated, the restore takes the same time as without;
 - a decode running longer than ``TIMEOUT_S`` is stopped and counted as failed.
 
+A reload (``service.reload``) hands over the config in force (``reconfigure``): typed tables it added are decoded
+from then on, those it dropped no more (a decode of one in flight is stopped), and the process is given the path
+and the sha256 of the config file in force (``in_force``): it decodes only with those very bytes, so a file edited
+since, or a reload refused, is never decoded with (that decode fails, counted, until the file is reloaded or put
+back). A table whose declaration a reload changed is decoded again at its next snapshot version, which the
+publisher makes at once (``snapshot.publisher.SnapshotPublisher.redeclare``).
+
 Stopping the daemon stops the process: SIGTERM (with SIGCONT, should it be stopped), which it answers by removing
 its temporary file and releasing its lease; SIGKILL after ``STOP_GRACE_S``, and then this module removes the
 temporary file and the lease it may have left. A failure is counted (``common.swallowed``, place
@@ -99,20 +106,40 @@ class SnapshotDecodes:
         self._tables = {name: _Table() for name in typed_tables(config)}
         self._run: _Run | None = None
         self._holder = _holder()
-        self.enabled = bool(self._tables) and self.interval > 0 and config.source is not None
+        # The config file in force: (path, sha256), the reload's (``service.reload``); by default the start's.
+        self.in_force: Callable[[], tuple[str | None, str | None]] = lambda: (
+            str(self.config.source) if self.config.source is not None else None, None)
         if self._tables and self.interval > 0 and config.source is None:
             log.info("typed tables are not decoded by the daemon: its config was not loaded from a file, which the "
                      "decode process must read; readers decode the snapshots themselves")
 
+    @property
+    def enabled(self) -> bool:
+        return bool(self._tables) and self.interval > 0 and self.config.source is not None
+
     # -- loop thread -------------------------------------------------------------------------------------------
+
+    def reconfigure(self, config: Config) -> None:
+        """A reload's config in force (the module docstring): typed tables added are decoded, dropped ones no
+        more; a dropped table's decode in flight is told to stop (collected, never waited for, by ``tick``)."""
+        self.config = config
+        names = typed_tables(config)
+        for name in [n for n in self._tables if n not in names]:
+            del self._tables[name]
+            run = self._run
+            if run is not None and run.table == name and run.stopping_since is None:
+                run.stopping_since = time.monotonic()
+                _terminate(run.proc)
+        for name in names:
+            self._tables.setdefault(name, _Table())
 
     def tick(self, doc: DaemonStatus | None) -> None:
         """Collect a finished decode; else start one if a table's CURRENT (as ``doc`` says) awaits it."""
-        if not self.enabled:
-            return
         now = self._clock()
-        if self._run is not None:
+        if self._run is not None:  # watched even when no typed table is left: a reload dropped the last one
             self._watch(self._run, now)
+            return
+        if not self.enabled:
             return
         if doc is None or any(t.state == State.RESTORING.value for t in doc.tables.values()):
             return  # a restore is the daemon's busiest time: readers decode for themselves meanwhile
@@ -143,9 +170,11 @@ class SnapshotDecodes:
         return replace(doc, tables=tables)
 
     def _start(self, table: str, current: str, now: float) -> None:
-        assert self.config.source is not None
-        argv = [sys.executable, "-m", MODULE, "--config", str(self.config.source), "--table", table,
-                "--holder", self._holder_of(table), "--lease-s", str(LEASE_S), "--parent", str(os.getpid())]
+        path, sha256 = self.in_force()
+        assert path is not None
+        argv = [sys.executable, "-m", MODULE, "--config", path, "--table", table,
+                "--holder", self._holder_of(table), "--lease-s", str(LEASE_S), "--parent", str(os.getpid()),
+                *(["--sha256", sha256] if sha256 is not None else [])]
         tab = self._tables[table]
         tab.tried = current
         try:
@@ -171,6 +200,9 @@ class SnapshotDecodes:
             return
         self._run = None
         lines = _lines(run.proc)
+        if run.table not in self._tables:  # dropped by a reload meanwhile: nothing to record
+            self._cleanup(run, lines)
+            return
         done = next((d for d in lines if d.get("event") == "done"), None)
         if rc != 0 or done is None:
             self._cleanup(run, lines)

@@ -118,6 +118,7 @@ class Operations:
             self.http = http
         elif self.http is not None:
             self.http.config = config.http  # the same address: allow_non_loopback, checked when loaded
+        self.decodes.reconfigure(config)  # typed tables added or dropped; the config file in force
         self.config = config
         return later
 

@@ -97,6 +97,8 @@ class Daemon:
                                                   self.on_event, *subscribers)))
         self.dropped = DroppedSnapshots(config.state_dir)  # the snapshots of tables a reload dropped
         self.reloader = Reloader(config, config_path or config.source, self._reconfigure, self.publish_status)
+        # the decode processes read the config file in force, and only its bytes in force (a reload's, once applied)
+        self.ops.decodes.in_force = lambda: (self.reloader.status.path, self.reloader.status.sha256)
         self._last_status = 0.0
         self._last_degraded: str | None = None
         self._status_failing = False
@@ -165,6 +167,10 @@ class Daemon:
                 http.stop()
             raise
         self.snapshots.reconfigure(config)
+        for c in changed:
+            if c.redeclared is not None:  # nothing to replay: decoded with the new declaration from the next version
+                self.manager.tables[c.redeclared.name].config = c.redeclared
+                self.snapshots.redeclare(c.redeclared)
         for tc in added:
             self.ops.inbox.tables.add(tc.name)
         self.thread.change_tables(added, dropped)

@@ -4,6 +4,13 @@ Pure logic, for ``service.reload``. Every key that differs is named as the confi
 ``kafka.fetch.max.bytes``, ``tables.customers``). A key is either one the running daemon applies in place (listed
 in ``LIVE``, each with the part that takes it) or one that needs a restart: a reload that changes any of those is
 refused whole, in one line naming the first such key, and nothing of it is applied (all or nothing).
+
+Tables (``tables.<name>``): one added or dropped, typed or not, is live (``engine.tables_change``). One changed in
+place, same topic, typed before and after (its reader schema, writer schemas, ``subject_version``, ``on_error``,
+``max_items``, its format or its key's format: the store holds the bytes as they came, so nothing is replayed) is
+live too (``redeclared``): the daemon decodes from the next published snapshot version on with the new declaration.
+A table whose topic changes, or that becomes typed or raw (its store records origins only when typed), is refused:
+drop it in one reload and add it in the next.
 """
 
 from __future__ import annotations
@@ -43,7 +50,7 @@ WHY_NOT: dict[str, str] = {
     "export": "the exporter is set up when the daemon starts",
     "registry": "the registry client is set up when the daemon starts",
     "metadata_refresh_ms": "the cluster watch takes it when the loop starts",
-    "tables": "a table's topic or format cannot change live yet: drop it in one reload, add it in the next",
+    "tables": "a table's topic, or whether it is typed, cannot change in place",
 }
 RESTART = "needs a restart"
 
@@ -56,13 +63,21 @@ class Change:
 
     @property
     def live(self) -> bool:
-        if self.key.startswith("tables."):  # an untyped table added or dropped: yes; changed in place: not yet
-            return (self.old is None or self.new is None) and not (self.old or self.new).typed
+        if self.key.startswith("tables."):  # added, dropped, or redeclared in place (module docstring)
+            return self.old is None or self.new is None or self.redeclared is not None
         return self.key in LIVE or self.key.split(".", 1)[0] == "kafka"
 
     @property
     def added(self) -> TableConfig | None:
         return self.new if self.key.startswith("tables.") and self.old is None else None
+
+    @property
+    def redeclared(self) -> TableConfig | None:
+        """The new declaration of a typed table changed in place, same topic and typed still: no replay needed."""
+        old, new = self.old, self.new
+        if not self.key.startswith("tables.") or old is None or new is None:
+            return None
+        return new if old.topic == new.topic and old.typed and new.typed else None
 
     @property
     def dropped(self) -> str | None:
@@ -72,11 +87,8 @@ class Change:
         """The one line refusing a reload that changes this key."""
         top = self.key.split(".", 1)[0]
         why = WHY_NOT.get(self.key) or WHY_NOT.get(top) or "it is taken when the daemon starts"
-        if top == "tables":
-            why = WHY_NOT["tables"] if self.old is not None and self.new is not None else \
-                "a typed table cannot be added or dropped live yet"
-        return f"{self.key}: cannot change while the daemon runs ({why}); {RESTART}, nothing of this reload was " \
-               "applied"
+        how = "drop the table in one reload and add it in the next, or restart" if top == "tables" else RESTART
+        return f"{self.key}: cannot change while the daemon runs ({why}); {how}, nothing of this reload was applied"
 
 
 def changes(old: Config, new: Config) -> list[Change]:
@@ -113,7 +125,8 @@ def _diff(key: str, a: Any, b: Any, found: list[Change]) -> None:
 def refusal(found: list[Change], new: Config | None = None) -> str | None:
     """The one line refusing the reload, or None when every change can be applied live."""
     if new is not None and new.export is not None:
-        table = next((c for c in found if c.key.startswith("tables.")), None)
+        # a redeclared table is not: the exporter copies the bytes, and whether the table is typed does not change
+        table = next((c for c in found if c.key.startswith("tables.") and c.redeclared is None), None)
         if table is not None:
             return f"{table.key}: cannot be added or dropped live while [export] is configured; {RESTART}, " \
                    "nothing of this reload was applied"

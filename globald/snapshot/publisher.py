@@ -95,6 +95,10 @@ class SnapshotPublisher:
         self._tables[tc.name] = tab
         self._open(tab)
 
+    def redeclare(self, tc: TableConfig) -> None:
+        """A typed table whose declared format a reload changed in place: a new version at the next publish."""
+        self._tables[tc.name].redeclared(tc)
+
     def drop_table(self, name: str) -> None:
         """A table a reload dropped: nothing more is published for it (its files are ``snapshot.dropped``'s)."""
         self._tables.pop(name, None)

@@ -163,6 +163,13 @@ class SnapshotTable:
         with self._lock:
             self._last_error, self._short_of_space = error, short_of_space
 
+    def redeclared(self, config: TableConfig) -> None:
+        """A reload changed the table's declared format in place (``settings.changes``): the next publish makes a
+        new version even if no record arrived, the first one readers decode with the new declaration."""
+        with self._lock:
+            self.config = config
+            self._published_offsets = None
+
     def wiped(self, reason: str) -> None:
         """A wipe: builds of the older generation are discarded, CURRENT is stale until the table is RUNNING, and
         ``reason`` is owed to every manifest on disk (``unmarked``)."""

@@ -117,15 +117,15 @@ def _keep_leased(snap: Any, every_s: float, done: threading.Event) -> threading.
     return thread
 
 
-def decode(config_path: str, table: str, holder: str, lease_s: float) -> dict[str, Any]:
-    """Open CURRENT of ``table`` under a lease, make sure its columnar file exists, and say what it holds."""
+def decode(config_path: str, table: str, holder: str, lease_s: float, sha256: str | None = None) -> dict[str, Any]:
+    """Open CURRENT of ``table`` under a lease, make sure its columnar file exists, and say what it holds.
+    ``sha256``: the config file's bytes in force in the daemon; a file whose bytes differ is not decoded with."""
     from globald.common import logs
-    from globald.settings.config import load
     from globald.snapshot.reader import OpenOptions, Snapshot
     from globald.typed import load_table
     from globald.typed.columnar import build_table  # noqa: F401 - imported here, before the snapshot is open
 
-    config = load(config_path)
+    config = _config_in_force(config_path, sha256)
     logs.setup(config.log_level, config.log_format)
     # First: a schema that does not load touches no snapshot. Both decoders, as the Spark side loads them: a typed
     # key gives the file another index and another name (globald.typed.keys.fingerprint).
@@ -144,6 +144,30 @@ def decode(config_path: str, table: str, holder: str, lease_s: float) -> dict[st
         finally:
             done.set()
             renewer.join()
+
+
+def _config_in_force(path: str, sha256: str | None) -> Any:
+    """The config at ``path``, read once: its bytes must be those in force in the daemon (``sha256``), so that a
+    file edited since the last reload, or one a reload refused, is never decoded with."""
+    import hashlib
+    import tomllib
+
+    from globald.common.errors import ConfigError
+    from globald.settings.config import load, parse
+
+    if sha256 is None:
+        return load(path)
+    try:
+        data = Path(path).read_bytes()
+    except OSError as e:
+        raise ConfigError("--config", f"cannot read {path}: {e.strerror or e}") from None
+    if hashlib.sha256(data).hexdigest() != sha256:
+        raise ConfigError("--config", f"{path} is not the config in force (it changed since the daemon loaded it): "
+                          "not decoding with it; reload it (globald reload) or put the file back")
+    try:
+        return parse(tomllib.loads(data.decode("utf-8")), Path(path).resolve())
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as e:  # bytes in force were checked: only a bug gets here
+        raise ConfigError("--config", f"{path} cannot be read as TOML: {e}") from None
 
 
 def _columnar(snap: Any, decoder: Any, key_decoder: Any, table: str) -> dict[str, Any]:
@@ -219,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--holder", required=True, help="the lease holder name")
     parser.add_argument("--lease-s", type=float, default=60.0)
     parser.add_argument("--parent", type=int, default=0, help="the daemon's pid: this process ends with it")
+    parser.add_argument("--sha256", default=None, help="the config file's bytes in force in the daemon")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, TERM.handler)
     lower_priority()
@@ -226,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
         die_with(args.parent)
     started = time.monotonic()
     try:
-        doc = decode(args.config, args.table, args.holder, args.lease_s)
+        doc = decode(args.config, args.table, args.holder, args.lease_s, args.sha256)
     except Exception as e:  # the daemon counts the failure; this says why, in the daemon's log
         from globald.common.swallowed import EXPECTED
 

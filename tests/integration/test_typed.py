@@ -73,14 +73,14 @@ def records(n: int, keys: int, seed: int) -> list[tuple[bytes, bytes | None]]:
     return out
 
 
-def reference(value: bytes) -> dict[str, Any] | None:
-    """fastavro itself: the writer schema the header names, resolved to the reader; None where it cannot."""
+def reference(value: bytes, reader: Any = READER) -> dict[str, Any] | None:
+    """fastavro itself: the writer schema the header names, resolved to ``reader``; None where it cannot."""
     writer = WRITERS.get(int.from_bytes(value[1:5], "big"))
     if writer is None:
         return None
     buf = io.BytesIO(value[5:])
     try:
-        record = fastavro.schemaless_reader(buf, writer, READER)
+        record = fastavro.schemaless_reader(buf, writer, reader)
     except (EOFError, IndexError):
         return None
     return record if buf.tell() == len(value) - 5 else None  # type: ignore[return-value]

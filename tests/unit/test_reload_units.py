@@ -56,3 +56,26 @@ def test_the_config_status_round_trips_and_reaches_the_metrics() -> None:
     assert "globald_config_last_reload_timestamp_seconds 1.7000000005e+09" in text
     assert 'globald_config_last_reload_result{result="refused"} 1.0' in text
     assert 'globald_config_last_reload_result{result="applied"} 0.0' in text
+
+
+def test_a_typed_table_redeclared_in_place_is_live_and_a_change_of_typedness_or_topic_is_refused() -> None:
+    def with_b(**b: object) -> dict[str, object]:
+        return {**BASE, "tables": [BASE["tables"][0], {"name": "b", "topic": "tb", **b}]}
+
+    v1 = {"format": "avro", "schema": "/schemas/v1.avsc"}
+    old = parse(with_b(value=v1))
+    for new_b in ({"value": {**v1, "schema": "/schemas/v2.avsc"}}, {"value": {**v1, "on_error": "fail"}},
+                  {"value": v1, "key": {"format": "json", "schema": "/schemas/k.json"}}):
+        found = changes(old, parse(with_b(**new_b)))
+        assert [c.key for c in found] == ["tables.b"] and found[0].added is None and found[0].dropped is None
+        assert found[0].redeclared == parse(with_b(**new_b)).table("b")
+        assert refusal(found) is None
+        assert refusal(found, replace(parse(with_b(**new_b)), export=object())) is None  # type: ignore[arg-type]
+    for new_b in ({}, {"value": v1, "topic": "tc"}):  # typed -> raw, another topic: not in place
+        found = changes(old, parse(with_b(**new_b)))
+        assert found[0].redeclared is None
+        assert refusal(found) == "tables.b: cannot change while the daemon runs (a table's topic, or whether it is " \
+            "typed, cannot change in place); drop the table in one reload and add it in the next, or restart, " \
+            "nothing of this reload was applied"
+    raw_to_typed = changes(parse(BASE), old)
+    assert raw_to_typed[0].redeclared is None and refusal(raw_to_typed) is not None

@@ -15,6 +15,7 @@ import os
 import shutil
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pyarrow as pa
@@ -272,3 +273,29 @@ def test_the_decode_status_reads_back_leniently() -> None:
     read = DaemonStatus.from_json(written).tables["tbl"]
     assert read.decode == full and read.snapshot is not None
 
+
+
+def test_a_reload_drops_a_table_while_its_decode_runs_and_adds_it_back(
+        setup: tuple[Path, SnapshotDecodes, Clock]) -> None:
+    """``reconfigure`` (a reload): the decode of a dropped table is stopped, never waited for, and its end records
+    nothing; a typed table added is decoded from then on."""
+    state, d, _ = setup
+    typed = d.config
+    s1 = publish(state, "1700000000000001", VALUES)
+    with host_lock(s1):
+        assert started(d, s1.name)
+        pid = status(d).running_pid
+        assert pid is not None
+        wait_leased(state, s1.name)
+        d.reconfigure(replace(typed, tables=[replace(typed.tables[0], value=None)]))  # "tbl" is raw now
+        assert d.status("tbl") is None and not d.enabled
+        deadline = time.monotonic() + 120
+        while alive(pid) or decode_leases(state):  # told to stop at once; collected by the loop's tick
+            assert time.monotonic() < deadline, "the dropped table's decode did not end"
+            time.sleep(0.05)
+            d.tick(doc(s1.name))
+        d.tick(doc(s1.name))
+        assert d.status("tbl") is None and files(s1) == []
+    d.reconfigure(typed)  # typed again: decoded as a table just added
+    assert status(d).runs == 0 and started(d, s1.name)
+    assert finish(d, s1.name).runs == 1 and files(s1) != []
