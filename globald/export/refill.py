@@ -21,7 +21,7 @@ from globald.engine.refill import Refilled
 from globald.export.bootstrap import Origin, Staged, staging_dir
 from globald.export.startup import BootstrapWorker
 from globald.export.target import masked
-from globald.settings.config import Config
+from globald.settings.config import Config, TableConfig
 
 log = logging.getLogger(__name__)
 
@@ -46,10 +46,18 @@ class ExportRefills:
         self._tables = {t.name: t for t in config.tables}
         self._out: dict[str, _Out] = {}
 
+    def add_table(self, tc: TableConfig) -> None:
+        """A table a reload added: its empty store is refilled as any other (``EMPTY_STORE``)."""
+        self._tables[tc.name] = tc
+
+    def drop_table(self, name: str) -> None:
+        self.cancel(name)
+        self._tables.pop(name, None)
+
     def begin(self, table: str, kind: str) -> bool:
         uri = masked(self.export.uri)
         if kind == OPERATOR_RESET or (kind == EMPTY_STORE and self._looked_at_start(table)) or \
-                table not in self._tables:  # a table this exporter was not configured with (added by a reload)
+                table not in self._tables:  # dropped meanwhile
             return False
         previous = self._out.get(table)
         if previous is not None and previous.worker.is_alive():  # given up, still unwinding: its stage is in use

@@ -26,7 +26,7 @@ from globald.export.bootstrap import Origin
 from globald.export.exporter import ExportStopped, export_snapshot
 from globald.export.refill import ExportRefills
 from globald.export.target import Target, TargetError, masked
-from globald.settings.config import Config, ExportConfig
+from globald.settings.config import Config, ExportConfig, TableConfig
 from globald.snapshot import leases
 from globald.snapshot.manifest import Manifest
 from globald.snapshot.reader import manifests_of
@@ -147,6 +147,25 @@ class ExportService:
                     with self._lock:
                         tab.origin.tail = sum(max(0, o - tab.origin.offsets.get(p, 0)) for p, o in live.items())
 
+    def add_table(self, tc: TableConfig) -> None:
+        """A table a reload added (loop thread): exported like the others, from its first verified snapshot; its
+        store, empty, starts from an export when one is usable (``refills``, as at a first start)."""
+        with self._lock:
+            self._tables[tc.name] = _Table(next_at=time.monotonic() + self.export.interval_s)
+        self._looked_at_start[tc.name] = False
+        if self.refills is not None:
+            self.refills.add_table(tc)
+
+    def drop_table(self, name: str) -> None:
+        """A table a reload dropped (loop thread): no more exports of it; those in its storage stay."""
+        with self._lock:
+            tab = self._tables.pop(name, None)
+        self._looked_at_start.pop(name, None)
+        if self.refills is not None:
+            self.refills.drop_table(name)
+        for r in tab.waiting if tab is not None else ():
+            r.settle(f"table {name} was dropped by a reload; nothing was exported")
+
     def request(self, table: str, detail: str) -> ExportRequest:
         """A `globald export` (operator inbox, loop thread): exported at the next tick that finds a verified
         snapshot, within REQUEST_WAIT_S."""
@@ -197,7 +216,9 @@ class ExportService:
         return f"globald-export-{table}"[:128]
 
     def _finished(self, table: str, last: dict[str, Any] | None, error: str | None) -> None:
-        tab = self._tables[table]
+        tab = self._tables.get(table)
+        if tab is None:  # dropped by a reload while it uploaded
+            return
         with self._lock:
             tab.busy = False
             if last is not None:

@@ -173,8 +173,12 @@ class Daemon:
                 self.snapshots.redeclare(c.redeclared)
         for tc in added:
             self.ops.inbox.tables.add(tc.name)
+            if self.exports is not None:  # before the engine opens the store: an empty one may bootstrap
+                self.exports.add_table(tc)
         self.thread.change_tables(added, dropped)
         for name in dropped:
+            if self.exports is not None:
+                self.exports.drop_table(name)
             self.snapshots.drop_table(name)
             self.dropped.drop(name)
             self.ops.inbox.tables.discard(name)

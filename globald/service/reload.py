@@ -206,7 +206,7 @@ class Reloader:
         except (ConfigError, ValueError) as e:  # the check passed on bytes that parse: only a swap gets here
             return _Ready(r, path, error=f"config error: {e}")
         found = changes(self.config, new)
-        why = refusal(found, new)
+        why = refusal(found)
         if why is not None:
             return _Ready(r, path, error=why)
         if any(f is not None and f.subject is not None for t in new.tables for f in (t.value, t.key)):

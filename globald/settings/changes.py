@@ -122,14 +122,8 @@ def _diff(key: str, a: Any, b: Any, found: list[Change]) -> None:
     found.append(Change(key, a, b))
 
 
-def refusal(found: list[Change], new: Config | None = None) -> str | None:
+def refusal(found: list[Change]) -> str | None:
     """The one line refusing the reload, or None when every change can be applied live."""
-    if new is not None and new.export is not None:
-        # a redeclared table is not: the exporter copies the bytes, and whether the table is typed does not change
-        table = next((c for c in found if c.key.startswith("tables.") and c.redeclared is None), None)
-        if table is not None:
-            return f"{table.key}: cannot be added or dropped live while [export] is configured; {RESTART}, " \
-                   "nothing of this reload was applied"
     fixed = [c for c in found if not c.live]
     if not fixed:
         return None

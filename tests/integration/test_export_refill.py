@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from globald.common import exitcodes
 from tests.harness import Broker, DaemonProcess, random_records, values_only
 from tests.integration.test_export import _equals_fold, _export_at, _export_conf, _exporter, _fresh
+from tests.integration.test_reload import reload
 
 pytestmark = [pytest.mark.kafka, pytest.mark.long]  # two daemons, restores and the broker's JVM tools: over 30 s
 
@@ -121,3 +123,29 @@ def test_a_refill_from_slow_storage_holds_one_table_is_stopped_at_once_and_falls
     assert doc["tables"]["other"]["origin"]["kind"] == "store"
     _equals_fold(broker, t, again, doc["tables"]["tbl"])
     silent.close()
+
+
+def test_a_table_added_by_a_reload_bootstraps_from_an_export_and_a_dropped_one_is_no_longer_exported(
+        broker: Broker, topic: Callable[..., str], daemon: Daemon, tmp_path: Path) -> None:
+    t, root, exporter = _exporter(daemon, broker, topic, tmp_path, 1_500, 300, 369)
+    done = _export_at(exporter, root, broker.admin.end_offsets(t))
+    exporter.stop()
+    broker.admin.produce(t, random_records(200, keys=300, seed=370, tombstones=0.1))  # the tail after the export
+    u = topic(partitions=1)
+    broker.admin.produce(u, random_records(200, keys=50, seed=371, tombstones=0.1))
+    d = daemon({"other": u}, metadata_refresh_ms=300, export=_export_conf(root), state_dir=tmp_path / "state-b")
+    d.wait_running({"other": broker.admin.end_offsets(u)})
+    pid, one_table = d.pid, d.config.read_text()
+    d.config.write_text(one_table + f'[[tables]]\nname = "tbl"\ntopic = "{t}"\n')
+    r = reload(d)
+    assert r.returncode == exitcodes.OK, f"{r.stdout}{r.stderr}\n{d.tail()}"
+    doc = d.wait_running({"tbl": broker.admin.end_offsets(t), "other": broker.admin.end_offsets(u)}, timeout=120)
+    table = doc["tables"]["tbl"]
+    assert table["origin"]["kind"] == "export" and table["origin"]["export"] == done["export"], table["origin"]
+    assert table["origin"]["tail"] >= 200 and doc["pid"] == pid
+    _equals_fold(broker, t, d, table)
+    d.config.write_text(one_table)  # drop it again: no longer exported, the others untouched
+    r = reload(d)
+    assert r.returncode == exitcodes.OK, f"{r.stdout}{r.stderr}\n{d.tail()}"
+    doc = d.status()
+    assert set(doc["tables"]) == {"other"} and doc["tables"]["other"]["state"] == "RUNNING" and doc["pid"] == pid
