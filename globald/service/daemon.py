@@ -154,14 +154,16 @@ class Daemon:
         can fail, so that a failure leaves everything as it was."""
         added = [c.added for c in changed if c.added is not None]
         dropped = [c.dropped for c in changed if c.dropped is not None]
+        replaced = {c.key.removeprefix("tables.") for c in changed if c.replaced}  # in both lists
+        new_tables = [tc for tc in added if tc.name not in replaced]
         http = self.ops.bind_http(config)  # may raise: a new address that cannot be bound refuses the reload
         try:
-            for tc in added:  # may raise (a failing disk); the publisher before the engine, whose events about
-                self.dropped.before_add(tc.name)  # the table reach it
+            for tc in new_tables:  # may raise (a failing disk); the publisher before the engine, whose events
+                self.dropped.before_add(tc.name)  # about the table reach it
                 self.snapshots.add_table(tc)
             self.thread.reconfigure(config, kafka_changed=any(c.key.startswith("kafka.") for c in changed))
         except Exception:
-            for tc in added:  # nothing else changed yet
+            for tc in new_tables:  # nothing else changed yet
                 self.snapshots.drop_table(tc.name)
             if http is not None:
                 http.stop()
@@ -172,11 +174,18 @@ class Daemon:
                 self.manager.tables[c.redeclared.name].config = c.redeclared
                 self.snapshots.redeclare(c.redeclared)
         for tc in added:
+            if tc.name in replaced:  # its old snapshots aside (kept while leased), a new snapshot state
+                self.dropped.before_add(tc.name)
+                self.snapshots.replace_table(tc)
             self.ops.inbox.tables.add(tc.name)
             if self.exports is not None:  # before the engine opens the store: an empty one may bootstrap
+                if tc.name in replaced:
+                    self.exports.drop_table(tc.name)
                 self.exports.add_table(tc)
-        self.thread.change_tables(added, dropped)
+        self.thread.change_tables(added, dropped)  # the engine drops first, then adds
         for name in dropped:
+            if name in replaced:  # added again above: only its old declaration went
+                continue
             if self.exports is not None:
                 self.exports.drop_table(name)
             self.snapshots.drop_table(name)

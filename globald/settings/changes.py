@@ -9,8 +9,9 @@ Tables (``tables.<name>``): one added or dropped, typed or not, is live (``engin
 place, same topic, typed before and after (its reader schema, writer schemas, ``subject_version``, ``on_error``,
 ``max_items``, its format or its key's format: the store holds the bytes as they came, so nothing is replayed) is
 live too (``redeclared``): the daemon decodes from the next published snapshot version on with the new declaration.
-A table whose topic changes, or that becomes typed or raw (its store records origins only when typed), is refused:
-drop it in one reload and add it in the next.
+A table whose topic changes, or that becomes typed or raw (its store records origins only when typed), is live as
+a replacement (``replaced``): dropped and added again under its name in the same reload, so it replays its topic
+(or bootstraps from an export) with the new declaration, while its old snapshots stay for their readers' leases.
 """
 
 from __future__ import annotations
@@ -50,7 +51,6 @@ WHY_NOT: dict[str, str] = {
     "export": "the exporter is set up when the daemon starts",
     "registry": "the registry client is set up when the daemon starts",
     "metadata_refresh_ms": "the cluster watch takes it when the loop starts",
-    "tables": "a table's topic, or whether it is typed, cannot change in place",
 }
 RESTART = "needs a restart"
 
@@ -63,13 +63,22 @@ class Change:
 
     @property
     def live(self) -> bool:
-        if self.key.startswith("tables."):  # added, dropped, or redeclared in place (module docstring)
-            return self.old is None or self.new is None or self.redeclared is not None
+        if self.key.startswith("tables."):  # added, dropped, redeclared or replaced (module docstring)
+            return True
         return self.key in LIVE or self.key.split(".", 1)[0] == "kafka"
 
     @property
     def added(self) -> TableConfig | None:
-        return self.new if self.key.startswith("tables.") and self.old is None else None
+        """A table added, or the new declaration of one replaced."""
+        if not self.key.startswith("tables.") or self.new is None:
+            return None
+        return self.new if self.old is None or self.replaced else None
+
+    @property
+    def replaced(self) -> bool:
+        """A table changed in a way its store cannot follow (another topic, typed or not): dropped and added."""
+        return self.key.startswith("tables.") and self.old is not None and self.new is not None and \
+            self.redeclared is None
 
     @property
     def redeclared(self) -> TableConfig | None:
@@ -81,14 +90,16 @@ class Change:
 
     @property
     def dropped(self) -> str | None:
-        return self.old.name if self.key.startswith("tables.") and self.new is None else None
+        """A table dropped, or the old declaration of one replaced."""
+        if not self.key.startswith("tables.") or self.old is None:
+            return None
+        return self.old.name if self.new is None or self.replaced else None
 
     def refusal(self) -> str:
         """The one line refusing a reload that changes this key."""
         top = self.key.split(".", 1)[0]
         why = WHY_NOT.get(self.key) or WHY_NOT.get(top) or "it is taken when the daemon starts"
-        how = "drop the table in one reload and add it in the next, or restart" if top == "tables" else RESTART
-        return f"{self.key}: cannot change while the daemon runs ({why}); {how}, nothing of this reload was applied"
+        return f"{self.key}: cannot change while the daemon runs ({why}); {RESTART}, nothing of this reload was applied"
 
 
 def changes(old: Config, new: Config) -> list[Change]:

@@ -101,9 +101,20 @@ class SnapshotPublisher:
 
     def drop_table(self, name: str) -> None:
         """A table a reload dropped: nothing more is published for it (its files are ``snapshot.dropped``'s)."""
-        self._tables.pop(name, None)
+        tab = self._tables.pop(name, None)
+        if tab is not None:
+            tab.retired()
         self._publishing.forget(name)
         self._retention.forget(name)
+
+    def replace_table(self, tc: TableConfig) -> None:
+        """A table a reload replaced (another topic, or typed or not: ``settings.changes``), after its old
+        snapshots were moved aside: the new declaration starts with a new state. Never raises: a directory the
+        disk refuses now is made by the first publish."""
+        self.drop_table(tc.name)
+        tab = SnapshotTable(tc, snapshots_dir(self.config.state_dir, tc.name))
+        self._tables[tc.name] = tab
+        self._open(tab)
 
     # -- loop thread ------------------------------------------------------------------------------------------
 

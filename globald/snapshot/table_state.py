@@ -181,6 +181,12 @@ class SnapshotTable:
                 self._current = self._current.marked_stale(self._current.stale_reason or reason)
                 self._stale_reason = self._current.stale_reason
 
+    def retired(self) -> None:
+        """Dropped or replaced by a reload: a build still running for it is discarded (its generation moves on),
+        never renamed into the directory a table added again under its name owns."""
+        with self._lock:
+            self._generation += 1
+
     def marks_written(self) -> None:
         with self._lock:
             self._unmarked = None

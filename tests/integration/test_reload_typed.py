@@ -152,3 +152,34 @@ def test_a_typed_table_added_and_dropped_live_is_decoded_then_forgotten(
     assert all(states.get("plain") == "RUNNING" for states in watch.seen)
     assert any(states.get("cust") == "RESTORING" for states in watch.seen) or "table cust state CREATED -> " \
         "RESTORING (added by a reload)" in d.tail(400)
+
+
+@pytest.mark.long  # a raw restore, a reload, the typed restore and the daemon's decode: ~40 s
+def test_a_raw_table_made_typed_by_a_reload_is_replaced_and_decoded(
+        broker: Broker, topic: Callable[..., str], daemon: Daemon, tmp_path: Path) -> None:
+    raw_topic, typed_topic = topic(), topic()
+    broker.admin.produce(raw_topic, [(b"k%d" % i, b"raw %d" % i) for i in range(50)])
+    broker.admin.produce(typed_topic, records(600, keys=150, seed=64))
+    d = typed_daemon(daemon, {"plain": raw_topic, "cust": typed_topic}, "cust", tmp_path,
+                     snapshots={"decode_interval_ms": 500})
+    typed = d.config.read_text()
+    d.config.write_text(typed.removesuffix(SECTION))  # "cust" starts raw: the same topic's bytes, undecoded
+    d.start()
+    ends = {"plain": broker.admin.end_offsets(raw_topic), "cust": broker.admin.end_offsets(typed_topic)}
+    pid = d.wait_running(ends)["pid"]
+    raw_snapshot = d.wait_for(lambda s: s["tables"]["cust"]["snapshot"]["current"], timeout=60,
+                              what="the raw table's snapshot")["tables"]["cust"]["snapshot"]["current"]
+
+    with StateWatch(d) as watch:
+        d.config.write_text(typed)  # raw -> avro: its store cannot follow in place, so the table is replaced
+        r = reload(d)
+        assert r.returncode == exitcodes.OK, f"{r.stdout}{r.stderr}\n{d.tail()}"
+        d.wait_running(ends, timeout=120)
+        doc = d.wait_for(lambda s: decoded_current(s, "cust"), timeout=120, what="the replaced table decoded")
+        check_decoded(broker, d, doc, "cust", typed_topic, READER)
+        assert doc["tables"]["cust"]["snapshot"]["current"] != raw_snapshot  # a new version, in the new format
+
+    log = d.tail(400)
+    assert "table cust dropped by a reload" in log and "cust state CREATED -> RESTORING (added by a reload)" in log
+    assert watch.pids == {pid} and doc["pid"] == pid
+    assert all(states.get("plain") == "RUNNING" for states in watch.seen), watch.seen
