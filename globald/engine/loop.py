@@ -185,7 +185,7 @@ class Loop:
     def _account(self, result: PollResult) -> None:
         if result.records:  # records arrived and were written: the cluster works
             self.problems.resolved(KAFKA)
-            if any(tb.positions and not self.manager.tables[n].store.bulk for n, tb in result.tables.items()):
+            if any(tb.positions and not self.manager.bulk_loading(n) for n, tb in result.tables.items()):
                 self._disk_proven()  # a write through the WAL
         if result.errors:
             self.stats.consumer_errors += len(result.errors)
@@ -214,12 +214,12 @@ class Loop:
         except STORE_FAULTS as e:
             self.rewind_all(f"commit failed: {e}")
             return
-        committed = [name for name in positions if not self.manager.tables[name].store.bulk]
+        committed = [name for name in positions if not self.manager.bulk_loading(name)]
         for name in committed:
             self.task.committed(name)
         # Nothing committed proves the disk only once every table is planned and none is in a bulk load: a table
         # waiting for its plan's answer is about to begin one, whose writes say nothing of the disk (see below).
-        if committed or not (self.pending or any(rt.store.bulk for rt in self.manager.tables.values())):
+        if committed or not (self.pending or any(map(self.manager.bulk_loading, self.manager.tables))):
             self._disk_proven()
 
     def _disk_proven(self) -> None:
@@ -273,7 +273,7 @@ class Loop:
         is wiped, else why the wipe failed (the stores then rewind, as after any store fault)."""
         rt = self.manager.tables[table]
         self.refill.cancel(table)  # what a refill still out would install predates this wipe
-        self._unassign(rt)
+        self.unassign(rt)
         # RESTORING before the wipe: status readers learn of the rebuild before the data goes.
         self.manager.restoring(rt, f"{kind.replace('_', ' ')}, rebuilding: {detail}")
         self.pending.add(table)
@@ -287,7 +287,7 @@ class Loop:
             return f"{type(e).__name__}: {e}"
         return None
 
-    def _unassign(self, rt: TableRuntime) -> None:
+    def unassign(self, rt: TableRuntime) -> None:
         self.identity.cancel(rt.name)  # answers about the assignment or store as they were no longer apply
         if rt.name in self.identity.vanished:  # librdkafka keeps a pause across an unassign: the next assignment
             self.consumer.resume(rt.assignment())  # would never fetch
@@ -358,7 +358,7 @@ class Loop:
         delay = self.problems.failed(STORE, reason, quiet=True)
         log.error("degraded: %s; re-reading from the stored offsets in %.1fs", reason, delay)
         for rt in self.manager.tables.values():
-            self._unassign(rt)
+            self.unassign(rt)
             rt.last_error = reason
             self.pending.add(rt.name)
 

@@ -302,6 +302,11 @@ class StateManager:
 
     # -- durability ---------------------------------------------------------------------------------------------
 
+    def bulk_loading(self, table: str) -> bool:
+        """``table`` is in a bulk load: nothing of it is durable before ``finish_restore``, so neither a write nor
+        an empty commit of it proves the disk."""
+        return self.tables[table].store.bulk
+
     def commit(self, positions: Mapping[str, Mapping[int, int]]) -> None:
         """Make each table in ``positions`` (as the update task applied them) durable, then write its .checkpoint
         file. A table in a bulk load is left out: nothing of it is durable before ``finish_restore``."""

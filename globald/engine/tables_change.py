@@ -46,7 +46,7 @@ def drop_table(loop: Loop, name: str) -> None:
     rt = manager.tables[name]
     rt.machine.to(State.PENDING_SHUTDOWN, DROPPED)  # the hooks and subscribers hear it first, as at a stop
     rt.machine.to(State.NOT_RUNNING, DROPPED)
-    loop._unassign(rt)  # at once: nothing more of its topic is fetched
+    loop.unassign(rt)  # at once: nothing more of its topic is fetched
     loop.refill.cancel(name)  # a refill still out would install into a table that is gone
     loop.identity.forget(name)
     loop.pending.discard(name)
