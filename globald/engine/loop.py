@@ -325,6 +325,9 @@ class Loop:
         and re-plan every table from what its store holds (nothing fetched is lost: positions are the stores')."""
         log.warning("kafka: no answer for %.0fs; replacing the consumer and re-planning every table", silent)
         self.replace_consumer(self._new_consumer())
+        # The cluster worker's clients too: its probe is what clears the cluster's problem while no record
+        # arrives, and tables are planned only then, so a wedged probe client would hold every table for good.
+        self.worker.renew(self.config.consumer_settings())
 
     def replace_consumer(self, new: Consumer) -> None:
         """Take ``new`` as the consumer (a silent one renewed, or new [kafka] properties from a reload) and re-plan

@@ -121,6 +121,7 @@ def test_broker_stopped_during_restore(own: Own, fault: Callable[[str, str], Fau
     finish(broker, d, t, row, pid)
 
 
+@pytest.mark.long  # over 15 s (make test stays under 25 minutes)
 @pytest.mark.parametrize("seconds", OUTAGES)
 def test_broker_stopped_in_steady_state(own: Own, fault: Callable[[str, str], FaultRow], seconds: int) -> None:
     broker, make = own
@@ -135,6 +136,7 @@ def test_broker_stopped_in_steady_state(own: Own, fault: Callable[[str, str], Fa
     finish(broker, d, t, row, pid)
 
 
+@pytest.mark.long  # over 15 s (make test stays under 25 minutes)
 def test_broker_killed_and_restarted_with_same_data(own: Own, fault: Callable[[str, str], FaultRow]) -> None:
     broker, make = own
     row = fault("broker SIGKILLed, restarted with the same data", "degraded meanwhile; resumed, no wipe")
@@ -166,6 +168,7 @@ def test_a_consumer_silent_past_its_bound_is_replaced_and_the_table_resumes(
     assert "replacing the consumer and re-planning every table" in d.log.read_text(errors="replace")
 
 
+@pytest.mark.long  # over 15 s (make test stays under 25 minutes)
 def test_slow_broker_paused_with_sigstop(own: Own, fault: Callable[[str, str], FaultRow]) -> None:
     broker, make = own
     row = fault("broker paused (SIGSTOP) 12 s", "degraded meanwhile; resumed after SIGCONT, no wipe")
@@ -184,6 +187,7 @@ def test_slow_broker_paused_with_sigstop(own: Own, fault: Callable[[str, str], F
     finish(broker, d, t, row, pid)
 
 
+@pytest.mark.long  # over 15 s (make test stays under 25 minutes)
 def test_broker_refusing_connections_from_the_start(own: Own, fault: Callable[[str, str], FaultRow]) -> None:
     broker, make = own
     row = fault("broker refusing connections when the daemon starts", "degraded, waiting; restored once it is up")
