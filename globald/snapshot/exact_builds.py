@@ -109,11 +109,15 @@ class ExactBuilds:
                     job = self._jobs.get_nowait()
                 except queue.Empty:
                     break
-                stopping = Response(job.request.id, Code.STOPPING, "the daemon is stopping")
-                self._host.answer(self._tables[job.table], stopping)
+                tab = self._tables.get(job.table)
+                if tab is not None:
+                    self._host.answer(tab, Response(job.request.id, Code.STOPPING, "the daemon is stopping"))
 
     def _serve(self, builder: Builder, job: Job) -> None:
-        tab = self._tables[job.table]
+        tab = self._tables.get(job.table)
+        if tab is None:  # dropped by a reload since it was admitted: its requests' folder went with it
+            log.info("table %s: exact %s not built: the table was dropped by a reload", job.table, job.request.id)
+            return
         try:
             m = self._build(builder, tab, job)
             self._host.ready(tab, job.request, m)

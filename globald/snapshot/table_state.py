@@ -13,7 +13,9 @@ The fields, and who moves them:
 - ``current``: the manifest CURRENT names (publishing, ``recreated.point_current``), and ``stale_reason``: why it is
   stale, None while fresh;
 - ``published_offsets``: the offsets of the newest fresh periodic snapshot (None after a wipe: publish again);
-- ``generation``: bumped by every wipe; a build admitted in an older generation is discarded (``exact_builds``);
+- ``generation``: new at every wipe, drop or replacement by a reload, and unique in the process (a table added
+  again under a name never takes up an old one's); a build admitted in another generation is discarded
+  (``exact_builds``);
 - ``busy``: snapshots a build is copying from, kept from retention;
 - ``unmarked``: a wipe's reason not yet written into every manifest (the disk refused);
 - ``fingerprints``: the last identity check (``engine.events.Verified``), which a build reads back first;
@@ -25,6 +27,7 @@ The fields, and who moves them:
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections import Counter
 from collections.abc import Iterator
@@ -40,6 +43,8 @@ from globald.store.fingerprint import Fingerprint
 Fingerprints = dict[int, tuple[Fingerprint, ...]]
 
 
+_GENERATIONS = itertools.count(1)  # shared by every table: a generation is never reused in the process
+
 class SnapshotTable:
     """One table's snapshot state (see the module docstring)."""
 
@@ -54,7 +59,7 @@ class SnapshotTable:
         self._current: Manifest | None = None
         self._published_offsets: Offsets | None = None
         self._stale_reason: str | None = None
-        self._generation = 0
+        self._generation = next(_GENERATIONS)
         self._busy: set[str] = set()
         self._published = 0
         self._exact_built = 0
@@ -174,7 +179,7 @@ class SnapshotTable:
         """A wipe: builds of the older generation are discarded, CURRENT is stale until the table is RUNNING, and
         ``reason`` is owed to every manifest on disk (``unmarked``)."""
         with self._lock:
-            self._generation += 1
+            self._generation = next(_GENERATIONS)
             self._published_offsets = None
             self._unmarked = reason
             if self._current is not None:
@@ -185,7 +190,7 @@ class SnapshotTable:
         """Dropped or replaced by a reload: a build still running for it is discarded (its generation moves on),
         never renamed into the directory a table added again under its name owns."""
         with self._lock:
-            self._generation += 1
+            self._generation = next(_GENERATIONS)
 
     def marks_written(self) -> None:
         with self._lock:
