@@ -53,13 +53,16 @@ CITIES = ("Lisbon", "Oslo", "Nairobi", "Lima", "Osaka", "Tunis", "Quebec", "Pert
 
 
 class Clock:
-    def __init__(self) -> None:
+    def __init__(self, interrupts: Interrupts | None = None) -> None:
         self.t0 = time.monotonic()
         self.lock = threading.Lock()
+        self.interrupts = interrupts
 
     def say(self, text: str) -> None:
         with self.lock:
             print(f"[{time.monotonic() - self.t0:5.1f}s] {text}", flush=True)
+        if self.interrupts is not None:  # each line is a point where the demo may stop (``Interrupts.check``)
+            self.interrupts.check()
 
 
 def customer_records(n_customers: int, per_customer: int, seed: int) -> list[Record]:
@@ -273,20 +276,22 @@ def _short(reason: str, limit: int = 110) -> str:
 
 
 def main() -> int:
-    clock = Clock()
+    # The first Ctrl-C (or SIGTERM) stops the demo; later ones are ignored until the process exits (see interrupts).
+    interrupts = Interrupts()
+    clock = Clock(interrupts)
     work = Path(tempfile.mkdtemp(prefix="globald-demo-"))
     logging.basicConfig(filename=work / "demo.log", level=logging.INFO,
                         format="%(asctime)s %(levelname)-7s %(name)s: %(message)s", force=True)
     print("globald demo: a local Kafka, a compacted topic, the daemon, a recreated topic healed in-process, "
           "and a Spark job.")
     print(f"  everything lives in {work} and is removed at the end (Ctrl-C cleans up too)\n", flush=True)
-    # The first Ctrl-C (or SIGTERM) stops the demo; later ones are ignored until the process exits (see interrupts).
-    interrupts = Interrupts().install()
+    interrupts.install()
     demo = Demo(work, clock)
     code = 0
     try:
         demo.run()
     except KeyboardInterrupt:
+        interrupts.acknowledged = True
         clock.say("interrupted; cleaning up (further Ctrl-C is ignored until that is done)")
         code = exitcodes.INTERRUPTED
     except Exception as e:
@@ -303,7 +308,11 @@ def main() -> int:
             print("last lines of the daemon log:\n  " + "\n  ".join(log_tail), file=sys.stderr)
             code = exitcodes.FAILED
     finally:
+        lost = interrupts.received and not interrupts.acknowledged and code == 0
         interrupts.cleaning_up()
+        if lost:  # the first Ctrl-C's KeyboardInterrupt never reached here, nor a later line (Interrupts.check)
+            clock.say("interrupted; cleaning up (further Ctrl-C is ignored until that is done)")
+            code = exitcodes.INTERRUPTED
         try:
             demo.close()
         finally:

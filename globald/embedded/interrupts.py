@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -34,6 +35,15 @@ class Interrupts:
     def __init__(self) -> None:
         self.received = 0
         self.cleaning = False
+        self.acknowledged = False  # the command's handler caught the KeyboardInterrupt the first signal raised
+
+    def check(self) -> None:
+        """On the main thread, at a point where the command may stop: raise the KeyboardInterrupt again when the
+        one the first signal raised never reached the command. CPython drops an exception raised while a finalizer
+        or a garbage-collection callback runs ("Exception ignored in"), and the command then ran on to its end."""
+        if self.received and not self.acknowledged and threading.current_thread() is threading.main_thread():
+            self.acknowledged = True
+            raise KeyboardInterrupt
 
     def install(self) -> Interrupts:
         """Handle SIGINT and SIGTERM from now on (main thread only, as any Python signal handler)."""
@@ -42,12 +52,13 @@ class Interrupts:
         return self
 
     def cleaning_up(self) -> None:
-        """Clean-up starts: no signal may interrupt it any more."""
+        """Clean-up starts: no signal may interrupt it any more (nor ``check``)."""
         self.cleaning = True
+        self.acknowledged = True
 
     def done(self) -> None:
         """Clean-up is over and the command returns its exit status: signals are ignored until the process ends."""
-        self.cleaning = True
+        self.cleaning = self.acknowledged = True
         for s in SIGNALS:
             signal.signal(s, signal.SIG_IGN)
 

@@ -371,7 +371,7 @@ def ensure_columnar(snapshot: Snapshot, decoder: Decoder, key_decoder: Decoder |
             log.info("decoded snapshot %s of %s into %s: %d rows, %d decode errors, %.2fs", snapshot.id,
                      about["table"], path.name, table.num_rows, table.num_rows - table.column("error").null_count,
                      json.loads(table.schema.metadata[META.encode()])["decode_s"])
-    except PermissionError as e:
+    except OSError as e:  # read-only, full or over quota: the reader is served all the same, from its own memory
         log.warning("cannot write the columnar file of snapshot %s (%s): decoding it in this worker's memory",
                     snapshot.id, e)
         return ColumnarTable(build_table(_bounded(snapshot, limit, about), decoder, about, key_decoder,
