@@ -12,18 +12,52 @@ import os
 import random
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from globald.store.names import META_CF, META_TOPIC, db_dir, tables_dir
-from tests.harness import Broker, daemon_factory, globald, open_store_db, oracle_at, random_records, values_only
+from tests.harness import (
+    Broker,
+    DaemonProcess,
+    daemon_factory,
+    globald,
+    open_store_db,
+    oracle_at,
+    random_records,
+    values_only,
+)
 from tests.reliability.checks import read_store
 from tests.reliability.conftest import new_topic
 from tests.reliability.powercut import LoopImage, check_cut
 from tests.reliability.test_power_loss import SEED, TABLE, assert_whole, disk, running_on  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.kafka
+
+
+def _cut_after(d: DaemonProcess, said: str, rnd: random.Random) -> str:
+    """Wait for the daemon to say ``said``, let up to 2 s pass, SIGKILL it; its last lines."""
+    deadline = time.monotonic() + 60
+    while said not in d.log.read_text(errors="replace"):
+        assert time.monotonic() < deadline and d.alive(), d.tail()
+        time.sleep(0.02)
+    time.sleep(rnd.uniform(0.0, 2.0))  # where the power goes
+    d.stop(signal.SIGKILL)
+    return d.tail(8)
+
+
+def _restarts_whole(make: Callable[..., DaemonProcess], broker: Broker, state: Path, topic: str,
+                    export: dict[str, Any], installed: bool) -> None:
+    """A daemon on the cut reaches RUNNING equal to the fold: from the store the cut left when one was installed,
+    else from the export again."""
+    with running_on(make, state, topic, export=export) as again:
+        doc = again.wait_running({TABLE: broker.admin.end_offsets(topic)}, timeout=120)
+        table = doc["tables"][TABLE]
+        assert table["origin"]["kind"] == ("store" if installed else "export"), table["origin"]
+        assert values_only(again.dump(TABLE)) == oracle_at(broker, topic, table["offsets"])
+        assert again.stop() == 0
 
 
 @pytest.mark.long  # two daemons, a 40,000-record restore and an image copy: about a minute
@@ -41,25 +75,14 @@ def test_power_loss_during_a_bootstrap(broker: Broker, disk: LoopImage, tmp_path
         assert exporter.stop() == 0
         broker.admin.produce(topic, random_records(2_000, keys=10_000, seed=SEED + 1, tombstones=0.1))
         with running_on(make, disk.mount / "state", topic, export=export) as d:
-            deadline = time.monotonic() + 60
-            while "looking for an export" not in d.log.read_text(errors="replace"):
-                assert time.monotonic() < deadline and d.alive(), d.tail()
-                time.sleep(0.02)
-            time.sleep(rnd.uniform(0.0, 2.0))  # where the power goes: anywhere in the bootstrap or the tail after it
-            d.stop(signal.SIGKILL)
-            said = d.tail(8)
+            said = _cut_after(d, "looking for an export", rnd)  # anywhere in the bootstrap or the tail after it
             with disk.cut() as copy:
                 state = copy / "state"
                 installed = (state / "tables" / TABLE / "db" / "CURRENT").exists()
                 report = check_cut(broker, state, TABLE, topic, require_store=False, require_current=False)
                 assert_whole(report, f"the disk after a power loss during a bootstrap (store there: {installed}; "
                                      f"the daemon last said:\n{said})")
-                with running_on(make, state, topic, export=export) as again:
-                    doc = again.wait_running({TABLE: broker.admin.end_offsets(topic)}, timeout=120)
-                    table = doc["tables"][TABLE]
-                    assert table["origin"]["kind"] == ("store" if installed else "export"), table["origin"]
-                    assert values_only(again.dump(TABLE)) == oracle_at(broker, topic, table["offsets"])
-                    assert again.stop() == 0
+                _restarts_whole(make, broker, state, topic, export, installed)
                 assert not [p for p in os.listdir(tables_dir(state)) if p.startswith(".bootstrap-")]
     print(json.dumps({"seed": SEED, "store_installed_before_the_cut": installed}))
 
@@ -91,22 +114,12 @@ def test_power_loss_during_a_refill_after_a_wipe(broker: Broker, disk: LoopImage
         assert exporter.stop() == 0
         broker.admin.produce(topic, random_records(2_000, keys=10_000, seed=SEED + 4, tombstones=0.1))
         with running_on(make, state, topic, export=export) as d:
-            deadline = time.monotonic() + 60
-            while "emptied (corrupt_store); looking for an export" not in d.log.read_text(errors="replace"):
-                assert time.monotonic() < deadline and d.alive(), d.tail()
-                time.sleep(0.02)
-            time.sleep(rnd.uniform(0.0, 2.0))  # anywhere in the refill's checks, download, install or the tail
-            d.stop(signal.SIGKILL)
-            said = d.tail(8)
+            # anywhere in the refill's checks, download, install or the tail
+            said = _cut_after(d, "emptied (corrupt_store); looking for an export", rnd)
             with disk.cut() as copy:
                 cut = copy / "state"
                 installed = (db_dir(cut, TABLE) / "CURRENT").exists() and bool(read_store(db_dir(cut, TABLE))[0])
                 report = check_cut(broker, cut, TABLE, topic, require_store=False, require_current=False)
                 assert_whole(report, f"the disk after a power loss during a refill (store installed: {installed}; "
                                      f"the daemon last said:\n{said})")
-                with running_on(make, cut, topic, export=export) as again:
-                    doc = again.wait_running({TABLE: broker.admin.end_offsets(topic)}, timeout=120)
-                    table = doc["tables"][TABLE]
-                    # An emptied store, or none, starts from the export again; an installed one is kept.
-                    assert table["origin"]["kind"] == ("store" if installed else "export"), table["origin"]
-                    assert values_only(again.dump(TABLE)) == oracle_at(broker, topic, table["offsets"])
+                _restarts_whole(make, broker, cut, topic, export, installed)  # an emptied store, or none: again
