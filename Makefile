@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test test-long lint docs bench bench-10m bench-export-10m soak chaos sysdeps
+.PHONY: demo test test-fast test-long lint docs bench bench-10m bench-export-10m soak chaos sysdeps
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,15 +25,24 @@ lint: $(BIN)/.installed
 docs: $(BIN)/.installed
 	$(BIN)/mkdocs build --strict --site-dir build/site
 
+# Every run keeps its timings: the 25 slowest in the output, each test's in build/test-results/<lane>.xml (JUnit).
+PYTEST = $(BIN)/python -m pytest -q -ra --durations=25 --junitxml=build/test-results/$@.xml
+
+# Two workers (pytest-xdist), one file to a worker: a file's tests share its module fixtures (a Spark session, a
+# broker of their own) and run in their order; each worker has its own session broker.
 test: lint docs sysdeps
-	$(BIN)/python -m pytest -q -ra --durations=25 -m "not long"
+	$(PYTEST) -n 2 --dist loadfile -m "not long"
+
+# The inner loop: lint and the unit tests, in about a minute and a half.
+test-fast: lint
+	$(PYTEST) -n 2 --dist loadfile tests/unit
 
 # The long forms (marker `long`): the chaos campaign's and the power-loss lane's short seeded
 # forms, SIGKILL at random points, the multi-host Spark cluster (classic and through a Connect server), and every
 # test over 30 s on an idle 2-core machine (the demo, the tutorial, the disk-filling restores, the bench smoke).
 # Not part of the 25-minute suite; CI (.ci/run) runs this lane after it.
 test-long: $(BIN)/.installed sysdeps
-	$(BIN)/python -m pytest -q -ra --durations=10 -m long
+	$(PYTEST) -m long
 
 bench: $(BIN)/.installed
 	$(BIN)/python -m bench

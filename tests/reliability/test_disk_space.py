@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shutil
 import signal
 from collections.abc import Callable
 from pathlib import Path
@@ -33,7 +32,7 @@ from tests.chaos.daemon import stopped_at_hook
 from tests.harness import Broker, DaemonProcess, random_records
 from tests.integration.snapshot_helpers import wait_snapshot_at
 from tests.reliability.checks import check_snapshots, check_store
-from tests.reliability.disk import fill, tmpfs
+from tests.reliability.disk import copy_what_fits, fill, tmpfs
 from tests.reliability.ledger import FaultRow
 
 pytestmark = pytest.mark.kafka
@@ -201,11 +200,13 @@ def test_a_full_disk_is_relieved_by_freeing_globalds_own_snapshots(broker: Broke
         # An older snapshot with files of its own (a copy, not links), as one published before a compaction is.
         root = snapshots_dir(d.state_dir, "tbl")
         older = str(int(cur) - 1_000_000)
-        shutil.copytree(root / cur / "db", root / older / "db")
         m = manifests.read(root / cur, "tbl")
         # Other offsets than CURRENT's, so only the lack of room can doom it (not a newer one at the same offsets).
+        # The manifest first: the copy may fill the disk, which is the state this test wants next anyway.
+        (root / older).mkdir()
         manifests.write(root / older, dataclasses.replace(m, id=older,
                                                           offsets={p: o - 1 for p, o in m.offsets.items()}))
+        assert copy_what_fits(root / cur / "db", root / older / "db") > 0
         fill(disk, leave=0)
         row.injected += 1
         d.start()

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -30,7 +29,7 @@ from globald.store.names import snapshots_dir
 from globald.store.space import MB
 from tests.harness import Broker, DaemonProcess, random_records
 from tests.reliability.checks import diff, explain, read_store
-from tests.reliability.disk import fill, tmpfs
+from tests.reliability.disk import copy_what_fits, fill, tmpfs
 from tests.reliability.ledger import FaultRow
 
 pytestmark = pytest.mark.kafka
@@ -111,8 +110,9 @@ def test_an_exact_build_without_room_is_refused_and_one_that_fits_after_freeing_
         cur = manifests.read(root / found[0].id, "tbl")
         older = str(int(base.id) - 1_000_000)
         work = root / "spare-in-progress"
-        shutil.copytree(root / cur.id / "db", work / "db")
+        work.mkdir()
         manifests.write(work, dataclasses.replace(cur, id=older, offsets={p: o - 1 for p, o in cur.offsets.items()}))
+        assert copy_what_fits(root / cur.id / "db", work / "db") > 0  # a full disk is what the test wants next
         work.rename(root / older)
         fill(disk, leave=leave)
         ready = exact_requests.request(d.state_dir, "tbl", target, timeout=120)
