@@ -93,6 +93,9 @@ class _Run:
     proc: subprocess.Popen[bytes]
     started: float  # monotonic
     stopping_since: float | None = None  # time.monotonic() when it was told to stop (past TIMEOUT_S)
+    # Its table was dropped by a reload: its end records nothing, even should a later reload add the table again
+    # before the process is collected (the new table's decodes start afresh).
+    dropped: bool = False
 
 
 class SnapshotDecodes:
@@ -127,9 +130,11 @@ class SnapshotDecodes:
         for name in [n for n in self._tables if n not in names]:
             del self._tables[name]
             run = self._run
-            if run is not None and run.table == name and run.stopping_since is None:
-                run.stopping_since = time.monotonic()
-                _terminate(run.proc)
+            if run is not None and run.table == name and not run.dropped:
+                run.dropped = True
+                if run.stopping_since is None:
+                    run.stopping_since = time.monotonic()
+                    _terminate(run.proc)
         for name in names:
             self._tables.setdefault(name, _Table())
 
@@ -158,7 +163,8 @@ class SnapshotDecodes:
         tab = self._tables.get(table)
         if tab is None:
             return None
-        running = self._run.proc.pid if self._run is not None and self._run.table == table else None
+        run = self._run
+        running = run.proc.pid if run is not None and run.table == table and not run.dropped else None
         return replace(tab.status, running_pid=running)
 
     def observe(self, doc: DaemonStatus) -> DaemonStatus:
@@ -200,7 +206,7 @@ class SnapshotDecodes:
             return
         self._run = None
         lines = _lines(run.proc)
-        if run.table not in self._tables:  # dropped by a reload meanwhile: nothing to record
+        if run.dropped or run.table not in self._tables:  # dropped by a reload meanwhile: nothing to record
             self._cleanup(run, lines)
             return
         done = next((d for d in lines if d.get("event") == "done"), None)
