@@ -157,10 +157,10 @@ def test_new_writer_ids_mid_run_an_outage_pending_then_resolved_and_a_restart_wi
     decode = decoded_at(d, ends)
     assert decode["pending"] == decode["errors"] == decode["values"] > 0, decode
     outage = "the schema registry is unreachable"
-    text = globald("status", "--config", str(d.config))
-    problem = next(line for line in text.stdout.splitlines() if "problem:" in line)
-    assert outage in problem and "the values will decode when it answers" in problem, text.stdout
-    assert "[tables.value]" not in text.stdout, text.stdout
+    shown = globald("status", "--config", str(d.config)).stdout
+    problem = next(line for line in shown.splitlines() if "problem:" in line)
+    assert outage in problem and "the values will decode when it answers" in problem, shown
+    assert "[tables.value]" not in shown, shown
     warned = [line for line in d.tail(400).splitlines() if "every value of snapshot" in line]
     assert warned and all(outage in line and "[tables.value]" not in line for line in warned), warned
     snapshot = decode["snapshot"]
