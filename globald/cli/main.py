@@ -15,6 +15,7 @@ from typing import Any
 
 from globald.cli.read import DECODE_HELP, DUMP_FORMATS, cmd_dump, cmd_get, cmd_snapshots
 from globald.cli.reload import add_reload_arguments, cmd_reload
+from globald.cli.status import cmd_status
 from globald.common import exitcodes
 from globald.common.errors import (
     ConfigError,
@@ -36,6 +37,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from globald.common import logs
     from globald.ops import allocator
     from globald.service.daemon import Daemon
+    from globald.store.statedir import refuse_if_owned
     from globald.typed.avro_resolve import check_readers
 
     # SIGHUP asks for a reload (service.reload), never a stop: ignored until the daemon's relay hears it (an
@@ -50,6 +52,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise ConfigError("allocator", str(e)) from None
     _check_typed(cfg)  # after the switch: once, in the process that runs
+    refuse_if_owned(cfg.state_dir)  # a second daemon is refused as such, before its [http] port is found taken
     logs.setup(cfg.log_level, cfg.log_format, secret_values(cfg))
     logging.getLogger("globald").debug("glibc malloc tuning: %s", allocator.tune_glibc() or "none")
     code = Daemon(cfg, config_path=Path(os.path.abspath(args.config))).run()
@@ -105,17 +108,6 @@ def _check_typed(cfg: configmod.Config) -> None:
         raise ConfigError("tables", f"the typed schema check failed (exit {done.returncode}): {line}")
 
 
-def cmd_status(args: argparse.Namespace) -> int:
-    from globald.ops import statusfile
-
-    doc = statusfile.current(configmod.load(args.config))
-    if args.json:
-        print(json.dumps(doc.to_json(), indent=None, sort_keys=True))
-        return exitcodes.OK
-    print("\n".join(statusfile.status_lines(doc)))
-    return exitcodes.OK
-
-
 def cmd_reset(args: argparse.Namespace) -> int:
     from globald.ops.reset import reset_table
 
@@ -138,19 +130,15 @@ def cmd_reset(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from globald.common.errors import StateDirLockedError
+    from globald.cli.running import running_daemon
     from globald.ops.operator_requests import EXPORT, ask_daemon_to_reset
-    from globald.store.statedir import lock_state_dir
 
     cfg = configmod.load(args.config)
     table = cfg.table(args.table)
     if cfg.export is None:
         raise ConfigError("export", "is not configured: there is nowhere to export to")
-    try:  # an export is made by the running daemon, from a snapshot its identity checks vouch for
-        lock_state_dir(cfg.state_dir).close()
-        raise GlobaldError(f"no daemon runs on {cfg.state_dir}; `globald export` asks the running daemon")
-    except StateDirLockedError:
-        pass
+    # an export is made by the running daemon, from a snapshot its identity checks vouch for
+    running_daemon(cfg.state_dir, args.config, "`globald export` asks the running daemon")
     answer = ask_daemon_to_reset(cfg.state_dir, table.name, timeout=args.timeout, action=EXPORT)
     if not answer.get("ok"):
         raise GlobaldError(f"the running daemon did not export table {table.name}: {answer.get('error')}")

@@ -21,7 +21,7 @@ import tomllib
 from pathlib import Path
 
 from globald.common import exitcodes
-from globald.common.errors import ConfigError, GlobaldError
+from globald.common.errors import ConfigError
 from globald.settings import config as configmod
 
 
@@ -51,15 +51,14 @@ def _state_dir(path: Path) -> Path:
 
 
 def cmd_reload(args: argparse.Namespace) -> int:
+    from globald.cli.running import running_daemon
     from globald.ops.operator_requests import RELOAD, ask_daemon_to_reset
-    from globald.store.statedir import lock_holder
 
     path = Path(os.path.abspath(args.config))
     state_dir = Path(os.path.abspath(args.state_dir)) if args.state_dir else _state_dir(path)
-    if lock_holder(state_dir) is None:
-        raise GlobaldError(f"no globald runs on state_dir {state_dir}" + (
-            "" if args.state_dir else f" ({args.config}'s state_dir; a daemon running on another one cannot "
-                                      "change state_dir live: pass --state-dir to ask it anyway)"))
+    running_daemon(state_dir, None if args.state_dir else args.config,
+                   "" if args.state_dir else "a daemon running on another one cannot change state_dir live: pass "
+                   "--state-dir to ask it anyway")
     answer = ask_daemon_to_reset(state_dir, "", timeout=args.timeout, action=RELOAD, extra={"config": str(path)})
     if args.json:
         print(json.dumps({k: answer.get(k) for k in ("ok", "error", "generation", "sha256", "pid")}, sort_keys=True))

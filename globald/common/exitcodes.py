@@ -13,12 +13,14 @@ NOT_FOUND = 1
 # The command line or the config is wrong (a bad key, an unknown table, a malformed KEY, a state_dir this user
 # cannot use): one line naming it, nothing touched. argparse uses 2 for its own usage errors too.
 USAGE = 2
-# Nothing consistent can be served right now (a rebuild with serve_stale off, nothing published yet): ask again.
+# Nothing consistent can be served right now (a rebuild with serve_stale off, nothing published yet), or the daemon
+# is starting and has published no status yet: ask again.
 UNAVAILABLE = 3
 # Refused to act, on purpose: another globald owns the state_dir, a wipe was not confirmed, an import would lose
 # data. Nothing was changed.
 REFUSED = 4
-# The command started and failed: Kafka, the disk or a store failed, a dump stopped partway.
+# The command started and failed: Kafka, the disk or a store failed, a dump stopped partway; or the command needs
+# the running daemon (status, reload, export) and none holds the config's state_dir.
 FAILED = 5
 # Interrupted by Ctrl-C (128 + SIGINT, as shells report it).
 INTERRUPTED = 130
@@ -29,9 +31,11 @@ TABLE: tuple[tuple[int, str, str], ...] = (
     (USAGE, "usage or config error", "a bad argument, config key, table name or KEY, or a state_dir this user "
      "cannot use; one line names it, nothing was touched; reload: the running daemon refused the file, the config "
      "in force still runs"),
-    (UNAVAILABLE, "unavailable now", "get/dump: no consistent version of the table can be served now; ask again"),
+    (UNAVAILABLE, "unavailable now", "get/dump: no consistent version of the table can be served now; status: the "
+     "daemon holding the state_dir is starting and has published no status yet; ask again"),
     (REFUSED, "refused", "another globald owns the state_dir, a wipe was not confirmed, an import would lose data"),
-    (FAILED, "runtime failure", "Kafka, the disk or a store failed, or a dump stopped partway; the line says what"),
+    (FAILED, "runtime failure", "Kafka, the disk or a store failed, or a dump stopped partway; status, reload, "
+     "export: no globald runs on the config's state_dir; the line says what"),
     (INTERRUPTED, "interrupted", "Ctrl-C"),
 )
 

@@ -240,10 +240,15 @@ class SnapshotDecodes:
 
     def _judge(self, table: str, tab: _Table, reason: Any) -> None:
         """A snapshot whose values all fail to decode is a WARNING and the table's status problem (its reader and
-        writer schemas disagree, or its producers write another format); logged when it begins and when it ends."""
+        writer schemas disagree, or its producers write another format, or, when every failure is a pending one, the
+        registry is unreachable); logged when it begins and when it ends."""
         s = tab.status
         problem = None
-        if s.values and s.errors == s.values:
+        if s.values and s.errors == s.values and s.pending == s.errors:  # not the table's fault: an outage
+            problem = (f"every value of snapshot {s.snapshot} waits for its writer schema ({s.pending:,} of "
+                       f"{s.values:,}): the schema registry is unreachable, e.g.: {reason}; the values will decode "
+                       "when it answers, on this snapshot, without a restart")
+        elif s.values and s.errors == s.values:
             problem = (f"every value of snapshot {s.snapshot} fails to decode ({s.errors:,} of {s.values:,}), e.g.: "
                        f"{reason}; check [tables.value] and its schema files against what the producers write")
         if problem is not None and tab.problem is None:  # status keeps saying it: the log says when it began

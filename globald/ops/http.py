@@ -120,13 +120,23 @@ class HttpServer:
         """The bound (host, port); the port is the real one when the config asked for port 0."""
         return None if self._server is None else _bound(self._server)
 
-    def start(self) -> None:
+    def bind(self) -> None:
+        """Take the address (a config check: raises ConfigError naming http.port when it cannot be bound), without
+        serving yet: the daemon binds before it writes anything to its state_dir (``ops.runtime.listening``)."""
+        if self._server is not None:
+            return
         try:
-            self._server = server = _Server((self.config.host, self.config.port), self.endpoints)
+            self._server = _Server((self.config.host, self.config.port), self.endpoints)
         except OSError as e:
             raise ConfigError("http.port", f"cannot listen on {self.config.host}:{self.config.port}: "
                                            f"{e.strerror or e} (choose another port, or set [http] enabled = false)"
                               ) from None
+
+    def start(self) -> None:
+        """Serve, binding first unless ``bind`` did."""
+        self.bind()
+        assert self._server is not None
+        server = self._server
         self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.5},
                                         name="globald-http", daemon=True)
         self._thread.start()
@@ -139,7 +149,8 @@ class HttpServer:
     def stop(self) -> None:
         if self._server is None:
             return
-        self._server.shutdown()
+        if self._thread is not None:  # shutdown() waits for serve_forever: never called when bound only
+            self._server.shutdown()
         self._server.server_close()
         if self._thread is not None:
             self._thread.join(5)

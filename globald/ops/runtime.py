@@ -11,7 +11,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from globald.common import swallowed
 from globald.common.states import State
@@ -90,6 +91,19 @@ class Operations:
                  redact(self.config.kafka), self.hooks.describe())
         if self.config.registry is not None:
             log.info("registry: %s", registry_settings.redact(self.config.registry))
+
+    @contextmanager
+    def listening(self) -> Iterator[None]:
+        """The HTTP address taken before the daemon writes its state_dir (a port in use is a config error, exit 2,
+        with nothing created or bootstrapped), served from ``start``; closed on the way out, whether or not the
+        daemon got as far as serving (``stop`` closes it first on a normal stop)."""
+        if self.http is not None:
+            self.http.bind()
+        try:
+            yield
+        finally:
+            if self.http is not None:
+                self.http.stop()
 
     def bind_http(self, config: Config) -> HttpServer | None:
         """A reload's [http], bound before anything of the reload is applied (``service.reload``): a new listener

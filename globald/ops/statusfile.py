@@ -14,7 +14,7 @@ from typing import Any
 
 from globald.common.errors import StoreCorruptError, StoreUnavailableError
 from globald.common.states import State
-from globald.ops.status import DaemonStatus, DecodeStatus, TableStatus
+from globald.ops.status import ConfigStatus, DaemonStatus, DecodeStatus, TableStatus
 from globald.settings.config import Config
 from globald.store import checkpoint_file
 from globald.store.durable import replace_file
@@ -94,10 +94,6 @@ def offline(config: Config) -> DaemonStatus:
     return DaemonStatus(state=State.NOT_RUNNING, pid=None, tables=tables)
 
 
-def current(config: Config) -> DaemonStatus:
-    return read_live(config.state_dir) or offline(config)
-
-
 def status_lines(doc: DaemonStatus) -> list[str]:
     """``globald status`` for people (the demo shows it too)."""
     head = f"globald: {doc.state.value}" + (f" (pid {doc.pid})" if doc.pid else "")
@@ -110,9 +106,8 @@ def status_lines(doc: DaemonStatus) -> list[str]:
         lines.append(f"  BUG at {b.get('where')}: {b.get('error')} ({b.get('count')}x, see the log)")
     if doc.http is not None:
         lines.append(f"  http: http://{doc.http.host}:{doc.http.port}/metrics")
-    last = doc.config.last_reload if doc.config is not None and doc.pid else None
-    if doc.config is not None and last is not None and last.get("result") == "refused":  # the old config runs on
-        lines.append(f"  config: generation {doc.config.generation}, last reload refused: {last.get('error')}")
+    if doc.config is not None and doc.pid:
+        lines.append(config_line(doc.config))
     for name, t in doc.tables.items():
         offsets = ", ".join(f"p{p}={o}" for p, o in sorted(t.offsets.items())) or "no offsets"
         lag = f", lag {t.lag}" if t.lag is not None else ""
@@ -131,10 +126,44 @@ def status_lines(doc: DaemonStatus) -> list[str]:
         if snap is not None and snap.current:
             stale = f"  STALE: {snap.stale_reason}" if snap.stale else ""
             lines.append(f"  {'':<20} snapshot {snap.current}{stale}")
+        if t.origin is not None:
+            lines.append(f"  {'':<20} {origin_line(t.origin)}")
         if t.decode is not None:
             lines.append(f"  {'':<20} {decode_line(t.decode)}")
         lines += _disk_lines(doc, name)
     return lines
+
+
+def config_line(c: ConfigStatus) -> str:
+    """The config in force: its generation, the sha256 of its file's bytes, and the last reload, when and how it
+    went (a refused one: the old config runs on, and the line says why)."""
+    text = f"  config: generation {c.generation}, sha256 {c.sha256 or 'unknown'}"
+    last = c.last_reload
+    if last is None:
+        return text + "; no reload yet"
+    when = last.get("time")
+    at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(when)) if isinstance(when, int | float) else "?"
+    text += f"; last reload {at} {last.get('result')}"
+    return text + (f": {last.get('error')}" if last.get("result") == "refused" else "")
+
+
+def origin_line(o: dict[str, Any]) -> str:
+    """Where an [export] table's store came from (``export.bootstrap.Origin``): an export, and how much of the topic
+    followed it, or the topic, and why no export was used."""
+    kind = o.get("kind")
+    if kind == "export":
+        size = o.get("bytes_downloaded")
+        seconds = o.get("seconds")
+        text = f"origin: export {o.get('export')}"
+        if isinstance(size, int) and isinstance(seconds, int | float):
+            text += f" ({size / 2**20:.1f} MB in {seconds:.1f}s)"
+        tail = o.get("tail")
+        text += f", then {tail:,} offsets from the topic" if isinstance(tail, int) else ""
+        return text + (f"; newer ones not used: {o['fallback']}" if o.get("fallback") else "")
+    if kind == "store":
+        return "origin: store (in the state_dir at start: no export looked for)"
+    fallback = o.get("fallback")
+    return f"origin: {kind}" + (f" ({fallback})" if fallback else "")
 
 
 def decode_line(d: DecodeStatus) -> str:

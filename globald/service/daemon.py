@@ -210,7 +210,8 @@ class Daemon:
 
     def run(self, handle_signals: bool = True) -> int:
         """Run in the foreground. ``handle_signals=False`` when not on the main thread (the demo): stop() then."""
-        with self._signals(handle_signals):
+        # The HTTP address is taken first: every config check before anything is written to the state_dir
+        with self._signals(handle_signals), self.ops.listening():
             lock = self._startup()
             if lock is None:  # stopped while waiting for the disk
                 return 0

@@ -94,6 +94,18 @@ def lock_holder(state_dir: Path) -> str | None:
     return None
 
 
+def _owned(state_dir: Path, owner: str) -> StateDirLockedError:
+    return StateDirLockedError(f"state_dir {state_dir} is owned by another globald (pid {owner})")
+
+
+def refuse_if_owned(state_dir: Path) -> None:
+    """Raise StateDirLockedError, as ``lock_state_dir`` would, when another globald holds ``state_dir``; asked
+    without creating anything, so that ``run`` refuses a second daemon before any other check."""
+    owner = lock_holder(state_dir)
+    if owner is not None:
+        raise _owned(state_dir, owner)
+
+
 def lock_state_dir(state_dir: Path) -> IO[str]:
     """Hold the state_dir's advisory lock for the life of the returned file."""
     path = state_dir / LOCK_FILE
@@ -109,7 +121,7 @@ def lock_state_dir(state_dir: Path) -> IO[str]:
         f.seek(0)
         owner = f.read().strip() or "unknown"
         f.close()
-        raise StateDirLockedError(f"state_dir {state_dir} is owned by another globald (pid {owner})") from None
+        raise _owned(state_dir, owner) from None
     try:  # the PID only names the owner in a refusal: the lock holds without it
         f.seek(0)
         f.truncate()

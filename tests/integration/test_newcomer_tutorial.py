@@ -78,6 +78,7 @@ _NORMALISE = [
     (re.compile(r"\b\d+\.\d+s\b"), "Ns"),
     (re.compile(r"\b\d+(\.\d+)? MB\b"), "N MB"),  # sizes on disk: `globald status`'s disk line
     (re.compile(r"\S*/globald-dev/"), "DIR/globald-dev/"),
+    (re.compile(r"\bsha256 [0-9a-f]{64}\b"), "sha256 SHA256"),  # the config file's: it holds the run's ports
 ]
 
 

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import socket
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.harness import Broker, DaemonProcess, globald, oracle_at, random_records, values_only
+from globald.common import exitcodes
+from tests.harness import Broker, DaemonProcess, globald, oracle_at, random_records, values_only, write_config
 
 pytestmark = pytest.mark.kafka
 
@@ -179,3 +182,58 @@ def test_http_port_in_use_is_a_config_error(broker: Broker, topic: Callable[...,
         assert d.proc is not None and d.proc.wait(30) == 2
     log = d.log.read_text()
     assert "config error: http.port: cannot listen on 127.0.0.1:" in log
+
+
+def test_status_of_a_config_naming_another_state_dir_says_no_daemon_holds_it(
+        broker: Broker, topic: Callable[..., str], daemon: Daemon, tmp_path: Path) -> None:
+    """Issue 42: a status that finds no daemon names the state_dir it looked in and exits 5, as reload does, even
+    while a daemon runs on another state_dir; it creates nothing there."""
+    t = topic()
+    broker.admin.produce(t, random_records(200, keys=50, seed=421))
+    d = daemon({"tbl": t})
+    d.wait_running({"tbl": broker.admin.end_offsets(t)})
+    elsewhere = tmp_path / "elsewhere"
+    other = write_config(tmp_path / "other.toml", elsewhere, broker.settings, {"tbl": t})
+    r = globald("status", "--config", str(other))
+    assert r.returncode == exitcodes.FAILED, (r.returncode, r.stdout, r.stderr)
+    assert r.stderr.splitlines() == [f"globald: no globald runs on state_dir {elsewhere} ({other}'s state_dir; no "
+                                     "process holds its lock)"], r.stderr
+    assert r.stdout.startswith("globald: NOT_RUNNING\n"), r.stdout
+    assert globald("status", "--config", str(other), "--json").returncode == exitcodes.FAILED
+    assert not elsewhere.exists()
+    assert globald("status", "--config", str(d.config)).returncode == exitcodes.OK  # the running one's
+
+
+def test_a_second_daemon_on_a_taken_http_port_exits_2_before_it_writes_its_state_dir(
+        broker: Broker, topic: Callable[..., str], daemon: Daemon, tmp_path: Path) -> None:
+    """Issue 42: the [http] bind is checked before anything is written to the state_dir, so a second daemon (another
+    state_dir, the first one's port) leaves its state_dir as it was instead of bootstrapping it from the export first;
+    on a free port it bootstraps, and plain status shows where its store came from and the config in force."""
+    from tests.integration.test_export import FAST, REFRESH_MS, _export_at, _export_conf
+
+    t = topic()
+    broker.admin.produce(t, random_records(500, keys=100, seed=422))
+    ends = broker.admin.end_offsets(t)
+    root = tmp_path / "exports"
+    one = daemon({"tbl": t}, http=HTTP, snapshots=FAST, metadata_refresh_ms=REFRESH_MS, export=_export_conf(root),
+                 state_dir=tmp_path / "one")
+    one.wait_running({"tbl": ends})
+    port = port_of(one)
+    exported = _export_at(one, root, ends)["export"]  # what a second daemon would bootstrap from
+
+    second = tmp_path / "second"
+    two = daemon({"tbl": t}, http={"enabled": True, "port": port}, snapshots=FAST, export=_export_conf(root),
+                 state_dir=second)
+    assert two.proc is not None and two.proc.wait(60) == 2, two.tail()
+    said = [line for line in two.log.read_text().splitlines() if "http.port" in line]
+    assert said == [f"globald: config error: http.port: cannot listen on 127.0.0.1:{port}: Address already in use "
+                    "(choose another port, or set [http] enabled = false)"], two.tail()
+    assert not second.exists() or list(second.iterdir()) == [], list(second.rglob("*"))
+    assert one.alive()
+
+    three = daemon({"tbl": t}, http=HTTP, snapshots=FAST, export=_export_conf(root), state_dir=second)
+    three.wait_running({"tbl": ends}, timeout=120)
+    text = globald("status", "--config", str(three.config)).stdout
+    assert f"origin: export {exported} (" in text, text
+    sha = hashlib.sha256(three.config.read_bytes()).hexdigest()
+    assert f"  config: generation 1, sha256 {sha}; no reload yet" in text.splitlines(), text

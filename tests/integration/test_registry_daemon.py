@@ -11,6 +11,8 @@ import io
 import json
 import random
 import shutil
+import socket
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -147,6 +149,20 @@ def test_new_writer_ids_mid_run_an_outage_pending_then_resolved_and_a_restart_wi
     assert f"({len(waiting):,} pending: writer schema not yet fetched)" in text.stdout, text.stdout
     got = globald("get", "--config", str(d.config), "--table", "cust", "--decode", waiting[0].decode())
     assert f"schema {three} not yet fetched" in got.stdout + got.stderr, (got.stdout, got.stderr)
+    # Every key rewritten by v3 meanwhile: every value waits for the registry, which status and the log say as an
+    # outage that ends when it answers, never as a table declared wrong (issue 42).
+    broker.admin.produce(t, [(b"cust-%04d" % k, confluent(three, encode(V3, {**customer_v2(k), "note": None})))
+                             for k in range(120)])
+    ends = broker.admin.end_offsets(t)
+    decode = decoded_at(d, ends)
+    assert decode["pending"] == decode["errors"] == decode["values"] > 0, decode
+    outage = "the schema registry is unreachable"
+    shown = globald("status", "--config", str(d.config)).stdout
+    problem = next(line for line in shown.splitlines() if "problem:" in line)
+    assert outage in problem and "the values will decode when it answers" in problem, shown
+    assert "[tables.value]" not in shown, shown
+    warned = [line for line in d.tail(400).splitlines() if "every value of snapshot" in line]
+    assert warned and all(outage in line and "[tables.value]" not in line for line in warned), warned
     snapshot = decode["snapshot"]
 
     # The registry answers again: the same snapshot is decoded again, every pending value with it.
@@ -166,3 +182,37 @@ def test_new_writer_ids_mid_run_an_outage_pending_then_resolved_and_a_restart_wi
     check_file(d, broker, registry, t, decode)
     assert "decoding with the 3 schema(s) cached in state_dir" in d.tail(400)
     assert SECRET not in d.log.read_text()
+
+
+def test_status_says_starting_while_the_daemon_waits_for_the_registry_at_start(
+        broker: Broker, topic: Callable[..., str], daemon: Daemon, tmp_path: Path) -> None:
+    """Issue 42: a daemon that holds its state_dir but has published no status yet (here: asking a registry that
+    accepts connections and never answers, before its loop starts) is said as starting, exit 3, never as stopped."""
+    from globald.common import exitcodes
+    from globald.store.statedir import lock_holder
+
+    t = topic()
+    shutil.copytree(FIXTURES, tmp_path / "schemas")
+    broker.admin.produce(t, produced(1, V1, 20, keys=10, seed=6))
+    with socket.socket() as silent:  # the kernel completes connections to it (its backlog); nothing ever answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)
+        d = daemon({"cust": t}, start=False,
+                   registry={"url": f"http://127.0.0.1:{silent.getsockname()[1]}", "timeout": 300})
+        d.config.write_text(d.config.read_text().replace("timeout = 300\n", 'timeout = 300\n"max.retries" = 0\n')
+                            + SECTION)
+        d.start()
+        deadline = time.monotonic() + 120
+        while lock_holder(d.state_dir) != str(d.pid):
+            assert d.alive() and time.monotonic() < deadline, d.tail()
+            time.sleep(0.1)
+        r = globald("status", "--config", str(d.config))
+        assert r.returncode == exitcodes.UNAVAILABLE, (r.returncode, r.stdout, r.stderr)
+        assert r.stderr.splitlines() == [f"globald: globald (pid {d.pid}) is starting on state_dir {d.state_dir}: it "
+                                         "holds the state_dir's lock and has published no status yet; ask again in "
+                                         "a moment"], r.stderr
+        doc = json.loads(globald("status", "--config", str(d.config), "--json").stdout)
+        assert doc["state"] == "CREATED" and doc["pid"] == d.pid and doc["tables"] == {}, doc
+    # Closed: the connections it held are reset, the daemon starts without the registry, and status is its own.
+    d.wait_running({"cust": broker.admin.end_offsets(t)}, timeout=120)
+    assert globald("status", "--config", str(d.config)).returncode == exitcodes.OK

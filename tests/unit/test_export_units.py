@@ -166,7 +166,7 @@ def test_globald_export_needs_an_export_section_and_a_running_daemon(tmp_path: P
     exporting = tmp_path / "export.toml"
     exporting.write_text(base.replace("[kafka]", f'[export]\nuri = "{(tmp_path / "bucket").as_uri()}"\n[kafka]'))
     assert cli.main(["export", "--config", str(exporting), "--table", "tbl"]) == exitcodes.FAILED
-    assert "no daemon runs" in capsys.readouterr().err
+    assert "no globald runs on state_dir" in capsys.readouterr().err
     assert cli.main(["export", "--config", str(exporting), "--table", "nope"]) != 0
     assert not (tmp_path / "bucket").exists()  # nothing written anywhere
 

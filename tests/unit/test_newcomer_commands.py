@@ -59,7 +59,7 @@ def test_the_exit_code_table_is_the_docs_and_help_shows_it() -> None:
 
 def test_every_command_exits_by_the_table(complete: tuple[Path, str], tmp_path: Path) -> None:
     state, cfg = complete
-    ok = [("status",), ("get", "--table", "tbl", "a"), ("dump", "--table", "tbl"), ("check-config",),
+    ok = [("get", "--table", "tbl", "a"), ("dump", "--table", "tbl"), ("check-config",),
           ("migrate", "--table", "tbl")]
     for args in ok:
         r = globald(args[0], "--config", cfg, *args[1:])
@@ -76,12 +76,17 @@ def test_every_command_exits_by_the_table(complete: tuple[Path, str], tmp_path: 
         (("get", "--table", "other", "a"), exitcodes.UNAVAILABLE, "no consistent version"),
         (("reset", "--table", "tbl"), exitcodes.REFUSED, "--yes"),
         (("reload",), exitcodes.FAILED, "no globald runs on state_dir"),
+        # status with no daemon: the offsets on disk, and which state_dir no daemon holds (issue 42)
+        (("status",), exitcodes.FAILED, f"no globald runs on state_dir {state} ({cfg}'s state_dir; no process "
+                                         "holds its lock)"),
     ]
     for args, code, says in expected:
         r = subprocess.run([sys.executable, "-m", "globald", args[0], "--config", cfg, *args[1:]],
                            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60, cwd=REPO)
         assert r.returncode == code and says in one_line(r), (args, code, r.returncode, r.stderr)
         assert "config error" not in r.stderr or code == exitcodes.USAGE
+    r = globald("status", "--config", cfg)  # what the stores on disk say is still shown
+    assert r.stdout.splitlines()[:2] == ["globald: NOT_RUNNING", "  tbl                  NOT_RUNNING  p0=2"], r.stdout
 
     # A second daemon and an offline command on an owned state_dir are refused, naming the owner; nothing changes.
     lock = lock_state_dir(state)
@@ -89,6 +94,10 @@ def test_every_command_exits_by_the_table(complete: tuple[Path, str], tmp_path: 
         for args in (("run",), ("migrate",)):
             r = globald(args[0], "--config", cfg, *args[1:])
             assert r.returncode == exitcodes.REFUSED and f"pid {os.getpid()}" in one_line(r), (args, r.stderr)
+        # The lock held and no status published: a daemon starting, said as such; its stores are not opened.
+        r = globald("status", "--config", cfg)
+        assert r.returncode == exitcodes.UNAVAILABLE and f"(pid {os.getpid()}) is starting on state_dir {state}" \
+            in one_line(r), r.stderr
     finally:
         lock.close()
 

@@ -47,7 +47,9 @@ def test_the_config_status_round_trips_and_reaches_the_metrics() -> None:
                           {"time": 1_700_000_000.5, "result": "refused", "error": "state_dir: cannot change"})
     doc = DaemonStatus(State.RUNNING, 42, {}, config=status)
     assert DaemonStatus.from_json(doc.to_json()).config == status
-    assert "  config: generation 3, last reload refused: state_dir: cannot change" in status_lines(doc)
+    config = [line for line in status_lines(doc) if line.startswith("  config:")]
+    assert len(config) == 1 and config[0].startswith(f"  config: generation 3, sha256 {'ab' * 32}; last reload ")
+    assert config[0].endswith(" refused: state_dir: cannot change"), config
     assert DaemonStatus.from_json({"state": "RUNNING", "config": {"generation": "x"}}).config is None
     text = Metrics(lambda: Sample(doc=doc), lambda: (0.0, 0.0)).render().decode()
     assert "globald_config_generation 3.0" in text
