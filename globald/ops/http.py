@@ -133,7 +133,9 @@ class HttpServer:
                               ) from None
 
     def start(self) -> None:
-        """Serve, binding first unless ``bind`` did."""
+        """Serve, binding first unless ``bind`` did (once: a second call is a no-op)."""
+        if self._thread is not None:
+            return
         self.bind()
         assert self._server is not None
         server = self._server

@@ -95,10 +95,11 @@ class Operations:
     @contextmanager
     def listening(self) -> Iterator[None]:
         """The HTTP address taken before the daemon writes its state_dir (a port in use is a config error, exit 2,
-        with nothing created or bootstrapped), served from ``start``; closed on the way out, whether or not the
-        daemon got as far as serving (``stop`` closes it first on a normal stop)."""
+        with nothing created or bootstrapped), and served at once: while the daemon starts (waiting for its disk,
+        bootstrapping from an export) /status and /readyz answer 503 CREATED rather than leave a probe hanging on a
+        socket nobody accepts from. Closed on the way out (``stop`` closes it first on a normal stop)."""
         if self.http is not None:
-            self.http.bind()
+            self.http.start()
         try:
             yield
         finally:

@@ -13,6 +13,8 @@ import random
 import shutil
 import socket
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,7 @@ from typing import Any
 import fastavro
 import pytest
 
+from globald.embedded.broker import free_port
 from globald.settings.config import load
 from globald.store.names import snapshots_dir
 from globald.typed import load_table
@@ -197,7 +200,8 @@ def test_status_says_starting_while_the_daemon_waits_for_the_registry_at_start(
     with socket.socket() as silent:  # the kernel completes connections to it (its backlog); nothing ever answers
         silent.bind(("127.0.0.1", 0))
         silent.listen(16)
-        d = daemon({"cust": t}, start=False,
+        http_port = free_port()
+        d = daemon({"cust": t}, start=False, http={"enabled": True, "port": http_port},
                    registry={"url": f"http://127.0.0.1:{silent.getsockname()[1]}", "timeout": 300})
         d.config.write_text(d.config.read_text().replace("timeout = 300\n", 'timeout = 300\n"max.retries" = 0\n')
                             + SECTION)
@@ -213,6 +217,14 @@ def test_status_says_starting_while_the_daemon_waits_for_the_registry_at_start(
                                          "a moment"], r.stderr
         doc = json.loads(globald("status", "--config", str(d.config), "--json").stdout)
         assert doc["state"] == "CREATED" and doc["pid"] == d.pid and doc["tables"] == {}, doc
+        # Its HTTP port, taken before the state_dir, answers at once: not ready, starting (a probe left hanging on
+        # a bound socket nobody accepts from held the chaos campaign past the restore it meant to fault).
+        for path in ("/readyz", "/status"):
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{http_port}{path}", timeout=10)
+                raise AssertionError(f"{path} answered 2xx while the daemon starts")
+            except urllib.error.HTTPError as e:
+                assert e.code == 503 and json.loads(e.read())["state"] == "CREATED", path
     # Closed: the connections it held are reset, the daemon starts without the registry, and status is its own.
     d.wait_running({"cust": broker.admin.end_offsets(t)}, timeout=120)
     assert globald("status", "--config", str(d.config)).returncode == exitcodes.OK
