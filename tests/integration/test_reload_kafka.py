@@ -26,7 +26,8 @@ from globald.snapshot import exact_requests
 from globald.snapshot.exact_requests import Code
 from tests.harness import Broker, DaemonProcess, oracle_at, random_records
 from tests.integration.snapshot_helpers import snapshot_values
-from tests.integration.test_export import _equals_fold, _export_at, _export_conf, _exporter
+from tests.integration.test_export import _export_conf
+from tests.integration.test_export_refill import add_from_export, exported_and_another
 from tests.integration.test_reload import edit, reload
 
 pytestmark = pytest.mark.kafka
@@ -129,26 +130,13 @@ def test_a_kafka_reload_reaches_the_exact_builds_clients(broker: Broker, topic: 
 @pytest.mark.long  # an exporter daemon, its export, a second daemon and two reloads: over 30 s
 def test_a_table_added_after_a_kafka_reload_starts_from_a_usable_export(broker: Broker, topic: Callable[..., str],
                                                                         daemon: Daemon, tmp_path: Path) -> None:
-    t, root, exporter = _exporter(daemon, broker, topic, tmp_path, 1_500, 300, 403)
-    done = _export_at(exporter, root, broker.admin.end_offsets(t))
-    exporter.stop()
-    broker.admin.produce(t, random_records(200, keys=300, seed=404, tombstones=0.1))  # the tail after the export
-    u = topic(partitions=1)
-    broker.admin.produce(u, random_records(200, keys=50, seed=405, tombstones=0.1))
+    t, u, root, done = exported_and_another(broker, topic, daemon, tmp_path, 403)
     d, dead = _broken(broker, daemon, {"other": u}, metadata_refresh_ms=300, export=_export_conf(root),
                       state_dir=tmp_path / "state-b")
-    pid = d.pid
     _fix(broker, d)
     d.wait_running({"other": broker.admin.end_offsets(u)})
-
-    d.config.write_text(d.config.read_text() + f'[[tables]]\nname = "tbl"\ntopic = "{t}"\n')
-    r = reload(d)
-    assert r.returncode == exitcodes.OK, f"{r.stdout}{r.stderr}\n{d.tail()}"
-    doc = d.wait_running({"tbl": broker.admin.end_offsets(t), "other": broker.admin.end_offsets(u)}, timeout=120)
-    table = doc["tables"]["tbl"]
-    assert table["origin"]["kind"] == "export" and table["origin"]["export"] == done["export"], table["origin"]
-    assert table["origin"]["tail"] >= 200 and doc["pid"] == pid
-    _equals_fold(broker, t, d, table)
+    # Its bootstrap asks the broker about the export with the [kafka] settings in force, not the start's.
+    add_from_export(broker, d, t, u, done)
 
     assert d.stop() == 0
     # The loop's new consumer, the cluster worker's new reader, the bootstrap's consumer and reader
