@@ -28,6 +28,7 @@ from globald.engine.state_manager import StateManager
 from globald.engine.thread import GlobalThread
 from globald.settings.config import Config
 from globald.settings.kafka_properties import CONSUMER_DEFAULTS
+from globald.settings.ref import ConfigRef
 from globald.snapshot.publisher import SnapshotPublisher
 from globald.store.codec import NO_TIMESTAMP, encode_offset, pack_i64, partition_key
 from globald.store.names import OFFSETS_CF, VALUES_CF
@@ -322,7 +323,7 @@ class RunningGlobald:
         self.probes: list[Callable[[], None]] = []  # called on the loop thread after every turn
         bus = EventBus()
         manager = StateManager(config, bus.emit)
-        self.publisher = SnapshotPublisher(config, manager) if snapshots else None
+        self.publisher = SnapshotPublisher(ConfigRef(config), manager) if snapshots else None
         services: list[LoopService] = [self.publisher] if self.publisher is not None else []
         self.thread = GlobalThread(config, manager, bus.emit, services=[*services, _Probes(self.probes)])
         bus.connect(deliver(self.listeners), *([self.publisher.on_event] if self.publisher is not None else []))

@@ -21,7 +21,8 @@ from globald.engine.refill import Refilled
 from globald.export.bootstrap import Origin, Staged, staging_dir
 from globald.export.startup import BootstrapWorker
 from globald.export.target import masked
-from globald.settings.config import Config, TableConfig
+from globald.settings.config import TableConfig
+from globald.settings.ref import ConfigRef
 
 log = logging.getLogger(__name__)
 
@@ -36,14 +37,16 @@ class ExportRefills:
     """``engine.refill.Refills`` from the export storage. ``record(table, origin)`` tells status where the table's
     store came from; ``looked_at_start(table)`` whether this run's start already looked for an export for it."""
 
-    def __init__(self, config: Config, record: Callable[[str, Origin], None],
+    def __init__(self, config: ConfigRef, record: Callable[[str, Origin], None],
                  looked_at_start: Callable[[str], bool]) -> None:
-        assert config.export is not None
-        self.config = config
-        self.export = config.export
+        now = config.now
+        assert now.export is not None
+        self._config = config  # each bootstrap asks Kafka with the [kafka] settings in force when it begins
+        self.state_dir = now.state_dir  # state_dir and [export] need a restart
+        self.export = now.export
         self._record = record
         self._looked_at_start = looked_at_start
-        self._tables = {t.name: t for t in config.tables}
+        self._tables = {t.name: t for t in now.tables}
         self._out: dict[str, _Out] = {}
 
     def add_table(self, tc: TableConfig) -> None:
@@ -65,7 +68,7 @@ class ExportRefills:
                                                          "unwinding: restored from the topic", uri=uri))
             return False
         stop, install = threading.Event(), Staged()
-        worker = BootstrapWorker(self.config, self._tables[table], stop, install)
+        worker = BootstrapWorker(self._config.now, self._tables[table], stop, install)
         self._out[table] = _Out(worker, install, stop, kind)
         log.info("table %s: emptied (%s); looking for an export in %s", table, kind, uri)
         self._record(table, Origin("topic", fallback=f"emptied ({kind}): looking for an export", uri=uri))
@@ -89,7 +92,7 @@ class ExportRefills:
         if origin.kind == "export":
             log.info("table %s: bootstrapped from export %s after a wipe (%d bytes in %.1f s)", table, origin.export,
                      origin.bytes_downloaded, origin.seconds)
-            return Refilled(staging_dir(self.config.state_dir, table))
+            return Refilled(staging_dir(self.state_dir, table))
         log.warning("table %s: restoring from the topic: %s", table, origin.fallback)
         return Refilled(None)
 
@@ -101,4 +104,4 @@ class ExportRefills:
         out.install.cancel()
         if not out.worker.is_alive():
             del self._out[table]
-            shutil.rmtree(staging_dir(self.config.state_dir, table), ignore_errors=True)
+            shutil.rmtree(staging_dir(self.state_dir, table), ignore_errors=True)

@@ -26,7 +26,8 @@ from globald.export.bootstrap import Origin
 from globald.export.exporter import ExportStopped, export_snapshot
 from globald.export.refill import ExportRefills
 from globald.export.target import Target, TargetError, masked
-from globald.settings.config import Config, ExportConfig, TableConfig
+from globald.settings.config import ExportConfig, TableConfig
+from globald.settings.ref import ConfigRef
 from globald.snapshot import leases
 from globald.snapshot.manifest import Manifest
 from globald.snapshot.reader import manifests_of
@@ -88,12 +89,13 @@ class _Table:
 
 
 class ExportService:
-    def __init__(self, config: Config, engine: EngineView) -> None:
-        assert config.export is not None
-        self.config = config
-        self.export: ExportConfig = config.export
+    def __init__(self, config: ConfigRef, engine: EngineView) -> None:
+        now = config.now
+        assert now.export is not None
+        self.state_dir = now.state_dir  # state_dir and [export] need a restart
+        self.export: ExportConfig = now.export
         self.engine = engine
-        self._tables = {t.name: _Table() for t in config.tables}
+        self._tables = {t.name: _Table() for t in now.tables}
         self._jobs: queue.Queue[_Job | None] = queue.Queue()
         self._done: queue.Queue[tuple[str, dict[str, Any] | None, str | None]] = queue.Queue()
         self._stop = threading.Event()
@@ -114,7 +116,7 @@ class ExportService:
         for name, tab in self._tables.items():
             tab.next_at = first
             with contextlib.suppress(OSError):  # left by a daemon killed mid-upload: it would pin for LEASE_S
-                leases.release(snapshots_dir(self.config.state_dir, name), self._lease_holder(name))
+                leases.release(snapshots_dir(self.state_dir, name), self._lease_holder(name))
         self._worker.start()
 
     def close(self) -> None:
@@ -124,7 +126,7 @@ class ExportService:
         for name, tab in self._tables.items():
             if tab.busy:
                 with contextlib.suppress(OSError):
-                    leases.release(snapshots_dir(self.config.state_dir, name), self._lease_holder(name))
+                    leases.release(snapshots_dir(self.state_dir, name), self._lease_holder(name))
             for r in tab.waiting:
                 r.settle("the daemon stopped before the export; nothing was exported")
             tab.waiting = []
@@ -192,7 +194,7 @@ class ExportService:
                 tab.waiting = [r for r in tab.waiting if not r.settled]
                 continue
             try:  # pinned before the worker sees it: retention runs on this thread, so nothing deletes it between
-                leases.take(snapshots_dir(self.config.state_dir, name), self._lease_holder(name), snap.id, LEASE_S)
+                leases.take(snapshots_dir(self.state_dir, name), self._lease_holder(name), snap.id, LEASE_S)
             except OSError as e:
                 swallowed.record("export_lease", e, log, "table %s: cannot lease snapshot %s for its export: %s",
                                  name, snap.id, e)
@@ -204,7 +206,7 @@ class ExportService:
     def _verified_snapshot(self, name: str, tab: _Table) -> Manifest | None:
         if tab.shown is None:
             return None
-        for m in manifests_of(self.config.state_dir, name):  # newest first
+        for m in manifests_of(self.state_dir, name):  # newest first
             if not m.stale and m.created > tab.wiped_at and set(m.offsets) <= set(tab.shown) \
                     and within(m.offsets, tab.shown):
                 return m
@@ -237,7 +239,7 @@ class ExportService:
             job = self._jobs.get()
             if job is None:
                 return
-            snap_dir = snapshots_dir(self.config.state_dir, job.table)
+            snap_dir = snapshots_dir(self.state_dir, job.table)
             try:
                 if target is None:
                     target = Target(self.export.uri)

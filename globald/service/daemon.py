@@ -36,6 +36,7 @@ from globald.service import signals
 from globald.service.reload import Reloader
 from globald.settings.changes import Change
 from globald.settings.config import Config
+from globald.settings.ref import ConfigRef
 from globald.snapshot.dropped import DroppedSnapshots
 from globald.snapshot.publisher import SnapshotPublisher
 from globald.snapshot.space import disk_status
@@ -80,9 +81,11 @@ class Daemon:
         self.stats = LoopStats()
         rebuilds = RebuildRequests()
         self.manager = StateManager(config, self.bus.emit)
-        self.snapshots = SnapshotPublisher(config, self.manager)
+        # The config in force for the parts that read it, or make Kafka clients, after a reload (``_reconfigure``)
+        self.config_ref = ConfigRef(config)
+        self.snapshots = SnapshotPublisher(self.config_ref, self.manager)
         self.ops = Operations(config, self.manager, self.stats, rebuilds, self.snapshots, progress)
-        self.exports = _exports(config, self.manager)  # None unless [export] is configured
+        self.exports = _exports(self.config_ref, self.manager)  # None unless [export] is configured
         self.thread = GlobalThread(config, self.manager, self.bus.emit, services=(
                                        (self.snapshots, self.ops, self) if self.exports is None else
                                        (self.snapshots, self.ops, self, self.exports)),
@@ -168,6 +171,8 @@ class Daemon:
             if http is not None:
                 http.stop()
             raise
+        # In force from here: clients made from now on (exact builds, a new table's bootstrap) take its [kafka]
+        self.config_ref.set(config)
         self.snapshots.reconfigure(config)
         for c in changed:
             if c.redeclared is not None:  # nothing to replay: decoded with the new declaration from the next version
@@ -308,9 +313,9 @@ class Daemon:
         return None
 
 
-def _exports(config: Config, engine: StateManager) -> ExportService | None:
+def _exports(config: ConfigRef, engine: StateManager) -> ExportService | None:
     """The exporter when [export] is configured (imported only then: pyarrow is needed only then)."""
-    if config.export is None:
+    if config.now.export is None:
         return None
     from globald.export.service import ExportService
 

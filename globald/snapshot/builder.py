@@ -23,7 +23,8 @@ from globald.common.errors import GlobaldError
 from globald.engine.fold import fold
 from globald.kafka.clients import TransientKafkaError, make_consumer, partitions, watermarks
 from globald.kafka.identity import VERIFY_TIMEOUT_S, RecordReader, verify
-from globald.settings.config import Config, TableConfig
+from globald.settings.config import TableConfig
+from globald.settings.ref import ConfigRef
 from globald.snapshot.exact_requests import Code
 from globald.snapshot.manifest import Offsets
 from globald.store import layout
@@ -96,11 +97,13 @@ def link_base(base_db: Path, work_db: Path) -> None:
 
 
 class Builder:
-    """Exact builds for one daemon; used by one worker thread, which owns its consumer."""
+    """Exact builds for one daemon; used by one worker thread, which owns its consumer. Its clients are kept from
+    one build to the next, and made again when a reload moved the config's generation (new [kafka] properties)."""
 
-    def __init__(self, config: Config, stop: threading.Event) -> None:
-        self.config = config
-        self.options = StoreOptions.from_config(config.store)
+    def __init__(self, config: ConfigRef, stop: threading.Event) -> None:
+        self._ref = config
+        self.config, self._generation = config.get()  # the config of the build under way, and of the clients
+        self.options = StoreOptions.from_config(self.config.store)  # [store] changes need a restart
         self._stop = stop
         self._consumer: Consumer | None = None
         self._reader: RecordReader | None = None  # the identity check's, long-lived as the consumer is
@@ -112,6 +115,14 @@ class Builder:
         if self._reader is not None:
             self._reader.close()
             self._reader = None
+
+    def _in_force(self) -> None:
+        """Take the config in force for the next build; clients made under an earlier one are closed, so that the
+        build makes new ones with the settings in force."""
+        config, generation = self._ref.get()
+        if generation != self._generation:
+            self.close()
+        self.config, self._generation = config, generation
 
     def _client(self) -> Consumer:
         if self._consumer is None:
@@ -139,6 +150,7 @@ class Builder:
               work: Path, deadline: float, verified: Mapping[int, Sequence[Fingerprint]] | None = None) -> Built:
         """Write the snapshot database into ``work/db``, durably; raises BuildRefused. ``verified``: the fingerprints
         the engine's last identity check found (``engine.events.Verified``), read back before the base's own."""
+        self._in_force()
         marks = self._marks(table.topic, deadline)
         start = check_target(target, marks, base)
         db_path = work / SNAPSHOT_DB_DIR

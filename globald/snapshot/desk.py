@@ -22,6 +22,7 @@ from globald.common import swallowed
 from globald.common.states import State
 from globald.engine.view import EngineView
 from globald.settings.config import Config
+from globald.settings.ref import ConfigRef
 from globald.snapshot import exact_requests as requests
 from globald.snapshot import leases
 from globald.snapshot.exact_builds import ExactBuilds, base_for, no_room
@@ -41,20 +42,20 @@ NO_ROOM_EVERY_S = 60.0  # a build refused for room is logged at most this often 
 
 
 class RequestDesk:
-    def __init__(self, config: Config, engine: EngineView, tables: dict[str, SnapshotTable], ids: SnapshotIds,
+    def __init__(self, config: ConfigRef, engine: EngineView, tables: dict[str, SnapshotTable], ids: SnapshotIds,
                  publishing: Publishing, retention: Retention) -> None:
-        self.config = config
+        self._config = config
         self.engine = engine
-        self.build_timeout = config.snapshots.build_timeout_ms / 1000
         self._tables = tables
         self._ids = ids
         self._publishing = publishing
         self._retention = retention
         self._builds = ExactBuilds(config, tables, self)
 
-    def reconfigure(self, config: Config) -> None:
-        self.config = config
-        self.build_timeout = config.snapshots.build_timeout_ms / 1000
+    @property
+    def config(self) -> Config:
+        """The config in force (a reload's build_timeout_ms holds for builds asked from then on)."""
+        return self._config.now
 
     def start(self) -> None:
         self._builds.start()
@@ -102,7 +103,8 @@ class RequestDesk:
         if short is not None:  # refused before anything is written: nothing half-built is left
             self.answer(tab, Response(req.id, Code.NO_ROOM, short))
             return
-        self._builds.submit(tab.name, req, tab.generation, time.monotonic() + self.build_timeout)
+        timeout = self.config.snapshots.build_timeout_ms / 1000
+        self._builds.submit(tab.name, req, tab.generation, time.monotonic() + timeout)
 
     def _room_for_build(self, tab: SnapshotTable, req: Request) -> str | None:
         """None when the state_dir has room for building ``req`` (``snapshot.space.BuildNeed``), after freeing what

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from globald.common import swallowed
-from globald.settings.config import Config
+from globald.settings.ref import ConfigRef
 from globald.snapshot import manifest as manifests
 from globald.snapshot.builder import Builder, BuildRefused
 from globald.snapshot.exact_requests import Code, Request, Response
@@ -63,8 +63,9 @@ class BuildHost(Protocol):
 class ExactBuilds:
     """The worker thread and its queue of admitted requests."""
 
-    def __init__(self, config: Config, tables: Mapping[str, SnapshotTable], host: BuildHost) -> None:
-        self.config = config
+    def __init__(self, config: ConfigRef, tables: Mapping[str, SnapshotTable], host: BuildHost) -> None:
+        self._config = config  # the builder takes the config in force at each build
+        self._state_dir = config.now.state_dir  # a restart's key
         self._tables = tables
         self._host = host
         self._stop = threading.Event()
@@ -91,7 +92,7 @@ class ExactBuilds:
         self._jobs.put(Job(table, request, generation, deadline))
 
     def _work(self) -> None:
-        builder = Builder(self.config, self._stop)
+        builder = Builder(self._config, self._stop)
         try:
             while not self._stop.is_set():
                 try:
@@ -131,21 +132,21 @@ class ExactBuilds:
         name, target = tab.config.name, job.request.offsets
         if job.generation != tab.generation:
             raise BuildRefused(Code.REBUILDING, f"table {name} was wiped after the request; it is rebuilding")
-        done = find_exact(self.config.state_dir, name, target)
+        done = find_exact(self._state_dir, name, target)
         if done is not None:  # an earlier request for the same offsets built it
             return done
         work = tab.dir / f"{SNAPSHOT_BUILD_PREFIX}{job.request.id}"
         with tab.locked():
-            found = manifests_of(self.config.state_dir, name)
+            found = manifests_of(self._state_dir, name)
             base = base_for(found, target)
             if base is not None:
                 tab.hold_base(base.id)
             verified = tab.fingerprints()
         try:
             # Admitted with room (the publisher freed what it may); an earlier build may have taken it since.
-            need = build_need(self.config.state_dir, name, target, base, tab.dir / base.id if base else None,
+            need = build_need(self._state_dir, name, target, base, tab.dir / base.id if base else None,
                               found[0].records if found else 0)
-            free = store_space.free_bytes(self.config.state_dir)
+            free = store_space.free_bytes(self._state_dir)
             if free is not None and free < need.total:
                 raise BuildRefused(Code.NO_ROOM, no_room(name, target, need, free, 0))
             started = time.perf_counter()

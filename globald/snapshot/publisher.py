@@ -25,6 +25,7 @@ from globald.engine.events import Event, StateChanged, Verified, Wiped
 from globald.engine.view import EngineView
 from globald.ops.status import SnapshotStatus
 from globald.settings.config import Config, TableConfig
+from globald.settings.ref import ConfigRef
 from globald.snapshot import recreated
 from globald.snapshot.desk import RequestDesk
 from globald.snapshot.exact_requests import Response
@@ -40,15 +41,21 @@ log = logging.getLogger(__name__)
 
 
 class SnapshotPublisher:
-    def __init__(self, config: Config, engine: EngineView) -> None:
-        self.config = config
+    def __init__(self, config: ConfigRef, engine: EngineView) -> None:
+        self._config = config
+        now = config.now
         self.engine = engine
-        self._tables = {t.name: SnapshotTable(t, snapshots_dir(config.state_dir, t.name)) for t in config.tables}
+        self._tables = {t.name: SnapshotTable(t, snapshots_dir(now.state_dir, t.name)) for t in now.tables}
         self._ids = SnapshotIds()
-        self.disk = DiskGuard(config.state_dir, config.snapshots.build_timeout_ms / 1000)
-        self._retention = Retention(config, self.disk, config.snapshots.interval_ms / 1000)
-        self._publishing = Publishing(config, engine, self._tables, self._ids, self._retention)
+        self.disk = DiskGuard(now.state_dir, now.snapshots.build_timeout_ms / 1000)
+        self._retention = Retention(now, self.disk, now.snapshots.interval_ms / 1000)
+        self._publishing = Publishing(now, engine, self._tables, self._ids, self._retention)
         self._desk = RequestDesk(config, engine, self._tables, self._ids, self._publishing, self._retention)
+
+    @property
+    def config(self) -> Config:
+        """The config in force."""
+        return self._config.now
 
     # -- lifecycle (daemon's main thread) ---------------------------------------------------------------------
 
@@ -81,11 +88,9 @@ class SnapshotPublisher:
     # -- a reload (loop thread, ``service.reload``) -----------------------------------------------------------
 
     def reconfigure(self, config: Config) -> None:
-        """A reload's [snapshots] settings: the interval from the next publish, retention from the next sweep,
-        build_timeout_ms for builds asked from now on."""
-        self.config = config
+        """A reload's [snapshots] settings: the interval from the next publish, retention from the next sweep (the
+        request desk and its builds read the config in force themselves)."""
         self._publishing.reconfigure(config)
-        self._desk.reconfigure(config)
         self._retention.reconfigure(config)
 
     def add_table(self, tc: TableConfig) -> None:

@@ -8,6 +8,7 @@ import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -125,18 +126,24 @@ def test_a_refill_from_slow_storage_holds_one_table_is_stopped_at_once_and_falls
     silent.close()
 
 
-def test_a_table_added_by_a_reload_bootstraps_from_an_export_and_a_dropped_one_is_no_longer_exported(
-        broker: Broker, topic: Callable[..., str], daemon: Daemon, tmp_path: Path) -> None:
-    t, root, exporter = _exporter(daemon, broker, topic, tmp_path, 1_500, 300, 369)
+def exported_and_another(broker: Broker, topic: Callable[..., str], daemon: Daemon, tmp_path: Path,
+                         seed: int) -> tuple[str, str, Path, dict[str, Any]]:
+    """A topic exported to ``tmp_path/exports`` (its exporter stopped) with 200 records after the export, and a
+    one-partition topic for another table: (topic, other topic, export root, the export)."""
+    t, root, exporter = _exporter(daemon, broker, topic, tmp_path, 1_500, 300, seed)
     done = _export_at(exporter, root, broker.admin.end_offsets(t))
     exporter.stop()
-    broker.admin.produce(t, random_records(200, keys=300, seed=370, tombstones=0.1))  # the tail after the export
+    broker.admin.produce(t, random_records(200, keys=300, seed=seed + 1, tombstones=0.1))  # the tail after it
     u = topic(partitions=1)
-    broker.admin.produce(u, random_records(200, keys=50, seed=371, tombstones=0.1))
-    d = daemon({"other": u}, metadata_refresh_ms=300, export=_export_conf(root), state_dir=tmp_path / "state-b")
-    d.wait_running({"other": broker.admin.end_offsets(u)})
-    pid, one_table = d.pid, d.config.read_text()
-    d.config.write_text(one_table + f'[[tables]]\nname = "tbl"\ntopic = "{t}"\n')
+    broker.admin.produce(u, random_records(200, keys=50, seed=seed + 2, tombstones=0.1))
+    return t, u, root, done
+
+
+def add_from_export(broker: Broker, d: DaemonProcess, t: str, u: str, done: dict[str, Any]) -> None:
+    """Add table ``tbl`` (topic ``t``) to ``d`` (table ``other`` on ``u``) by a reload: it starts from the export
+    ``done``, replays only the tail and equals the fold, in the same process."""
+    pid = d.pid
+    d.config.write_text(d.config.read_text() + f'[[tables]]\nname = "tbl"\ntopic = "{t}"\n')
     r = reload(d)
     assert r.returncode == exitcodes.OK, f"{r.stdout}{r.stderr}\n{d.tail()}"
     doc = d.wait_running({"tbl": broker.admin.end_offsets(t), "other": broker.admin.end_offsets(u)}, timeout=120)
@@ -144,6 +151,15 @@ def test_a_table_added_by_a_reload_bootstraps_from_an_export_and_a_dropped_one_i
     assert table["origin"]["kind"] == "export" and table["origin"]["export"] == done["export"], table["origin"]
     assert table["origin"]["tail"] >= 200 and doc["pid"] == pid
     _equals_fold(broker, t, d, table)
+
+
+def test_a_table_added_by_a_reload_bootstraps_from_an_export_and_a_dropped_one_is_no_longer_exported(
+        broker: Broker, topic: Callable[..., str], daemon: Daemon, tmp_path: Path) -> None:
+    t, u, root, done = exported_and_another(broker, topic, daemon, tmp_path, 369)
+    d = daemon({"other": u}, metadata_refresh_ms=300, export=_export_conf(root), state_dir=tmp_path / "state-b")
+    d.wait_running({"other": broker.admin.end_offsets(u)})
+    pid, one_table = d.pid, d.config.read_text()
+    add_from_export(broker, d, t, u, done)
     d.config.write_text(one_table)  # drop it again: no longer exported, the others untouched
     r = reload(d)
     assert r.returncode == exitcodes.OK, f"{r.stdout}{r.stderr}\n{d.tail()}"

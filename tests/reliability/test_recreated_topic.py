@@ -19,6 +19,7 @@ import pytest
 
 from globald.embedded.oracle import Table, fold
 from globald.settings.config import load
+from globald.settings.ref import ConfigRef
 from globald.snapshot import leases
 from globald.snapshot import manifest as manifests
 from globald.snapshot.builder import Builder, BuildRefused
@@ -132,7 +133,7 @@ def test_an_exact_build_never_adds_a_new_topic_to_an_old_base(broker: Broker, to
     base = manifests_of(d.state_dir, "tbl")[0]
     replace_topic(broker, t, seed=67)
     config = load(d.config)
-    builder = Builder(config, threading.Event())
+    builder = Builder(ConfigRef(config), threading.Event())
     try:
         with pytest.raises(BuildRefused) as refused:
             builder.build(config.tables[0], broker.admin.end_offsets(t), base.offsets,
@@ -222,7 +223,7 @@ def exact_build_on_a_mixed_base(d: DaemonProcess, tmp_path: Path, mixed: Path, v
         del meta
     m = manifests.read(mixed, "tbl")
     config = load(d.config)
-    builder = Builder(config, threading.Event())
+    builder = Builder(ConfigRef(config), threading.Event())
     try:
         builder.build(config.tables[0], m.offsets, m.offsets, mixed, tmp_path / "unchecked", time.monotonic() + 60)
         with pytest.raises(BuildRefused) as refused:

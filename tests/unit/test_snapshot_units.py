@@ -397,11 +397,12 @@ def test_open_refuses_missing_bad_and_stale(tmp_path: Path) -> None:
 def _publisher(state: Path) -> Any:
     from globald.engine.state_manager import StateManager
     from globald.settings.config import parse
+    from globald.settings.ref import ConfigRef
     from globald.snapshot.publisher import SnapshotPublisher
 
     cfg = parse({"state_dir": str(state), "kafka": {"bootstrap.servers": "127.0.0.1:9"},
                  "tables": [{"name": "tbl", "topic": "topic"}], "snapshots": {"retain": 1}})
-    return SnapshotPublisher(cfg, StateManager(cfg, lambda event: None))
+    return SnapshotPublisher(ConfigRef(cfg), StateManager(cfg, lambda event: None))
 
 
 def test_retention_keeps_a_snapshot_whose_manifest_the_disk_cannot_read(tmp_path: Path) -> None:
