@@ -44,6 +44,7 @@ def assert_same_as_cli(d: DaemonProcess, tries: int = 5) -> dict[str, Any]:
     return cli
 
 
+@pytest.mark.kafka
 def test_status_in_process_is_the_clis_running_killed_and_stopped(broker: Broker, topic: Callable[..., str],
                                                                  daemon: Daemon) -> None:
     t = topic()
