@@ -69,7 +69,7 @@ def test_metrics_health_status_get_and_reset(broker: Broker, topic: Callable[...
     for _ in range(20):
         status, body = fetch(port, "/status")
         assert status == 200
-        cli = d.status()
+        cli = d.status_cli()
         live, again = json.loads(body), json.loads(fetch(port, "/status")[1])
         for x in (live, cli, again):
             x.pop("updated")
