@@ -142,7 +142,11 @@ class HttpServer:
         self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.5},
                                         name="globald-http", daemon=True)
         self._thread.start()
-        log.info("http endpoint on http://%s:%d (/metrics /healthz /readyz /status)", *_bound(server))
+
+    def announce(self) -> None:
+        """Say where it serves, once the daemon has started (a start refused sooner says only why: one line)."""
+        assert self._server is not None
+        log.info("http endpoint on http://%s:%d (/metrics /healthz /readyz /status)", *_bound(self._server))
         if not is_loopback(self.config.host):
             log.warning("http endpoint on %s is reachable from other hosts and unauthenticated: anyone who can "
                         "connect reads /metrics and /status (table and topic names, offsets, errors); "

@@ -80,6 +80,7 @@ class Operations:
         self.inbox.open()
         if self.http is not None:
             self.http.start()
+            self.http.announce()
         self.hooks.start()
         if self.tracemalloc is not None:
             self.tracemalloc.start()
@@ -114,6 +115,7 @@ class Operations:
             return None  # unchanged, turned off, or the same address: the listener in place serves on
         server = HttpServer(new, Endpoints(self.metrics.render, self.status_doc, self.liveness))
         server.start()
+        server.announce()
         return server
 
     def reconfigure(self, config: Config, http: HttpServer | None) -> list[Callable[[], None]]:
