@@ -22,6 +22,7 @@ from globald.export.exporter import live_manifests
 from globald.export.target import Target
 from globald.settings.config import load
 from globald.store.reader import StoreReader
+from tests.ci import require_module
 from tests.harness import Broker, DaemonProcess, globald, oracle_at, random_records, values_only, write_config
 
 pytestmark = pytest.mark.kafka
@@ -265,7 +266,7 @@ def test_a_stop_during_a_bootstrap_is_seen_within_a_second(broker: Broker, topic
 @pytest.fixture
 def s3_emulator() -> Iterator[str]:
     """moto's S3 server, an emulator of S3 (not S3 itself), on a free loopback port; its endpoint."""
-    moto_server = pytest.importorskip("moto.server")
+    moto_server = require_module("moto.server", "test")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
