@@ -39,29 +39,45 @@ def edit(path: Path, pattern: str, replacement: str) -> None:
 
 
 class Background:
-    """``step`` again and again on a thread of its own, ``every`` seconds apart, while the ``with`` block runs."""
+    """``step`` again and again on a thread of its own, ``every`` seconds apart, while the ``with`` block runs. A
+    sampler that dies or never samples proves nothing: its error is raised again at the end of the block, and it
+    must have made at least ``min_steps`` steps."""
 
     every = 0.2
+    min_steps = 3
 
     def __init__(self) -> None:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
+        self.steps = 0
+        self.error: BaseException | None = None
 
     def step(self) -> None:
         raise NotImplementedError
 
     def _run(self) -> None:
-        while not self._stop.is_set():
-            self.step()
-            self._stop.wait(self.every)
+        try:
+            while not self._stop.is_set():
+                self.step()
+                self.steps += 1
+                self._stop.wait(self.every)
+        except BaseException as e:  # raised again on the test's thread by __exit__
+            self.error = e
 
     def __enter__(self) -> Any:
         self._thread.start()
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
         self._stop.set()
         self._thread.join(60)
+        if exc_type is not None:
+            return  # the block's own failure says more
+        assert not self._thread.is_alive(), f"{type(self).__name__}: a step did not end within 60 s"
+        if self.error is not None:
+            raise AssertionError(f"{type(self).__name__} died after {self.steps} steps") from self.error
+        assert self.steps >= self.min_steps, f"{type(self).__name__} made {self.steps} steps, fewer than " \
+                                             f"{self.min_steps}: it watched nothing"
 
 
 class StateWatch(Background):
