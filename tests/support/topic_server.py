@@ -25,6 +25,7 @@ from globald.embedded.broker import kafka_home, stop_process
 SOURCE = Path(__file__).with_name("TopicServer.java")
 BUILD = Path(__file__).resolve().parents[2] / "build" / "topic-server"
 START_TIMEOUT = 60.0
+STOP_TIMEOUT = 10.0
 
 log = logging.getLogger(__name__)
 _compile_lock = threading.Lock()
@@ -77,6 +78,7 @@ class TopicServer:
         self._stderr: IO[bytes] | None = None
         self._buf = bytearray()
         self._broken: str | None = None
+        self.last_exit: int | None = None  # the exit status of the last JVM stopped (0: it left on its own)
 
     @property
     def pid(self) -> int | None:
@@ -101,11 +103,12 @@ class TopicServer:
                 err = self._read_exactly(n_err, deadline).decode(errors="replace")
                 return status, out, err
             except subprocess.TimeoutExpired:
-                self._stop_locked()
+                self._stop_locked(grace=0)  # stuck in the command: no use waiting for it to read its stdin
                 raise subprocess.TimeoutExpired(["TopicServer", *args], timeout) from None
             except (OSError, EOFError, ValueError) as e:
                 # The JVM died (killed, out of memory, or an exit it could not refuse): the next call starts another.
                 self._stop_locked()
+                log.warning("the topic server died during %s (%r); that command runs in a JVM of its own", args, e)
                 raise TopicServerUnavailable(f"the topic server died during {args}: {e!r}") from e
 
     def stop(self) -> None:
@@ -143,16 +146,20 @@ class TopicServer:
             log.warning("%s; topic commands run in a JVM each", self._broken)
             raise TopicServerUnavailable(self._broken) from e
 
-    def _stop_locked(self) -> None:
+    def _stop_locked(self, grace: float = STOP_TIMEOUT) -> None:
         proc, self._proc = self._proc, None
         if proc is not None:
             for pipe in (proc.stdin, proc.stdout):
                 try:
                     if pipe is not None:
-                        pipe.close()  # its stdin at EOF: the JVM exits on its own
+                        pipe.close()  # its stdin at EOF: the JVM exits on its own, at once
                 except OSError:
                     pass
-            stop_process(proc, timeout=10)  # SIGTERM (then SIGKILL) for one that does not
+            try:
+                proc.wait(grace)
+            except subprocess.TimeoutExpired:
+                stop_process(proc, timeout=STOP_TIMEOUT)  # SIGTERM, then SIGKILL, for one stuck in a command
+            self.last_exit = proc.returncode
         if self._stderr is not None:
             self._stderr.close()
             self._stderr = None
