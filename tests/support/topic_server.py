@@ -77,7 +77,9 @@ class TopicServer:
         self._proc: subprocess.Popen[bytes] | None = None
         self._stderr: IO[bytes] | None = None
         self._buf = bytearray()
-        self._broken: str | None = None
+        # GLOBALD_TEST_TOPIC_SERVER=0 runs every command in a JVM of its own, as before the server (to compare).
+        self._broken: str | None = ("GLOBALD_TEST_TOPIC_SERVER=0" if os.environ.get("GLOBALD_TEST_TOPIC_SERVER") == "0"
+                                    else None)
         self.last_exit: int | None = None  # the exit status of the last JVM stopped (0: it left on its own)
 
     @property
