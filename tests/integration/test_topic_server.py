@@ -183,7 +183,8 @@ def test_commands_run_in_a_jvm_each_where_the_server_cannot_be_built(admin: ZooK
     t = f"ts{os.getpid()}-fallback"
     admin.create(t, partitions=2)
     try:
-        assert admin.topic_server.pid is None
+        assert admin.topic_server.pid is None and not admin.topic_server.available
+        assert admin.delete_poll_interval == JavaToolsAdmin.delete_poll_interval  # a JVM per look: look seldom
         assert _broker_partitions(admin).get(t) == 2
         with pytest.raises(RuntimeError, match="already exists"):
             admin._topic_command("--create", "--topic", t, "--partitions", "1", "--replication-factor", "1")

@@ -83,6 +83,11 @@ class TopicServer:
         self.last_exit: int | None = None  # the exit status of the last JVM stopped (0: it left on its own)
 
     @property
+    def available(self) -> bool:
+        """False once it could not start: commands then run in a JVM each."""
+        return self._broken is None
+
+    @property
     def pid(self) -> int | None:
         return self._proc.pid if self._proc is not None and self._proc.poll() is None else None
 
