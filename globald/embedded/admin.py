@@ -31,6 +31,11 @@ _SETTLING = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABL
 class TopicAdmin:
     """Common operations; subclasses provide create and delete."""
 
+    # Seconds between two looks at a topic being created, and deleted: each look costs a client (and, for a
+    # deletion on the 0.9 broker, a JVM), so globald demo looks seldom. Subclasses with cheaper looks look sooner.
+    topic_poll_interval = 0.2
+    delete_poll_interval = 0.5
+
     def __init__(self, client_settings: dict[str, Any]) -> None:
         # librdkafka's lines go through globald's filters (harmless 0.9 lines at DEBUG, repeats counted), not
         # straight to stderr, unless the caller brings its own logger.
@@ -113,10 +118,15 @@ class TopicAdmin:
                     return
             except Exception:
                 pass
-            time.sleep(0.2)
+            time.sleep(self.topic_poll_interval)
         raise TimeoutError(f"topic {topic} did not get {partitions} partitions")
 
     def close(self) -> None:
+        """Release what this admin holds; it stays usable (a later call opens what it needs again)."""
+        self._drop_producer()
+
+    def _drop_producer(self) -> None:
+        """Flush and forget the producer, which would otherwise keep naming its topics in metadata requests."""
         if self._producer is not None:
             self._producer.flush(10)
             self._producer = None
@@ -142,14 +152,19 @@ class JavaToolsAdmin(TopicAdmin):
         self.zookeeper = zookeeper
 
     def _topic_command(self, *args: str) -> str:
+        status, stdout, stderr = self._run_topic_tool(["--zookeeper", self.zookeeper, *args])
+        if status != 0 or "Error" in stdout:
+            raise RuntimeError(f"TopicCommand {' '.join(args)} failed: {stdout[-500:]} {stderr[-500:]}")
+        return stdout
+
+    def _run_topic_tool(self, args: list[str]) -> tuple[int, str, str]:
+        """kafka.admin.TopicCommand ``args`` in a JVM of its own: (exit status, stdout, stderr). The tests run
+        them in one long-lived JVM instead (tests/support/topic_server.py)."""
         home = kafka_home()
         cmd = ["java", "-Xmx128m", "-XX:+UseSerialGC", "-cp", f"{home}/libs/*",
-               f"-Dlog4j.configuration=file:{home}/config/tools-log4j.properties",
-               "kafka.admin.TopicCommand", "--zookeeper", self.zookeeper, *args]
+               f"-Dlog4j.configuration=file:{home}/config/tools-log4j.properties", "kafka.admin.TopicCommand", *args]
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-        if out.returncode != 0 or "Error" in out.stdout:
-            raise RuntimeError(f"TopicCommand {' '.join(args)} failed: {out.stdout[-500:]} {out.stderr[-500:]}")
-        return out.stdout
+        return out.returncode, out.stdout, out.stderr
 
     def create(self, topic: str, partitions: int = 3, compact: bool = True,
                config: dict[str, str] | None = None) -> None:
@@ -172,7 +187,7 @@ class JavaToolsAdmin(TopicAdmin):
     def delete(self, topic: str, wait: bool = True) -> None:
         # A producer that knows the topic names it in its metadata refreshes, which recreate it on a broker with
         # auto.create.topics.enable; the wait below asks ZooKeeper, not the broker, for the same reason.
-        self.close()
+        self._drop_producer()
         self._topic_command("--delete", "--topic", topic)
         if not wait:
             return
@@ -180,5 +195,5 @@ class JavaToolsAdmin(TopicAdmin):
         while time.monotonic() < deadline:
             if topic not in self._topic_command("--list").split():
                 return
-            time.sleep(0.5)
+            time.sleep(self.delete_poll_interval)
         raise TimeoutError(f"topic {topic} was not deleted")

@@ -15,6 +15,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartiti
 
 from globald.embedded import admin as product
 from globald.embedded.admin import JavaToolsAdmin, Record, TimedRecord
+from tests.support.topic_server import TopicServer, TopicServerUnavailable
 
 __all__ = ["ModernAdmin", "Record", "TansuAdmin", "TimedRecord", "TopicAdmin", "ZooKeeperAdmin"]
 
@@ -37,12 +38,38 @@ class TopicAdmin(product.TopicAdmin):
 
 
 class ZooKeeperAdmin(JavaToolsAdmin, TopicAdmin):
-    """The embedded 0.9 broker's admin (Kafka's TopicCommand through ZooKeeper), with the tests' topology changes."""
+    """The embedded 0.9 broker's admin (Kafka's TopicCommand through ZooKeeper), with the tests' topology changes.
+
+    Its topic commands run in one long-lived JVM (``TopicServer``), started on first use and stopped by ``close``,
+    or each in a JVM of its own, as ``globald demo`` runs them, where that server cannot run."""
+
+    # A look at the metadata costs a client: a topic is ready 0.1-0.5 s after the command, and the tests wait for
+    # hundreds of them.
+    topic_poll_interval = 0.05
+
+    def __init__(self, client_settings: dict[str, Any], zookeeper: str) -> None:
+        super().__init__(client_settings, zookeeper)
+        self.topic_server = TopicServer()
+
+    @property
+    def delete_poll_interval(self) -> float:  # type: ignore[override]
+        """A --list through the server costs milliseconds; in a JVM of its own, seconds of CPU."""
+        return 0.05 if self.topic_server.available else JavaToolsAdmin.delete_poll_interval
+
+    def _run_topic_tool(self, args: list[str]) -> tuple[int, str, str]:
+        try:
+            return self.topic_server.run(args)
+        except TopicServerUnavailable:
+            return super()._run_topic_tool(args)
+
+    def close(self) -> None:
+        super().close()
+        self.topic_server.stop()
 
     def add_partitions(self, topic: str, total: int) -> None:
         self._topic_command("--alter", "--topic", topic, "--partitions", str(total))
         self.wait_for_topic(topic, total)
-        self.close()  # the producer would not learn of the new partitions before its next metadata refresh
+        self._drop_producer()  # it would not learn of the new partitions before its next metadata refresh
 
     def advance_log_start(self, topic: str, timeout: float = 90.0) -> dict[int, int]:
         """Switch the topic to time retention briefly so the broker deletes every closed segment."""
