@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.kafka
 
 
-@pytest.mark.long  # over 30 s on an idle 2-core machine: the long lane (make test-long)
+@pytest.mark.long  # over 15 s on an idle 2-core machine: the long lane (make test-long)
 def test_bench_runs_end_to_end_on_a_small_topic(tmp_path: Path) -> None:
     out = tmp_path / "results"
     proc = subprocess.run(

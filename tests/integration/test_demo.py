@@ -73,7 +73,7 @@ def test_the_demo_page_shows_what_the_demo_prints() -> None:
 
 
 @pytest.mark.timeout(960)  # the demo's own phase bounds (PHASE_TIMEOUT_S) decide; this only stops a hang
-@pytest.mark.long  # over 30 s on an idle 2-core machine: the long lane (make test-long)
+@pytest.mark.long  # over 15 s on an idle 2-core machine: the long lane (make test-long)
 def test_demo_runs_end_to_end_from_any_directory(tmp_path: Path) -> None:
     started = time.monotonic()
     mark = uuid.uuid4().hex

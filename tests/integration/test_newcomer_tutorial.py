@@ -139,7 +139,7 @@ def shell(cwd: Path, env: dict[str, str], command: str, stdin: str | None = None
                           capture_output=True, text=True, timeout=timeout)
 
 
-@pytest.mark.long  # over 30 s on an idle 2-core machine: the long lane (make test-long)
+@pytest.mark.long  # over 15 s on an idle 2-core machine: the long lane (make test-long)
 def test_the_tutorial_runs_as_written(tmp_path: Path) -> None:
     blocks = tutorial_blocks()
     assert [b.kind for b in blocks].count("python") == 1 and blocks, "the tutorial's blocks are not where expected"

@@ -94,7 +94,7 @@ def check_dump(r: Any, fold_at: Callable[[dict[str, int]], Table]) -> dict[str, 
     return dict(meta)
 
 
-@pytest.mark.long  # over 30 s on an idle 2-core machine: the long lane (make test-long)
+@pytest.mark.long  # over 15 s on an idle 2-core machine: the long lane (make test-long)
 def test_get_and_dump_never_answer_from_a_half_rebuilt_table(broker: Broker, topic: Callable[..., str],
                                                              daemon: Callable[..., DaemonProcess],
                                                              tmp_path: Path) -> None:

@@ -139,7 +139,7 @@ def test_one_hostile_value_is_one_decode_error_for_the_daemon_and_get(
     assert d.wait_for(lambda s: True)["pid"] == pid and d.stop() == 0
 
 
-@pytest.mark.long  # over 15 s (make test stays under 25 minutes)
+@pytest.mark.long  # over 15 s on an idle 2-core machine: the long lane (make test-long)
 def test_a_quiet_typed_table_keeps_its_current_and_is_decoded_once(
         broker: Broker, topic: Callable[..., str], daemon: Daemon, tmp_path: Path) -> None:
     """Before the fix, the columnar file counted as bytes CURRENT held alone: once over 1 MB and 25 % of the live

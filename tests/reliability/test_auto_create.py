@@ -43,7 +43,7 @@ def topics(own: Own) -> Iterator[Callable[[], set[str]]]:
         c.close()
 
 
-@pytest.mark.long  # over 30 s on an idle 2-core machine: the long lane (make test-long)
+@pytest.mark.long  # over 15 s on an idle 2-core machine: the long lane (make test-long)
 def test_topic_deleted_while_stopped_is_not_recreated(own: Own, topics: Callable[[], set[str]],
                                                       fault: Callable[[str, str], FaultRow]) -> None:
     broker, make = own

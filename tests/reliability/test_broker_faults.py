@@ -93,7 +93,7 @@ def finish(broker: Broker, d: DaemonProcess, topic: str, row: FaultRow, pid: int
 
 
 @pytest.mark.parametrize("seconds", OUTAGES)
-@pytest.mark.long  # over 30 s on an idle 2-core machine: the long lane (make test-long)
+@pytest.mark.long  # over 15 s on an idle 2-core machine: the long lane (make test-long)
 def test_broker_stopped_during_restore(own: Own, fault: Callable[[str, str], FaultRow], seconds: int) -> None:
     broker, make = own
     row = fault(f"broker stopped {seconds} s during restore", "degraded meanwhile; resumed by itself, no wipe")
@@ -121,7 +121,7 @@ def test_broker_stopped_during_restore(own: Own, fault: Callable[[str, str], Fau
     finish(broker, d, t, row, pid)
 
 
-@pytest.mark.long  # over 15 s (make test stays under 25 minutes)
+@pytest.mark.long  # over 15 s on an idle 2-core machine: the long lane (make test-long)
 @pytest.mark.parametrize("seconds", OUTAGES)
 def test_broker_stopped_in_steady_state(own: Own, fault: Callable[[str, str], FaultRow], seconds: int) -> None:
     broker, make = own
@@ -136,14 +136,16 @@ def test_broker_stopped_in_steady_state(own: Own, fault: Callable[[str, str], Fa
     finish(broker, d, t, row, pid)
 
 
-@pytest.mark.long  # over 15 s (make test stays under 25 minutes)
-def test_broker_killed_and_restarted_with_same_data(own: Own, fault: Callable[[str, str], FaultRow]) -> None:
+# One kill in make test (the one broker outage it holds), two in a row in the long lane.
+@pytest.mark.parametrize("kills", [1, pytest.param(2, marks=pytest.mark.long)])
+def test_broker_killed_and_restarted_with_same_data(own: Own, fault: Callable[[str, str], FaultRow],
+                                                    kills: int) -> None:
     broker, make = own
-    row = fault("broker SIGKILLed, restarted with the same data", "degraded meanwhile; resumed, no wipe")
+    row = fault(f"broker SIGKILLed {kills}x, restarted with the same data", "degraded meanwhile; resumed, no wipe")
     t = new_topic(broker)
     d = running(broker, make, t, random_records(5_000, keys=2_000, seed=3), **CONFIG)
     pid = d.pid
-    for _ in range(2):
+    for _ in range(kills):
         docs = outage(broker, d, 5, how=signal.SIGKILL)
         row.injected += 1
         assert any(_degraded(doc) for doc in docs)
@@ -168,7 +170,7 @@ def test_a_consumer_silent_past_its_bound_is_replaced_and_the_table_resumes(
     assert "replacing the consumer and re-planning every table" in d.log.read_text(errors="replace")
 
 
-@pytest.mark.long  # over 15 s (make test stays under 25 minutes)
+@pytest.mark.long  # over 15 s on an idle 2-core machine: the long lane (make test-long)
 def test_slow_broker_paused_with_sigstop(own: Own, fault: Callable[[str, str], FaultRow]) -> None:
     broker, make = own
     row = fault("broker paused (SIGSTOP) 12 s", "degraded meanwhile; resumed after SIGCONT, no wipe")
@@ -187,7 +189,7 @@ def test_slow_broker_paused_with_sigstop(own: Own, fault: Callable[[str, str], F
     finish(broker, d, t, row, pid)
 
 
-@pytest.mark.long  # over 15 s (make test stays under 25 minutes)
+@pytest.mark.long  # over 15 s on an idle 2-core machine: the long lane (make test-long)
 def test_broker_refusing_connections_from_the_start(own: Own, fault: Callable[[str, str], FaultRow]) -> None:
     broker, make = own
     row = fault("broker refusing connections when the daemon starts", "degraded, waiting; restored once it is up")
@@ -217,7 +219,7 @@ def test_broker_refusing_connections_from_the_start(own: Own, fault: Callable[[s
     finish(broker, d, t, row, pid)
 
 
-@pytest.mark.long  # over 30 s on an idle 2-core machine: the long lane (make test-long)
+@pytest.mark.long  # over 15 s on an idle 2-core machine: the long lane (make test-long)
 def test_exact_build_waits_out_a_broker_outage(own: Own, fault: Callable[[str, str], FaultRow]) -> None:
     """Chaos campaign seeds 2 #12 and 6 #4: an exact build asked for while the broker was down gave up after 15 s
     (and its consumer could stay disconnected after the broker came back). It must keep asking, with a new consumer

@@ -332,7 +332,7 @@ def test_clock_stepped_during_the_stop(broker: Broker, topic: Topic, daemon: Dae
     assert row.diverged(check_store(broker, run.d.state_dir, "tbl", t).divergences) == 0
 
 
-@pytest.mark.long  # over 15 s (make test stays under 25 minutes)
+@pytest.mark.long  # over 15 s on an idle 2-core machine: the long lane (make test-long)
 def test_libfaketime_at_zero_leaves_the_loop_consuming(broker: Broker, topic: Topic, daemon: Daemon, tmp_path: Path,
                                                        fault: Callable[[str, str], FaultRow]) -> None:
     """Issue 33's second probe: under libfaketime at +0, before any step, the identity check's ``time.sleep``

@@ -52,7 +52,7 @@ def resumed(d: DaemonProcess, pid: int, table: str, ends: dict[int, int]) -> dic
                       timeout=180, what="RUNNING at the log end, not degraded")
 
 
-@pytest.mark.long  # over 30 s on an idle 2-core machine: the long lane (make test-long)
+@pytest.mark.long  # over 15 s on an idle 2-core machine: the long lane (make test-long)
 def test_disk_full_during_bulk_load_restore(broker: Broker, topic: Topic, daemon: Daemon, tmp_path: Path,
                                             fault: Callable[[str, str], FaultRow]) -> None:
     """The load writes without a WAL into memtables, so the disk's refusal surfaces when the load ends (its flush):

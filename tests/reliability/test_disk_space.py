@@ -81,7 +81,7 @@ def equals_oracle(broker: Broker, d: DaemonProcess, t: str, ends: dict[int, int]
         assert row.diverged(snap.divergences) == 0, snap
 
 
-@pytest.mark.long  # over 30 s on an idle 2-core machine: the long lane (make test-long)
+@pytest.mark.long  # over 15 s on an idle 2-core machine: the long lane (make test-long)
 def test_disk_filled_during_bulk_load_then_freed_then_restart(broker: Broker, topic: Topic, daemon: Daemon,
                                                               tmp_path: Path,
                                                               fault: Callable[[str, str], FaultRow]) -> None:
@@ -129,7 +129,7 @@ def test_disk_filled_during_bulk_load_then_freed_then_restart(broker: Broker, to
         assert d.stop() == 0, d.tail()
 
 
-@pytest.mark.long  # over 30 s on an idle 2-core machine: the long lane (make test-long)
+@pytest.mark.long  # over 15 s on an idle 2-core machine: the long lane (make test-long)
 def test_restart_on_a_disk_at_the_documented_minimum(broker: Broker, topic: Topic, daemon: Daemon, tmp_path: Path,
                                                      fault: Callable[[str, str], FaultRow]) -> None:
     """The sizing rule (``minimum_state_dir``, docs/operations/disk-space.md) holds: a bulk-load restore, a restart and

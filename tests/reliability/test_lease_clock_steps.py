@@ -84,7 +84,7 @@ def assert_held(row: FaultRow, d: DaemonProcess, reader: Snapshot, expected: Tab
     assert expected and row.diverged(diff(got, expected)) == 0, f"held snapshot {sid} differs from the fold {when}"
 
 
-@pytest.mark.long  # over 15 s (make test stays under 25 minutes)
+@pytest.mark.long  # over 15 s on an idle 2-core machine: the long lane (make test-long)
 def test_a_held_snapshot_survives_wall_clock_steps_and_goes_once_released(
         broker: Broker, topic: Topic, daemon: Daemon, tmp_path: Path, fault: Callable[[str, str], FaultRow]) -> None:
     row = fault("daemon's wall clock stepped +2 h, back, +2 h after a restart, -2 h; a reader holds a 600 s lease",

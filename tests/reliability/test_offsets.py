@@ -75,7 +75,7 @@ def test_topic_recreated_empty_while_running(broker: Broker, topic: Topic, daemo
     assert live(d, "tbl") == {}
 
 
-@pytest.mark.long  # over 15 s (make test stays under 25 minutes)
+@pytest.mark.long  # over 15 s on an idle 2-core machine: the long lane (make test-long)
 def test_topic_missing_for_a_while_then_recreated(broker: Broker, topic: Topic, daemon: Daemon,
                                                  fault: Callable[[str, str], FaultRow]) -> None:
     row = fault("topic deleted, missing 10 s, then recreated", "waits (degraded, says so), then rebuilds")
