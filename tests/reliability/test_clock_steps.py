@@ -41,8 +41,8 @@ from globald.snapshot import exact_requests
 from globald.snapshot.exact_requests import Code
 from tests.chaos.entry import CLOCK_ENV
 from tests.ci import unavailable
-from tests.harness import Broker, DaemonProcess, random_records
-from tests.integration.snapshot_helpers import wait_snapshot_at
+from tests.harness import Broker, DaemonProcess, oracle_at, random_records
+from tests.integration.snapshot_helpers import snapshot_values, wait_snapshot_at
 from tests.midway import wait_frozen
 from tests.reliability.checks import check_store, same_process
 from tests.reliability.ledger import FaultRow
@@ -261,6 +261,7 @@ def _at_exact_build(broker: Broker, daemon: Daemon, tmp_path: Path, t: str, tool
     request = exact_requests.submit(run.d.state_dir, "tbl", target)
     wait_frozen(run.d, run.arm_path)
     run.exact = request  # type: ignore[attr-defined]
+    run.target = target  # type: ignore[attr-defined]
     return run
 
 
@@ -281,8 +282,17 @@ def _cases() -> list[Any]:
     """Every phase in both directions; the long ones in the long lane. So is +1 h and back at start: its step back
     lands while the cluster worker's first questions wait in librdkafka, stretched by the hour, and the worker
     leaves them behind after 60 s, as designed (70 s on the 2-core machine)."""
-    return [pytest.param(p, s, marks=pytest.mark.long) if p in _LONG or (p, s) == ("start", "forward-and-back")
-            else pytest.param(p, s) for p in PHASES for s in STEPS]
+    cases = [pytest.param(p, s, marks=pytest.mark.long) if p in _LONG or (p, s) == ("start", "forward-and-back")
+             else pytest.param(p, s) for p in PHASES for s in STEPS]
+    return [pytest.param(*c.values, marks=[*c.marks, pytest.mark.xfail(reason=EXACT_BUILD_STUCK, strict=False)])
+            if c.values == ("exact build", "forward-and-back") else c for c in cases]
+
+
+# Found when this test began to require READY (it accepted the client's own TIMEOUT, which hid it): an exact build
+# under way while the wall clock steps +1 h and back (libfaketime, so librdkafka's own waits see it) never answers;
+# the build's consumer stays inside librdkafka, and at stop the worker is left behind after 10 s. The loop's consumer
+# has a bounded way out (a consumer silent past its bound is replaced); the builder's has none yet. Open defect.
+EXACT_BUILD_STUCK = "open defect: an exact build's consumer stuck in librdkafka after a wall-clock step +1 h and back"
 
 
 @pytest.mark.parametrize(("phase", "steps"), _cases())
@@ -299,7 +309,10 @@ def test_clock_stepped_in_a_phase(broker: Broker, topic: Topic, daemon: Daemon, 
     if phase == "exact build":
         request = run.exact  # type: ignore[attr-defined]
         answer = exact_requests.wait(run.d.state_dir, request, timeout=120)
-        assert answer.code in (Code.READY, Code.TIMEOUT, Code.FAILED), answer  # answered, never left hanging
+        # Answered, and right: the build's bounds are monotonic, so a stepped wall clock is no reason to give up.
+        assert answer.code == Code.READY and answer.snapshot, answer
+        assert snapshot_values(run.d, "tbl", answer.snapshot) == oracle_at(run.broker, run.topic, run.target), \
+            "the exact build at the target differs from the fold"
     _finish(run, pid, row)
 
 
