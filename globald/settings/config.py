@@ -20,7 +20,20 @@ from typing import TYPE_CHECKING, Any
 from globald.common.errors import ConfigError, UnknownTableError
 from globald.settings.kafka_properties import MANAGED_KAFKA_PROPERTIES, consumer_settings
 from globald.settings.registry import RegistryProperties
-from globald.settings.spec import Argv, Boolean, Choice, Directory, Integer, Section, Spec, Text, Url, build, declare
+from globald.settings.spec import (
+    Argv,
+    Boolean,
+    Choice,
+    Directory,
+    Integer,
+    Section,
+    Spec,
+    Text,
+    Url,
+    build,
+    client_property,
+    declare,
+)
 from globald.settings.typed_spec import ValueFormat, check_format_keys
 
 if TYPE_CHECKING:
@@ -89,8 +102,7 @@ class Properties(Spec):
         if not isinstance(value, dict):
             raise ConfigError(path, "must be a table")
         for key, v in value.items():
-            if not isinstance(v, str | int | float | bool):
-                raise ConfigError(f"{path}.{key}", "librdkafka properties must be strings, numbers or booleans")
+            client_property(path, key, v, "librdkafka properties")
             if key in MANAGED_KAFKA_PROPERTIES and v != MANAGED_KAFKA_PROPERTIES[key]:
                 raise ConfigError(f"{path}.{key}",
                                   f"is managed by globald and must stay {MANAGED_KAFKA_PROPERTIES[key]!r}")

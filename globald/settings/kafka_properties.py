@@ -4,9 +4,10 @@ Guarantees: ``consumer_settings`` always gives the properties globald's correctn
 (``MANAGED_KAFKA_PROPERTIES``) globald's value, whatever the user set; a property's value is printed only if
 ``printable`` allows it (an allowlist: anything else, a credential-bearing property nobody listed included, is shown
 as ``***`` and its value is among ``secret_values``, which the log masker hides); ``check_kafka_properties`` lets
-librdkafka reject a bad property without connecting anywhere, and masks its message like a log line. Imports
-nothing of ``globald.settings.config``, which imports this module; it sits in the settings so that the Kafka
-clients above read them without a cycle.
+librdkafka reject a bad property without connecting anywhere, masks its message like a log line, and names the real
+property an unknown one most likely misspells (``globald.settings.librdkafka_names``). Imports nothing of
+``globald.settings.config``, which imports this module; it sits in the settings so that the Kafka clients above read
+them without a cycle.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Any, Protocol
 
 from globald.common.errors import ConfigError
 from globald.common.logs import MASK, Redactor
+from globald.settings.librdkafka_names import nearest_property
 
 # librdkafka properties whose value globald's correctness depends on; a user may not override them.
 MANAGED_KAFKA_PROPERTIES: dict[str, object] = {
@@ -168,7 +170,16 @@ def check_kafka_properties(config: Configured) -> None:
         key = _property_in(text, config.kafka) or "kafka"
         # librdkafka quotes some rejected values; the CLI prints this line before any log masking is set up.
         text = Redactor(secret_values(config))(text)
-        raise ConfigError(key, text) from None
+        raise ConfigError(key, text + _suggestion(text, key)) from None
+
+
+def _suggestion(text: str, key: str) -> str:
+    """' (did you mean "x"?)' after librdkafka's "No such configuration property" about ``key``, naming the real
+    property it most likely misspells; empty otherwise."""
+    if not text.startswith("No such configuration property") or not key.startswith("kafka."):
+        return ""
+    near = nearest_property(key.removeprefix("kafka."))
+    return f' (did you mean "{near}"?)' if near else ""
 
 
 def _property_in(text: str, kafka: dict[str, Any]) -> str | None:

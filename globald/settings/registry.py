@@ -20,7 +20,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from globald.common.errors import ConfigError
 from globald.common.logs import MASK
-from globald.settings.spec import Spec
+from globald.settings.spec import Spec, client_property
 
 ENV_PREFIX, FILE_PREFIX = "env:", "file:"
 PRINTABLE = frozenset({
@@ -90,8 +90,7 @@ class RegistryProperties(Spec):
             raise ConfigError(path, "must be a table")
         out: dict[str, Any] = {}
         for key, v in value.items():
-            if not isinstance(v, str | int | float | bool):
-                raise ConfigError(f"{path}.{key}", "registry client settings must be strings, numbers or booleans")
+            client_property(path, key, v, "registry client settings")
             out[key] = resolve_secret(v, f"{path}.{key}")
         url = out.get("url")
         if not isinstance(url, str) or not all(u.strip().startswith(("http://", "https://"))

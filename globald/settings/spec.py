@@ -166,6 +166,22 @@ class Section(Spec):
         return ".", self.of
 
 
+def client_property(table: str, key: str, value: object, what: str) -> None:
+    """Raise ConfigError naming ``table.key`` unless ``value``, a client's property ([kafka], [registry]), is a
+    string, a number or a boolean. A table there is an unquoted dotted key: TOML reads ``bootstrap.servers = "x"``
+    as the table ``bootstrap`` holding ``servers``, so the error says how to write it (the property is the dotted
+    path to the table's first value)."""
+    if isinstance(value, dict) and value:
+        name, leaf = key, value
+        while isinstance(leaf, dict) and leaf:
+            inner, leaf = next(iter(leaf.items()))
+            name = f"{name}.{inner}"
+        raise ConfigError(f"{table}.{key}",
+                          f'an unquoted dotted key: write "{name}" = ... (TOML reads {name} = ... as a table)')
+    if not isinstance(value, str | int | float | bool):
+        raise ConfigError(f"{table}.{key}", f"{what} must be strings, numbers or booleans")
+
+
 _D = TypeVar("_D", bound="DataclassInstance")
 
 
