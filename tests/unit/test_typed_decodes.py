@@ -275,11 +275,10 @@ def test_the_decode_status_reads_back_leniently() -> None:
 
 
 
-def test_a_reload_drops_a_table_while_its_decode_runs_and_adds_it_back(
-        setup: tuple[Path, SnapshotDecodes, Clock]) -> None:
-    """``reconfigure`` (a reload): the decode of a dropped table is stopped, never waited for, and its end records
-    nothing; a typed table added is decoded from then on."""
-    state, d, _ = setup
+@contextlib.contextmanager
+def dropped_while_decoding(state: Path, d: SnapshotDecodes) -> Iterator[tuple[Path, int]]:
+    """A snapshot whose decode runs (held on the host lock), then "tbl" made raw by a reload: (snapshot, the
+    decode's pid), inside the lock."""
     typed = d.config
     s1 = publish(state, "1700000000000001", VALUES)
     with host_lock(s1):
@@ -288,6 +287,16 @@ def test_a_reload_drops_a_table_while_its_decode_runs_and_adds_it_back(
         assert pid is not None
         wait_leased(state, s1.name)
         d.reconfigure(replace(typed, tables=[replace(typed.tables[0], value=None)]))  # "tbl" is raw now
+        yield s1, pid
+
+
+def test_a_reload_drops_a_table_while_its_decode_runs_and_adds_it_back(
+        setup: tuple[Path, SnapshotDecodes, Clock]) -> None:
+    """``reconfigure`` (a reload): the decode of a dropped table is stopped, never waited for, and its end records
+    nothing; a typed table added is decoded from then on."""
+    state, d, _ = setup
+    typed = d.config
+    with dropped_while_decoding(state, d) as (s1, pid):
         assert d.status("tbl") is None and not d.enabled
         deadline = time.monotonic() + 120
         while alive(pid) or decode_leases(state):  # told to stop at once; collected by the loop's tick
@@ -308,13 +317,7 @@ def test_a_table_added_back_before_its_dropped_decode_is_collected_inherits_noth
     ``make test``), and the new table's decodes start afresh."""
     state, d, _ = setup
     typed = d.config
-    s1 = publish(state, "1700000000000001", VALUES)
-    with host_lock(s1):
-        assert started(d, s1.name)
-        pid = status(d).running_pid
-        assert pid is not None
-        wait_leased(state, s1.name)
-        d.reconfigure(replace(typed, tables=[replace(typed.tables[0], value=None)]))
+    with dropped_while_decoding(state, d) as (s1, pid):
         deadline = time.monotonic() + 120
         while alive(pid):  # it ends on its own SIGTERM; no tick collects it meanwhile
             assert time.monotonic() < deadline, "the dropped table's decode did not end"
