@@ -87,6 +87,10 @@ class Publishing:
     def publish_live(self, rt: TableView) -> Manifest:
         """Checkpoint the live store (loop thread only: the store is not thread-safe) and make it CURRENT."""
         tab = self._tables[rt.name]
+        # The checkpoint flushes a memtable, which may start a compaction needing the live store's size free: the
+        # guard measures the room before it, once the last compaction's output is whole and the snapshots it left
+        # holding the replaced files can be seen (the sweep after the last publish ran while it was being written).
+        self._retention.sweep(tab)
         with tab.locked():
             started = time.perf_counter()
             sid = self._ids.next()
