@@ -111,7 +111,7 @@ def test_the_site_works_from_files_and_draws_its_diagrams(site: Path, browser: B
         target = _in_site(url, site)
         if target is not None:
             assert target.is_file(), f"a link leads to {url}: no such file (a directory listing, or nothing)"
-    outside = {page: urls for page, urls in requested.items() if _outside(urls)}
+    outside = {page: _outside(urls) for page, urls in requested.items() if _outside(urls)}
     assert outside == {}, f"pages ask for things outside the site (a reader offline goes without): {outside}"
 
     diagrams = (REPO / "docs" / DIAGRAMS_PAGE.replace(".html", ".md")).read_text().count("```mermaid\n")
