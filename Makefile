@@ -21,7 +21,8 @@ lint: $(BIN)/.installed
 	$(BIN)/lint-imports
 
 # The documentation site (docs/, mkdocs.yml) into build/site; any warning fails the build. It works opened as files
-# (build/site/index.html), offline: mermaid is bundled (docs/mermaid.py fetches it with npm once).
+# (build/site/index.html), offline: mermaid and the search worker's shim are bundled (docs/bundled.py fetches them
+# with npm once), search reads its index from a script (mkdocs.yml's offline plugin), and no font comes from the web.
 docs: $(BIN)/.installed
 	$(BIN)/mkdocs build --strict --site-dir build/site
 

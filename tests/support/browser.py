@@ -3,7 +3,8 @@
 ``Browser.start(profile_dir)`` runs the system ``chromium`` (Debian's package, which ``make sysdeps`` installs) with
 ``--remote-debugging-pipe``: commands go in on the child's fd 3 and answers come out on its fd 4, JSON messages each
 ended by a NUL byte. No client library and no port: nothing else can drive it. ``open(url)`` loads a page in a new
-tab and waits for its load event; ``evaluate`` runs JavaScript in it; ``document`` returns its DOM tree with shadow
+tab and waits for its load event, and with ``record_requests`` keeps the URLs the tab asks for (``requested``);
+``evaluate`` runs JavaScript in it; ``type`` presses keys in it; ``document`` returns its DOM tree with shadow
 roots, closed ones included (the Material theme draws each mermaid diagram into a closed shadow root, which the
 page's own JavaScript cannot see). Flags: the ones the machine notes give for a quiet, sandbox-less headless run,
 and a fresh profile per browser.
@@ -113,11 +114,17 @@ class Browser:
                 self.events.append(message)
         raise AssertionError("unreachable")
 
-    def open(self, url: str, timeout: float = 60.0) -> str:
-        """A new tab on ``url``, loaded (its load event fired); returns the session to talk to it."""
+    def open(self, url: str, timeout: float = 60.0, record_requests: bool = False) -> str:
+        """A new tab on ``url``, loaded (its load event fired); returns the session to talk to it.
+
+        With ``record_requests``, every request the tab makes from then on (its same-process iframes' too) is kept
+        for ``requested``: whether it reached anything, it was asked for.
+        """
         target = self.send("Target.createTarget", {"url": "about:blank"})["targetId"]
         session = self.send("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
         self.send("Page.enable", session=session)
+        if record_requests:
+            self.send("Network.enable", session=session)
         self.send("Page.navigate", {"url": url}, session=session)
         self.wait_event("Page.loadEventFired", session, timeout)
         return str(session)
@@ -131,6 +138,26 @@ class Browser:
         if "exceptionDetails" in result:
             raise BrowserError(f"{expression[:80]}: {result['exceptionDetails']}")
         return result["result"].get("value")
+
+    def requested(self, session: str) -> list[str]:
+        """The URLs the tab asked for since ``open(..., record_requests=True)`` or the last call, in order."""
+        self.evaluate(session, "0")  # its answer comes after the events of what the tab did before it
+        urls: list[str] = []
+        kept: list[dict[str, Any]] = []
+        for e in self.events:
+            if e.get("method") == "Network.requestWillBeSent" and e.get("sessionId") == session:
+                urls.append(str(e["params"]["request"]["url"]))
+            else:
+                kept.append(e)
+        self.events = kept
+        return urls
+
+    def type(self, session: str, text: str) -> None:
+        """Presses the keys of ``text`` in the focused element, each down and up as a person's keyboard does (the
+        theme's search box answers keyup, not a changed value)."""
+        for key in text:
+            self.send("Input.dispatchKeyEvent", {"type": "keyDown", "key": key, "text": key}, session=session)
+            self.send("Input.dispatchKeyEvent", {"type": "keyUp", "key": key}, session=session)
 
     def document(self, session: str) -> dict[str, Any]:
         """The page's DOM, shadow roots included (closed ones too)."""
