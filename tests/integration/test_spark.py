@@ -96,7 +96,10 @@ def check_rows(rows: list[Any], expected: dict[bytes, bytes]) -> int:
 
 
 # Executors map a snapshot that fits memory_index_mb from its one file per host; 0 keeps them on RocksDB multi-gets.
-@pytest.mark.parametrize(("session", "memory_index_mb"), [("classic", 256), ("classic", 0), ("connect", 256)],
+# Over Connect: a call over 15 s on an idle 2-core machine (24.7 s), the long lane (make test-long); make test keeps
+# Connect's joins in the small-table and typed tests.
+@pytest.mark.parametrize(("session", "memory_index_mb"),
+                         [("classic", 256), ("classic", 0), pytest.param("connect", 256, marks=pytest.mark.long)],
                          ids=["classic-mapped", "classic-multi_get", "connect-mapped"],
                          indirect=["session"])
 def test_enrichment_job_sees_new_values_after_refresh(session: Any, broker: Broker, topic: Callable[..., str],
@@ -185,6 +188,8 @@ def start_query(start: Callable[[], Any], attempts: int = 3) -> Any:
     raise AssertionError("unreachable")
 
 
+# Over Connect: a call over 15 s on an idle 2-core machine (21.1 s), the long lane (make test-long).
+@pytest.mark.parametrize("session", ["classic", pytest.param("connect", marks=pytest.mark.long)], indirect=True)
 def test_streaming_batches_never_mix_snapshots(session: Any, broker: Broker, topic: Callable[..., str],
                                                daemon: Daemon, tmp_path: Path) -> None:
     F = functions(session)
