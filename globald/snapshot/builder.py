@@ -107,6 +107,9 @@ class Builder:
         self._stop = stop
         self._consumer: Consumer | None = None
         self._reader: RecordReader | None = None  # the identity check's, long-lived as the consumer is
+        # When the build under way last came out of a call into a client (monotonic): every call it makes is bounded
+        # (5 s at most), so a beat older than that is a call stuck inside librdkafka (``exact_builds.STUCK_S``).
+        self.beat = time.monotonic()
 
     def close(self) -> None:
         if self._consumer is not None:
@@ -134,9 +137,14 @@ class Builder:
         came back takes a moment to be reconnected to) until ``until``."""
         delay = 0.2
         while True:
+            self.beat = time.monotonic()
             c = self._client()
             try:
-                return {p: watermarks(c, topic, p) for p in partitions(c, topic)}
+                marks = {}
+                for p in partitions(c, topic):
+                    self.beat = time.monotonic()
+                    marks[p] = watermarks(c, topic, p)
+                return marks
             except TransientKafkaError as e:
                 # A consumer that was fetching when its broker died can stay disconnected after the broker is back
                 # (seen: 20 s and more, while the loop's consumer had long reconnected): ask with a new one.
@@ -201,6 +209,7 @@ class Builder:
         check found out (a base past the offsets that check showed): they would vouch for themselves. So the
         fingerprints the daemon verified last are read back first, as its next check will: found again, the topic
         is the one they were found in, and so is every record applied since."""
+        self.beat = time.monotonic()
         timeout = max(0.5, min(VERIFY_TIMEOUT_S, deadline - time.monotonic()))
         rungs = {p: _first(verified.get(p, ()), f.rungs) for p, f in ladders.items()}
         if self._reader is None:
@@ -227,6 +236,7 @@ class Builder:
         consumed = 0
         try:
             while todo:
+                self.beat = time.monotonic()
                 if self._stop.is_set():
                     raise BuildRefused(Code.STOPPING, "the daemon is stopping")
                 if time.monotonic() > deadline:

@@ -63,6 +63,10 @@ class RequestDesk:
     def close(self) -> None:
         self._builds.close()
 
+    def watch(self, now: float) -> None:
+        """Replace a build worker stuck inside a client (loop thread, every tick; ``ExactBuilds.watch``)."""
+        self._builds.watch(now)
+
     def take(self, tab: SnapshotTable) -> None:
         """Admit (or answer) every request waiting for ``tab`` (loop thread)."""
         for item in requests.take_pending(self.config.state_dir, tab.name):

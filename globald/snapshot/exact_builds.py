@@ -15,7 +15,7 @@ import queue
 import shutil
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -38,6 +38,10 @@ log = logging.getLogger(__name__)
 
 # How long a stop waits for the build worker (see ExactBuilds.close).
 CLOSE_WAIT_S = 10.0
+# A build whose last call into a client (each bounded at 5 s) began this long ago is stuck inside librdkafka, whose
+# waits are on the wall clock: after a step back, one waits as long as the step (seen: an hour). Its worker is left
+# behind and a new one, with new clients, builds the request again (``ExactBuilds.watch``).
+STUCK_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -60,6 +64,17 @@ class BuildHost(Protocol):
     def answer(self, tab: SnapshotTable, resp: Response) -> None: ...
 
 
+class _Worker:
+    """One build thread, its clients (``builder``) and the job it holds; left behind when stuck (``stop`` set)."""
+
+    def __init__(self, config: ConfigRef, number: int, work: Callable[[_Worker], None]) -> None:
+        self.number = number
+        self.stop = threading.Event()
+        self.builder = Builder(config, self.stop)
+        self.job: Job | None = None
+        self.thread = threading.Thread(target=work, args=(self,), name=f"globald-snapshots-{number}", daemon=True)
+
+
 class ExactBuilds:
     """The worker thread and its queue of admitted requests."""
 
@@ -70,20 +85,30 @@ class ExactBuilds:
         self._host = host
         self._stop = threading.Event()
         self._jobs: queue.Queue[Job] = queue.Queue()
-        self._worker: threading.Thread | None = None
+        self._lock = threading.Lock()  # which worker is current, and the job it holds
+        self._worker: _Worker | None = None
+        self.replaced = 0  # workers left behind, stuck in a client
 
     def start(self) -> None:
-        self._worker = threading.Thread(target=self._work, name="globald-snapshots", daemon=True)
-        self._worker.start()
+        with self._lock:
+            self._start_worker()
+
+    def _start_worker(self) -> None:
+        w = _Worker(self._config, self.replaced, self._work)
+        self._worker = w
+        w.thread.start()
 
     def close(self) -> None:
         """Stop the build worker, waiting ``CLOSE_WAIT_S`` at most: a build sees the stop at its next record, and
         then closes its consumer, whose destroy can wait as long as a wall-clock step back (the architecture page).
         A worker still inside it is left behind; a half-built snapshot is swept at the next start."""
         self._stop.set()
-        if self._worker is not None:
-            self._worker.join(timeout=CLOSE_WAIT_S)
-            if self._worker.is_alive():
+        with self._lock:
+            w = self._worker
+        if w is not None:
+            w.stop.set()
+            w.thread.join(timeout=CLOSE_WAIT_S)
+            if w.thread.is_alive():
                 log.warning("the exact-build worker did not end within %.0fs of the stop (a client's close stuck in "
                             "librdkafka); stopping without it", CLOSE_WAIT_S)
 
@@ -91,51 +116,92 @@ class ExactBuilds:
         """Build ``request`` of ``table`` (wiped ``generation`` times when admitted) before ``deadline``."""
         self._jobs.put(Job(table, request, generation, deadline))
 
-    def _work(self) -> None:
-        builder = Builder(self._config, self._stop)
+    def watch(self, now: float) -> None:
+        """Loop thread, every tick: a build stuck inside a client for ``STUCK_S`` leaves its worker behind (it
+        answers nothing when it comes out) and a new worker, with new clients, builds the request again. A C call
+        cannot be interrupted; a thread waiting in one can be stopped waiting for."""
+        with self._lock:
+            w = self._worker
+            if w is None or w.job is None or self._stop.is_set() or now - w.builder.beat < STUCK_S:
+                return
+            job, w.job = w.job, None
+            w.stop.set()
+            self.replaced += 1
+            log.warning("table %s: the exact build of %s has been inside one client call for %.0fs (librdkafka waits "
+                        "on the wall clock: a step back leaves it waiting as long as the step); building it again "
+                        "with new clients, the stuck worker left behind", job.table, job.request.id,
+                        now - w.builder.beat)
+            self._start_worker()
+            self._jobs.put(job)
+
+    def _current(self, w: _Worker, job: Job) -> bool:
+        """Whether ``w`` still owns ``job`` (then it no longer does): a worker left behind answers nothing."""
+        with self._lock:
+            if self._worker is not w or w.job is not job:
+                return False
+            w.job = None
+            return True
+
+    def _work(self, w: _Worker) -> None:
         try:
-            while not self._stop.is_set():
+            while not (self._stop.is_set() or w.stop.is_set()):
                 try:
                     job = self._jobs.get(timeout=0.2)
                 except queue.Empty:
                     continue
+                with self._lock:
+                    if self._worker is not w:  # left behind between its wait and now: the job is the new one's
+                        self._jobs.put(job)
+                        return
+                    w.job = job
+                    w.builder.beat = time.monotonic()
                 try:
-                    self._serve(builder, job)
+                    self._serve(w, job)
                 except Exception as e:  # the worker must outlive any job, or no exact build is answered again
                     swallowed.record("exact_build", e, log, "table %s: exact %s failed", job.table, job.request.id)
+                finally:
+                    self._current(w, job)
         finally:
-            builder.close()
-            while True:
-                try:
-                    job = self._jobs.get_nowait()
-                except queue.Empty:
-                    break
-                tab = self._tables.get(job.table)
-                if tab is not None:
-                    self._host.answer(tab, Response(job.request.id, Code.STOPPING, "the daemon is stopping"))
+            w.builder.close()
+            if self._stop.is_set():
+                self._answer_stopping()
 
-    def _serve(self, builder: Builder, job: Job) -> None:
+    def _answer_stopping(self) -> None:
+        while True:
+            try:
+                job = self._jobs.get_nowait()
+            except queue.Empty:
+                break
+            tab = self._tables.get(job.table)
+            if tab is not None:
+                self._host.answer(tab, Response(job.request.id, Code.STOPPING, "the daemon is stopping"))
+
+    def _serve(self, w: _Worker, job: Job) -> None:
         tab = self._tables.get(job.table)
         if tab is None:  # dropped by a reload since it was admitted: its requests' folder went with it
             log.info("table %s: exact %s not built: the table was dropped by a reload", job.table, job.request.id)
             return
         try:
-            m = self._build(builder, tab, job)
-            self._host.ready(tab, job.request, m)
+            m = self._build(w, tab, job)
+            if self._current(w, job):
+                self._host.ready(tab, job.request, m)
         except BuildRefused as e:
-            self._host.answer(tab, Response(job.request.id, e.code, str(e)))
+            if self._current(w, job):
+                self._host.answer(tab, Response(job.request.id, e.code, str(e)))
         except Exception as e:
             swallowed.record("exact_build", e, log, "table %s: exact snapshot build failed", job.table)
-            self._host.answer(tab, Response(job.request.id, Code.FAILED, f"{type(e).__name__}: {e}"))
+            if self._current(w, job):
+                self._host.answer(tab, Response(job.request.id, Code.FAILED, f"{type(e).__name__}: {e}"))
 
-    def _build(self, builder: Builder, tab: SnapshotTable, job: Job) -> Manifest:
+    def _build(self, w: _Worker, tab: SnapshotTable, job: Job) -> Manifest:
         name, target = tab.config.name, job.request.offsets
         if job.generation != tab.generation:
             raise BuildRefused(Code.REBUILDING, f"table {name} was wiped after the request; it is rebuilding")
         done = find_exact(self._state_dir, name, target)
         if done is not None:  # an earlier request for the same offsets built it
             return done
-        work = tab.dir / f"{SNAPSHOT_BUILD_PREFIX}{job.request.id}"
+        # Named by the builder too: a worker left behind may still write into its own when it comes out.
+        work = tab.dir / f"{SNAPSHOT_BUILD_PREFIX}{job.request.id}-{w.number}"
         with tab.locked():
             found = manifests_of(self._state_dir, name)
             base = base_for(found, target)
@@ -150,11 +216,13 @@ class ExactBuilds:
             if free is not None and free < need.total:
                 raise BuildRefused(Code.NO_ROOM, no_room(name, target, need, free, 0))
             started = time.perf_counter()
-            built = builder.build(tab.config, target, base.offsets if base else None,
+            built = w.builder.build(tab.config, target, base.offsets if base else None,
                                   tab.dir / base.id if base else None, work, job.deadline, verified)
             with tab.locked():
                 if job.generation != tab.generation:
                     raise BuildRefused(Code.REBUILDING, f"table {name} was wiped during the build; it is rebuilding")
+                if self._worker is not w:  # left behind (watch): the new worker adds it
+                    raise BuildRefused(Code.STOPPING, "this build's worker was left behind; a new one builds it")
                 sid = self._host.next_id()
                 daemon_state, table_state = self._host.manifest_states(name)
                 m = Manifest(table=name, topic=tab.config.topic, id=sid, offsets=dict(target), created=time.time(),

@@ -143,6 +143,7 @@ class SnapshotPublisher:
             self._publishing.write_stale_marks(tab)
             self._desk.take(tab)
         now = time.monotonic()
+        self._desk.watch(now)
         self._publishing.tick(now)
         if self._retention.due(now):
             for tab in self._tables.values():
