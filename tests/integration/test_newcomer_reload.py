@@ -27,10 +27,11 @@ SECTION = "## Try it on `globald dev`"
 DEV_DIR = "reload-dev"
 
 
-def walkthrough() -> tuple[str, list[Block]]:
-    text = PAGE.read_text()
-    assert SECTION in text, f"{PAGE} has no section {SECTION!r}"
-    body = text.split(SECTION, 1)[1].split("\n## ", 1)[0]
+def walkthrough(page: Path = PAGE, section: str = SECTION) -> tuple[str, list[Block]]:
+    """A page's section (the export page's too): its prose, and its fenced blocks in order."""
+    text = page.read_text()
+    assert section in text, f"{page} has no section {section!r}"
+    body = text.split(section, 1)[1].split("\n## ", 1)[0]
     return body, [Block(kind, b.splitlines()) for kind, b in re.findall(r"^```(\w+)\n(.*?)^```$", body,
                                                                           flags=re.S | re.M)]
 
