@@ -12,17 +12,15 @@ whole tables must be equal and not empty (the page's ``diff ... && echo same`` w
 from __future__ import annotations
 
 import json
-import os
 import re
-import time
 from pathlib import Path
 
 import pytest
 
 from globald.cli.dev import READY_LINE, SECOND_CONFIG, TABLE
 from tests.harness import REPO
-from tests.integration.test_newcomer_reload import walkthrough
-from tests.integration.test_newcomer_tutorial import SETTLE_S, VENV, Terminal, commands, in_order, same, shell
+from tests.integration.test_newcomer_reload import clone, settled, walkthrough
+from tests.integration.test_newcomer_tutorial import Terminal, commands, in_order, same, shell
 
 pytestmark = pytest.mark.kafka
 
@@ -50,12 +48,7 @@ def local(lines: list[str]) -> list[str]:
 @pytest.mark.long  # over 15 s on an idle 2-core machine: the long lane (make test-long)
 def test_the_export_walkthrough_runs_as_written(tmp_path: Path) -> None:
     prose, blocks = walkthrough(PAGE)
-    cwd = tmp_path / "clone"
-    cwd.mkdir()
-    (cwd / ".venv").symlink_to(VENV)
-    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME")}
-    env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep)
-                                  if p and Path(p).resolve() != (VENV / "bin").resolve())
+    cwd, env = clone(tmp_path)
     terminals: dict[str, Terminal] = {}  # by the command that started it
     ran: list[str] = []
     try:
@@ -72,13 +65,7 @@ def test_the_export_walkthrough_runs_as_written(tmp_path: Path) -> None:
                     t.wait_for(lambda lines, c=cmd: in_order(local(c.expected), local(lines)), "err", cmd.command,
                                timeout=180)
                     continue
-                deadline = time.monotonic() + SETTLE_S
-                while True:
-                    r = shell(cwd, env, cmd.command, timeout=300)
-                    done = r.returncode == 0 and same(local(cmd.expected), local(r.stdout.splitlines()))
-                    if done or time.monotonic() > deadline:
-                        break
-                    time.sleep(0.5)
+                r, done = settled(cwd, env, cmd.command, cmd.expected, local)
                 logs = "\n".join(line for c, t in terminals.items() if c.startswith("globald run ")
                                  for line in [f"--- {c}", *t.lines("err")[-15:]])
                 assert done, f"{cmd.command}: exit {r.returncode}\n{r.stdout}{r.stderr}\nthe daemons' logs:\n{logs}"
