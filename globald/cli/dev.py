@@ -35,6 +35,7 @@ PARTITIONS = 3
 TOPIC_NAME = re.compile(r"[a-zA-Z0-9._-]{1,249}")  # Kafka's rule (it becomes a directory under the broker's log.dirs)
 READY_LINE = "Stop with Ctrl-C"  # the last line of the set-up: scripts (and the tutorial's test) wait for it
 EXPORTS, SECOND_CONFIG, SECOND_STATE = "exports", "globald-2.toml", "state-2"  # --export's, beside globald.toml
+EXPORT_INTERVAL_S = 60  # --export: the first daemon exports this often on its own, not only at `globald export`
 
 
 def write_config(directory: Path, bootstrap_settings: dict[str, str], http_port: int) -> Path:
@@ -65,7 +66,7 @@ def add_second_daemon(config: Path, http_port: int) -> Path:
     second = re.sub(r"^port = \d+$", f"port = {http_port}", second, count=1, flags=re.M)
     assert second.count(SECOND_STATE) == 1 and f"port = {http_port}\n" in second, "write_config's lines changed"
     config.write_text(f"{text}\n# Exports to a local directory; globald-2.toml bootstraps from them.\n"
-                      f"[export]\nuri = {uri}\ninterval_s = 60\n")
+                      f"[export]\nuri = {uri}\ninterval_s = {EXPORT_INTERVAL_S}\n")
     path = config.parent / SECOND_CONFIG
     path.write_text(f"{second}\n# A second daemon: starts from the newest usable export of globald.toml's daemon, "
                     f"then tails the topic.\n[export]\nuri = {uri}\ninterval_s = 0\nbootstrap = true\n")
@@ -171,7 +172,8 @@ class _Session:
         self.say(f"  config: {config} (state_dir {self.work / 'state'})")
         second = add_second_daemon(config, free_port()) if self.args.export else None
         if second is not None:
-            self.say(f"  exports: {config} exports to {self.work / EXPORTS} (every 60 s, or at `globald export`)")
+            self.say(f"  exports: {config} exports to {self.work / EXPORTS} (every {EXPORT_INTERVAL_S} s, or at "
+                     "`globald export`)")
             self.say(f"  second daemon: {second} (state_dir {self.work / SECOND_STATE}), bootstraps from them")
         if self.args.run:
             self.daemon = subprocess.Popen([sys.executable, "-m", "globald", "run", "--config", str(config)])
