@@ -4,6 +4,8 @@ It starts the bundled Kafka 0.9 broker (and ZooKeeper) on free loopback ports, c
 ``customers`` topic, creates the empty compacted topics that ``--topic`` names (a 0.9 broker has no CreateTopics
 API and its auto-creation is off, so a producer to a missing topic only times out: this is the way to get one),
 writes ``<dir>/globald.toml`` (state_dir ``state``, relative to that file) and prints the commands to try next.
+With ``--export`` that config also exports to ``<dir>/exports``, and ``<dir>/globald-2.toml`` is a second daemon's
+(``add_second_daemon``), which bootstraps from those exports: exports tried on one machine.
 With ``--run`` it also runs ``globald run`` on that config as a child process. It stays up until Ctrl-C or SIGTERM,
 then stops what it started and removes ``<dir>`` (``--keep`` keeps it). A state_dir that another globald still
 holds is left in place, and said so: it is that daemon's.
@@ -32,6 +34,8 @@ TOPIC = TABLE = "customers"
 PARTITIONS = 3
 TOPIC_NAME = re.compile(r"[a-zA-Z0-9._-]{1,249}")  # Kafka's rule (it becomes a directory under the broker's log.dirs)
 READY_LINE = "Stop with Ctrl-C"  # the last line of the set-up: scripts (and the tutorial's test) wait for it
+EXPORTS, SECOND_CONFIG, SECOND_STATE = "exports", "globald-2.toml", "state-2"  # --export's, beside globald.toml
+EXPORT_INTERVAL_S = 60  # --export: the first daemon exports this often on its own, not only at `globald export`
 
 
 def write_config(directory: Path, bootstrap_settings: dict[str, str], http_port: int) -> Path:
@@ -46,6 +50,26 @@ def write_config(directory: Path, bootstrap_settings: dict[str, str], http_port:
         f"[http]\nport = {http_port}\n\n"
         f"[kafka]\n{kafka}\n\n"
         f"[[tables]]\nname = {json.dumps(TABLE)}\ntopic = {json.dumps(TOPIC)}\n")
+    return path
+
+
+def add_second_daemon(config: Path, http_port: int) -> Path:
+    """``--export``: ``config`` (as ``write_config`` wrote it) gains an ``[export]`` block to ``exports/`` beside it,
+    and a copy of it is written as ``globald-2.toml``: a second daemon's, bootstrap only (``interval_s = 0``), on
+    the same broker and tables, with a state_dir and an HTTP port of its own. A copy that shared either would be
+    refused (the state_dir's lock, ``http.port``), which is what a newcomer copying the file by hand ran into."""
+    exports = config.parent / EXPORTS
+    exports.mkdir()
+    uri = json.dumps(exports.resolve().as_uri())  # pyarrow takes only an absolute file:// URI
+    text = config.read_text()
+    second = text.replace('state_dir = "state"\n', f'state_dir = "{SECOND_STATE}"\n', 1)
+    second = re.sub(r"^port = \d+$", f"port = {http_port}", second, count=1, flags=re.M)
+    assert second.count(SECOND_STATE) == 1 and f"port = {http_port}\n" in second, "write_config's lines changed"
+    config.write_text(f"{text}\n# Exports to a local directory; globald-2.toml bootstraps from them.\n"
+                      f"[export]\nuri = {uri}\ninterval_s = {EXPORT_INTERVAL_S}\n")
+    path = config.parent / SECOND_CONFIG
+    path.write_text(f"{second}\n# A second daemon: starts from the newest usable export of globald.toml's daemon, "
+                    f"then tails the topic.\n[export]\nuri = {uri}\ninterval_s = 0\nbootstrap = true\n")
     return path
 
 
@@ -146,10 +170,19 @@ class _Session:
         for topic in self.args.topic:
             self.say(f"  topic {topic}: compacted, {PARTITIONS} partitions, empty")
         self.say(f"  config: {config} (state_dir {self.work / 'state'})")
+        second = add_second_daemon(config, free_port()) if self.args.export else None
+        if second is not None:
+            self.say(f"  exports: {config} exports to {self.work / EXPORTS} (every {EXPORT_INTERVAL_S} s, or at "
+                     "`globald export`)")
+            self.say(f"  second daemon: {second} (state_dir {self.work / SECOND_STATE}), bootstraps from them")
         if self.args.run:
             self.daemon = subprocess.Popen([sys.executable, "-m", "globald", "run", "--config", str(config)])
             self.say(f"  daemon: globald run --config {config} (pid {self.daemon.pid}); its log follows")
-        for line in next_steps(config, keys[min(42, len(keys) - 1)].decode(), self.args.run):
+        lines = next_steps(config, keys[min(42, len(keys) - 1)].decode(), self.args.run)
+        if second is not None:  # before the closing lines
+            lines[-2:-2] = [f"  globald export --config {config} --table {TABLE}     # export now",
+                            f"  globald run --config {second}               # then a second daemon, from it"]
+        for line in lines:
             self.say(line)
 
     def wait(self) -> None:
@@ -169,10 +202,11 @@ class _Session:
 
         if self.args.keep or not self.created_dir:
             return f"globald dev: stopped; {self.work} kept"
-        holder = lock_holder(self.work / "state")
-        if holder is not None:
-            shutil.rmtree(self.work / "kafka", ignore_errors=True)
-            return (f"globald dev: stopped; {self.work / 'state'} kept: a globald (pid {holder}) still uses it, "
-                    "stop it, then remove the directory")
+        for state in (self.work / "state", self.work / SECOND_STATE):
+            holder = lock_holder(state)
+            if holder is not None:
+                shutil.rmtree(self.work / "kafka", ignore_errors=True)
+                return (f"globald dev: stopped; {state} kept: a globald (pid {holder}) still uses it, "
+                        "stop it, then remove the directory")
         shutil.rmtree(self.work, ignore_errors=True)
         return f"globald dev: stopped; {self.work} removed"

@@ -328,6 +328,9 @@ def _add_dev_arguments(p: argparse.ArgumentParser) -> None:
                    "The 0.9 broker cannot create topics for a client, and creates none by itself")
     p.add_argument("--run", action="store_true", help="also run the daemon on the config (globald run) until Ctrl-C")
     p.add_argument("--keep", action="store_true", help="keep DIR (config, state_dir, broker logs) when stopping")
+    p.add_argument("--export", action="store_true",
+                   help="also export to DIR/exports, and write DIR/globald-2.toml: a second daemon's config (its own "
+                   "state_dir and HTTP port) that bootstraps from those exports")
 
 
 def _os_error_line(e: OSError) -> str:

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -27,10 +29,11 @@ SECTION = "## Try it on `globald dev`"
 DEV_DIR = "reload-dev"
 
 
-def walkthrough() -> tuple[str, list[Block]]:
-    text = PAGE.read_text()
-    assert SECTION in text, f"{PAGE} has no section {SECTION!r}"
-    body = text.split(SECTION, 1)[1].split("\n## ", 1)[0]
+def walkthrough(page: Path = PAGE, section: str = SECTION) -> tuple[str, list[Block]]:
+    """A page's section (the export page's too): its prose, and its fenced blocks in order."""
+    text = page.read_text()
+    assert section in text, f"{page} has no section {section!r}"
+    body = text.split(section, 1)[1].split("\n## ", 1)[0]
     return body, [Block(kind, b.splitlines()) for kind, b in re.findall(r"^```(\w+)\n(.*?)^```$", body,
                                                                           flags=re.S | re.M)]
 
@@ -40,15 +43,35 @@ def local(lines: list[str]) -> list[str]:
     return [re.sub(rf"\S*/{DEV_DIR}/", f"DIR/{DEV_DIR}/", line) for line in lines]
 
 
-@pytest.mark.long  # a broker and a daemon, three reloads (each a check-config in a child process): over 30 s
-def test_the_reload_walkthrough_runs_as_written(tmp_path: Path) -> None:
-    prose, blocks = walkthrough()
+def clone(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    """A clone's root, holding a link to the running venv, and an environment whose PATH leaves that venv out: the
+    page's ``source .venv/bin/activate`` is what puts ``globald`` on it."""
     cwd = tmp_path / "clone"
     cwd.mkdir()
     (cwd / ".venv").symlink_to(VENV)
     env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME")}
     env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep)
                                   if p and Path(p).resolve() != (VENV / "bin").resolve())
+    return cwd, env
+
+
+def settled(cwd: Path, env: dict[str, str], command: str, expected: list[str],
+            local: Callable[[list[str]], list[str]]) -> tuple[subprocess.CompletedProcess[str], bool]:
+    """``command``'s last run, and whether it exited 0 with the page's output (both through ``local``): asked
+    again for up to ``SETTLE_S`` while it does not, as a reader looks again a moment later."""
+    deadline = time.monotonic() + SETTLE_S
+    while True:
+        r = shell(cwd, env, command, timeout=300)
+        done = r.returncode == 0 and same(local(expected), local(r.stdout.splitlines()))
+        if done or time.monotonic() > deadline:
+            return r, done
+        time.sleep(0.5)
+
+
+@pytest.mark.long  # a broker and a daemon, three reloads (each a check-config in a child process): over 30 s
+def test_the_reload_walkthrough_runs_as_written(tmp_path: Path) -> None:
+    prose, blocks = walkthrough()
+    cwd, env = clone(tmp_path)
     terminals: dict[str, Terminal] = {}
     ran: list[str] = []
     try:
@@ -66,13 +89,7 @@ def test_the_reload_walkthrough_runs_as_written(tmp_path: Path) -> None:
                                                              same(c.expected, lines)) if n == "dev" else
                                in_order(c.expected, lines), stream, cmd.command, timeout=180)
                     continue
-                deadline = time.monotonic() + SETTLE_S
-                while True:
-                    r = shell(cwd, env, cmd.command, timeout=300)
-                    done = r.returncode == 0 and same(local(cmd.expected), local(r.stdout.splitlines()))
-                    if done or time.monotonic() > deadline:
-                        break
-                    time.sleep(0.5)
+                r, done = settled(cwd, env, cmd.command, cmd.expected, local)
                 log = "\n".join(terminals["run"].lines("err")[-20:])
                 assert done, f"{cmd.command}: exit {r.returncode}\n{r.stdout}{r.stderr}\nthe daemon's log:\n{log}"
         assert terminals["run"].ctrl_c() == 0
