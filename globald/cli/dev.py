@@ -4,11 +4,13 @@ It starts the bundled Kafka 0.9 broker (and ZooKeeper) on free loopback ports, c
 ``customers`` topic, creates the empty compacted topics that ``--topic`` names (a 0.9 broker has no CreateTopics
 API and its auto-creation is off, so a producer to a missing topic only times out: this is the way to get one),
 writes ``<dir>/globald.toml`` (state_dir ``state``, relative to that file) and prints the commands to try next.
-With ``--export`` that config also exports to ``<dir>/exports``, and ``<dir>/globald-2.toml`` is a second daemon's
-(``add_second_daemon``), which bootstraps from those exports: exports tried on one machine.
-With ``--run`` it also runs ``globald run`` on that config as a child process. It stays up until Ctrl-C or SIGTERM,
-then stops what it started and removes ``<dir>`` (``--keep`` keeps it). A state_dir that another globald still
-holds is left in place, and said so: it is that daemon's.
+With ``--registry`` it also serves a local Schema Registry on 127.0.0.1, in this process, with the typed page's
+schema registered under ``<topic>-value`` for each ``--topic``, and writes its ``[registry]`` table into the config
+(``globald.embedded.dev_registry``). With ``--export`` that config also exports to ``<dir>/exports``, and
+``<dir>/globald-2.toml`` is a second daemon's (``add_second_daemon``), which bootstraps from those exports: exports
+tried on one machine. With ``--run`` it also runs ``globald run`` on that config as a child process. It stays up
+until Ctrl-C or SIGTERM, then stops what it started and removes ``<dir>`` (``--keep`` keeps it). A state_dir that
+another globald still holds is left in place, and said so: it is that daemon's.
 
 Nothing here is used by the daemon; it is the hands-on counterpart of ``globald demo``, which runs a fixed script.
 """
@@ -24,11 +26,15 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from globald.common import exitcodes
 from globald.common.errors import RefusedError
 from globald.embedded.broker import stop_process
 from globald.embedded.interrupts import Interrupts
+
+if TYPE_CHECKING:
+    from globald.embedded.registry import LocalRegistry
 
 TOPIC = TABLE = "customers"
 PARTITIONS = 3
@@ -138,6 +144,7 @@ class _Session:
         self.created_dir = not work.exists()
         self.kafka = EmbeddedKafka(work / "kafka")
         self.daemon: subprocess.Popen[bytes] | None = None
+        self.registry: LocalRegistry | None = None
         self.config: Path | None = None
 
     def say(self, text: str) -> None:
@@ -170,6 +177,12 @@ class _Session:
         for topic in self.args.topic:
             self.say(f"  topic {topic}: compacted, {PARTITIONS} partitions, empty")
         self.say(f"  config: {config} (state_dir {self.work / 'state'})")
+        if self.args.registry:  # before the second daemon's config, which copies the [registry] table too
+            from globald.embedded.dev_registry import serve_for_dev
+
+            self.registry, lines = serve_for_dev(config, self.args.topic)
+            for line in lines:
+                self.say(line)
         second = add_second_daemon(config, free_port()) if self.args.export else None
         if second is not None:
             self.say(f"  exports: {config} exports to {self.work / EXPORTS} (every {EXPORT_INTERVAL_S} s, or at "
@@ -194,6 +207,8 @@ class _Session:
 
     def close(self) -> None:
         stop_process(self.daemon, timeout=60)
+        if self.registry is not None:  # a thread of this process: stopped before the broker, after the daemon
+            self.registry.stop()
         self.kafka.stop()
         self.say(self._remove())
 

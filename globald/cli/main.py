@@ -326,6 +326,10 @@ def _add_dev_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--topic", action="append", default=[], metavar="NAME",
                    help="also create this empty compacted topic (3 partitions), for a table of your own; repeatable. "
                    "The 0.9 broker cannot create topics for a client, and creates none by itself")
+    p.add_argument("--registry", action="store_true",
+                   help="also serve a local Schema Registry on 127.0.0.1 (in this process, until it stops), register "
+                   "the typed-tables page's Avro schema (shop.Customer) under NAME-value for each --topic NAME, and "
+                   "write its [registry] table into the config")
     p.add_argument("--run", action="store_true", help="also run the daemon on the config (globald run) until Ctrl-C")
     p.add_argument("--keep", action="store_true", help="keep DIR (config, state_dir, broker logs) when stopping")
     p.add_argument("--export", action="store_true",
