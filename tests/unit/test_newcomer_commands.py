@@ -42,7 +42,9 @@ def complete(tmp_path: Path) -> tuple[Path, str]:
     state = tmp_path / "state"
     fill(state, {b"a": b"1", b"b": b"2"}, {0: 2}).close()
     mark_complete(state)
-    cfg = write_config(tmp_path / "globald.toml", state, KAFKA, {"tbl": "topic", "other": "topic2"})
+    # http.port 0 (any free port): on 9464, the default, `run` is refused first for a port another test's daemon
+    # holds (two pytest workers) rather than for what the test is about.
+    cfg = write_config(tmp_path / "globald.toml", state, KAFKA, {"tbl": "topic", "other": "topic2"}, http={"port": 0})
     return state, str(cfg)
 
 
@@ -134,7 +136,7 @@ def test_check_config_tries_what_run_needs_of_the_state_dir(tmp_path: Path) -> N
     a_file = tmp_path / "a-file"
     a_file.write_text("x")
     for state_dir in (a_file / "state", Path("/proc/globald-check"), Path("/sys/globald-check"), a_file):
-        cfg = write_config(tmp_path / "g.toml", state_dir, KAFKA, {"tbl": "topic"})
+        cfg = write_config(tmp_path / "g.toml", state_dir, KAFKA, {"tbl": "topic"}, http={"port": 0})  # see complete
         for command in ("check-config", "run"):  # refused by check-config exactly where run refuses it
             r = globald(command, "--config", str(cfg))
             assert r.returncode == exitcodes.USAGE and f"state_dir {state_dir}" in one_line(r), (command, r.stderr)
