@@ -37,6 +37,7 @@ from globald.typed.join import cast_for_spark, columns_of, spark_type
 from globald.typed.keys import fingerprint
 from tests.unit import schema_strategies as ss
 from tests.unit.schema_strategies import NULL, Node, Pair, record
+from tests.unit.typed_fixtures import varint
 
 FAST = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                         HealthCheck.data_too_large])
@@ -157,11 +158,7 @@ def test_fifty_good_records_and_a_hostile_one_give_valid_spark_columns(case: str
         payloads.append(buf.getvalue())
     buf = io.BytesIO()  # the hostile one: its last field's block claims 3e9 items (nulls: no bytes to contradict it)
     fastavro.schemaless_writer(buf, fastavro.parse_schema(schema), {"id": 666, **make(0)})
-    count, varint = 3_000_000_000 << 1, bytearray()
-    while count > 0x7F:
-        varint.append((count & 0x7F) | 0x80)
-        count >>= 7
-    hostile = buf.getvalue()[:-1] + bytes(varint) + bytes([count]) + b"\x00"
+    hostile = buf.getvalue()[:-1] + varint(3_000_000_000) + b"\x00"
     items = [(b"k%05d" % i, p, i) for i, p in enumerate([*payloads[:25], hostile, *payloads[25:]])]
     table = ColumnarTable(build_table(items, decoder, {"table": "t"}))
     assert table.error_count == 1 and table.errors[25].as_py()
