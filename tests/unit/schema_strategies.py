@@ -222,7 +222,8 @@ PROTO_LEAVES = st.one_of(
     st.sampled_from([Node(k) for k in ("int32", "sint32", "int64", "uint32", "uint64", "fixed64", "bool", "float",
                                         "double", "string", "bytes")]),
     st.integers(1, 3).map(lambda n: Node("enum", size=n)))
-# Protobuf has no null type and no nested repeated: lists hold leaves or messages, maps values likewise.
+# Protobuf has no null type and no nested repeated: lists hold leaves or messages, maps values likewise; a message
+# field may be unset (null), and so may a scalar declared ``optional``.
 PROTO_SCALARS: dict[str, st.SearchStrategy[Any]] = {
     "int32": INT32, "sint32": INT32, "int64": INT64, "uint32": st.integers(0, 2**32 - 1),
     "uint64": st.integers(0, 2**64 - 1), "fixed64": st.integers(0, 2**64 - 1), "bool": st.booleans(),
@@ -231,7 +232,9 @@ PROTO_SCALARS: dict[str, st.SearchStrategy[Any]] = {
 
 def proto_trees() -> st.SearchStrategy[Node]:
     def grow(inner: st.SearchStrategy[Node]) -> st.SearchStrategy[Node]:
-        message = st.lists(inner, max_size=3).map(
+        # A proto3 ``optional`` scalar or enum (explicit presence): null when unset.
+        field = st.one_of(inner, PROTO_LEAVES.map(lambda n: Node("nullable", (n,))))
+        message = st.lists(field, max_size=3).map(
             lambda kids: Node("record", tuple(kids), names=tuple(f"f{i}" for i in range(len(kids)))))
         single = st.one_of(PROTO_LEAVES, message)
         return st.one_of(message, single.map(lambda n: Node("array", (n,))), single.map(lambda n: Node("map", (n,))))

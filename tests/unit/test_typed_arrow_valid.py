@@ -237,6 +237,10 @@ class _Proto:
             elif child.kind == "array":
                 f.label = 3
                 self.typed(f, child.children[0])
+            elif child.kind == "nullable":  # proto3 optional: a synthetic oneof of its own
+                f.proto3_optional, f.oneof_index = True, len(msg.oneof_decl)
+                msg.oneof_decl.add(name=f"_{name}")
+                self.typed(f, child.children[0])
             else:
                 self.typed(f, child)
         return full
@@ -261,6 +265,8 @@ def proto_values(node: Node, enums: dict[int, str], field: bool = False) -> st.S
     if k in ss.PROTO_SCALARS:
         wrap = decimal.Decimal if k in ("uint64", "fixed64") else (lambda x: x)
         return ss.PROTO_SCALARS[k].map(lambda v: (v, wrap(v)))
+    if k == "nullable":
+        return st.one_of(st.just((None, None)), proto_values(node.children[0], enums))
     if k == "enum":
         return st.integers(0, node.size - 1).map(lambda n: (n, f"{enums[id(node)]}_{'ABC'[n]}"))
     if k == "array":
@@ -293,7 +299,7 @@ def fill(m: Any, node: Node, value: dict[str, Any]) -> None:
             getattr(m, name).extend(v)
         elif child.kind == "map":
             getattr(m, name).update(v)
-        else:
+        elif v is not None:  # an optional field left unset reads null
             setattr(m, name, v)
 
 
