@@ -1,9 +1,11 @@
 """An Arrow array as another type of the same shape, valid by construction: what a typed column becomes for Spark.
 
-Why not ``Array.cast``: pyarrow (26) casts a null-typed child of a sliced or taken parent to the parent's length
-instead of the child's own, so the result's offsets span more values than there are. Every typed Spark column is a
-``take`` of the columnar file, so an Avro ``array<null>``, a record with a ``null`` field or a ``map<null>`` became
-a batch Spark refused (``Length spanned by list offsets (51) larger than values array (length 25)``): issue 40.
+Why not ``Array.cast``: pyarrow (26) gives a null-typed child, in a cast (even to the type it has), the length of
+the outermost array, or of the slice or take it comes from, instead of its own, so the result's offsets span more
+values than there are. Every typed Spark column is a ``take`` of the columnar file cast to Spark's types, so an Avro
+``array<null>``, a record with a ``null`` field in a list or a ``map<null>`` became a batch Spark refused once a
+list held more items than the batch had rows (``Length spanned by list offsets (51) larger than values array
+(length 25)``): issue 40.
 Rebuilding nested arrays ourselves, from the slice of each child their offsets span, avoids the whole class rather
 than the one type that showed it; a leaf (no children) is still cast by Arrow, which is right for those.
 
