@@ -44,13 +44,10 @@ FAST = settings(max_examples=25, deadline=None, suppress_health_check=[HealthChe
 Check = tuple[Decoder, list[bytes], list[Any]]
 
 
-def spark_rows(array: pa.Array) -> list[Any]:
-    return python_rows(array)
-
-
-def check(decoder: Decoder, payloads: list[bytes], expected: list[Any]) -> None:
+def check(decoder: Decoder, payloads: list[bytes], expected: list[Any]) -> tuple[pa.Array, list[Any]]:
     """The columnar file of ``payloads`` (keys k00000...) is valid and holds ``expected``; so is every Spark
-    column made from a lookup of its keys in a shuffled order, with an absent key among them."""
+    column made from a lookup of its keys in a shuffled order, with an absent key among them. Returns the struct
+    column Spark gets, and what it must hold (for a real Spark job: test_spark_typed)."""
     items = [(b"k%05d" % i, p, i) for i, p in enumerate(payloads)]
     table = build_table(items, decoder, {"table": "t", "snapshot": "s"})
     table.validate(full=True)
@@ -70,13 +67,14 @@ def check(decoder: Decoder, payloads: list[bytes], expected: list[Any]) -> None:
     target = _arrow_of(StructField("value", spark_type(decoder)))
     spark = cast_for_spark(found.values, target)
     spark.validate(full=True)
-    assert spark.type == target and spark_rows(spark) == want
+    assert spark.type == target and python_rows(spark) == want
     for name, column in columns_of(found.values, found.errors, "value", flatten_prefix="v_").items():
         if name.startswith("v_"):  # flattened: each field its own column
             flat = cast_for_spark(column, _arrow_of(StructField(name, spark_type(decoder).fields[
                 decoder.arrow_type.get_field_index(name[2:])].dataType)))
             flat.validate(full=True)
-            assert spark_rows(flat) == [None if w is None else w[name[2:]] for w in want]
+            assert python_rows(flat) == [None if w is None else w[name[2:]] for w in want]
+    return spark, want
 
 
 # ---- Avro ----
@@ -167,7 +165,7 @@ def test_fifty_good_records_and_a_hostile_one_give_valid_spark_columns(case: str
     target = _arrow_of(StructField("value", spark_type(decoder)))
     spark = cast_for_spark(found.values, target)
     spark.validate(full=True)
-    assert spark_rows(spark) == [*good[25:][::-1], None, *good[:25][::-1], None]
+    assert python_rows(spark) == [*good[25:][::-1], None, *good[:25][::-1], None]
 
 
 def test_a_table_arrow_refuses_is_a_clear_error_before_any_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
