@@ -40,7 +40,7 @@ from tests.integration.test_typed_hostile import HOSTILE_KEY, HOSTILE_SCHEMA, av
 from tests.support.oracle import fold_located, fold_timestamped
 from tests.support.spark_connect import connect_server, connect_session
 from tests.unit import schema_strategies as ss
-from tests.unit.test_typed_arrow_valid import avro_case, check
+from tests.unit.test_typed_arrow_valid import avro_case, check, json_case, proto_case
 from tests.unit.typed_fixtures import (
     FIXTURES,
     avro_payload,
@@ -588,18 +588,23 @@ def _as_collected(value: Any) -> Any:
     return value
 
 
-@settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck))
 @given(data=st.data())
-def test_generated_avro_columns_join_in_spark_equal_to_what_was_written(spark: Any, data: st.DataObject) -> None:
-    """Issue 40 item 2, in Spark: for generated Avro schemas and values (tests.unit.schema_strategies), the column
-    a join hands Spark (the columnar file, a shuffled lookup with an absent key, cast to Spark's types: the unit
-    test's ``check``) is read by Spark's JVM from a ``mapInArrow`` and collected equal to what was written."""
+def test_generated_schemas_join_in_spark_equal_to_what_was_written(spark: Any, data: st.DataObject) -> None:
+    """Issue 40 item 2, in Spark: for generated Avro, JSON and Protobuf schemas and values
+    (tests.unit.schema_strategies), the column a join hands Spark (the columnar file, a shuffled lookup with an
+    absent key, cast to Spark's types: the unit test's ``check``) is read by Spark's JVM from a ``mapInArrow`` and
+    collected equal to what was written."""
     from pyspark.sql.types import LongType, StructField, StructType
 
-    node = data.draw(ss.avro_trees, "schema")
-    values = data.draw(st.lists(ss.avro_values(node), min_size=1, max_size=6), "values")
+    fmt = data.draw(st.sampled_from(["avro", "json", "protobuf"]), "format")
     with tempfile.TemporaryDirectory() as d:
-        decoder, payloads, expected = avro_case(node, values, Path(d))
+        if fmt == "avro":
+            node = data.draw(ss.avro_trees, "schema")
+            values = data.draw(st.lists(ss.avro_values(node), min_size=1, max_size=6), "values")
+            decoder, payloads, expected = avro_case(node, values, Path(d))
+        else:
+            decoder, payloads, expected = (json_case if fmt == "json" else proto_case)(data, Path(d))
     column, want = check(decoder, payloads, expected)
     batch = pa.RecordBatch.from_arrays([pa.array(range(len(want)), pa.int64()), column], names=["i", "value"])
 

@@ -187,17 +187,22 @@ def test_a_table_arrow_refuses_is_a_clear_error_before_any_file(tmp_path: Path, 
 @FAST
 @given(st.data())
 def test_generated_json_schemas_build_valid_columns_equal_to_what_was_written(data: st.DataObject) -> None:
+    with tempfile.TemporaryDirectory() as d:
+        check(*json_case(data, Path(d)))
+
+
+def json_case(data: st.DataObject, tmp: Path) -> Check:
+    """A drawn JSON schema (Spark DDL or JSON Schema), its decoder, payloads and what they must read back as."""
     node = data.draw(ss.json_trees, "schema")
     as_ddl = not ss.has_null(node) and data.draw(st.booleans(), "ddl")
     if not as_ddl:  # a JSON Schema knows integer, number and string: the tree in those types
         node = _json_schema_kinds(node)
     values = data.draw(st.lists(ss.json_values(node), min_size=1, max_size=8), "values")
     text = ss.ddl(node) if as_ddl else json.dumps(ss.json_schema(node))
-    with tempfile.TemporaryDirectory() as d:
-        path = Path(d) / "s.schema"
-        path.write_text(text)
-        decoder = typed.load(ValueFormat(format="json", schema=path), "tables[0].value")
-        check(decoder, [json.dumps(w).encode() for w, _ in values], [r for _, r in values])
+    path = tmp / "s.schema"
+    path.write_text(text)
+    decoder = typed.load(ValueFormat(format="json", schema=path), "tables[0].value")
+    return decoder, [json.dumps(w).encode() for w, _ in values], [r for _, r in values]
 
 
 def _json_schema_kinds(node: Node) -> Node:
@@ -304,6 +309,12 @@ def fill(m: Any, node: Node, value: dict[str, Any]) -> None:
 @FAST
 @given(st.data())
 def test_generated_protobuf_schemas_build_valid_columns_equal_to_what_was_written(data: st.DataObject) -> None:
+    with tempfile.TemporaryDirectory() as d:
+        check(*proto_case(data, Path(d)))
+
+
+def proto_case(data: st.DataObject, tmp: Path) -> Check:
+    """A drawn proto3 message type, its decoder, payloads and what they must read back as."""
     node = data.draw(ss.proto_trees(), "schema")
     proto = _Proto(node)
     pool = descriptor_pool.DescriptorPool()
@@ -315,11 +326,10 @@ def test_generated_protobuf_schemas_build_valid_columns_equal_to_what_was_writte
         m = cls()
         fill(m, node, written)
         payloads.append(m.SerializeToString())
-    with tempfile.TemporaryDirectory() as d:
-        path = Path(d) / "gen.desc"
-        path.write_bytes(descriptor_pb2.FileDescriptorSet(file=[proto.file]).SerializeToString())
-        decoder = typed.load(ValueFormat(format="protobuf", schema=path, message=proto.root[1:]), "tables[0].value")
-        check(decoder, payloads, [r for _, r in values])
+    path = tmp / "gen.desc"
+    path.write_bytes(descriptor_pb2.FileDescriptorSet(file=[proto.file]).SerializeToString())
+    decoder = typed.load(ValueFormat(format="protobuf", schema=path, message=proto.root[1:]), "tables[0].value")
+    return decoder, payloads, [r for _, r in values]
 
 
 def test_timestamps_keep_their_instant_through_the_spark_cast() -> None:
