@@ -184,13 +184,6 @@ def test_a_table_arrow_refuses_is_a_clear_error_before_any_file(tmp_path: Path, 
 
 # ---- JSON ----
 
-@FAST
-@given(st.data())
-def test_generated_json_schemas_build_valid_columns_equal_to_what_was_written(data: st.DataObject) -> None:
-    with tempfile.TemporaryDirectory() as d:
-        check(*json_case(data, Path(d)))
-
-
 def json_case(data: st.DataObject, tmp: Path) -> Check:
     """A drawn JSON schema (Spark DDL or JSON Schema), its decoder, payloads and what they must read back as."""
     node = data.draw(ss.json_trees, "schema")
@@ -306,13 +299,6 @@ def fill(m: Any, node: Node, value: dict[str, Any]) -> None:
             setattr(m, name, v)
 
 
-@FAST
-@given(st.data())
-def test_generated_protobuf_schemas_build_valid_columns_equal_to_what_was_written(data: st.DataObject) -> None:
-    with tempfile.TemporaryDirectory() as d:
-        check(*proto_case(data, Path(d)))
-
-
 def proto_case(data: st.DataObject, tmp: Path) -> Check:
     """A drawn proto3 message type, its decoder, payloads and what they must read back as."""
     node = data.draw(ss.proto_trees(), "schema")
@@ -330,6 +316,15 @@ def proto_case(data: st.DataObject, tmp: Path) -> Check:
     path.write_bytes(descriptor_pb2.FileDescriptorSet(file=[proto.file]).SerializeToString())
     decoder = typed.load(ValueFormat(format="protobuf", schema=path, message=proto.root[1:]), "tables[0].value")
     return decoder, payloads, [r for _, r in values]
+
+
+@pytest.mark.parametrize("case", [json_case, proto_case], ids=["json", "protobuf"])
+@FAST
+@given(data=st.data())
+def test_generated_json_and_protobuf_schemas_build_valid_columns_equal_to_what_was_written(
+        case: Callable[[st.DataObject, Path], Check], data: st.DataObject) -> None:
+    with tempfile.TemporaryDirectory() as d:
+        check(*case(data, Path(d)))
 
 
 def test_timestamps_keep_their_instant_through_the_spark_cast() -> None:
