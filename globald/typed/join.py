@@ -14,6 +14,7 @@ import pyarrow as pa
 
 from globald.typed.arrow import Decoder, flatten
 from globald.typed.columnar import ColumnarTable, Lookup, ensure_columnar
+from globald.typed.conform import conform
 
 if TYPE_CHECKING:
     from globald.snapshot.reader import Snapshot
@@ -50,23 +51,9 @@ def typed_columns(found: Lookup, value_col: str, *, timestamp_col: str | None = 
 
 
 def cast_for_spark(array: pa.Array, target: pa.DataType) -> pa.Array:
-    """``array`` as the Arrow type Spark expects (list items named ``element``, and the like). pyarrow (26) casts a
-    list of nulls whose values do not start at 0 (any list after a ``take``) into an invalid array, offsets past its
-    values, which fails the batch: such a column is rebuilt from Python values instead (an Avro ``array<null>``:
-    rare, and bounded by ``max_items``)."""
-    if _holds_null_list(array.type):
-        return pa.array(array.to_pylist(), target)
-    return array.cast(target)
-
-
-def _holds_null_list(t: pa.DataType) -> bool:
-    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
-        return pa.types.is_null(t.value_type) or _holds_null_list(t.value_type)
-    if pa.types.is_map(t):
-        return _holds_null_list(t.key_type) or _holds_null_list(t.item_type)
-    if pa.types.is_struct(t):
-        return any(_holds_null_list(t.field(i).type) for i in range(t.num_fields))
-    return False
+    """``array`` as the Arrow type Spark expects (list items named ``element``, timestamps in microseconds, and the
+    like), valid for every type a schema maps to: ``globald.typed.conform`` says why not ``Array.cast``."""
+    return conform(array, target)
 
 
 def spark_type(decoder: Decoder) -> Any:

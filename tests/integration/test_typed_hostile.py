@@ -33,6 +33,7 @@ from globald.typed.columnar import ColumnarTable, columnar_path
 from tests.harness import REPO, Broker, DaemonProcess
 from tests.integration.test_typed import records
 from tests.integration.test_typed_daemon import columnar_files, decoded_current, typed_daemon
+from tests.unit.typed_fixtures import varint
 
 pytestmark = pytest.mark.kafka
 
@@ -62,12 +63,7 @@ def avro_read(payload: bytes) -> dict[str, Any]:
 
 def hostile_value() -> bytes:
     # id 666 (zigzag 1332, two bytes), name "x", then a block claiming 3e9 nulls, then the end of the array.
-    count = 3_000_000_000 << 1
-    varint = bytearray()
-    while count > 0x7F:
-        varint.append((count & 0x7F) | 0x80)
-        count >>= 7
-    return b"\xb4\x0a" + b"\x02x" + bytes(varint) + bytes([count]) + b"\x00"
+    return b"\xb4\x0a" + b"\x02x" + varint(3_000_000_000) + b"\x00"
 
 
 def good_records(n: int) -> list[tuple[bytes, bytes | None]]:

@@ -25,6 +25,7 @@ from globald import typed
 from globald.settings.typed_spec import ValueFormat
 from globald.typed.arrow import DecodeError, Decoder, python_rows
 from globald.typed.avro_check import Limits, compile_schema, validate
+from tests.unit.typed_fixtures import varint
 
 TIER = {"type": "enum", "name": "Tier", "symbols": ["BRONZE", "SILVER", "GOLD"]}
 # A schema with every kind the validator walks, for the fuzz and the hand-built cases.
@@ -69,14 +70,6 @@ def write(schema: Any, value: Any) -> bytes:
 def one(dec: Decoder, payload: bytes) -> tuple[Any, str | None]:
     d = dec.decode(pa.array([payload], pa.binary()))
     return python_rows(d.values)[0], d.errors[0].as_py()
-
-
-def varint(n: int) -> bytes:
-    raw, out = (n << 1) ^ (n >> 63), bytearray()
-    while raw > 0x7F:
-        out.append((raw & 0x7F) | 0x80)
-        raw >>= 7
-    return bytes(out + bytes([raw]))
 
 
 # -- the hostile value: an array of items that take no bytes, claiming billions --------------------------------

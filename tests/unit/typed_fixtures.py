@@ -31,6 +31,15 @@ def avro_payload(schema_file: str, record: dict[str, Any]) -> bytes:
     return buf.getvalue()
 
 
+def varint(n: int) -> bytes:
+    """An Avro int or long (zigzag varint), by hand: also a block count no schema-driven writer would write."""
+    raw, out = (n << 1) ^ (n >> 63), bytearray()
+    while raw > 0x7F:
+        out.append((raw & 0x7F) | 0x80)
+        raw >>= 7
+    return bytes(out + bytes([raw]))
+
+
 def confluent(schema_id: int, payload: bytes, index_bytes: bytes = b"") -> bytes:
     """Magic 0 and the big-endian id, by hand; ``index_bytes`` the protobuf message-index array as written."""
     return struct.pack(">bI", 0, schema_id) + index_bytes + payload
