@@ -10,6 +10,9 @@ import pytest
 
 from tests.harness import Broker, DaemonProcess, daemon_factory, start_broker
 
+# Fails a test whose JVMs (Spark, a broker) outlive it or their fixture: issue 40's orphaned Spark JVMs.
+pytest_plugins = ["tests.support.jvm_leaks"]
+
 _counter = itertools.count()
 
 
