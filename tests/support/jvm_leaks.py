@@ -46,50 +46,47 @@ class Jvm:
         return _start_time(self.pid) == self.start
 
     def describe(self) -> str:
+        """PID, parent, the test pytest was in when it started (its PYTEST_CURRENT_TEST) and its command line."""
+        base = _PROC / str(self.pid)
         try:
-            cmd = (_PROC / str(self.pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            cmd = (base / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+            env = (base / "environ").read_bytes().split(b"\0")
         except OSError:
-            cmd = "(gone)"
-        return f"pid {self.pid} (parent {_ppid(self.pid)}): {cmd[:300]}"
+            cmd, env = "(gone)", []
+        if len(cmd) > 400:  # a JVM's class path comes first, its main class and arguments last
+            cmd = f"{cmd[:120]} ... {cmd[-280:]}"
+        started = next((e.split(b"=", 1)[1].decode(errors="replace") for e in env
+                        if e.startswith(b"PYTEST_CURRENT_TEST=")), "?")
+        return f"pid {self.pid} (parent {_ppid(self.pid)}), started during {started}: {cmd}"
 
 
-def _stat_fields(pid: int) -> list[str] | None:
+@dataclass(frozen=True)
+class _Stat:
+    name: str
+    state: str
+    ppid: int
+    start: int
+
+
+def _stat(pid: int) -> _Stat | None:
+    """/proc/<pid>/stat's fields this needs (proc(5)); None once gone."""
     try:
         text = (_PROC / str(pid) / "stat").read_text()
     except OSError:
         return None
-    return text[text.rindex(")") + 2:].split()  # the name, in parentheses, may hold spaces
+    fields = text[text.rindex(")") + 2:].split()  # the name, in parentheses, may hold spaces and parentheses
+    return _Stat(text[text.index("(") + 1:text.rindex(")")], fields[0], int(fields[1]), int(fields[19]))
 
 
 def _start_time(pid: int) -> int | None:
     """None once gone, a zombie included (killed, not yet reaped by its parent: it holds no memory)."""
-    fields = _stat_fields(pid)
-    return int(fields[19]) if fields and fields[0] != "Z" else None  # field 22 of proc(5), after pid and name
+    st = _stat(pid)
+    return st.start if st is not None and st.state != "Z" else None
 
 
 def _ppid(pid: int) -> int | None:
-    fields = _stat_fields(pid)
-    return int(fields[1]) if fields else None
-
-
-def _pids() -> list[int]:
-    return [int(p.name) for p in _PROC.iterdir() if p.name.isdigit()]
-
-
-def _descendants(root: int, pids: list[int]) -> set[int]:
-    children: dict[int, list[int]] = {}
-    for pid in pids:
-        parent = _ppid(pid)
-        if parent is not None:
-            children.setdefault(parent, []).append(pid)
-    found: set[int] = set()
-    todo = [root]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            if child not in found:
-                found.add(child)
-                todo.append(child)
-    return found
+    st = _stat(pid)
+    return st.ppid if st is not None else None
 
 
 def _carries(pid: int, marker: bytes) -> bool:
@@ -101,20 +98,22 @@ def _carries(pid: int, marker: bytes) -> bool:
 
 def run_jvms(marker: str, names: frozenset[str] = JVM_NAMES) -> set[Jvm]:
     """The live JVMs of the run marked ``marker``: carrying it in their environment, or descending from here."""
-    pids = _pids()
-    mine = _descendants(os.getpid(), pids)
+    stats = {pid: st for pid, st in ((int(p.name), _stat(int(p.name))) for p in _PROC.iterdir() if p.name.isdigit())
+             if st is not None and st.state != "Z"}
     want = f"{MARKER_ENV}={marker}".encode()
-    found: set[Jvm] = set()
-    for pid in pids:
-        try:
-            comm = (_PROC / str(pid) / "comm").read_text().strip()
-        except OSError:
-            continue
-        if comm in names and (pid in mine or _carries(pid, want)):
-            start = _start_time(pid)
-            if start is not None:
-                found.add(Jvm(pid, start))
-    return found
+    me = os.getpid()
+
+    def descends(pid: int) -> bool:
+        seen: set[int] = set()
+        while pid in stats and pid not in seen:  # up the parents: a cycle cannot be, a vanished parent can
+            seen.add(pid)
+            pid = stats[pid].ppid
+            if pid == me:
+                return True
+        return False
+
+    return {Jvm(pid, st.start) for pid, st in stats.items()
+            if st.name in names and (descends(pid) or _carries(pid, want))}
 
 
 def outliving(jvms: set[Jvm], wait_s: float) -> set[Jvm]:
