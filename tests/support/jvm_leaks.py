@@ -7,12 +7,17 @@ reparented to PID 1 (a daemonised Spark Connect server, a JVM whose parent died)
 ``/proc/<pid>/environ`` carries the marker, or when it descends from this process. Only those are ever looked at,
 reported or killed: other engineers' pytest runs share the machine, with their own markers.
 
-Who owns a JVM: one that appears while a module-, class-, package- or session-scoped fixture is being set up belongs
-to that fixture and must be gone once the fixture is torn down (a module's Spark session at the module's end, the
-session broker at the session's end); any other that appears during a test (its call, its function-scoped fixtures)
-must be gone when its teardown ends. One still alive then (after ``EXIT_WAIT_S``, for a JVM told to stop that is
-still exiting) is a leak: the teardown of that test fails, naming the JVM, its command line and its owner, and the
-JVM is killed by its PID so that it does not weigh on the rest of the run.
+Who owns a JVM, and when it must be gone (after up to ``EXIT_WAIT_S`` for one told to stop that is still exiting):
+
+- one that appears while a module-, class-, package- or session-scoped fixture is set up is that fixture's: gone
+  once the fixture is torn down (a module's Spark session at the module's end, the session broker at the session's);
+- one started by a test (its call, its function-scoped fixtures): gone at the end of its module, when the module's
+  fixtures are torn down too, since a module fixture may hold what its tests start (a broker a test restarts);
+- one tagged ``GLOBALD_TEST_JVM_SCOPE=session`` in its environment (the session broker's topic server, started by
+  whichever test first creates a topic): gone at the end of the session, like everything else of the run.
+
+One still alive then is a leak: that teardown fails, naming the JVM, the test pytest was in when it started, its
+command line and its owner, and the JVM is killed by its PID so that it does not weigh on the rest of the run.
 """
 
 from __future__ import annotations
@@ -30,6 +35,9 @@ from typing import Any
 import pytest
 
 MARKER_ENV = "GLOBALD_TEST_RUN"
+# In a JVM's environment, ``session``: it is held for the whole run by something started lazily by whichever test
+# first needs it (the session broker's topic server), so it is checked at the session's end only.
+SCOPE_ENV = "GLOBALD_TEST_JVM_SCOPE"
 EXIT_WAIT_S = 30.0  # a JVM told to stop may take seconds to exit on a loaded 2-core machine
 JVM_NAMES = frozenset({"java"})  # /proc/<pid>/comm of a JVM (the launcher's name: spark-submit execs java)
 _PROC = Path("/proc")
@@ -47,17 +55,14 @@ class Jvm:
 
     def describe(self) -> str:
         """PID, parent, the test pytest was in when it started (its PYTEST_CURRENT_TEST) and its command line."""
-        base = _PROC / str(self.pid)
         try:
-            cmd = (base / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
-            env = (base / "environ").read_bytes().split(b"\0")
+            cmd = (_PROC / str(self.pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
-            cmd, env = "(gone)", []
+            cmd = "(gone)"
         if len(cmd) > 400:  # a JVM's class path comes first, its main class and arguments last
             cmd = f"{cmd[:120]} ... {cmd[-280:]}"
-        started = next((e.split(b"=", 1)[1].decode(errors="replace") for e in env
-                        if e.startswith(b"PYTEST_CURRENT_TEST=")), "?")
-        return f"pid {self.pid} (parent {_ppid(self.pid)}), started during {started}: {cmd}"
+        started = _environ(self.pid).get(b"PYTEST_CURRENT_TEST", b"?").decode(errors="replace")
+        return f"pid {self.pid} (parent {_ppid(self.pid)}), started during {started}: {cmd.strip()}"
 
 
 @dataclass(frozen=True)
@@ -89,18 +94,24 @@ def _ppid(pid: int) -> int | None:
     return st.ppid if st is not None else None
 
 
-def _carries(pid: int, marker: bytes) -> bool:
+def _environ(pid: int) -> dict[bytes, bytes]:
+    """The environment ``pid`` started with; empty for another user's process, or one gone."""
     try:
-        return marker in (_PROC / str(pid) / "environ").read_bytes().split(b"\0")
-    except OSError:  # another user's process, or gone
-        return False
+        raw = (_PROC / str(pid) / "environ").read_bytes()
+    except OSError:
+        return {}
+    return dict(e.split(b"=", 1) for e in raw.split(b"\0") if b"=" in e)
+
+
+def _carries(pid: int, marker: bytes) -> bool:
+    return _environ(pid).get(MARKER_ENV.encode()) == marker
 
 
 def run_jvms(marker: str, names: frozenset[str] = JVM_NAMES) -> set[Jvm]:
     """The live JVMs of the run marked ``marker``: carrying it in their environment, or descending from here."""
     stats = {pid: st for pid, st in ((int(p.name), _stat(int(p.name))) for p in _PROC.iterdir() if p.name.isdigit())
              if st is not None and st.state != "Z"}
-    want = f"{MARKER_ENV}={marker}".encode()
+    want = marker.encode()
     me = os.getpid()
 
     def descends(pid: int) -> bool:
@@ -134,6 +145,10 @@ def kill(jvms: set[Jvm]) -> None:
                 os.kill(j.pid, signal.SIGKILL)
 
 
+def _session_held(j: Jvm) -> bool:
+    return _environ(j.pid).get(SCOPE_ENV.encode()) == b"session"
+
+
 class LeakedJvm(AssertionError):
     """A JVM this test run started outlived the fixture or test that started it. The message names it and its
     owner: make that owner stop it (and wait for it) in its teardown. It has been killed."""
@@ -155,6 +170,8 @@ class JvmWatch:
     wait_s: float = EXIT_WAIT_S
     known: set[Jvm] = field(default_factory=set)  # every JVM of this run seen so far, owned or not
     owned: list[_Owned] = field(default_factory=list)
+    module_started: set[Jvm] = field(default_factory=set)  # by a test of the current module
+    session_held: set[Jvm] = field(default_factory=set)  # tagged SCOPE_ENV=session
 
     def _new(self) -> set[Jvm]:
         new = run_jvms(self.marker, self.names) - self.known
@@ -163,17 +180,20 @@ class JvmWatch:
 
     @pytest.hookimpl(wrapper=True)
     def pytest_fixture_setup(self, fixturedef: Any, request: pytest.FixtureRequest) -> Iterator[Any]:
-        if fixturedef.scope == "function":  # what a function-scoped fixture starts is the test's: checked after it
+        if fixturedef.scope == "function":  # what a function-scoped fixture starts is the test's
             return (yield)
-        self._new()  # started before (by the test, say) are not this fixture's
+        self._note_started()  # started before (by the test, say) are not this fixture's
         try:
             return (yield)
         finally:
-            self.owned.append(_Owned(fixturedef, fixturedef.cached_result, self._new()))
+            mine = self._new()
+            held = {j for j in mine if _session_held(j)}
+            self.session_held |= held
+            self.owned.append(_Owned(fixturedef, fixturedef.cached_result, mine - held))
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> Iterator[None]:
-        self._new()
+        self._note_started()
         return (yield)
 
     @pytest.hookimpl(wrapper=True)
@@ -181,20 +201,35 @@ class JvmWatch:
         try:
             return (yield)
         finally:
-            leaks = self._leaks(item)
+            leaks = self._leaks(module_ends=nextitem is None or nextitem.path != item.path,
+                                session_ends=nextitem is None)
             if leaks:
-                kill({j for j, _ in leaks})
+                kill(set(leaks))
                 raise LeakedJvm("JVMs outlived what started them (killed now):\n" + "\n".join(
-                    f"  {owner}: {text}" for _, (owner, text) in leaks))
+                    f"  {owner}: {leaks[j]}" for j, owner in sorted(leaks.items(), key=lambda x: x[0].pid)))
 
-    def _leaks(self, item: pytest.Item) -> list[tuple[Jvm, tuple[str, str]]]:
-        suspects: dict[Jvm, str] = {j: f"test {item.nodeid}" for j in self._new()}
+    def _note_started(self) -> None:
+        """JVMs started since the last look, outside a fixture's set-up: a test's (its call, its function-scoped
+        fixtures), or the session's when tagged so."""
+        for j in self._new():
+            (self.session_held if _session_held(j) else self.module_started).add(j)
+
+    def _leaks(self, module_ends: bool, session_ends: bool) -> dict[Jvm, str]:
+        """The JVMs outliving their owner after this teardown (-> the owner), once given ``wait_s`` to exit."""
+        self._note_started()
+        suspects: dict[Jvm, str] = {}
         for o in list(self.owned):
             if o.fixturedef.cached_result is not o.cached:  # torn down since
                 self.owned.remove(o)
                 suspects |= {j: f"{o.fixturedef.scope}-scoped fixture {o.fixturedef.argname!r}" for j in o.jvms}
+        if module_ends:
+            suspects |= {j: "a test of this module" for j in self.module_started}
+            self.module_started.clear()
+        if session_ends:  # nothing of this run is to outlive it, whoever started it
+            suspects |= dict.fromkeys(self.session_held | run_jvms(self.marker, self.names), "the session")
+            self.session_held.clear()
         alive = outliving(set(suspects), self.wait_s)
-        return [(j, (suspects[j], j.describe())) for j in sorted(alive, key=lambda j: j.pid)]
+        return {j: f"{suspects[j]}: {j.describe()}" for j in alive}
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 from tests.harness import REPO
 from tests.support import jvm_leaks
 
-INNER = '''
+COMMON = '''
 import os, subprocess, pytest
 
 JAVA = os.environ["FAKE_JAVA"]
@@ -31,7 +31,15 @@ def detached(env=None):
     out = subprocess.run(["sh", "-c", f"{JAVA} 600 </dev/null >/dev/null 2>&1 & echo $!"], env=env,
                          capture_output=True, text=True, check=True).stdout
     return int(out)
+'''
 
+INNER = {
+    "test_1_session.py": COMMON + '''
+
+def test_holds_one_for_the_session():  # tagged: checked at the session's end, not this module's
+    note(detached({**os.environ, "GLOBALD_TEST_JVM_SCOPE": "session"}), "session")
+''',
+    "test_2_fixtures.py": COMMON + '''
 
 @pytest.fixture(scope="module")
 def good_server():
@@ -53,27 +61,30 @@ def test_a_uses_a_server_stopped_at_the_end(good_server):
     pass
 
 
-def test_b_leaks_a_child():
+def test_b_uses_the_leaky_fixture(leaky_server, good_server):
+    pass
+''',
+    "test_3_tests.py": COMMON + '''
+
+def test_a_leaks_a_child():
     note(subprocess.Popen([JAVA, "600"]).pid, "leaky-test")
 
 
-def test_c_leaks_an_orphan():
+def test_b_leaks_an_orphan():
     note(detached(), "orphan")
 
 
-def test_d_another_runs_process_is_left_alone():
+def test_c_another_runs_process_is_left_alone():
     note(detached({**os.environ, "GLOBALD_TEST_RUN": "another-run"}), "foreign")
 
 
-def test_e_stops_what_it_starts(good_server):
+def test_d_stops_what_it_starts():
     p = subprocess.Popen([JAVA, "600"])
     p.terminate()
     p.wait()
-
-
-def test_f_uses_the_leaky_fixture(leaky_server):
-    pass
-'''
+''',
+    "test_4_last.py": "def test_nothing():\n    pass\n",
+}
 
 CONFTEST = "import tests.support.jvm_leaks as j\nj.EXIT_WAIT_S = 2.0\n"
 
@@ -109,23 +120,35 @@ def _cleanup(noted: list[tuple[int, str, str]]) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
-def test_a_jvm_outliving_its_test_or_fixture_fails_that_teardown_and_is_killed(tmp_path: Path) -> None:
-    r, noted = _inner(tmp_path, {"test_leaks.py": INNER})
+def _errors(out: str) -> dict[str, str]:
+    """Each teardown error's test name -> its report's text."""
+    parts = re.split(r"_+ ERROR at teardown of (\w+) _+", out)
+    return {parts[k]: parts[k + 1].split("= short test summary")[0] for k in range(1, len(parts), 2)}
+
+
+def test_a_jvm_outliving_its_owner_fails_that_teardown_and_is_killed(tmp_path: Path) -> None:
+    r, noted = _inner(tmp_path, INNER)
     try:
         out = r.stdout
         assert r.returncode == 1, out + r.stderr
-        errors = set(re.findall(r"ERROR at teardown of (\w+)", out))
-        assert errors == {"test_b_leaks_a_child", "test_c_leaks_an_orphan", "test_f_uses_the_leaky_fixture"}, out
-        assert "6 passed, 3 errors" in out, out
-        assert "module-scoped fixture 'leaky_server'" in out and "test test_leaks.py::test_b_leaks_a_child" in out
-        kinds = {kind: pid for pid, kind, _ in noted}
-        assert set(kinds) == {"good", "leaky-fixture", "leaky-test", "orphan", "foreign"}, noted
-        for kind in ("leaky-fixture", "leaky-test", "orphan"):
-            assert f"pid {kinds[kind]} " in out, (kind, out)
-            assert not _alive(kinds[kind]), f"the leaked {kind} was not killed"
+        pid = {kind: p for p, kind, _ in noted}
+        assert set(pid) == {"session", "good", "leaky-fixture", "leaky-test", "orphan", "foreign"}, noted
+        errors = _errors(out)
+        assert set(errors) == {"test_b_uses_the_leaky_fixture", "test_d_stops_what_it_starts", "test_nothing"}, out
+        # At the end of each module: its fixture's JVM, and those its tests started (by the test they started in).
+        fixture_end, module_end = errors["test_b_uses_the_leaky_fixture"], errors["test_d_stops_what_it_starts"]
+        assert f"module-scoped fixture 'leaky_server': pid {pid['leaky-fixture']} " in fixture_end, fixture_end
+        assert f"a test of this module: pid {pid['leaky-test']} " in module_end, module_end
+        assert "started during test_3_tests.py::test_a_leaks_a_child (call)" in module_end, module_end
+        assert f"a test of this module: pid {pid['orphan']} (parent " in module_end, module_end
+        # The one held for the session: not at its module's end, at the session's.
+        assert f"pid {pid['session']} " not in fixture_end + module_end
+        assert f"the session: pid {pid['session']} " in errors["test_nothing"], errors["test_nothing"]
+        for kind in ("session", "leaky-fixture", "leaky-test", "orphan"):
+            assert not _alive(pid[kind]), f"the leaked {kind} was not killed"
         # Only this run's: the good fixture's JVM is never named, another run's is neither named nor killed.
-        assert f"pid {kinds['good']} " not in out and f"pid {kinds['foreign']} " not in out, out
-        assert _alive(kinds["foreign"])
+        assert f"pid {pid['good']} " not in out and f"pid {pid['foreign']} " not in out, out
+        assert _alive(pid["foreign"])
     finally:
         _cleanup(noted)
 
@@ -137,6 +160,7 @@ def test_each_xdist_worker_checks_its_own_marker(tmp_path: Path) -> None:
     try:
         assert r.returncode == 1, r.stdout + r.stderr
         assert len(re.findall(r"ERROR at teardown of test_leaks", r.stdout)) == 2, r.stdout
+        assert all(f"pid {pid} " in r.stdout for pid, _, _ in noted), r.stdout
         assert len(noted) == 2 and len({marker for _, _, marker in noted}) == 2, noted  # one marker per worker
         assert not any(_alive(pid) for pid, _, _ in noted)
     finally:
