@@ -2,7 +2,7 @@
 of ``make test``). A pytest plugin, loaded by ``tests/conftest.py``.
 
 Which JVMs are this run's: each pytest process (each xdist worker too) puts a fresh marker of its own in its
-environment, ``GLOBALD_TEST_RUN=<uuid>``, which every process it starts inherits, however deep and even once
+environment, ``PYTEST_RUN_MARK=<uuid>``, which every process it starts inherits, however deep and even once
 reparented to PID 1 (a daemonised Spark Connect server, a JVM whose parent died). A JVM is this run's when its
 ``/proc/<pid>/environ`` carries the marker, or when it descends from this process. Only those are ever looked at,
 reported or killed: other engineers' pytest runs share the machine, with their own markers.
@@ -13,7 +13,7 @@ Who owns a JVM, and when it must be gone (after up to ``EXIT_WAIT_S`` for one to
   once the fixture is torn down (a module's Spark session at the module's end, the session broker at the session's);
 - one started by a test (its call, its function-scoped fixtures): gone at the end of its module, when the module's
   fixtures are torn down too, since a module fixture may hold what its tests start (a broker a test restarts);
-- one tagged ``GLOBALD_TEST_JVM_SCOPE=session`` in its environment (the session broker's topic server, started by
+- one tagged ``PYTEST_JVM_SCOPE=session`` in its environment (the session broker's topic server, started by
   whichever test first creates a topic): gone at the end of the session, like everything else of the run.
 
 One still alive then is a leak: that teardown fails, naming the JVM, the test pytest was in when it started, its
@@ -34,10 +34,10 @@ from typing import Any
 
 import pytest
 
-MARKER_ENV = "GLOBALD_TEST_RUN"
+MARKER_ENV = "PYTEST_RUN_MARK"  # not GLOBALD_*: tests compare the GLOBALD_* environment a hook gets
 # In a JVM's environment, ``session``: it is held for the whole run by something started lazily by whichever test
 # first needs it (the session broker's topic server), so it is checked at the session's end only.
-SCOPE_ENV = "GLOBALD_TEST_JVM_SCOPE"
+SCOPE_ENV = "PYTEST_JVM_SCOPE"
 EXIT_WAIT_S = 30.0  # a JVM told to stop may take seconds to exit on a loaded 2-core machine
 JVM_NAMES = frozenset({"java"})  # /proc/<pid>/comm of a JVM (the launcher's name: spark-submit execs java)
 _PROC = Path("/proc")

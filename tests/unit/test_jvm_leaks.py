@@ -23,7 +23,7 @@ JAVA = os.environ["FAKE_JAVA"]
 
 def note(pid, kind):
     with open(os.environ["PIDS_FILE"], "a") as f:
-        f.write(f"{pid} {kind} {os.environ['GLOBALD_TEST_RUN']}\\n")
+        f.write(f"{pid} {kind} {os.environ['PYTEST_RUN_MARK']}\\n")
 
 
 def detached(env=None):
@@ -37,7 +37,7 @@ INNER = {
     "test_1_session.py": COMMON + '''
 
 def test_holds_one_for_the_session():  # tagged: checked at the session's end, not this module's
-    note(detached({**os.environ, "GLOBALD_TEST_JVM_SCOPE": "session"}), "session")
+    note(detached({**os.environ, "PYTEST_JVM_SCOPE": "session"}), "session")
 ''',
     "test_2_fixtures.py": COMMON + '''
 
@@ -75,7 +75,7 @@ def test_b_leaks_an_orphan():
 
 
 def test_c_another_runs_process_is_left_alone():
-    note(detached({**os.environ, "GLOBALD_TEST_RUN": "another-run"}), "foreign")
+    note(detached({**os.environ, "PYTEST_RUN_MARK": "another-run"}), "foreign")
 
 
 def test_d_stops_what_it_starts():
@@ -155,7 +155,7 @@ def test_a_jvm_outliving_its_owner_fails_that_teardown_and_is_killed(tmp_path: P
 
 def test_each_xdist_worker_checks_its_own_marker(tmp_path: Path) -> None:
     leak = ("import os, subprocess\n\ndef test_leaks():\n    p = subprocess.Popen([os.environ['FAKE_JAVA'], '600'])\n"
-            "    open(os.environ['PIDS_FILE'], 'a').write(f\"{p.pid} leak {os.environ['GLOBALD_TEST_RUN']}\\n\")\n")
+            "    open(os.environ['PIDS_FILE'], 'a').write(f\"{p.pid} leak {os.environ['PYTEST_RUN_MARK']}\\n\")\n")
     r, noted = _inner(tmp_path, {"test_one.py": leak, "test_two.py": leak}, "-n", "2", "--dist", "loadfile")
     try:
         assert r.returncode == 1, r.stdout + r.stderr
