@@ -206,7 +206,7 @@ class JvmWatch:
             if leaks:
                 kill(set(leaks))
                 raise LeakedJvm("JVMs outlived what started them (killed now):\n" + "\n".join(
-                    f"  {owner}: {leaks[j]}" for j, owner in sorted(leaks.items(), key=lambda x: x[0].pid)))
+                    f"  {leaks[j]}" for j in sorted(leaks, key=lambda j: j.pid)))
 
     def _note_started(self) -> None:
         """JVMs started since the last look, outside a fixture's set-up: a test's (its call, its function-scoped
@@ -226,7 +226,8 @@ class JvmWatch:
             suspects |= {j: "a test of this module" for j in self.module_started}
             self.module_started.clear()
         if session_ends:  # nothing of this run is to outlive it, whoever started it
-            suspects |= dict.fromkeys(self.session_held | run_jvms(self.marker, self.names), "the session")
+            for j in self.session_held | run_jvms(self.marker, self.names):
+                suspects.setdefault(j, "the session")  # an owner named above is the better lead
             self.session_held.clear()
         alive = outliving(set(suspects), self.wait_s)
         return {j: f"{suspects[j]}: {j.describe()}" for j in alive}

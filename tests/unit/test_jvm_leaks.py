@@ -83,7 +83,16 @@ def test_d_stops_what_it_starts():
     p.terminate()
     p.wait()
 ''',
-    "test_4_last.py": "def test_nothing():\n    pass\n",
+    "test_4_last.py": COMMON + '''
+
+@pytest.fixture(scope="module")
+def leaky_last():  # torn down at the session's end: named as the fixture still, not as the session
+    note(subprocess.Popen([JAVA, "600"]).pid, "leaky-last")
+
+
+def test_nothing(leaky_last):
+    pass
+''',
 }
 
 CONFTEST = "import tests.support.jvm_leaks as j\nj.EXIT_WAIT_S = 2.0\n"
@@ -132,7 +141,7 @@ def test_a_jvm_outliving_its_owner_fails_that_teardown_and_is_killed(tmp_path: P
         out = r.stdout
         assert r.returncode == 1, out + r.stderr
         pid = {kind: p for p, kind, _ in noted}
-        assert set(pid) == {"session", "good", "leaky-fixture", "leaky-test", "orphan", "foreign"}, noted
+        assert set(pid) == {"session", "good", "leaky-fixture", "leaky-test", "orphan", "foreign", "leaky-last"}, noted
         errors = _errors(out)
         assert set(errors) == {"test_b_uses_the_leaky_fixture", "test_d_stops_what_it_starts", "test_nothing"}, out
         # At the end of each module: its fixture's JVM, and those its tests started (by the test they started in).
@@ -144,7 +153,8 @@ def test_a_jvm_outliving_its_owner_fails_that_teardown_and_is_killed(tmp_path: P
         # The one held for the session: not at its module's end, at the session's.
         assert f"pid {pid['session']} " not in fixture_end + module_end
         assert f"the session: pid {pid['session']} " in errors["test_nothing"], errors["test_nothing"]
-        for kind in ("session", "leaky-fixture", "leaky-test", "orphan"):
+        assert f"module-scoped fixture 'leaky_last': pid {pid['leaky-last']} " in errors["test_nothing"]
+        for kind in ("session", "leaky-fixture", "leaky-test", "orphan", "leaky-last"):
             assert not _alive(pid[kind]), f"the leaked {kind} was not killed"
         # Only this run's: the good fixture's JVM is never named, another run's is neither named nor killed.
         assert f"pid {pid['good']} " not in out and f"pid {pid['foreign']} " not in out, out
