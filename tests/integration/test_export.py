@@ -30,7 +30,7 @@ pytestmark = pytest.mark.kafka
 Daemon = Callable[..., DaemonProcess]
 FAST = {"interval_ms": 200, "retain": 2}
 REFRESH_MS = 300  # identity checks often: a snapshot is exportable once a check has vouched for its offsets
-STOP_BOUND_S = 120.0  # a stop held by the storage would take its 600 s bound; well within that, any load allowed
+STOP_BOUND_S = 60.0  # a stop held by storage calls takes ~95 s (exit waiting on them, measured) or the 600 s bound
 
 
 def _export_conf(root: Path, **over: Any) -> dict[str, Any]:
@@ -255,7 +255,7 @@ def test_a_stop_during_a_bootstrap_does_not_wait_for_the_storage(broker: Broker,
     while "looking for an export" not in d.log.read_text(errors="replace"):
         assert time.monotonic() < deadline and d.alive(), d.tail()
         time.sleep(0.1)
-    # Waited for, not timed: the bootstrap's bound is 600 s, so a stop that waited for the storage would not exit
+    # Waited for, not timed: a stop that waited for the storage (600 s bound, or ~95 s in the exit) would not exit
     # within STOP_BOUND_S, while a fixed few seconds would also count the process's exit on a loaded machine.
     assert d.stop(timeout=STOP_BOUND_S) == 0
     assert not (tmp_path / "state-new" / "tables" / "tbl").exists()
