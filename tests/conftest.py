@@ -8,7 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import Broker, DaemonProcess, daemon_factory, start_broker
+pytest.register_assert_rewrite("tests.support.jvm_leaks")  # the plugin below, imported first by tests.harness
+
+from tests.harness import Broker, DaemonProcess, daemon_factory, start_broker  # noqa: E402 - after the line above
+
+# Fails a test whose JVMs (Spark, a broker) outlive it or their fixture: issue 40's orphaned Spark JVMs.
+pytest_plugins = ["tests.support.jvm_leaks"]
 
 _counter = itertools.count()
 

@@ -254,6 +254,23 @@ class DaemonProcess:
             raise AssertionError(f"daemon did not stop on {sig}; log:\n{self.tail()}")
         return self.proc.returncode
 
+    def log_size(self) -> int:
+        """The log's size now: a mark for ``log_since``, to tell what the daemon says from then on."""
+        try:
+            return self.log.stat().st_size
+        except OSError:
+            return 0
+
+    def log_since(self, offset: int, lines: int = 40) -> str:
+        """The last ``lines`` lines of the log written after ``offset`` (a ``log_size()``)."""
+        try:
+            with open(self.log, "rb") as f:
+                f.seek(offset)
+                text = f.read().decode(errors="replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join(text.splitlines()[-lines:])
+
     def tail(self, n: int = 60) -> str:
         try:
             return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])

@@ -84,21 +84,6 @@ class ChaosDaemon(DaemonProcess):
         except subprocess.TimeoutExpired:
             return None
 
-    def log_since(self, offset: int, lines: int = 40) -> str:
-        try:
-            with open(self.log, "rb") as f:
-                f.seek(offset)
-                text = f.read().decode(errors="replace")
-        except OSError:
-            return "(no log)"
-        return "\n".join(text.splitlines()[-lines:])
-
-    def log_size(self) -> int:
-        try:
-            return self.log.stat().st_size
-        except OSError:
-            return 0
-
 
 def stopped_at_hook(d: DaemonProcess, fired: Path, timeout: float) -> bool:
     """Whether the entry's hook fired (its ``fired`` file exists) and the daemon then stands stopped (SIGSTOP) at

@@ -30,6 +30,7 @@ from tests.harness import Broker, DaemonProcess, daemon_factory, oracle_at, rand
 from tests.integration.snapshot_helpers import wait_snapshot_at
 from tests.support.spark_cluster import StandaloneCluster, Worker
 from tests.support.spark_connect import ConnectServer, connect_mode
+from tests.support.spark_local import stop_with_jvm
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark, pytest.mark.cluster, pytest.mark.long]
 
@@ -116,7 +117,7 @@ def cluster(broker: Broker, tmp_path_factory: pytest.TempPathFactory) -> Iterato
                 hosts = [Host(w.name, w, sidecars[w.name]) for w in workers]
                 yield Cluster(spark, broker, topic, driver_config, hosts, spark_cluster.url)
             finally:
-                spark.stop()
+                stop_with_jvm(spark)  # the driver's gateway JVM too, not left to the end of the worker
         finally:
             spark_cluster.stop()
 

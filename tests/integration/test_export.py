@@ -30,6 +30,7 @@ pytestmark = pytest.mark.kafka
 Daemon = Callable[..., DaemonProcess]
 FAST = {"interval_ms": 200, "retain": 2}
 REFRESH_MS = 300  # identity checks often: a snapshot is exportable once a check has vouched for its offsets
+STOP_BOUND_S = 60.0  # a stop held by storage calls takes ~95 s (exit waiting on them, measured) or the 600 s bound
 
 
 def _export_conf(root: Path, **over: Any) -> dict[str, Any]:
@@ -243,8 +244,8 @@ def test_retention_during_a_download_keeps_its_files_for_the_grace_period(
     assert not (tmp_path / "state-new" / "tables" / ".bootstrap-tbl").exists()
 
 
-def test_a_stop_during_a_bootstrap_is_seen_within_a_second(broker: Broker, topic: Callable[..., str], daemon: Daemon,
-                                                          tmp_path: Path) -> None:
+def test_a_stop_during_a_bootstrap_does_not_wait_for_the_storage(broker: Broker, topic: Callable[..., str],
+                                                                  daemon: Daemon, tmp_path: Path) -> None:
     t = topic()
     silent = socket.create_server(("127.0.0.1", 0), backlog=64)  # storage that takes connections, never answers
     uri = f"s3://bucket/exports?endpoint_override=127.0.0.1:{silent.getsockname()[1]}&scheme=http&region=us-east-1"
@@ -254,9 +255,9 @@ def test_a_stop_during_a_bootstrap_is_seen_within_a_second(broker: Broker, topic
     while "looking for an export" not in d.log.read_text(errors="replace"):
         assert time.monotonic() < deadline and d.alive(), d.tail()
         time.sleep(0.1)
-    started = time.monotonic()
-    assert d.stop() == 0
-    assert time.monotonic() - started < 5.0, d.tail()  # the process exit itself included; the bound is 600 s
+    # Waited for, not timed: a stop that waited for the storage (600 s bound, or ~95 s in the exit) would not exit
+    # within STOP_BOUND_S, while a fixed few seconds would also count the process's exit on a loaded machine.
+    assert d.stop(timeout=STOP_BOUND_S) == 0
     assert not (tmp_path / "state-new" / "tables" / "tbl").exists()
     # The storage call was still in flight (the storage never answers): the exit did not wait for it.
     assert "exiting without waiting for export storage calls still in flight" in d.log.read_text(errors="replace")

@@ -5,7 +5,6 @@ an export it cannot use is refused with its reason and the table replays the top
 from __future__ import annotations
 
 import socket
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -14,7 +13,7 @@ import pytest
 
 from globald.common import exitcodes
 from tests.harness import Broker, DaemonProcess, random_records, values_only
-from tests.integration.test_export import _equals_fold, _export_at, _export_conf, _exporter, _fresh
+from tests.integration.test_export import STOP_BOUND_S, _equals_fold, _export_at, _export_conf, _exporter, _fresh
 from tests.integration.test_reload import reload
 
 pytestmark = [pytest.mark.kafka, pytest.mark.long]  # two daemons, restores and the broker's JVM tools: over 30 s
@@ -89,7 +88,7 @@ def test_a_store_wiped_for_a_recreated_topic_while_running_refuses_the_old_expor
     _equals_fold(broker, t, b, table)
 
 
-def test_a_refill_from_slow_storage_holds_one_table_is_stopped_at_once_and_falls_back_after_its_bound(
+def test_a_refill_from_slow_storage_holds_one_table_is_stopped_without_waiting_and_falls_back_after_its_bound(
         broker: Broker, topic: Callable[..., str], daemon: Daemon, tmp_path: Path) -> None:
     t, u = topic(partitions=1), topic(partitions=1)
     broker.admin.produce(t, random_records(300, keys=100, seed=366, tombstones=0.1))
@@ -110,9 +109,9 @@ def test_a_refill_from_slow_storage_holds_one_table_is_stopped_at_once_and_falls
     doc = d.wait_for(lambda s: "looking for an export" in str(s["tables"]["tbl"]["origin"]["fallback"]),
                      timeout=120, what="the wiped table's refill under way")
     assert doc["tables"]["tbl"]["state"] == "RESTORING" and doc["tables"]["other"]["state"] == "RUNNING", doc
-    started = time.monotonic()
-    assert d.stop() == 0
-    assert time.monotonic() - started < 5.0, d.tail()  # the process exit included; the refill's bound is 600 s
+    # Waited for, not timed (see test_export's stop during a bootstrap): the refill's bound is 600 s.
+    assert d.stop(timeout=STOP_BOUND_S) == 0
+    assert "exiting without waiting for export storage calls still in flight" in d.log.read_text(errors="replace")
     # Restarted with the store still empty (the refill never installed): it looks again, and past its bound
     # restores from the topic, saying why.
     again = daemon({"tbl": t, "other": u}, metadata_refresh_ms=300, state_dir=state,

@@ -38,6 +38,7 @@ from tests.reliability.checks import read_store
 from tests.reliability.disk import resize, tmpfs
 from tests.reliability.ledger import FaultRow
 from tests.reliability.test_disk_space import RECORDS, VALUE_SIZE, equals_oracle, running_at, settled_live
+from tests.support.spark_local import stop_with_jvm
 
 Daemon = Callable[..., DaemonProcess]
 Topic = Callable[..., str]
@@ -62,7 +63,7 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
                .config("spark.local.dir", str(tmp_path_factory.mktemp("spark-local"))).getOrCreate())
     session.sparkContext.setLogLevel("ERROR")
     yield session
-    session.stop()
+    stop_with_jvm(session)  # session.stop() alone leaves its JVM to the end of the worker (issue 40)
 
 
 def reads_equal_the_fold(broker: Broker, d: DaemonProcess, t: str, spark: Any) -> None:

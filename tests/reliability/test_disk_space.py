@@ -105,9 +105,11 @@ def test_disk_filled_during_bulk_load_then_freed_then_restart(broker: Broker, to
         assert stopped_at_hook(d, arm.with_name(f"{arm.name}.fired-1"), 120), d.tail()
         filler = fill(disk, leave=20 << 20)
         row.injected += 1
+        filled = d.log_size()  # the daemon stands still (stopped at the hook): all it logs after this is after
         os.kill(d.pid, signal.SIGCONT)
-        # The daemon met the full disk: a write refused, or its guards saw the room short of the next step.
-        d.wait_for(lambda s: any(m in d.log.read_text() for m in MET_FULL_DISK), timeout=120,
+        # The daemon met the full disk: a write refused, or its guards saw the room short of the next step. Only
+        # lines logged since the fill count: a guard's line from before it would pass without the disk being met.
+        d.wait_for(lambda s: any(m in d.log_since(filled, 100_000) for m in MET_FULL_DISK), timeout=120,
                    what=f"the daemon meeting the full disk ({' / '.join(MET_FULL_DISK)})")
         filler.unlink()
         running_at(d, ends, timeout=120)

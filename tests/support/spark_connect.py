@@ -176,9 +176,11 @@ REUSE_ENV = "GLOBALD_TEST_CONNECT_URL"  # a developer's already running server: 
 TEST_CONF = {"spark.sql.execution.arrow.maxRecordsPerBatch": "200"}
 
 
-@pytest.fixture(scope="session")
+# Module-scoped: the server is a daemon (spark-daemon.sh, parent PID 1) of ~650 MB; held for the session, it stood
+# idle from the end of its worker's first Connect module to the end of the run (issue 40's orphaned JVMs).
+@pytest.fixture(scope="module")
 def connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ConnectServer]:
-    """One Connect server (local[2]) for the whole session, stopped by PID at its end."""
+    """One Connect server (local[2]) for a test module, stopped by PID at its end."""
     require_module("pyspark.sql.connect.session", "spark")
     reuse = os.environ.get(REUSE_ENV, "").strip()
     if reuse:
@@ -192,7 +194,7 @@ def connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Connect
         server.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def connect_session(connect_server: ConnectServer) -> Any:
     """A Connect client session on ``connect_server``; use it inside ``connect_mode(True)``."""
     s = connect_server.session()

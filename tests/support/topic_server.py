@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import IO
 
 from globald.embedded.broker import kafka_home, stop_process
+from tests.support.jvm_leaks import SCOPE_ENV
 
 SOURCE = Path(__file__).with_name("TopicServer.java")
 BUILD = Path(__file__).resolve().parents[2] / "build" / "topic-server"
@@ -142,7 +143,9 @@ class TopicServer:
                  "-cp", f"{classes}{os.pathsep}{home}/libs/*",
                  f"-Dlog4j.configuration=file:{home}/config/tools-log4j.properties", "TopicServer"],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr,
-                start_new_session=True)  # a Ctrl-C reaches the tests, which stop it, not the JVM directly
+                start_new_session=True,  # a Ctrl-C reaches the tests, which stop it, not the JVM directly
+                # the session broker's, whichever test started it: the suite's JVM check looks at the session's end
+                env={**os.environ, SCOPE_ENV: "session"})
             self._buf.clear()
             if self._read_line(time.monotonic() + START_TIMEOUT) != "READY":
                 raise EOFError("no READY line")
