@@ -24,7 +24,8 @@ def test_a_stop_signal_landing_inside_the_loops_wait_still_stops_the_daemon(tmp_
     """CI hung twice at a daemon's stop: "SIGTERM received" logged, then nothing, its stacks showing the handler's
     ``Event.set`` waiting on the lock that the interrupted ``Event.wait`` below it held. The child recreates that
     instant on purpose: SIGTERM while its main thread holds the stop event's lock."""
-    cfg = write_config(tmp_path / "c.toml", tmp_path / "state", {"bootstrap.servers": "127.0.0.1:9"}, {"t": "t"})
+    cfg = write_config(tmp_path / "c.toml", tmp_path / "state", {"bootstrap.servers": "127.0.0.1:9"}, {"t": "t"},
+                       http={"port": 0})  # not 9464: another worker's daemon may hold it
     try:
         r = subprocess.run([sys.executable, "-m", "tests.support.signal_in_wait", str(cfg)], capture_output=True,
                            text=True, timeout=60, cwd=REPO)
@@ -47,7 +48,8 @@ def test_the_native_hold_lasts_to_its_deadline_or_fails() -> None:
 def _held_in_c(tmp_path: Path, block_s: int, grace_s: float | None) -> tuple[subprocess.Popen[str], float, Path]:
     """A real daemon (no broker: its loop turns, its tables wait for Kafka) whose loop thread is inside a glibc call
     for ``block_s`` seconds when this returns: the process, the call's end (``time.monotonic()``), its log."""
-    cfg = write_config(tmp_path / "c.toml", tmp_path / "state", {"bootstrap.servers": "127.0.0.1:9"}, {"t": "t"})
+    cfg = write_config(tmp_path / "c.toml", tmp_path / "state", {"bootstrap.servers": "127.0.0.1:9"}, {"t": "t"},
+                       http={"port": 0})  # not 9464: another worker's daemon may hold it
     trigger, log = tmp_path / "block", tmp_path / "daemon.log"
     env = {**os.environ, "NATIVE_BLOCK_FILE": str(trigger), "NATIVE_BLOCK_S": str(block_s)}
     if grace_s is not None:
