@@ -48,11 +48,15 @@ def _exported(root: Path, export_id: str) -> dict[str, Any]:
     return doc
 
 
-def _export_at(d: DaemonProcess, root: Path, end: dict[int, int], timeout: float = 120.0) -> dict[str, Any]:
-    """Export until the export is of the snapshot at ``end`` (one the daemon's identity checks vouched for)."""
+def _export_at(d: DaemonProcess, root: Path, end: dict[int, int], timeout: float = 120.0,
+               made: list[str] | None = None) -> dict[str, Any]:
+    """Export until the export is of the snapshot at ``end`` (one the daemon's identity checks vouched for). The
+    id of every export written on the way, the earlier snapshots' too, is appended to ``made``."""
     deadline = time.monotonic() + timeout
     while True:
         done = _export_now(d)
+        if made is not None:
+            made.append(done["export"])
         if _exported(root, done["export"])["offsets"] == {str(p): o for p, o in end.items()}:
             return done
         assert time.monotonic() < deadline, f"no export at {end}; last {done}"
@@ -60,12 +64,13 @@ def _export_at(d: DaemonProcess, root: Path, end: dict[int, int], timeout: float
 
 
 def _exporter(daemon: Daemon, broker: Broker, topic: Callable[..., str], tmp_path: Path, n: int, keys: int,
-              seed: int, **topic_kw: Any) -> tuple[str, Path, DaemonProcess]:
-    """A topic with ``n`` records and a daemon exporting it to ``tmp_path/exports``, RUNNING at its end."""
+              seed: int, export: dict[str, Any] | None = None, **topic_kw: Any) -> tuple[str, Path, DaemonProcess]:
+    """A topic with ``n`` records and a daemon exporting it to ``tmp_path/exports`` (``[export]`` keys over
+    ``_export_conf``'s from ``export``), RUNNING at its end."""
     t = topic(**topic_kw)
     root = tmp_path / "exports"
     broker.admin.produce(t, random_records(n, keys=keys, seed=seed, tombstones=0.1))
-    d = daemon({"tbl": t}, snapshots=FAST, metadata_refresh_ms=REFRESH_MS, export=_export_conf(root),
+    d = daemon({"tbl": t}, snapshots=FAST, metadata_refresh_ms=REFRESH_MS, export=_export_conf(root, **(export or {})),
                state_dir=tmp_path / "state-exporter")
     d.wait_running({"tbl": broker.admin.end_offsets(t)})
     return t, root, d
