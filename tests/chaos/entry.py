@@ -219,11 +219,8 @@ class Arm:
             pause.wait(0.05)  # not time.sleep: libfaketime turns it into an error (tools.py)
 
     def _clock_in_force(self, arm: dict[str, Any], resumed: float) -> None:
-        """Resumed from a freeze: the phase goes on only once the clock has read its offset file since, so that a
-        step written while the daemon stood here lands inside the phase (its once-a-second cache would otherwise
-        carry the old offset past a phase of milliseconds), and the fired file says which offset was in force.
-        Writing a file here is why it is asked for by the arm: a failure point armed from outside during the
-        freeze is meant for the daemon."""
+        """Resumed from a freeze armed with "clock" (module docstring). Only when asked: this writes a file, and a
+        failure point armed from outside during the freeze is meant for the daemon."""
         assert self.clock is not None
         offset_ns = self.clock.in_force_after(resumed)
         self._record(arm, clock_offset_s=offset_ns / 1e9, clock_wait_s=round(time.monotonic() - resumed, 3))
@@ -327,7 +324,7 @@ class SteppedClock:
         cache rather than cutting it short, so the daemon's other threads see the clock as they would have; at most
         two re-read intervals (a file that cannot be read: the last offset)."""
         deadline = since + 2 * CLOCK_REREAD_S
-        pause = threading.Event()  # not time.sleep: the campaign may run this under libfaketime too (tools.py)
+        pause = threading.Event()  # as the hold waits: the daemon's own sleeps are left alone
         while self._read_at < since:
             now = self._monotonic()
             if now >= deadline:
