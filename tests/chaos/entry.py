@@ -19,6 +19,11 @@ phases, the return of the hooked call that fired) until the campaign releases it
 in whatever came next. The held thread first makes the directory ``<arm>.held-<id>``. Holding only makes
 directories and stats files: libfiu wraps neither, so a failure point armed for the daemon stays the daemon's.
 
+An arm with ``clock`` (a freeze, in a daemon on the Python-level clock below) lets the phase go on only once that
+clock has re-read its offset file since the daemon was resumed, and adds the offset then in force to the fired file
+(``clock_offset_s``): a step written while the daemon stood frozen lands inside the phase, where the clock's
+once-a-second cache would have carried the old offset past a phase of milliseconds.
+
 SIGUSR2 asks whether a failure point armed ``once`` has fired: the campaign names it in ``<arm>.probe`` and the
 answer goes to ``<arm>.probe-<id>``. libfiu disables a onetime point when it fails a call, so a point still
 enabled has not: ``fiu_fail`` on it says which (and spends it, which is harmless: the fault is being healed).
@@ -30,6 +35,7 @@ import contextlib
 import ctypes
 import importlib
 import json
+import math
 import os
 import signal
 import sys
@@ -44,6 +50,7 @@ SLEEP_FIX_ENV = "GLOBALD_CHAOS_SLEEP_FIX"
 CLOCK_ENV = "GLOBALD_CHAOS_CLOCK"  # a file holding the wall clock's offset in seconds, e.g. "+3600"
 FIU_ONETIME = 1
 HOLD_MAX_S = 300.0  # a hold the campaign never released (it died) ends by itself
+CLOCK_REREAD_S = 1.0  # the Python-level clock re-reads its offset file at most this often
 
 # phase -> (module, class, method, predicate over the arm and the call's arguments)
 Predicate = Callable[[dict[str, Any], tuple[Any, ...], dict[str, Any]], bool]
@@ -133,8 +140,9 @@ HOOKS: dict[str, list[tuple[str, str, str, Predicate]]] = {
 class Arm:
     """The campaign's current arm file, re-read whenever it changes."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, clock: SteppedClock | None = None) -> None:
         self.path = path
+        self.clock = clock  # the Python-level clock, if the daemon runs on it: an arm with "clock" waits for it
         self._lock = threading.Lock()
         self._mtime: tuple[int, int] = (-1, -1)  # inode and mtime: each write is a new file (os.replace)
         self._arm: dict[str, Any] = {}
@@ -174,6 +182,8 @@ class Arm:
         self._record(arm)
         if arm.get("action") == "freeze":
             os.kill(os.getpid(), signal.SIGSTOP)
+            if arm.get("clock") and self.clock is not None:
+                self._clock_in_force(arm, time.monotonic())
         elif arm.get("action") == "fiu":
             problem = self._enable(arm.get("fiu") or {})
             if problem:  # nothing was armed, so stderr still works
@@ -208,6 +218,13 @@ class Arm:
                 return
             pause.wait(0.05)  # not time.sleep: libfaketime turns it into an error (tools.py)
 
+    def _clock_in_force(self, arm: dict[str, Any], resumed: float) -> None:
+        """Resumed from a freeze armed with "clock" (module docstring). Only when asked: this writes a file, and a
+        failure point armed from outside during the freeze is meant for the daemon."""
+        assert self.clock is not None
+        offset_ns = self.clock.in_force_after(resumed)
+        self._record(arm, clock_offset_s=offset_ns / 1e9, clock_wait_s=round(time.monotonic() - resumed, 3))
+
     @staticmethod
     def _enable(spec: dict[str, Any]) -> str | None:
         """Enable the failure point ``spec`` in this process; None on success, else why not."""
@@ -225,8 +242,8 @@ class Arm:
             return f"libfiu unavailable: {e}"
         return None if rc == 0 else f"fiu_enable({spec}) returned {rc}"
 
-    def _record(self, arm: dict[str, Any]) -> None:
-        doc = {"id": arm["id"], "phase": arm.get("phase"), "action": arm.get("action"), "time": time.time()}
+    def _record(self, arm: dict[str, Any], **more: Any) -> None:
+        doc = {"id": arm["id"], "phase": arm.get("phase"), "action": arm.get("action"), "time": time.time(), **more}
         try:
             with open(f"{self.path}.fired-{arm['id']}", "w") as f:
                 f.write(json.dumps(doc))
@@ -288,16 +305,32 @@ class SteppedClock:
         self._monotonic = time.monotonic
         self._offset_ns = 0
         self._next_read = 0.0
+        self._read_at = -math.inf  # when the file was last read (monotonic), for ``in_force_after``
 
     def offset_ns(self) -> int:
         now = self._monotonic()
         if now >= self._next_read:
-            self._next_read = now + 1.0
+            self._next_read = now + CLOCK_REREAD_S
             try:
                 with open(self.path) as f:
                     self._offset_ns = int(float(f.read().strip() or "0") * 1_000_000_000)
+                self._read_at = now
             except (OSError, ValueError):  # a failure point may be armed on open: keep the last offset
                 pass
+        return self._offset_ns
+
+    def in_force_after(self, since: float) -> int:
+        """The offset in force once the file has been read at or after ``since`` (a monotonic time). Waits out the
+        cache rather than cutting it short, so the daemon's other threads see the clock as they would have; at most
+        two re-read intervals (a file that cannot be read: the last offset)."""
+        deadline = since + 2 * CLOCK_REREAD_S
+        pause = threading.Event()  # as the hold waits: the daemon's own sleeps are left alone
+        while self._read_at < since:
+            now = self._monotonic()
+            if now >= deadline:
+                break
+            pause.wait(min(max(self._next_read - now, 0.0), deadline - now))
+            self.offset_ns()
         return self._offset_ns
 
     def time(self) -> float:
@@ -338,11 +371,12 @@ def relative_sleep(seconds: float | SupportsIndex) -> None:
 def main() -> int:
     if os.environ.get(SLEEP_FIX_ENV) == "1":
         time.sleep = relative_sleep
-    if os.environ.get(CLOCK_ENV):
-        SteppedClock(os.environ[CLOCK_ENV]).install()
+    clock = SteppedClock(os.environ[CLOCK_ENV]) if os.environ.get(CLOCK_ENV) else None
+    if clock is not None:
+        clock.install()
     path = os.environ.get(ARM_ENV)
     if path:
-        arm = Arm(path)
+        arm = Arm(path, clock)
         signal.signal(PROBE_SIGNAL, lambda signum, frame: probe_once(path))
         installed = install(arm)
         missing = [phase for phase, where in installed.items() if where is None]

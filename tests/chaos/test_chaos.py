@@ -61,6 +61,21 @@ def test_the_daemon_clock_steps_with_its_file(tmp_path: Path) -> None:
     assert time.monotonic() - mono < 5
 
 
+def test_a_step_is_in_force_once_the_clock_has_read_it(tmp_path: Path) -> None:
+    """What a hook armed with "clock" waits for: a read of the offset file after the daemon was resumed. Until
+    then the once-a-second cache carries the old offset; the wait ends at the cache's next re-read, not later."""
+    offset = tmp_path / "offset"
+    offset.write_text("+0\n")
+    clock = SteppedClock(str(offset))
+    assert abs(clock.time() - time.time()) < 5  # read: cached for the next second
+    offset.write_text("-3600\n")
+    resumed = time.monotonic()
+    clock._next_read = resumed + 0.2  # the cache is due in 0.2 s
+    assert clock.offset_ns() == 0  # stale: a phase of milliseconds would go on at +0
+    assert clock.in_force_after(resumed) == -3_600 * 1_000_000_000
+    assert time.monotonic() - resumed < 0.2 + 2.0
+
+
 @pytest.mark.chaos
 @pytest.mark.long
 @pytest.mark.kafka

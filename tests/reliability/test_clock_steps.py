@@ -3,8 +3,11 @@
 The daemon is held at the phase by the chaos campaign's hooks (``tests.chaos.entry``: it stops itself there), the
 clock is stepped while it stands there, then it goes on, and the clock is stepped back. After that the loop keeps
 turning, records produced afterwards are applied, SIGTERM stops it with exit 0 well within its stop grace, and the
-store equals the fold. Each step is shown to have reached the daemon: the wall-clock time it writes into
-status.json moves with it.
+store equals the fold, with a snapshot of the new records made after the steps. Each step is shown to have reached
+the daemon: the wall-clock time it writes into status.json moves with it. The step made while the daemon stands
+frozen is shown to land inside the phase: the Python-level clock re-reads its offset at most once a second, and a
+phase lasts milliseconds after the daemon goes on, so its hook (armed with "clock") holds the phase until the clock
+has re-read its file, and records the offset the phase went on with.
 
 Which clock, per direction:
 - **+1 h, then back to +0: libfaketime** (Debian faketime) with the settings of ../shared/KAFKA-TESTING.md, a step
@@ -42,7 +45,7 @@ from globald.snapshot.exact_requests import Code
 from tests.chaos.entry import CLOCK_ENV
 from tests.ci import unavailable
 from tests.harness import Broker, DaemonProcess, oracle_at, random_records
-from tests.integration.snapshot_helpers import snapshot_values, wait_snapshot_at
+from tests.integration.snapshot_helpers import manifest_of, snapshot_values, wait_snapshot_at
 from tests.midway import wait_frozen
 from tests.reliability.checks import check_store, same_process
 from tests.reliability.ledger import FaultRow
@@ -115,9 +118,32 @@ class Run:
 
     def arm(self, phase: str, nth: int = 1, arm_id: int = 1, **more: Any) -> None:
         tmp = self.arm_path.with_name(self.arm_path.name + ".tmp")
+        # "clock": on the Python-level clock, the phase goes on once the step made while it stood is in force.
         tmp.write_text(json.dumps({"id": arm_id, "phase": phase, "action": "freeze", "table": "tbl", "nth": nth,
-                                   **more}))
+                                   "clock": True, **more}))
         tmp.replace(self.arm_path)
+
+    def offset_in_phase(self, arm_id: int = 1, timeout: float = 30.0) -> float:
+        """The Python-level clock's offset in force when the frozen phase went on, as its hook recorded it."""
+        fired = self.arm_path.with_name(f"{self.arm_path.name}.fired-{arm_id}")
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                doc = json.loads(fired.read_text())
+            except ValueError:  # being rewritten by the hook
+                doc = {}
+            if "clock_offset_s" in doc:
+                return float(doc["clock_offset_s"])
+            time.sleep(0.05)
+        raise AssertionError(f"the phase's hook recorded no clock offset within {timeout:.0f}s; log:\n"
+                             f"{self.d.tail()}")
+
+    def check_step_in_phase(self, offset_s: int) -> None:
+        """The step made while the daemon stood frozen was in force when its phase went on (the Python-level clock;
+        libfaketime re-reads its file at every call)."""
+        if self.clock.tool == "python":
+            in_phase = self.offset_in_phase()
+            assert in_phase == offset_s, f"the phase went on at {in_phase:+.0f}s, not at the step's {offset_s:+d}s"
 
     def daemon_offset(self, timeout: float = 60.0) -> float:
         """The daemon's wall clock minus ours, read from the time it writes into status.json (at least once a
@@ -166,16 +192,23 @@ def _through(run: Run, first: int, then_: int) -> None:
     reached it, then step to ``then_``."""
     run.clock.set(first)
     os.kill(run.d.pid, signal.SIGCONT)
+    run.check_step_in_phase(first)
     run.step(first)
     run.step(then_)
 
 
 def _finish(run: Run, pid: int, row: FaultRow) -> None:
-    """After the steps: the loop turns, new records are applied, SIGTERM stops it within the bound, store == fold."""
+    """After the steps: the loop turns, new records are applied and published in a snapshot made after the steps,
+    SIGTERM stops it within the bound, store == fold."""
+    since = time.time()  # the daemon's clock is back at +0 (``Run.step``)
     run.loop_turns()
     run.broker.admin.produce(run.topic, random_records(200, keys=300, seed=991))
     ends = run.broker.admin.end_offsets(run.topic)
     run.d.wait_running({"tbl": ends}, timeout=120)
+    current = wait_snapshot_at(run.d, "tbl", ends)
+    created = manifest_of(run.d, "tbl", current["id"]).created
+    assert created >= since, f"the snapshot at the new records was created {since - created:.1f}s before the steps " \
+                             f"ended: {current}"
     row.pid_changes += same_process(run.d, pid)
     started = time.monotonic()
     assert run.d.stop(timeout=STOP_BOUND_S + 30) == 0, run.d.tail()
@@ -301,11 +334,11 @@ def test_clock_stepped_in_a_phase(broker: Broker, topic: Topic, daemon: Daemon, 
         # +1 h and back: the build's metadata call waited inside librdkafka on the wall clock (an hour) and never
         # answered; a worker stuck in a client is now left behind and a new one builds the request again
         # (``exact_builds.STUCK_S``).
-        request = run.exact  # type: ignore[attr-defined]
+        request, target = run.exact, run.target  # type: ignore[attr-defined]
         answer = exact_requests.wait(run.d.state_dir, request, timeout=120)
         # Answered, and right: the build's bounds are monotonic, so a stepped wall clock is no reason to give up.
         assert answer.code == Code.READY and answer.snapshot, answer
-        assert snapshot_values(run.d, "tbl", answer.snapshot) == oracle_at(run.broker, run.topic, run.target), \
+        assert snapshot_values(run.d, "tbl", answer.snapshot) == oracle_at(run.broker, run.topic, target), \
             "the exact build at the target differs from the fold"
     _finish(run, pid, row)
 
@@ -327,8 +360,8 @@ def test_clock_stepped_during_the_stop(broker: Broker, topic: Topic, daemon: Dae
     os.kill(run.d.pid, signal.SIGTERM)
     wait_frozen(run.d, run.arm_path)
     run.clock.set(then_)
-    time.sleep(1.5)  # frozen: the Python-level clock's once-a-second cache is stale when it goes on
     os.kill(run.d.pid, signal.SIGCONT)
+    run.check_step_in_phase(then_)
     row.injected += 1
     assert run.d.proc is not None
     assert run.d.proc.wait(timeout=STOP_BOUND_S + 30) == 0, run.d.tail()
