@@ -163,7 +163,10 @@ class JavaToolsAdmin(TopicAdmin):
         home = kafka_home()
         cmd = ["java", "-Xmx128m", "-XX:+UseSerialGC", "-cp", f"{home}/libs/*",
                f"-Dlog4j.configuration=file:{home}/config/tools-log4j.properties", "kafka.admin.TopicCommand", *args]
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        # A session of its own, as every child of `globald demo`/`dev` (embedded/interrupts.py): a Ctrl-C that lands
+        # while Popen is still starting it (before subprocess.run can kill it) left it running after the demo's
+        # clean-up; in a group of its own, that clean-up's stop_groups(child_groups()) finds and stops it.
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, start_new_session=True)
         return out.returncode, out.stdout, out.stderr
 
     def create(self, topic: str, partitions: int = 3, compact: bool = True,
