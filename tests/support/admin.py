@@ -17,6 +17,9 @@ from globald.embedded import admin as product
 from globald.embedded.admin import JavaToolsAdmin, Record, TimedRecord
 from tests.support.topic_server import TopicServer, TopicServerUnavailable
 
+# The embedded broker's log.retention.check.interval.ms (globald.embedded.broker), in seconds.
+_RETENTION_CHECK_S = 1.0
+
 __all__ = ["ModernAdmin", "Record", "TansuAdmin", "TimedRecord", "TopicAdmin", "ZooKeeperAdmin"]
 
 
@@ -33,7 +36,9 @@ class TopicAdmin(product.TopicAdmin):
         raise NotImplementedError
 
     def advance_log_start(self, topic: str, timeout: float = 90.0) -> dict[int, int]:
-        """Drop every record currently in ``topic`` (log start moves past the current end), as retention would."""
+        """Drop every record currently in ``topic`` (log start moves past the current end), as retention would, and
+        return the new log starts; once it returns, nothing more is dropped. Records it writes itself (the 0.9
+        broker's needs some) are b"__roll__": b"x"."""
         raise NotImplementedError
 
 
@@ -72,24 +77,45 @@ class ZooKeeperAdmin(JavaToolsAdmin, TopicAdmin):
         self._drop_producer()  # it would not learn of the new partitions before its next metadata refresh
 
     def advance_log_start(self, topic: str, timeout: float = 90.0) -> dict[int, int]:
-        """Switch the topic to time retention briefly so the broker deletes every closed segment."""
+        """Switch the topic to time retention briefly so the broker deletes every closed segment, then back to
+        compaction, and return once the broker is seen to apply compaction again (``_settle``): with
+        retention.ms=1, a 0.9 broker deletes the active segment too at its next retention check (Log.deleteOldSegments
+        rolls a new one first), so records produced before it applies the change would vanish. Each partition ends
+        holding one or more b"__roll__" records."""
         before = self.end_offsets(topic)
         self._topic_command("--alter", "--topic", topic, "--config", "cleanup.policy=delete",
                             "--config", "retention.ms=1", "--config", "segment.ms=100")
+        deadline = time.monotonic() + timeout
         try:
-            deadline = time.monotonic() + timeout
-            while time.monotonic() < deadline:
+            while True:
                 # A segment rolls only when a record arrives after segment.ms; retention then drops the old one.
                 time.sleep(0.3)
                 for p in before:
                     self.produce(topic, [(b"__roll__", b"x")], partition=p)
                 marks = self.watermarks(topic)
                 if all(marks[p][0] > before[p] for p in before):
-                    return {p: marks[p][0] for p in before}
-            raise TimeoutError(f"log start of {topic} did not advance past {before}")
+                    break
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"log start of {topic} did not advance past {before}")
         finally:
             self._topic_command("--alter", "--topic", topic, "--config", "cleanup.policy=compact",
                                 "--delete-config", "retention.ms", "--delete-config", "segment.ms")
+        return self._settle(topic, list(before), deadline)
+
+    def _settle(self, topic: str, parts: list[int], deadline: float) -> dict[int, int]:
+        """Wait until a retention check has passed the topic's records by (the broker applies a config change from
+        ZooKeeper at a time of its own, slower on a loaded machine): a b"__roll__" record is produced to each
+        partition, and none may be gone after two of the broker's retention checks (``_RETENTION_CHECK_S``).
+        Returns the log starts then."""
+        while True:
+            for p in parts:
+                self.produce(topic, [(b"__roll__", b"x")], partition=p)
+            time.sleep(2 * _RETENTION_CHECK_S + 0.2)
+            marks = self.watermarks(topic)
+            if all(marks[p][0] < marks[p][1] for p in parts):
+                return {p: marks[p][0] for p in parts}
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{topic}: the broker still applies retention.ms=1 after the change back: {marks}")
 
 
 class ModernAdmin(TopicAdmin):
