@@ -121,6 +121,9 @@ def toml_value(v: Any) -> str:
 
 def write_config(path: Path, state_dir: Path, settings: dict[str, Any], tables: dict[str, str],
                  **top: Any) -> Path:
+    """A config file for ``tables`` on ``settings``. Its HTTP endpoint listens on a free port unless ``http`` says
+    otherwise: on the default 9464, a daemon would be refused while another test's (another xdist worker's) holds it."""
+    top.setdefault("http", {"port": 0})
     lines = [f"state_dir = {json.dumps(str(state_dir))}"]
     lines += [f"{k} = {toml_value(v)}" for k, v in top.items() if not isinstance(v, dict)]
     for section, values in ((k, v) for k, v in top.items() if isinstance(v, dict)):
