@@ -21,8 +21,7 @@ from confluent_kafka import KafkaError, Message
 
 from globald.engine.fold import Delete, Put, fold
 from globald.engine.table import TableRuntime
-from globald.kafka.identity import record_fingerprint
-from globald.store.fingerprint import EMPTY, Fingerprint, Ladder
+from globald.store.fingerprint import EMPTY, Fingerprint, Ladder, record_fingerprint
 from globald.store.layout import OriginWriter
 from globald.store.protocol import Batch
 
