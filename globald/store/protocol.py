@@ -2,8 +2,9 @@
 
 ``TableStore`` is the one implementation; the engine holds its tables' stores by this Protocol (``TableRuntime``), so
 what it may ask of one is this list: its writes (batches with offsets and origins, written whole), its lifecycle
-(open, wipe, replace, reopen, bulk loads, close), what it holds (offsets, fingerprints, topic ID) and what makes it
-durable (sync, the .checkpoint file, checkpoints for snapshots).
+once opened (the state manager that builds one opens it: ``TableStore.open_or_wipe``): wipe, replace, reopen, bulk
+loads, close; what it holds (offsets, fingerprints, topic ID) and what makes it durable (sync, the .checkpoint file,
+checkpoints for snapshots).
 """
 
 from __future__ import annotations
@@ -16,11 +17,10 @@ from rocksdict import WriteBatch
 
 from globald.store.plain import UpgradingBatch
 
-if TYPE_CHECKING:  # only types: table_store imports Batch from here
+if TYPE_CHECKING:
     from globald.common.errors import GlobaldError
     from globald.store.fingerprint import Ladder
     from globald.store.layout import OriginWriter
-    from globald.store.table_store import OpenResult
 
 Batch = WriteBatch | UpgradingBatch  # what ``Store.new_batch`` gives: put/delete address the values
 
@@ -32,10 +32,6 @@ class Store(Protocol):
 
     @property
     def is_open(self) -> bool: ...
-
-    def open_or_wipe(self, wipe_unusable: bool = True) -> OpenResult:
-        """Open the (closed) store, wiping it first when it cannot be used."""
-        ...
 
     def reopen(self) -> None: ...
 
