@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 from confluent_kafka import Consumer
-from rocksdict import ColumnFamily, Rdict, WriteBatch
 
 from globald.common.errors import ConfigError, ImportRefusedError, StoreCorruptError
 from globald.kafka.clients import TransientKafkaError, partitions, watermarks
@@ -38,10 +37,10 @@ from globald.store.names import (
     table_dir,
     tables_dir,
 )
+from globald.store.offline import OfflineStore, open_offline
 from globald.store.options import StoreOptions
 from globald.store.statedir import lock_state_dir, prepare_state_dir
 from globald.store.table_store import TableStore
-from globald.store.writes import write, write_options
 
 log = logging.getLogger(__name__)
 
@@ -145,22 +144,12 @@ def _build(config: Config, staging: str, source: Path, topic: str, offsets: dict
     if unexpected or set(families) & set(COLUMN_FAMILIES):
         raise ImportRefusedError(f"{source} is not a Kafka Streams key-value store: column families {families}")
     options = StoreOptions.from_config(config.store)
-    db = Rdict(str(path), options.rocksdb(),
-               column_families={cf: options.rocksdb() for cf in {*families, *COLUMN_FAMILIES}})
-    try:
-        timestamped = _move_timestamped(db, source) if KS_TIMESTAMPED_CF in families else 0
-        plain = sum(1 for _ in db.keys())  # noqa: SIM118 - an Rdict iterates items
+    with open_offline(path, options, {*families, *COLUMN_FAMILIES}) as store:
+        timestamped = _move_timestamped(store, source) if KS_TIMESTAMPED_CF in families else 0
+        plain = store.count_keys()
         fmt = FORMAT_MIXED if plain else FORMAT_TIMESTAMPED
-
-        def meta() -> WriteBatch:
-            batch = WriteBatch(raw_mode=True)
-            layout.put_meta(batch, db, layout.stamp(fmt, topic))
-            return batch
-
-        write(db, meta(), write_options(), "import-kafka-streams: metadata", rebuild=meta)
-        db.flush()
-    finally:
-        db.close()
+        store.put_meta(layout.stamp(fmt, topic), "import-kafka-streams: metadata")
+        store.flush()
     # The offsets go in through the daemon's own first-open path (KIP-1035: a Kafka-format .checkpoint beside a
     # store with data and no offsets), and the store is opened exactly as the daemon will open it, so a store the
     # daemon would reject is never switched in.
@@ -193,37 +182,22 @@ def _copy_files(source: Path, dest: Path) -> None:
         shutil.copyfile(f, dest / f.name)
 
 
-def _move_timestamped(db: Rdict, source: Path) -> int:
+def _move_timestamped(store: OfflineStore, source: Path) -> int:
     """Kafka Streams' timestamped values are byte for byte globald's (8-byte big-endian timestamp + value):
     copy them into VALUES_CF, then drop their family."""
-    ks = db.get_column_family(KS_TIMESTAMPED_CF)
-    values = db.get_column_family_handle(VALUES_CF)
     n = 0
     chunk: list[tuple[bytes, bytes]] = []
-
-    def batch(family: ColumnFamily = values) -> WriteBatch:  # made again when RocksDB refuses it (writes.write)
-        b = WriteBatch(raw_mode=True)
-        for k, v in chunk:
-            b.put(k, v, family)
-        return b
-
-    it = ks.iter()
-    it.seek_to_first()
-    while it.valid():
-        key, value = it.key(), it.value()
+    for key, value in store.items(KS_TIMESTAMPED_CF):
         if len(value) < 8:
             raise ImportRefusedError(f"{source}: value of key {key!r} in {KS_TIMESTAMPED_CF} has {len(value)} bytes, "
                                      f"fewer than its 8-byte timestamp")
         chunk.append((key, value))
         n += 1
         if len(chunk) == COPY_BATCH:
-            write(db, batch(), write_options(), "import-kafka-streams: values", rebuild=batch)
+            store.put_all(VALUES_CF, chunk, "import-kafka-streams: values")
             chunk.clear()
-        it.next()
-    it.status()
-    write(db, batch(), write_options(), "import-kafka-streams: values", rebuild=batch)
-    del it, ks, values, batch
-    db.drop_column_family(KS_TIMESTAMPED_CF)
+    store.put_all(VALUES_CF, chunk, "import-kafka-streams: values")
+    store.drop_family(KS_TIMESTAMPED_CF)
     return n
 
 

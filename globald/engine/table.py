@@ -15,7 +15,7 @@ from confluent_kafka import TopicPartition
 from globald.common.states import StateMachine
 from globald.engine.view import TableView
 from globald.settings.config import TableConfig
-from globald.store.table_store import TableStore
+from globald.store.protocol import Store
 
 
 @dataclass
@@ -35,7 +35,7 @@ class Restore:
 @dataclass
 class TableRuntime:
     config: TableConfig
-    store: TableStore
+    store: Store
     machine: StateMachine
     partitions: list[int] = field(default_factory=list)
     end_offsets: dict[int, int] = field(default_factory=dict)  # last known log end per partition

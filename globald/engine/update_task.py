@@ -21,10 +21,9 @@ from confluent_kafka import KafkaError, Message
 
 from globald.engine.fold import Delete, Put, fold
 from globald.engine.table import TableRuntime
-from globald.kafka.identity import record_fingerprint
-from globald.store.fingerprint import EMPTY, Fingerprint, Ladder
+from globald.store.fingerprint import EMPTY, Fingerprint, Ladder, record_fingerprint
 from globald.store.layout import OriginWriter
-from globald.store.table_store import Batch
+from globald.store.protocol import Batch
 
 log = logging.getLogger(__name__)
 

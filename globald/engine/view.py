@@ -80,5 +80,5 @@ class LoopStats:
     last_loop: float = field(default_factory=time.monotonic)
     last_progress: float = field(default_factory=time.monotonic)
     consumer_errors: int = 0
-    consumer_renewals: int = 0  # consumers replaced after a long silence of the cluster (ClusterWatch._renew_consumer)
+    consumer_renewals: int = 0  # consumers replaced: silent ones, or for new [kafka] properties (Loop.replace_consumer)
     recoveries: deque[float] = field(default_factory=lambda: deque(maxlen=100))  # seconds from a wipe to RUNNING

@@ -32,29 +32,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rocksdict import Rdict
-
-from globald.export import storeinfo
 from globald.export.exporter import live_manifests
 from globald.export.manifest import ExportFile, ExportManifest
 from globald.export.target import FILES_DIR, Target, TargetError
 from globald.kafka.clients import TransientKafkaError, make_consumer, partitions, watermarks
 from globald.kafka.identity import VERIFY_TIMEOUT_S, RecordReader, TopicIds, verify
 from globald.settings.config import Config, TableConfig
-from globald.store import durable, layout
+from globald.store import durable
 from globald.store.layout import offsets_to_json
 from globald.store.names import (
     BOOTSTRAP_PREFIX,
     DB_DIR,
-    DEFAULT_CF,
-    META_CF,
-    META_STATUS,
     READABLE_FORMATS,
-    STATUS_CLEAN,
     db_dir,
     table_dir,
     tables_dir,
 )
+from globald.store.offline import StoreInfoError, open_offline, read_info
 from globald.store.options import StoreOptions
 
 log = logging.getLogger(__name__)
@@ -293,8 +287,8 @@ class Bootstrap:
 
     def _check(self, m: ExportManifest, db: Path) -> None:
         try:
-            info = storeinfo.read(db)
-        except storeinfo.StoreInfoError as e:
+            info = read_info(db)
+        except StoreInfoError as e:
             raise Refused(f"the downloaded database does not open: {e}") from None
         if info.offsets != m.offsets:
             raise Refused(f"the database holds offsets {info.offsets}, the manifest says {m.offsets}")
@@ -310,16 +304,11 @@ class Bootstrap:
         opens it does not report a crash that never happened on this host. A write of our own, after the checks."""
         options = StoreOptions.from_config(self.config.store)
         try:
-            rd = Rdict(str(db), options.rocksdb(create=False),
-                       column_families={cf: options.rocksdb(create=False) for cf in layout.families(db)
-                                        if cf != DEFAULT_CF})
+            store = open_offline(db, options, create=False)
         except Exception as e:  # rocksdict raises bare Exceptions naming the file
             raise Refused(f"the downloaded database does not open for writing: {e}") from None
-        try:
-            rd.get_column_family(META_CF)[META_STATUS] = STATUS_CLEAN
-            rd.flush()
-        finally:
-            rd.close()
+        with store:
+            store.mark_closed("export bootstrap: mark the downloaded store closed")
 
     def _move(self, stage: Path) -> None:
         dest = table_dir(self.config.state_dir, self.table.name)

@@ -21,7 +21,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from globald.export import storeinfo
 from globald.export.manifest import (
     ExportFile,
     ExportManifest,
@@ -32,6 +31,7 @@ from globald.export.manifest import (
 from globald.export.target import CHUNK, EXPORTS_DIR, FILES_DIR, MANIFEST_SUFFIX, Target, TargetError
 from globald.snapshot.manifest import Manifest
 from globald.store.names import SNAPSHOT_DB_DIR
+from globald.store.offline import StoreInfoError, read_info
 
 log = logging.getLogger(__name__)
 
@@ -111,10 +111,9 @@ def export_snapshot(target: Target, snapshot_dir: Path, snap: Manifest, stop: th
     """Upload the snapshot at ``snapshot_dir`` (its manifest ``snap``); raises TargetError, ExportStopped."""
     started = time.monotonic()
     db = snapshot_dir / SNAPSHOT_DB_DIR
-    info = storeinfo.read(db)
+    info = read_info(db)
     if info.offsets != snap.offsets:  # the snapshot's manifest never claims more than its database holds
-        raise storeinfo.StoreInfoError(f"snapshot {snap.id} holds offsets {info.offsets}, its manifest says "
-                                       f"{snap.offsets}")
+        raise StoreInfoError(f"snapshot {snap.id} holds offsets {info.offsets}, its manifest says {snap.offsets}")
     files = [ExportFile(p.name, p.stat().st_size, sha256_of(p, stop)) for p in _files(db)]
     live, _ = live_manifests(target, snap.table)
     shared = {f.blob for m in live for f in m.files}

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 
 from globald.export.exporter import live_manifests, read_manifest, remove_quietly
-from globald.export.manifest import ExportManifestError, valid_export_id
+from globald.export.manifest import ExportManifestError
 from globald.export.target import EXPORTS_DIR, FILES_DIR, MANIFEST_SUFFIX, RETIRED_DIR, Target, TargetError
 
 log = logging.getLogger(__name__)
@@ -82,9 +82,3 @@ def apply(target: Target, table: str, keep: int, grace_s: float, now: float | No
         log.info("table %s: export retention: %d exports retired, %d files (%d bytes) deleted", table, retired,
                  deleted, deleted_bytes)
     return swept
-
-
-def newest_ids(target: Target, table: str) -> list[str]:
-    """The ids of the table's exports that have a manifest, newest first (without reading them)."""
-    ids = [e.name[: -len(MANIFEST_SUFFIX)] for e in target.list(table, EXPORTS_DIR) if e.name.endswith(MANIFEST_SUFFIX)]
-    return sorted((i for i in ids if valid_export_id(i)), reverse=True)

@@ -29,7 +29,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from confluent_kafka import (
-    TIMESTAMP_NOT_AVAILABLE,
     Consumer,
     KafkaError,
     KafkaException,
@@ -41,8 +40,7 @@ from confluent_kafka.admin import AdminClient
 
 from globald.kafka.client_log import kafka_log
 from globald.settings.kafka_properties import CONSUMER_DEFAULTS, MANAGED_KAFKA_PROPERTIES
-from globald.store.codec import NO_TIMESTAMP
-from globald.store.fingerprint import Fingerprint, Ladder, digest
+from globald.store.fingerprint import Fingerprint, Ladder, record_fingerprint
 
 _EOF = KafkaError._PARTITION_EOF
 _OUT_OF_RANGE = KafkaError._AUTO_OFFSET_RESET
@@ -54,14 +52,6 @@ _CHECK_BATCH = 1_000  # records taken from the queue at once
 VERIFY_TIMEOUT_S = 5.0
 _NO_ID = "AAAAAAAAAAAAAAAAAAAAAA"  # the all-zero UUID: a broker that has no ID for the topic
 _ID_RETRY_S = 300.0  # after a cluster failed to give an ID, how long the check goes by fingerprints alone
-
-
-def record_fingerprint(m: Message) -> Fingerprint:
-    """The fingerprint of a record as consumed: what the update task stores and what a check compares."""
-    ts_type, ts = m.timestamp()
-    offset = m.offset()
-    assert offset is not None  # librdkafka gives every record its offset
-    return Fingerprint(offset, digest(m.key(), m.value(), NO_TIMESTAMP if ts_type == TIMESTAMP_NOT_AVAILABLE else ts))
 
 
 @dataclass

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
-from rocksdict import Rdict, WriteBatch
 
 from globald.common.errors import GlobaldError
 from globald.engine.fold import fold
@@ -30,19 +29,15 @@ from globald.snapshot.manifest import Offsets
 from globald.store import layout
 from globald.store.durable import sync_tree
 from globald.store.failures import store_io
-from globald.store.fingerprint import Fingerprint, Ladder, ladders_in
-from globald.store.layout import OriginWriter
+from globald.store.fingerprint import Fingerprint, Ladder
 from globald.store.names import (
     COLUMN_FAMILIES,
     FORMAT_VERSION,
-    META_CF,
-    META_FINGERPRINT_PREFIX,
     ORIGINS_CF,
     SNAPSHOT_DB_DIR,
-    VALUES_CF,
 )
+from globald.store.offline import Batch, OfflineStore, open_offline
 from globald.store.options import StoreOptions
-from globald.store.writes import write, write_options
 
 
 class BuildRefused(GlobaldError):
@@ -164,38 +159,22 @@ class Builder:
         db_path = work / SNAPSHOT_DB_DIR
         if base_dir is not None:
             link_base(base_dir / SNAPSHOT_DB_DIR, db_path)
-        opts = self.options.rocksdb()
         with store_io(f"exact snapshot build: open {db_path}"):  # RocksDB's errors mapped as the live store's
             # A typed table's build records origins as the live store does; a base may have them even when the
             # table is no longer typed (RocksDB opens a database only with all of its families).
             origins = table.typed or (base_dir is not None and ORIGINS_CF in layout.families(db_path))
-            families = [*COLUMN_FAMILIES, *([ORIGINS_CF] if origins else [])]
-            db = Rdict(str(db_path), opts, column_families={cf: self.options.rocksdb() for cf in families})
-        try:
+            store = open_offline(db_path, self.options, [*COLUMN_FAMILIES, *([ORIGINS_CF] if origins else [])])
+        with store:
             if base_dir is None:  # a new store, stamped as the live store stamps one
-                stamp = WriteBatch(raw_mode=True)
-                layout.put_meta(stamp, db, layout.stamp(FORMAT_VERSION, table.topic))
-                write(db, stamp, write_options(), "exact snapshot build: metadata")
+                store.put_meta(layout.stamp(FORMAT_VERSION, table.topic), "exact snapshot build: metadata",
+                               rebuild=False)
             else:
-                meta = db.get_column_family(META_CF)
-                self._check_same_topic(table.topic, ladders_in(meta.items(from_key=META_FINGERPRINT_PREFIX))[0],
-                                       deadline, verified or {})
-                del meta
-            consumed = self._apply(db, table.topic, start, target, deadline, table.typed)
-
-            def batch() -> WriteBatch:
-                b = WriteBatch(raw_mode=True)
-                layout.put_offsets(b, db, target)  # its handles end with it: one held past close pins the database
-                return b
-
-            write(db, batch(), write_options(), "exact snapshot build: offsets", rebuild=batch)
+                self._check_same_topic(table.topic, store.ladders()[0], deadline, verified or {})
+            consumed = self._apply(store, table.topic, start, target, deadline, table.typed)
+            store.put_offsets(target, "exact snapshot build: offsets")
             with store_io("exact snapshot build: flush"):
-                db.flush()
-            values = db.get_column_family(VALUES_CF)
-            records = int(values.property_int_value("rocksdb.estimate-num-keys") or 0)
-            del values
-        finally:
-            db.close()
+                store.flush()
+            records = store.estimate_keys()
         # The files copied from the base and those RocksDB wrote without a sync (OPTIONS, the info log), and every
         # directory entry, are on disk before the publisher's manifest and rename name them.
         sync_tree(db_path, synced_suffixes=(".sst",))  # the base's, linked, were durable; RocksDB syncs its own
@@ -222,7 +201,8 @@ class Builder:
             raise BuildRefused(Code.FAILED, f"cannot check that topic {topic} is the base snapshot's: "
                                             f"{'; '.join(verdict.unreachable.values())}")
 
-    def _apply(self, db: Rdict, topic: str, start: Offsets, target: Offsets, deadline: float, typed: bool) -> int:
+    def _apply(self, store: OfflineStore, topic: str, start: Offsets, target: Offsets, deadline: float,
+               typed: bool) -> int:
         todo = {p: s for p, s in start.items() if s < target[p]}  # partition -> next offset expected
         if not todo:
             return 0
@@ -231,8 +211,6 @@ class Builder:
         c.assign(assignment)
         assignment = [TopicPartition(topic, p) for p in todo]
         c.resume(assignment)  # librdkafka keeps a partition paused by an earlier build across re-assignment
-        values = db.get_column_family_handle(VALUES_CF)
-        origins = db.get_column_family_handle(ORIGINS_CF) if typed else None
         consumed = 0
         try:
             while todo:
@@ -248,14 +226,12 @@ class Builder:
                         applied.append(m)
                 consumed += len(applied)
 
-                def batch(applied: list[Message] = applied) -> WriteBatch:
-                    b = WriteBatch(raw_mode=True)
-                    b.set_default_column_family(values)
-                    fold(applied, b.put, b.delete,  # the same fold as the live store's
-                         None if origins is None else OriginWriter(b, origins))
+                def batch(applied: list[Message] = applied) -> Batch:
+                    b = store.values_batch()
+                    fold(applied, b.put, b.delete, store.origin_writer(b) if typed else None)  # the live store's fold
                     return b
 
-                write(db, batch(), write_options(), "exact snapshot build", rebuild=batch)
+                store.write(batch, "exact snapshot build")
                 done = [tp for tp in assignment if tp.partition not in todo]
                 if done:  # stop fetching what is no longer needed
                     c.pause(done)

@@ -14,8 +14,15 @@ import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
 from hashlib import blake2b
+from typing import TYPE_CHECKING
 
+from confluent_kafka import TIMESTAMP_NOT_AVAILABLE
+
+from globald.store.codec import NO_TIMESTAMP
 from globald.store.names import META_FINGERPRINT_PREFIX
+
+if TYPE_CHECKING:
+    from confluent_kafka import Message
 
 _ENTRY = struct.Struct(">q8s")
 _ABSENT = b"\xff\xff\xff\xff"
@@ -32,6 +39,14 @@ def digest(key: bytes | None, value: bytes | None, timestamp: int) -> bytes:
         h.update(_ABSENT if part is None else len(part).to_bytes(4, "big") + part)
     h.update(timestamp.to_bytes(8, "big", signed=True))
     return h.digest()
+
+
+def record_fingerprint(m: Message) -> Fingerprint:
+    """The fingerprint of a record as consumed: what the update task stores and what a check compares."""
+    ts_type, ts = m.timestamp()
+    offset = m.offset()
+    assert offset is not None  # librdkafka gives every record its offset
+    return Fingerprint(offset, digest(m.key(), m.value(), NO_TIMESTAMP if ts_type == TIMESTAMP_NOT_AVAILABLE else ts))
 
 
 @dataclass(frozen=True)

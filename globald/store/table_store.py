@@ -55,12 +55,10 @@ from globald.store.names import (
 )
 from globald.store.options import StoreOptions
 from globald.store.plain import SURROGATE_TIMESTAMP, PlainMigration, UpgradingBatch
+from globald.store.protocol import Batch
 from globald.store.writes import write
 
 log = logging.getLogger(__name__)
-
-Batch = WriteBatch | UpgradingBatch  # what ``new_batch`` gives
-
 
 @dataclass
 class OpenResult:
@@ -72,7 +70,8 @@ class OpenResult:
 
 
 class TableStore(Database):
-    """Read-write handle of one table's database. Not thread-safe: the daemon thread owns it (``get`` excepted)."""
+    """Read-write handle of one table's database, the engine's ``protocol.Store``. Not thread-safe: the daemon
+    thread owns it (``get`` excepted)."""
 
     def __init__(self, state_dir: Path, table: str, topic: str, options: StoreOptions, origins: bool = False) -> None:
         super().__init__(state_dir, table, options, origins)
