@@ -316,7 +316,8 @@ def oracle_at(broker: Broker, topic: str, offsets: dict[str, int]) -> Table:
 
 
 def open_store_db(path: Path) -> Any:
-    """A table database opened read-write the way the daemon opens it, for tests that damage it on purpose.
+    """A table database opened read-write the way the daemon opens it (created empty where none is), for tests that
+    damage it on purpose.
 
     Not with RocksDB's saved OPTIONS: a kill during a bulk load leaves a memtable kind those refuse to reopen."""
     from rocksdict import Rdict
@@ -325,7 +326,8 @@ def open_store_db(path: Path) -> Any:
     from globald.store.names import COLUMN_FAMILIES, DEFAULT_CF
     from globald.store.options import StoreOptions
 
-    families = {*COLUMN_FAMILIES, *(cf for cf in layout.families(path) if cf != DEFAULT_CF)}  # a typed table's
+    found = layout.families(path) if (path / "CURRENT").exists() else []
+    families = {*COLUMN_FAMILIES, *(cf for cf in found if cf != DEFAULT_CF)}  # a typed table's
     return Rdict(str(path), StoreOptions().rocksdb(), column_families={cf: StoreOptions().rocksdb() for cf in families})
 
 
