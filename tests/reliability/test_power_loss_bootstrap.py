@@ -213,7 +213,8 @@ def _restarts_whole(make: Callable[..., DaemonProcess], broker: Broker, state: P
     return str(origin["kind"])
 
 
-@pytest.mark.long  # per point: a daemon frozen in its bootstrap, an image copy and a restart (the export is shared)
+@pytest.mark.long  # the power-loss lane. Per point: a daemon frozen in its bootstrap, an image copy and a restart,
+# 7.5-12 s a call over three runs (the shared export: 12-16 s, in the first point's setup)
 @pytest.mark.parametrize("point", POINTS)
 def test_power_loss_during_a_bootstrap(broker: Broker, exported: Exported, disk: LoopImage,  # noqa: F811
                                        tmp_path: Path, point: str) -> None:
@@ -222,7 +223,8 @@ def test_power_loss_during_a_bootstrap(broker: Broker, exported: Exported, disk:
         print(json.dumps(_cut_at(broker, make, disk, exported, point, arm, "during a bootstrap")))
 
 
-@pytest.mark.long  # per point: two daemons, an image copy and a restart (the export is shared)
+@pytest.mark.long  # the power-loss lane. Per point: a daemon frozen in its refill, an image copy and a restart,
+# 8.7-15 s a call over three runs
 @pytest.mark.parametrize("point", POINTS)
 def test_power_loss_during_a_refill_after_a_wipe(broker: Broker, exported: Exported, disk: LoopImage,  # noqa: F811
                                                  tmp_path: Path, point: str) -> None:
