@@ -142,10 +142,11 @@ class Decoder:
         if self._one is None:
             return Decoded(values.cast(pa.binary()), pa.nulls(len(values), ERROR_TYPE), 0)
         rows: list[Any] = []
-        reasons: list[str | None] = []
+        reasons: list[str | None] = []  # of the rows of ``rows``: the build to come
         pending: dict[int, int] = {}
         built: list[pa.Array] = []  # the batch's columns so far, each of at most BUILD_UNITS of Python
-        start = units = 0
+        built_reasons: list[str | None] = []
+        units = 0
         row: Any = None
         for value in values.to_pylist():
             try:
@@ -159,9 +160,11 @@ class Decoder:
                 if isinstance(e, PendingSchema):
                     pending[e.schema_id] = pending.get(e.schema_id, 0) + 1
             if units >= BUILD_UNITS:
-                built.append(self._to_arrow(rows, reasons, start))
-                rows, row, start, units = [], None, len(reasons), 0  # row too: its Python goes now, not a value later
-        built.append(self._to_arrow(rows, reasons, start))
+                built.append(self._to_arrow(rows, reasons))
+                built_reasons += reasons
+                rows, reasons, row, units = [], [], None, 0  # row too: its Python goes now, not a value later
+        built.append(self._to_arrow(rows, reasons))
+        reasons = built_reasons + reasons
         column = built[0] if len(built) == 1 else pa.concat_arrays(built)
         bad = [i for i, r in enumerate(reasons) if r is not None]
         if bad and self.format.on_error == "fail" and not collect:
@@ -169,10 +172,9 @@ class Decoder:
         return Decoded(column, pa.array(reasons, ERROR_TYPE), len(bad), tuple(sorted(pending)),
                        sum(pending.values()))
 
-    def _to_arrow(self, rows: list[Any], reasons: list[str | None], start: int = 0) -> pa.Array:
-        """One C-level build of ``rows``, the batch's from row ``start`` on; should a value not fit its Arrow type
-        (an int64 into int32, a decimal wider than its precision), only that row becomes an error (its reason at
-        ``start`` + its index), found by building row by row."""
+    def _to_arrow(self, rows: list[Any], reasons: list[str | None]) -> pa.Array:
+        """One C-level build; should a value not fit its Arrow type (an int64 into int32, a decimal wider than
+        its precision), only that row becomes an error, found by building row by row."""
         try:
             return pa.array(rows, self.arrow_type)
         except (pa.ArrowException, TypeError, ValueError, OverflowError):
@@ -182,7 +184,7 @@ class Decoder:
                 pa.array([row], self.arrow_type)
             except (pa.ArrowException, TypeError, ValueError, OverflowError) as e:
                 rows[i] = None
-                reasons[start + i] = f"does not fit the schema's type: {e}"
+                reasons[i] = f"does not fit the schema's type: {e}"
         return pa.array(rows, self.arrow_type)
 
 
