@@ -197,7 +197,7 @@ def compile_avro(fmt: ValueFormat, where: str, registry: Registry | None = None,
             raise DecodeError(f"truncated or corrupt Avro payload ({type(e).__name__}: {e})") from None
         if buf.tell() != size:  # a payload for another schema often decodes partway: the rest says it is not ours
             raise DecodeError(f"{size - buf.tell()} bytes left after the record: not written with this schema")
-        return record if fix is None else fix(record), items
+        return (record if fix is None else fix(record)), items
 
     if fmt.framing == "none":
         def one(value: bytes) -> tuple[Any, int]:
