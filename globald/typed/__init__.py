@@ -13,13 +13,13 @@ The store keeps the bytes exactly as Kafka delivered them; decoding happens on t
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from globald.settings.typed_spec import SchemaError, ValueFormat, fingerprint
 
 if TYPE_CHECKING:
     from globald.settings.config import Config
-    from globald.typed.arrow import Decoder
+    from globald.typed.arrow import Decoder, OneValue
     from globald.typed.registry import Registry
 
 __all__ = ["SchemaError", "ValueFormat", "check_schemas", "load", "load_table"]
@@ -44,7 +44,7 @@ def load(fmt: ValueFormat | None, where: str, registry: Registry | None = None,
 
         if not fmt.typed:
             return Decoder(fmt, where, pa.binary(), None, fingerprint(fmt, where))
-        compile_format: Callable[[ValueFormat, str], tuple[pa.DataType, Callable[[bytes], Any]]]
+        compile_format: Callable[[ValueFormat, str], tuple[pa.DataType, OneValue]]
         if fmt.format == "avro":
             from globald.typed.avro import compile_avro as compile_format
         elif fmt.format == "protobuf":

@@ -7,7 +7,8 @@ that does not decode becomes null with its reason in ``errors`` and is counted, 
 reason of its first bad value. No value ever crashes the decoder: every library error is a reason.
 
 Each format (``avro``, ``protobuf``, ``jsonfmt``) supplies the Arrow type its schema maps to and a function from one
-payload to the Python value Arrow builds that type from; one ``pa.array`` call then builds the whole column in C.
+payload to the Python value Arrow builds that type from (``OneValue``); ``pa.array`` calls then build the column in
+C, one for the whole batch unless its Python would pass ``BUILD_UNITS``.
 """
 
 from __future__ import annotations
@@ -25,6 +26,13 @@ from globald.common.errors import GlobaldError
 from globald.settings.typed_spec import ValueFormat
 
 ERROR_TYPE = pa.string()
+# How much of a batch ``Decoder.decode`` holds as Python at once (issue 40 item 6), in payload bytes plus array items
+# and map entries: every decoded value stays a Python object until ``pa.array`` builds the column, and one byte or
+# one item may become some 64 bytes of Python (an empty dict; an Avro item of no bytes is one). A batch counted in
+# values only (65,536) could so hold GBs of values each within max_items (1M items: some 60 MB of Python); at 1 Mi
+# the Python of a batch stays near 64 MiB whatever its values, and a value at max_items is built on its own. Each
+# build is C over a few thousand rows at least, so splitting costs nothing measurable.
+BUILD_UNITS = 1 << 20
 
 
 class DecodeError(ValueError):
@@ -54,6 +62,9 @@ class DecodeFailure(GlobaldError):
                          f"{'unknown' if offset is None else offset}) does not decode: {reason}")
 
 
+# One payload decoded: (the Python value Arrow builds the column from, its array items and map entries where they may
+# outnumber the payload's bytes (Avro's items of no bytes), else 0: with the payload's size, what it may weigh).
+OneValue = Callable[[bytes], tuple[Any, int]]
 Origin = tuple[int, int]  # (partition, offset) of the record a value came from
 # Origins of rows given as (keys, values, timestamps), as a snapshot recorded them (``Snapshot.origins``).
 OriginLookup = Callable[[Sequence[bytes], Sequence[bytes], Sequence[int]], list[Origin | None]]
@@ -94,7 +105,7 @@ class Decoder:
     """A table's values (or keys) decoder, built by ``globald.typed.load`` from its declared format."""
 
     def __init__(self, fmt: ValueFormat, where: str, arrow_type: pa.DataType,
-                 one: Callable[[bytes], Any] | None, fingerprint: str,
+                 one: OneValue | None, fingerprint: str,
                  available: Callable[[list[int]], bool] | None = None, reader_id: int | None = None) -> None:
         self.format = fmt
         self.where = where  # the config section, "tables[0].value", for messages
@@ -111,10 +122,15 @@ class Decoder:
 
     def decode_value(self, value: bytes) -> Any:
         """One value as Python (what Arrow builds the column from); DecodeError says why it does not decode."""
+        return self._weighed(value)[0]
+
+    def _weighed(self, value: bytes) -> tuple[Any, int]:
+        """(``decode_value``, its weight in ``BUILD_UNITS``: payload bytes plus the items they may amplify to)."""
         if self._one is None:
-            return value
+            return value, len(value)
         try:
-            return self._one(value)
+            row, items = self._one(value)
+            return row, len(value) + items
         except DecodeError:
             raise
         except Exception as e:  # a decoding library meeting bytes it cannot read: a reason, never a crash
@@ -126,18 +142,30 @@ class Decoder:
         if self._one is None:
             return Decoded(values.cast(pa.binary()), pa.nulls(len(values), ERROR_TYPE), 0)
         rows: list[Any] = []
-        reasons: list[str | None] = []
+        reasons: list[str | None] = []  # of the rows of ``rows``: the build to come
         pending: dict[int, int] = {}
+        built: list[pa.Array] = []  # the batch's columns so far, each of at most BUILD_UNITS of Python
+        built_reasons: list[str | None] = []
+        units = 0
+        row: Any = None
         for value in values.to_pylist():
             try:
-                rows.append(None if value is None else self.decode_value(value))
+                row, weight = (None, 0) if value is None else self._weighed(value)
+                rows.append(row)
                 reasons.append(None)
+                units += weight
             except DecodeError as e:
                 rows.append(None)
                 reasons.append(str(e) or "undecodable")
                 if isinstance(e, PendingSchema):
                     pending[e.schema_id] = pending.get(e.schema_id, 0) + 1
-        column = self._to_arrow(rows, reasons)
+            if units >= BUILD_UNITS:
+                built.append(self._to_arrow(rows, reasons))
+                built_reasons += reasons
+                rows, reasons, row, units = [], [], None, 0  # row too: its Python goes now, not a value later
+        built.append(self._to_arrow(rows, reasons))
+        reasons = built_reasons + reasons
+        column = built[0] if len(built) == 1 else pa.concat_arrays(built)
         bad = [i for i, r in enumerate(reasons) if r is not None]
         if bad and self.format.on_error == "fail" and not collect:
             raise DecodeFailure(self.where, *(context or RecordContext()).at(bad[0]), reasons[bad[0]] or "")

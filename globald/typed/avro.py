@@ -19,7 +19,6 @@ from __future__ import annotations
 import io
 import json
 import uuid
-from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -28,7 +27,7 @@ import pyarrow as pa
 
 from globald.settings.typed_spec import SchemaError, ValueFormat, read_schema_file, writer_files
 from globald.typed import framing
-from globald.typed.arrow import DecodeError
+from globald.typed.arrow import DecodeError, OneValue
 from globald.typed.avro_check import Limits, Node, compile_schema, validate
 from globald.typed.avro_resolve import check_format
 from globald.typed.avro_union import RecordBranches, full_name
@@ -155,9 +154,10 @@ def _checker(raw: Any, path: Any, where: str) -> Node:
 
 
 def compile_avro(fmt: ValueFormat, where: str, registry: Registry | None = None,
-                 reader_text: str | None = None) -> tuple[pa.DataType, Callable[[bytes], Any]]:
+                 reader_text: str | None = None) -> tuple[pa.DataType, OneValue]:
     """``registry``: where writer ids come from with ``writer_schemas = "registry"``; ``reader_text``: the reader
-    schema taken from a subject (``globald.typed.registry``), instead of the schema file."""
+    schema taken from a subject (``globald.typed.registry``), instead of the schema file. A value comes with its
+    array items and map entries: items of no bytes (null, an empty record) make it larger than its payload."""
     named = fmt.schema if reader_text is None else f"subject {fmt.subject}"
     key = f"{where}.schema" if reader_text is None else f"{where}.subject"
     raw, reader = parse(named, key, reader_text)
@@ -187,9 +187,9 @@ def compile_avro(fmt: ValueFormat, where: str, registry: Registry | None = None,
         picked = branches.pick(record, writer_name)
         return picked if fix is None else fix(picked)
 
-    def finish(buf: io.BytesIO, writer: Any, check: Node, value: bytes, start: int) -> Any:
+    def finish(buf: io.BytesIO, writer: Any, check: Node, value: bytes, start: int) -> tuple[Any, int]:
         # Every reader's one way in: the bytes are checked against the writer schema before fastavro believes them.
-        validate(check, value, start, limits)
+        items = validate(check, value, start, limits)
         size = len(value)
         try:
             record = read(buf, writer, None if writer is reader else reader)
@@ -197,17 +197,18 @@ def compile_avro(fmt: ValueFormat, where: str, registry: Registry | None = None,
             raise DecodeError(f"truncated or corrupt Avro payload ({type(e).__name__}: {e})") from None
         if buf.tell() != size:  # a payload for another schema often decodes partway: the rest says it is not ours
             raise DecodeError(f"{size - buf.tell()} bytes left after the record: not written with this schema")
-        return record if fix is None else fix(record)
+        return (record if fix is None else fix(record)), items
 
     if fmt.framing == "none":
-        def one(value: bytes) -> Any:
-            return branch(finish(io.BytesIO(value), reader, own, value, 0), full_name(raw))
+        def one(value: bytes) -> tuple[Any, int]:
+            record, items = finish(io.BytesIO(value), reader, own, value, 0)
+            return branch(record, full_name(raw)), items
         return arrow_type, one
 
     where_ids = fmt.writer_schemas
     fetch = registry if fmt.writers_from_registry else None
 
-    def one_framed(value: bytes) -> Any:
+    def one_framed(value: bytes) -> tuple[Any, int]:
         sid, _, start = framing.split(value, with_indexes=False)
         found = writers.get(sid)
         if found is None and fetch is not None:  # raises PendingSchema while the registry cannot give it
@@ -222,6 +223,7 @@ def compile_avro(fmt: ValueFormat, where: str, registry: Registry | None = None,
             raise DecodeError(f"unknown schema id {sid} (no {sid}.avsc in writer_schemas {where_ids})")
         buf = io.BytesIO(value)
         buf.seek(start)
-        return branch(finish(buf, *found, value, start), names.get(sid))
+        record, items = finish(buf, *found, value, start)
+        return branch(record, names.get(sid)), items
 
     return arrow_type, one_framed

@@ -173,10 +173,11 @@ def _varint(buf: bytes, pos: int, end: int, most: int, what: str) -> tuple[int, 
     return (raw >> 1) ^ -(raw & 1), pos
 
 
-def validate(root: Node, buf: bytes, start: int, limits: Limits) -> None:
-    """Raise DecodeError unless ``buf[start:]`` is exactly one value of the writer schema ``root`` within ``limits``
-    (the module's docstring lists what is checked). Time and memory: linear in the payload and the items it
-    holds, which ``limits.items`` bounds; items of a fixed size are skipped in one step."""
+def validate(root: Node, buf: bytes, start: int, limits: Limits) -> int:
+    """The array items and map entries of the value (what its decoding may amplify to, beyond its bytes); raise
+    DecodeError unless ``buf[start:]`` is exactly one value of the writer schema ``root`` within ``limits`` (the
+    module's docstring lists what is checked). Time and memory: linear in the payload and the items it holds, which
+    ``limits.items`` bounds; items of a fixed size are skipped in one step."""
     end = len(buf)
     pos = start
     items = 0
@@ -260,3 +261,4 @@ def validate(root: Node, buf: bytes, start: int, limits: Limits) -> None:
                     push((node, depth, count))
     if pos != end:
         raise DecodeError(f"{end - pos} bytes left after the record: not written with this schema")
+    return items

@@ -30,7 +30,6 @@ import os
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -53,6 +52,11 @@ log = logging.getLogger(__name__)
 PREFIX, SUFFIX = COLUMNAR_PREFIX, COLUMNAR_SUFFIX  # declared in store/names.py
 ERROR_PARTITION, ERROR_OFFSET = "error_partition", "error_offset"  # where a bad value came from (see build_table)
 DECODE_BATCH = 65_536
+# Key and value bytes of one batch at most (issue 40 item 6): its payloads are held three times while it decodes (the
+# records, their binary column, its Python list), and count alone lets 65,536 values of a MB each make GBs. 64 MiB
+# is some 600,000 typical rows (100 bytes), so the count still cuts ordinary batches. What the values become as
+# Python is bounded by ``BUILD_UNITS`` (``Decoder.decode``); the file is the same whatever the cuts.
+DECODE_BATCH_BYTES = 64 << 20
 META = "globald.columnar"
 ROW_BYTES = 48  # what a row costs in the file beyond its key and value: timestamp, hash, slots, offsets, error
 class ColumnarInvalid(GlobaldError):
@@ -107,8 +111,7 @@ def build_table(items: Iterable[tuple[bytes, bytes, int]], decoder: Decoder, abo
     pending_count = 0
     where: dict[int, Origin] = {}  # row of the file (before typed keys are resolved) -> origin of its bad value
     rows_before = 0
-    records = iter(items)
-    while batch := list(islice(records, DECODE_BATCH)):
+    for batch in _batches(items):
         raw_keys = pa.array([k for k, _, _ in batch], pa.binary())
         stamp = np.fromiter((ts for _, _, ts in batch), np.int64, len(batch))
         raw_values = pa.array([v for _, v, _ in batch], pa.binary())
@@ -180,6 +183,21 @@ def build_table(items: Iterable[tuple[bytes, bytes, int]], decoder: Decoder, abo
         raise ColumnarUnbuildable(f"{about.get('table')} snapshot {about.get('snapshot')}: decoded by {decoder.where} "
                                   f"into an invalid Arrow table ({e})") from None
     return table
+
+
+def _batches(items: Iterable[tuple[bytes, bytes, int]]) -> Iterator[list[tuple[bytes, bytes, int]]]:
+    """``items`` in lists of ``DECODE_BATCH`` records, or fewer where their keys and values pass
+    ``DECODE_BATCH_BYTES`` (a list holds at least one record, however large)."""
+    batch: list[tuple[bytes, bytes, int]] = []
+    size = 0
+    for item in items:
+        batch.append(item)
+        size += len(item[0]) + len(item[1])
+        if len(batch) == DECODE_BATCH or size >= DECODE_BATCH_BYTES:
+            yield batch
+            batch, size = [], 0
+    if batch:
+        yield batch
 
 
 def _origin_columns(where: dict[int, Origin], rows: int) -> dict[str, pa.Array]:

@@ -26,7 +26,7 @@ import pyarrow as pa
 
 from globald.settings.typed_spec import SchemaError, ValueFormat, read_schema_file, writer_files
 from globald.typed import framing
-from globald.typed.arrow import DecodeError
+from globald.typed.arrow import DecodeError, OneValue
 
 Convert = Callable[[Any, str], Any]  # (JSON value, its path for reasons) -> what Arrow builds the type from
 
@@ -284,7 +284,7 @@ def _count_items(doc: Any, most: int) -> None:
 
 
 def compile_json(fmt: ValueFormat, where: str, reader_text: str | None = None
-                 ) -> tuple[pa.DataType, Callable[[bytes], Any]]:
+                 ) -> tuple[pa.DataType, OneValue]:
     """``reader_text``: a JSON Schema taken from a registry subject (``globald.typed.registry``), not a file."""
     named = fmt.schema if reader_text is None else f"subject {fmt.subject}"
     key = f"{where}.schema" if reader_text is None else f"{where}.subject"
@@ -301,19 +301,19 @@ def compile_json(fmt: ValueFormat, where: str, reader_text: str | None = None
     conv = converter(arrow_type)
     most = fmt.max_items
 
-    def parse(payload: bytes) -> Any:
+    def parse(payload: bytes) -> tuple[Any, int]:
         try:
             doc = orjson.loads(payload)  # nesting past 1024 is orjson's error; each item takes at least one byte
         except orjson.JSONDecodeError as e:
             raise DecodeError(f"invalid JSON: {e}") from None
         if len(payload) > most:  # only then can it hold more items than the bound
             _count_items(doc, most)
-        return None if doc is None else conv(doc, "")
+        return (None if doc is None else conv(doc, "")), 0  # every item takes a byte: the payload's size bounds them
 
     if fmt.framing == "none":
         return arrow_type, parse
 
-    def one(value: bytes) -> Any:
+    def one(value: bytes) -> tuple[Any, int]:
         sid, _, start = framing.split(value, with_indexes=False)
         if fmt.writer_schemas is not None and not fmt.writers_from_registry and sid not in ids:
             raise DecodeError(f"unknown schema id {sid} (no {sid}.json in writer_schemas {fmt.writer_schemas})")

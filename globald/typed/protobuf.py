@@ -25,7 +25,7 @@ from google.protobuf.descriptor import Descriptor, FieldDescriptor, FileDescript
 
 from globald.settings.typed_spec import SchemaError, ValueFormat, read_schema_file, writer_files
 from globald.typed import framing
-from globald.typed.arrow import DecodeError
+from globald.typed.arrow import DecodeError, OneValue
 
 if TYPE_CHECKING:
     from globald.typed.registry import Registry
@@ -159,7 +159,7 @@ def _count_items(m: Any, most: int) -> None:
 
 
 def compile_protobuf(fmt: ValueFormat, where: str, registry: Registry | None = None,
-                     reader_text: str | None = None) -> tuple[pa.DataType, Callable[[bytes], Any]]:
+                     reader_text: str | None = None) -> tuple[pa.DataType, OneValue]:
     """``registry``: where writer ids come from with ``writer_schemas = "registry"``; ``reader_text``: the reader
     schema taken from a subject, a base64 descriptor set (``globald.typed.registry``), instead of the schema file.
     Either way ``message`` names the reader's message type: it must be in the subject's schema or a file that
@@ -183,12 +183,12 @@ def compile_protobuf(fmt: ValueFormat, where: str, registry: Registry | None = N
     cls = message_factory.GetMessageClass(desc)
     most = fmt.max_items
 
-    def parse(payload: bytes) -> Any:
+    def parse(payload: bytes) -> tuple[Any, int]:
         m = cls()
         m.ParseFromString(payload)  # nesting past 100 is the runtime's error; each element takes at least a byte
         if len(payload) > most:  # only then can it hold more elements than the bound
             _count_items(m, most)
-        return convert(m)
+        return convert(m), 0  # every item takes a byte: the payload's size bounds them
 
     if fmt.framing == "none":
         return arrow_type, parse
@@ -199,7 +199,7 @@ def compile_protobuf(fmt: ValueFormat, where: str, registry: Registry | None = N
     message = fmt.message
     names: dict[tuple[int | None, tuple[int, ...]], str] = {}  # (writer id, indexes) -> message: resolved once
 
-    def one(value: bytes) -> Any:
+    def one(value: bytes) -> tuple[Any, int]:
         sid, indexes, start = framing.split(value, with_indexes=True)
         if fetch is not None and sid not in writer_file:  # raises PendingSchema while the registry cannot give it
             text = fetch.writer(sid)
