@@ -228,3 +228,46 @@ def test_status_says_starting_while_the_daemon_waits_for_the_registry_at_start(
     # Closed: the connections it held are reset, the daemon starts without the registry, and status is its own.
     d.wait_running({"cust": broker.admin.end_offsets(t)}, timeout=120)
     assert globald("status", "--config", str(d.config)).returncode == exitcodes.OK
+
+
+def subject_section(subject: str) -> str:
+    """Table cust's values: writer ids from the registry, the reader schema a subject's latest version."""
+    return (f'[tables.value]\nformat = "avro"\nframing = "confluent"\nwriter_schemas = "registry"\n'
+            f'subject = "{subject}"\n')
+
+
+def test_a_running_daemon_fetches_writer_ids_and_takes_the_subject_a_reload_names(
+        broker: Broker, topic: Callable[..., str], daemon: Daemon, registry: RegistryDouble) -> None:
+    """The registry in ``make test`` (issue 40 item 5.9): a daemon fetches a writer id it meets from the registry and
+    takes its reader schema from a subject; a reload naming another subject takes that one's latest version and the
+    next snapshot version is decoded with it, each decoded file equal to fastavro's decode of the oracle fold."""
+    from tests.integration.test_reload import reload
+
+    t = topic()
+    one = registry.register("customers-value", V1)
+    broker.admin.produce(t, produced(one, V1, 40, keys=20, seed=7))
+    d = daemon({"cust": t}, start=False, snapshots={"decode_interval_ms": 200},
+               registry={"url": registry.url, "timeout": 5})
+    text = d.config.read_text().replace("timeout = 5\n", f'timeout = 5\n"basic.auth.user.info" = "svc:{SECRET}"\n')
+    d.config.write_text(text + subject_section("customers-value"))
+    d.start()
+    decode = decoded_at(d, broker.admin.end_offsets(t))
+    v1 = fastavro.parse_schema(V1)
+    check_decoded(d, broker, t, decode, lambda v: fastavro.schemaless_reader(io.BytesIO(v[5:]), v1, v1))
+    assert registry.requests[f"GET /schemas/ids/{one}"] >= 1 and (d.state_dir / "registry/schemas/1.avsc").exists()
+    assert "reader schema: table cust value: took customers-value version 1" in d.tail(200)
+
+    # Another subject, holding the narrower reader customer_reader.avsc: the reload takes its latest version, the
+    # daemon publishes a new snapshot version at once (the declaration changed) and decodes it with that reader.
+    reader = registry.register("customers-reader", READER)
+    d.config.write_text(d.config.read_text().replace('subject = "customers-value"', 'subject = "customers-reader"'))
+    r = reload(d)
+    assert r.returncode == 0, f"{r.stdout}{r.stderr}\n{d.tail()}"
+    assert f"took customers-reader version 1 (schema {reader})" in d.tail(200)
+    assert registry.requests["GET /subjects/customers-reader/versions/latest"] >= 1
+    before = decode["snapshot"]
+    decode = d.wait_for(lambda s: (s["tables"]["cust"].get("decode") or {}).get("snapshot") not in (None, before)
+                        and s["tables"]["cust"]["decode"]["snapshot"] == s["tables"]["cust"]["snapshot"]["current"],
+                        timeout=120, what="a new snapshot version decoded with the new subject")["tables"]["cust"]
+    check_file(d, broker, registry, t, decode["decode"])
+    assert SECRET not in d.log.read_text()
