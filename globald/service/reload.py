@@ -210,11 +210,24 @@ class Reloader:
         if why is not None:
             return _Ready(r, path, error=why)
         if any(f is not None and f.subject is not None for t in new.tables for f in (t.value, t.key)):
-            from globald.typed.registry import take_reader_schemas
-
-            for taken, what in take_reader_schemas(new):
-                (log.info if taken else log.warning)("reload: reader schema: %s", what)
+            found += self._take_reader_schemas(new, found)
         return _Ready(r, path, new, hashlib.sha256(data).hexdigest(), found)
+
+    def _take_reader_schemas(self, new: Config, found: list[Change]) -> list[Change]:
+        """Take every subject's reader schema again; a table whose pin moved though its declaration did not (the
+        subject's latest version is another) is redeclared as one changed in place: the publisher makes a new
+        version at once, which the daemon decodes with the new reader schema, rather than keep serving the last
+        file decoded with the old one until a record arrives."""
+        from globald.typed.registry import reader_pins, take_reader_schemas
+
+        before = reader_pins(new)
+        for taken, what in take_reader_schemas(new):
+            (log.info if taken else log.warning)("reload: reader schema: %s", what)
+        moved = {table for (table, section), pin in reader_pins(new).items() if pin != before[(table, section)]}
+        changed = {c.key for c in found}
+        olds = {t.name: t for t in self.config.tables}
+        return [Change(f"tables.{t.name}", olds[t.name], t) for t in new.tables
+                if t.name in moved and t.name in olds and f"tables.{t.name}" not in changed]
 
     # -- loop thread ------------------------------------------------------------------------------------------
 

@@ -31,6 +31,7 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -326,6 +327,23 @@ def registry_of(config: Config, table: str, fmt: str = "avro") -> Registry | Non
     return None if config.registry is None else Registry(config.registry, config.state_dir, table, fmt)
 
 
+def _subject_sections(config: Config) -> Iterator[tuple[str, str, ValueFormat, Registry]]:
+    """(table, section, its format, its registry view) of every section whose reader schema is a subject."""
+    for t in config.tables:
+        for section, fmt in (("value", t.value), ("key", t.key)):
+            if fmt is None or fmt.subject is None:
+                continue
+            reg = registry_of(config, t.name, fmt.format)
+            assert reg is not None  # parse() refuses a subject without [registry]
+            yield t.name, section, fmt, reg
+
+
+def reader_pins(config: Config) -> dict[tuple[str, str], Pin | None]:
+    """The pin in force of every (table, section) whose reader schema is a subject: what a reload compares before
+    and after it took them again, to decode a table whose pin moved as a redeclared one."""
+    return {(table, section): reg.pinned(section, fmt) for table, section, fmt, reg in _subject_sections(config)}
+
+
 def take_reader_schemas(config: Config, reachable: bool = True) -> list[tuple[bool, str]]:
     """Pin every table's reader subject as the registry has it now: what ``run`` does at start and what a reload
     calls. A registry that does not answer leaves the pin already taken in force (said in the line returned); a
@@ -333,22 +351,17 @@ def take_reader_schemas(config: Config, reachable: bool = True) -> list[tuple[bo
     found it down) asks nothing, so a start is not held a timeout per subject. Returns (taken, what happened)
     per subject."""
     lines = []
-    for t in config.tables:
-        for section, fmt in (("value", t.value), ("key", t.key)):
-            if fmt is None or fmt.subject is None:
-                continue
-            reg = registry_of(config, t.name, fmt.format)
-            assert reg is not None  # parse() refuses a subject without [registry]
-            try:
-                if not reachable:
-                    raise RegistryUnavailable(f"registry {reg.where} is down")
-                _, what = reg.take(section, fmt)
-                lines.append((True, f"table {t.name} {section}: {what}"))
-            except RegistryUnavailable as e:
-                kept = reg.pinned(section, fmt)
-                lines.append((False, f"table {t.name} {section}: {e}; " + (
-                    f"keeping version {kept.version} (schema {kept.id}) taken before" if kept is not None else
-                    "no reader schema taken yet: its values are not decoded until the registry answers")))
+    for table, section, fmt, reg in _subject_sections(config):
+        try:
+            if not reachable:
+                raise RegistryUnavailable(f"registry {reg.where} is down")
+            _, what = reg.take(section, fmt)
+            lines.append((True, f"table {table} {section}: {what}"))
+        except RegistryUnavailable as e:
+            kept = reg.pinned(section, fmt)
+            lines.append((False, f"table {table} {section}: {e}; " + (
+                f"keeping version {kept.version} (schema {kept.id}) taken before" if kept is not None else
+                "no reader schema taken yet: its values are not decoded until the registry answers")))
     return lines
 
 

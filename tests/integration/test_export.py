@@ -1,6 +1,8 @@
 """Exports and bootstraps (issue 34) against a real broker, the real daemon and real RocksDB, with a local
 directory as the export storage: a second daemon with an empty state_dir starts from the export, tails the topic
-and equals the oracle fold; exports it cannot use are refused with their reason and the topic is used instead."""
+and equals the oracle fold; exports it cannot use are refused with their reason and the topic is used instead.
+Retention, the damaged and torn exports and two exporters at once run on both a local directory (``file://``) and
+a bucket of the S3 emulator (moto), where an object is written in place and a move is a copy (issue 40 item 5.7)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import json
 import socket
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -31,10 +34,17 @@ Daemon = Callable[..., DaemonProcess]
 FAST = {"interval_ms": 200, "retain": 2}
 REFRESH_MS = 300  # identity checks often: a snapshot is exportable once a check has vouched for its offsets
 STOP_BOUND_S = 60.0  # a stop held by storage calls takes ~95 s (exit waiting on them, measured) or the 600 s bound
+MANIFEST_LIMIT = 1 << 24
+# An export storage: a local directory, or the URI of one elsewhere (a bucket of the S3 emulator).
+Root = Path | str
 
 
-def _export_conf(root: Path, **over: Any) -> dict[str, Any]:
-    return {"uri": root.as_uri(), "interval_s": 0, "keep": 2, **over}
+def _uri(root: Root) -> str:
+    return root.as_uri() if isinstance(root, Path) else root
+
+
+def _export_conf(root: Root, **over: Any) -> dict[str, Any]:
+    return {"uri": _uri(root), "interval_s": 0, "keep": 2, **over}
 
 
 def _export_now(d: DaemonProcess, table: str = "tbl") -> dict[str, Any]:
@@ -43,12 +53,13 @@ def _export_now(d: DaemonProcess, table: str = "tbl") -> dict[str, Any]:
     return json.loads(r.stdout)
 
 
-def _exported(root: Path, export_id: str) -> dict[str, Any]:
-    doc: dict[str, Any] = json.loads((root / "tbl" / "exports" / f"{export_id}.json").read_text())
+def _exported(root: Root, export_id: str) -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads(Target(_uri(root)).read("tbl", "exports", f"{export_id}.json",
+                                                             limit=MANIFEST_LIMIT))
     return doc
 
 
-def _export_at(d: DaemonProcess, root: Path, end: dict[int, int], timeout: float = 120.0,
+def _export_at(d: DaemonProcess, root: Root, end: dict[int, int], timeout: float = 120.0,
                made: list[str] | None = None) -> dict[str, Any]:
     """Export until the export is of the snapshot at ``end`` (one the daemon's identity checks vouched for). The
     id of every export written on the way, the earlier snapshots' too, is appended to ``made``."""
@@ -64,11 +75,12 @@ def _export_at(d: DaemonProcess, root: Path, end: dict[int, int], timeout: float
 
 
 def _exporter(daemon: Daemon, broker: Broker, topic: Callable[..., str], tmp_path: Path, n: int, keys: int,
-              seed: int, export: dict[str, Any] | None = None, **topic_kw: Any) -> tuple[str, Path, DaemonProcess]:
-    """A topic with ``n`` records and a daemon exporting it to ``tmp_path/exports`` (``[export]`` keys over
-    ``_export_conf``'s from ``export``), RUNNING at its end."""
+              seed: int, export: dict[str, Any] | None = None, storage: Root | None = None,
+              **topic_kw: Any) -> tuple[str, Root, DaemonProcess]:
+    """A topic with ``n`` records and a daemon exporting it to ``storage`` (by default ``tmp_path/exports``;
+    ``[export]`` keys over ``_export_conf``'s from ``export``), RUNNING at its end."""
     t = topic(**topic_kw)
-    root = tmp_path / "exports"
+    root = tmp_path / "exports" if storage is None else storage
     broker.admin.produce(t, random_records(n, keys=keys, seed=seed, tombstones=0.1))
     d = daemon({"tbl": t}, snapshots=FAST, metadata_refresh_ms=REFRESH_MS, export=_export_conf(root, **(export or {})),
                state_dir=tmp_path / "state-exporter")
@@ -76,7 +88,7 @@ def _exporter(daemon: Daemon, broker: Broker, topic: Callable[..., str], tmp_pat
     return t, root, d
 
 
-def _fresh(daemon: Daemon, broker: Broker, t: str, root: Path, tmp_path: Path, name: str,
+def _fresh(daemon: Daemon, broker: Broker, t: str, root: Root, tmp_path: Path, name: str,
            **export: Any) -> tuple[DaemonProcess, dict[str, Any]]:
     """A daemon with an empty state_dir, RUNNING at the log end; its table's status."""
     d = daemon({"tbl": t}, snapshots=FAST, metadata_refresh_ms=REFRESH_MS, export=_export_conf(root, **export),
@@ -119,9 +131,11 @@ def test_a_new_host_bootstraps_from_the_export_tails_and_equals_the_fold(broker:
     assert doc["tables"]["tbl"]["export"]["last"]["uploaded_bytes"] > 0
 
 
+@pytest.mark.parametrize("storage", ["file", pytest.param("s3", marks=pytest.mark.long)], indirect=True)
 def test_a_damaged_or_torn_export_is_refused_and_an_older_one_used(broker: Broker, topic: Callable[..., str],
-                                                                    daemon: Daemon, tmp_path: Path) -> None:
-    t, root, exporter = _exporter(daemon, broker, topic, tmp_path, 2_000, 400, 343)
+                                                                    daemon: Daemon, tmp_path: Path,
+                                                                    storage: Root) -> None:
+    t, root, exporter = _exporter(daemon, broker, topic, tmp_path, 2_000, 400, 343, storage=storage)
     older = _export_at(exporter, root, broker.admin.end_offsets(t))
     broker.admin.produce(t, random_records(300, keys=500, seed=344, tombstones=0.1))
     newer = _export_at(exporter, root, broker.admin.end_offsets(t))
@@ -131,12 +145,12 @@ def test_a_damaged_or_torn_export_is_refused_and_an_older_one_used(broker: Broke
     old_blobs = {f"{f['sha256']}-{f['size']}" for f in old_doc["files"]}
     own = [f for f in new_doc["files"] if f"{f['sha256']}-{f['size']}" not in old_blobs and f["size"] > 0]
     assert own, "the newer export shares every file with the older one"
-    path = root / "tbl" / "files" / f"{own[0]['sha256']}-{own[0]['size']}"
-    raw = bytearray(path.read_bytes())
+    target, blob = Target(_uri(root)), ("tbl", "files", f"{own[0]['sha256']}-{own[0]['size']}")
+    raw = bytearray(target.read(*blob, limit=own[0]["size"]))
     raw[len(raw) // 2] ^= 0x01
-    path.write_bytes(bytes(raw))
+    target.put(iter([bytes(raw)]), *blob)
     # A torn upload: files and no manifest (an export without one does not exist).
-    (root / "tbl" / "files" / ("0" * 64 + "-5")).write_bytes(b"torn!")
+    target.put(iter([b"torn!"]), "tbl", "files", "0" * 64 + "-5")
     d, table = _fresh(daemon, broker, t, root, tmp_path, "state-new")
     origin = table["origin"]
     assert origin["kind"] == "export" and origin["export"] == older["export"], origin
@@ -195,9 +209,10 @@ def test_unreachable_storage_falls_back_to_the_topic(broker: Broker, topic: Call
 
 
 @pytest.mark.long  # three daemons' starts and restores: over 30 s
+@pytest.mark.parametrize("storage", ["file", "s3"], indirect=True)
 def test_two_exporters_at_once_leave_two_whole_exports(broker: Broker, topic: Callable[..., str], daemon: Daemon,
-                                                       tmp_path: Path) -> None:
-    t, root, one = _exporter(daemon, broker, topic, tmp_path, 1_500, 300, 350)
+                                                       tmp_path: Path, storage: Root) -> None:
+    t, root, one = _exporter(daemon, broker, topic, tmp_path, 1_500, 300, 350, storage=storage)
     two = daemon({"tbl": t}, snapshots=FAST, metadata_refresh_ms=REFRESH_MS, export=_export_conf(root),
                  state_dir=tmp_path / "state-exporter-2")
     two.wait_running({"tbl": broker.admin.end_offsets(t)})
@@ -205,21 +220,25 @@ def test_two_exporters_at_once_leave_two_whole_exports(broker: Broker, topic: Ca
         done = list(pool.map(_export_now, [one, two]))
     ids = {x["export"] for x in done}
     assert len(ids) == 2
-    found, bad = live_manifests(Target(root.as_uri()), "tbl")
+    target = Target(_uri(root))
+    found, bad = live_manifests(target, "tbl")
     assert {m.id for m in found} == ids and not bad
     for m in found:  # every file each names is whole: its content hashes to its name
         for f in m.files:
-            blob = root / "tbl" / "files" / f.blob
-            assert blob.stat().st_size == f.size and hashlib.sha256(blob.read_bytes()).hexdigest() == f.sha256
+            assert target.size("tbl", "files", f.blob) == f.size
+            assert hashlib.sha256(target.read("tbl", "files", f.blob, limit=f.size)).hexdigest() == f.sha256
     d, table = _fresh(daemon, broker, t, root, tmp_path, "state-new")
     assert table["origin"]["kind"] == "export" and table["origin"]["export"] == max(ids)
     _equals_fold(broker, t, d, table)
 
 
-@pytest.mark.parametrize("grace_s", [3600, 0])
+@pytest.mark.parametrize(("storage", "grace_s"), [("file", 3600), ("file", 0), ("s3", 3600),
+                                                  pytest.param("s3", 0, marks=pytest.mark.long)],
+                         indirect=["storage"])
 def test_retention_during_a_download_keeps_its_files_for_the_grace_period(
-        broker: Broker, topic: Callable[..., str], daemon: Daemon, tmp_path: Path, grace_s: int) -> None:
-    t, root, exporter = _exporter(daemon, broker, topic, tmp_path, 1_500, 300, 351)
+        broker: Broker, topic: Callable[..., str], daemon: Daemon, tmp_path: Path, storage: Root,
+        grace_s: int) -> None:
+    t, root, exporter = _exporter(daemon, broker, topic, tmp_path, 1_500, 300, 351, storage=storage)
     older = _export_at(exporter, root, broker.admin.end_offsets(t))
     older_offsets = {int(p): o for p, o in _exported(root, older["export"])["offsets"].items()}
     broker.admin.produce(t, random_records(600, keys=900, seed=352, tombstones=0.1))
@@ -231,14 +250,15 @@ def test_retention_during_a_download_keeps_its_files_for_the_grace_period(
         def chunks(self, *parts: str) -> Iterator[bytes]:
             if not raced:
                 raced.append(_export_at(exporter, root, broker.admin.end_offsets(t))["export"])
-                retention.apply(Target(root.as_uri()), "tbl", keep=1, grace_s=grace_s)
+                retention.apply(Target(_uri(root)), "tbl", keep=1, grace_s=grace_s)
             yield from super().chunks(*parts)
 
     cfg = load(write_config(tmp_path / "new.toml", tmp_path / "state-new", broker.settings, {"tbl": t},
                             export=_export_conf(root)))
     (tmp_path / "state-new").mkdir(mode=0o700)
-    found = Bootstrap(cfg, cfg.tables[0], Racing(root.as_uri()), threading.Event(), Install()).run()
-    assert raced and not (root / "tbl" / "exports" / f"{older['export']}.json").exists()  # retired meanwhile
+    found = Bootstrap(cfg, cfg.tables[0], Racing(_uri(root)), threading.Event(), Install()).run()
+    retired = Target(_uri(root)).size("tbl", "exports", f"{older['export']}.json") is None
+    assert raced and retired  # retired meanwhile
     if grace_s:
         assert found.kind == "export" and found.export == older["export"], found
         with StoreReader(tmp_path / "state-new" / "tables" / "tbl" / "db") as store:
@@ -269,9 +289,10 @@ def test_a_stop_during_a_bootstrap_does_not_wait_for_the_storage(broker: Broker,
     silent.close()
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def s3_emulator() -> Iterator[str]:
-    """moto's S3 server, an emulator of S3 (not S3 itself), on a free loopback port; its endpoint."""
+    """moto's S3 server, an emulator of S3 (not S3 itself), on a free loopback port; its endpoint. One per module:
+    each test has a bucket of its own."""
     moto_server = require_module("moto.server", "test")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -284,14 +305,32 @@ def s3_emulator() -> Iterator[str]:
         server.stop()
 
 
+# Credentials from the environment only, as in production; the URI names the emulator's endpoint.
+S3_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "emulator", "AWS_SECRET_ACCESS_KEY": "emulator-secret",
+                  "AWS_DEFAULT_REGION": "us-east-1"}
+
+
+@pytest.fixture
+def storage(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Root:
+    """The export storage a test runs on (indirect parameter): "file", a local directory; "s3", a bucket of its own
+    on the S3 emulator, whose objects are written in place and whose move is a copy."""
+    if request.param == "file":
+        return tmp_path / "exports"
+    assert request.param == "s3", request.param
+    endpoint = request.getfixturevalue("s3_emulator")
+    for k, v in S3_CREDENTIALS.items():
+        monkeypatch.setenv(k, v)  # the daemons' environment too
+    bucket = f"globald-{uuid.uuid4().hex[:12]}"
+    uri = f"s3://{bucket}/exports?endpoint_override={endpoint}&scheme=http&allow_bucket_creation=true"
+    Target(uri).fs.create_dir(bucket)
+    return uri
+
+
 @pytest.mark.long  # two daemons' starts and restores: over 30 s
 def test_s3_emulator_moto_a_new_host_bootstraps_from_the_bucket(broker: Broker, topic: Callable[..., str],
                                                                 daemon: Daemon, tmp_path: Path, s3_emulator: str,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    # Credentials from the environment only, as in production; the URI names the emulator's endpoint.
-    creds = {"AWS_ACCESS_KEY_ID": "emulator", "AWS_SECRET_ACCESS_KEY": "emulator-secret",
-             "AWS_DEFAULT_REGION": "us-east-1"}
-    for k, v in creds.items():
+    for k, v in S3_CREDENTIALS.items():
         monkeypatch.setenv(k, v)
     uri = f"s3://globald-test/exports?endpoint_override={s3_emulator}&scheme=http&allow_bucket_creation=true"
     Target(uri).fs.create_dir("globald-test")  # the bucket

@@ -2,8 +2,10 @@
 registry double (tests/support/registry.py): a producer registers a new schema version mid-run and the daemon
 decodes it without a restart; an outage leaves pending decodes, counted in status and /metrics and said as "schema
 N not yet fetched", which resolve on the same snapshot once the registry is back; a restart with the registry down
-starts, says so, and decodes every id it cached. Every decoded value is compared with fastavro's own decode of the
-oracle fold at the snapshot's offsets."""
+starts, says so, and decodes every id it cached; a reload takes a subject's version as the reader schema (a moved
+latest version of the same subject, another subject named instead of a file) and the daemon decodes a new snapshot
+version with it at once. Every decoded value is compared with fastavro's own decode of the oracle fold at the
+snapshot's offsets."""
 
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ from globald.typed.arrow import python_rows
 from globald.typed.columnar import ColumnarTable, columnar_path
 from tests.harness import Broker, DaemonProcess, globald, oracle_at
 from tests.integration.test_ops_http import HTTP, metric, port_of, scrape
+from tests.integration.test_reload import reload
 from tests.support.registry import RegistryDouble
 from tests.unit.typed_fixtures import FIXTURES, avro_schema, confluent, customer_v1, customer_v2
 
@@ -75,11 +78,11 @@ def produced(sid: int, schema: dict[str, Any], n: int, keys: int, seed: int) -> 
     return out
 
 
-def reference(registry: RegistryDouble, value: bytes) -> Any:
-    """fastavro itself: the writer schema the registry holds for the header's id, resolved to the reader."""
+def reference(registry: RegistryDouble, value: bytes, reader: dict[str, Any] = READER) -> Any:
+    """fastavro itself: the writer schema the registry holds for the header's id, resolved to ``reader``."""
     sid = int.from_bytes(value[1:5], "big")
     writer = fastavro.parse_schema(json.loads(registry.schemas[sid].text))
-    return fastavro.schemaless_reader(io.BytesIO(value[5:]), writer, fastavro.parse_schema(READER))
+    return fastavro.schemaless_reader(io.BytesIO(value[5:]), writer, fastavro.parse_schema(reader))
 
 
 def decoded_at(d: DaemonProcess, ends: dict[int, int], timeout: float = 120) -> dict[str, Any]:
@@ -110,6 +113,22 @@ def check_decoded(d: DaemonProcess, broker: Broker, topic: str, decode: dict[str
     assert table.keys.to_pylist() == sorted(oracle)
     assert python_rows(table.values) == [expect(oracle[k]) for k in sorted(oracle)]
     assert table.error_count == 0 == decode["errors"] and decode["pending"] == 0
+
+
+def subject_section(subject: str) -> str:
+    """Table cust's values: writer ids from the registry, the reader schema a subject's latest version."""
+    return (f'[tables.value]\nformat = "avro"\nframing = "confluent"\nwriter_schemas = "registry"\n'
+            f'subject = "{subject}"\n')
+
+
+def decoded_anew(d: DaemonProcess, before: str) -> dict[str, Any]:
+    """Status' decode of table cust once a snapshot version other than ``before`` is CURRENT and decoded."""
+    def done(s: dict[str, Any]) -> bool:
+        decode = s["tables"]["cust"].get("decode") or {}
+        return decode.get("snapshot") not in (None, before) and \
+            decode["snapshot"] == s["tables"]["cust"]["snapshot"]["current"]
+
+    return d.wait_for(done, timeout=120, what=f"a snapshot version after {before} decoded")["tables"]["cust"]["decode"]
 
 
 @pytest.mark.long
@@ -184,6 +203,19 @@ def test_new_writer_ids_mid_run_an_outage_pending_then_resolved_and_a_restart_wi
     decode = decoded_at(d, broker.admin.end_offsets(t))
     check_file(d, broker, registry, t, decode)
     assert "decoding with the 3 schema(s) cached in state_dir" in d.tail(400)
+
+    # A reload naming a subject instead of the reader schema file: the daemon takes that subject's latest version
+    # from the registry, back again, and decodes the next snapshot version with it (v2: phone and visits).
+    registry.start()
+    reader = registry.register("customers-reader", V2)
+    d.config.write_text(d.config.read_text().replace('schema = "schemas/customer_reader.avsc"\n',
+                                                     'subject = "customers-reader"\n'))
+    r = reload(d)
+    assert r.returncode == 0, f"{r.stdout}{r.stderr}\n{d.tail()}"
+    assert f"reader schema: table cust value: took customers-reader version 1 (schema {reader})" in d.tail(200)
+    assert registry.requests["GET /subjects/customers-reader/versions/latest"] >= 1
+    decode = decoded_anew(d, decode["snapshot"])
+    check_decoded(d, broker, t, decode, lambda value: reference(registry, value, V2))
     assert SECRET not in d.log.read_text()
 
 
@@ -228,3 +260,33 @@ def test_status_says_starting_while_the_daemon_waits_for_the_registry_at_start(
     # Closed: the connections it held are reset, the daemon starts without the registry, and status is its own.
     d.wait_running({"cust": broker.admin.end_offsets(t)}, timeout=120)
     assert globald("status", "--config", str(d.config)).returncode == exitcodes.OK
+
+
+def test_a_running_daemon_fetches_writer_ids_and_decodes_with_the_subject_version_a_reload_took(
+        broker: Broker, topic: Callable[..., str], daemon: Daemon, registry: RegistryDouble) -> None:
+    """The registry in ``make test`` (issue 40 item 5.9): a daemon fetches the writer id it meets from the registry
+    and takes its reader schema from a subject; a producer registers the subject's version 2, and a reload of the
+    same file takes it: the daemon publishes a new snapshot version at once, though no record arrived, and decodes
+    it with version 2 (before, it kept the file decoded with version 1 until a record came). Each decoded file is
+    compared with fastavro's decode of the oracle fold at its offsets."""
+    t = topic()
+    one = registry.register("customers-value", V1)
+    broker.admin.produce(t, produced(one, V1, 40, keys=20, seed=7))
+    d = daemon({"cust": t}, start=False, snapshots={"decode_interval_ms": 200},
+               registry={"url": registry.url, "timeout": 5})
+    text = d.config.read_text().replace("timeout = 5\n", f'timeout = 5\n"basic.auth.user.info" = "svc:{SECRET}"\n')
+    d.config.write_text(text + subject_section("customers-value"))
+    d.start()
+    decode = decoded_at(d, broker.admin.end_offsets(t))
+    check_decoded(d, broker, t, decode, lambda value: reference(registry, value, V1))
+    assert registry.requests[f"GET /schemas/ids/{one}"] >= 1 and (d.state_dir / f"registry/schemas/{one}.avsc").exists()
+    assert "reader schema: table cust value: took customers-value version 1" in d.tail(200)
+
+    two = registry.register("customers-value", V2)
+    r = reload(d)
+    assert r.returncode == 0, f"{r.stdout}{r.stderr}\n{d.tail()}"
+    assert f"moved customers-value from version 1 to 2 (schema {two})" in d.tail(200)
+    decode = decoded_anew(d, decode["snapshot"])
+    # The columnar file named by the fingerprint of version 2, its values read with version 2.
+    check_decoded(d, broker, t, decode, lambda value: reference(registry, value, V2))
+    assert SECRET not in d.log.read_text()

@@ -1,11 +1,13 @@
 """A real daemon whose loop thread a test can hold inside a C call: ``python -m tests.support.native_block run
---config FILE``. When the file named by ``NATIVE_BLOCK_FILE`` appears, the next loop turn waits ``NATIVE_BLOCK_S``
-seconds inside glibc, on a mutex it already holds (``pthread_mutex_clocklock`` on the monotonic clock: unlike a
-sleep, a signal does not cut it short, as it does not cut a librdkafka ``thrd_join`` short), through ctypes with
-the GIL released, and first writes ``<file>.in`` holding the hold's end on the monotonic clock (CLOCK_MONOTONIC, the
-clock of Python's ``time.monotonic`` in every process): a signal heard before then was heard while inside C. A hold
-that does not last (the call refused: ``HoldFailed``) ends the daemon with ``HOLD_FAILED_EXIT``, so that no test
-passes on a daemon that was never held. ``NATIVE_BLOCK_GRACE_S``, when set, replaces the daemon's stop grace."""
+--config FILE``. When the file named by ``NATIVE_BLOCK_FILE`` appears, the next loop turn waits inside glibc until
+the file ``<file>.release`` appears or ``NATIVE_BLOCK_S`` seconds have passed: on a condition variable
+(``pthread_cond_clockwait`` on the monotonic clock: unlike a sleep, a signal does not cut it short, as it does not
+cut a librdkafka ``thrd_join`` short), through ctypes with the GIL released, and first writes ``<file>.in`` holding
+the hold's deadline on the monotonic clock (CLOCK_MONOTONIC, the clock of Python's ``time.monotonic`` in every
+process). A test that releases the hold itself, once it has seen what it waits for, knows the thread was inside C
+until then, and waits no fixed time for a deadline. A hold that does not last (the call refused, or woken by neither
+its release nor its deadline: ``HoldFailed``) ends the daemon with ``HOLD_FAILED_EXIT``, so that no test passes on a
+daemon that was never held. ``NATIVE_BLOCK_GRACE_S``, when set, replaces the daemon's stop grace."""
 
 from __future__ import annotations
 
@@ -15,6 +17,8 @@ import errno
 import logging
 import os
 import sys
+import threading
+import time
 from pathlib import Path
 
 from globald.common import logs
@@ -49,18 +53,57 @@ def hold_deadline(libc: ctypes.CDLL, seconds: int, clock: int = _CLOCK_MONOTONIC
     return now.tv_sec + seconds + now.tv_nsec / 1e9
 
 
+class Hold:
+    """One hold inside glibc, which another thread may end early (``release``): a condition variable nobody signals
+    but ``release``, waited on with a deadline."""
+
+    def __init__(self, libc: ctypes.CDLL) -> None:
+        self.libc = libc
+        # pthread_mutex_t is 40 bytes and pthread_cond_t 48 on x86_64 and aarch64 glibc
+        self.mutex, self.cond = ctypes.create_string_buffer(64), ctypes.create_string_buffer(64)
+        self.released = False  # read and written with the mutex held
+        _check("pthread_mutex_init", libc.pthread_mutex_init(self.mutex, None))
+        _check("pthread_cond_init", libc.pthread_cond_init(self.cond, None))
+
+    def wait(self, deadline_s: float, clock: int = _CLOCK_MONOTONIC) -> bool:
+        """Inside glibc until released (True) or until ``deadline_s`` on ``clock`` (False); HoldFailed when the call
+        returned otherwise (an error code, a wake-up that was neither)."""
+        libc = self.libc
+        deadline = _Timespec(int(deadline_s), int(deadline_s % 1 * 1e9))
+        _check("pthread_mutex_lock", libc.pthread_mutex_lock(self.mutex))
+        try:
+            # pthread functions return the errno; glibc resumes the wait after a signal handler, never returns EINTR
+            rc = 0 if self.released else libc.pthread_cond_clockwait(self.cond, self.mutex, clock,
+                                                                     ctypes.byref(deadline))
+            released = self.released
+        finally:
+            libc.pthread_mutex_unlock(self.mutex)
+        if released:
+            return True
+        end = _Timespec()
+        libc.clock_gettime(clock, ctypes.byref(end))
+        if rc != errno.ETIMEDOUT or end.tv_sec + end.tv_nsec / 1e9 < deadline_s - 1e-3:  # 1 ms: float rounding
+            raise HoldFailed(f"pthread_cond_clockwait returned {errno.errorcode.get(rc, rc)} "
+                             f"{deadline_s - end.tv_sec - end.tv_nsec / 1e9:.3f} s before its deadline, unreleased")
+        return False
+
+    def release(self) -> None:
+        _check("pthread_mutex_lock", self.libc.pthread_mutex_lock(self.mutex))
+        self.released = True
+        self.libc.pthread_cond_signal(self.cond)
+        self.libc.pthread_mutex_unlock(self.mutex)
+
+
 def hold_in_c(libc: ctypes.CDLL, deadline_s: float, clock: int = _CLOCK_MONOTONIC) -> None:
     """Inside glibc until ``deadline_s`` on ``clock``; HoldFailed unless it timed out there."""
-    mutex = ctypes.create_string_buffer(64)  # pthread_mutex_t is 40 bytes on x86_64 and aarch64 glibc
-    _check("pthread_mutex_init", libc.pthread_mutex_init(mutex, None))
-    _check("pthread_mutex_lock", libc.pthread_mutex_lock(mutex))
-    deadline = _Timespec(int(deadline_s), int(deadline_s % 1 * 1e9))
-    rc = libc.pthread_mutex_clocklock(mutex, clock, ctypes.byref(deadline))  # pthread functions return the errno
-    end = _Timespec()
-    libc.clock_gettime(clock, ctypes.byref(end))
-    if rc != errno.ETIMEDOUT or end.tv_sec + end.tv_nsec / 1e9 < deadline_s - 1e-3:  # 1 ms: float rounding
-        raise HoldFailed(f"pthread_mutex_clocklock returned {errno.errorcode.get(rc, rc)} "
-                         f"{deadline_s - end.tv_sec - end.tv_nsec / 1e9:.3f} s before its deadline")
+    Hold(libc).wait(deadline_s, clock)
+
+
+def _release_when(path: Path, hold: Hold) -> None:
+    """The hold's other thread: it ends the hold once ``path`` appears (the test's word)."""
+    while not path.exists():
+        time.sleep(0.05)
+    hold.release()
 
 
 def main() -> int:
@@ -74,10 +117,12 @@ def main() -> int:
         tick(self)
         if trigger.exists():
             trigger.unlink()
+            hold = Hold(libc)
+            threading.Thread(target=_release_when, args=(Path(f"{trigger}.release"), hold), daemon=True).start()
             deadline = hold_deadline(libc, seconds)
             Path(f"{trigger}.in").write_text(repr(deadline))
             try:
-                hold_in_c(libc, deadline)  # the loop thread inside C: a stop must still be heard at once
+                hold.wait(deadline)  # the loop thread inside C: a stop must still be heard at once
             except HoldFailed as e:
                 logging.getLogger("globald").error("NATIVE-BLOCK failed: %s", e)
                 os._exit(HOLD_FAILED_EXIT)

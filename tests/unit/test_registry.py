@@ -158,6 +158,25 @@ def test_the_reader_schema_is_the_subjects_version_taken_at_start_until_taken_ag
     assert decoder(config).fingerprint == after.fingerprint
 
 
+def test_a_reload_redeclares_a_table_whose_subject_version_moved(tmp_path: Path, registry: RegistryDouble) -> None:
+    """The same file reloaded after the subject's latest moved: the table counts as redeclared in place (a new
+    snapshot version, decoded with the new version, at once); kept or unreachable, nothing is redeclared."""
+    from globald.service.reload import Reloader
+
+    registry.register("customers-value", V1)
+    config = load(write_config(tmp_path, registry.url, 'writer_schemas = "registry"\nsubject = "customers-value"'))
+    take_reader_schemas(config)  # the daemon's start
+    reloader = Reloader(config, None, lambda new, changed: [], lambda: None)
+    assert reloader._take_reader_schemas(config, []) == []  # kept: the latest is the version taken
+    registry.register("customers-value", V2)
+    changed = reloader._take_reader_schemas(config, [])
+    assert [c.key for c in changed] == ["tables.customers"] and changed[0].redeclared == config.tables[0]
+    registry.register("customers-value", {**V2, "doc": "v3"})
+    assert reloader._take_reader_schemas(config, changed) == []  # already changed by the file: not twice
+    registry.stop()
+    assert reloader._take_reader_schemas(config, []) == []  # down: the pin in force stays
+
+
 def test_a_pinned_subject_version(tmp_path: Path, registry: RegistryDouble) -> None:
     registry.register("customers-value", V1)
     registry.register("customers-value", V2)
