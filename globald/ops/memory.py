@@ -138,6 +138,9 @@ def memory_doc(stores: Mapping[str, Mapping[str, int] | None]) -> dict[str, Any]
             "python": python_memory(), "kafka": KAFKA_STATS.last}
 
 
+_DUMP_JOIN_S = 120.0  # how long close waits for a dump under way
+
+
 class TracemallocRecorder:
     """Dumps a tracemalloc snapshot every ``interval`` seconds into ``directory`` (``tracemalloc-NNNN.bin``), with
     the number of live objects of each type beside it (``census-NNNN.json``).
@@ -149,7 +152,9 @@ class TracemallocRecorder:
         self.directory = directory
         self.interval = interval
         self.frames = frames
-        self.dumps = 0
+        self.dumps = 0  # those written
+        self._next = 0  # the number the next dump takes
+        self._numbering = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -182,12 +187,15 @@ class TracemallocRecorder:
             self.dump()
 
     def dump(self) -> None:
-        path = self.directory / f"tracemalloc-{self.dumps:04d}.bin"
+        with self._numbering:  # the thread's dump and close's never share a number, even past the join's bound
+            number = self._next
+            self._next += 1
+        path = self.directory / f"tracemalloc-{number:04d}.bin"
         try:
             started = time.monotonic()
             tracemalloc.take_snapshot().dump(str(path))
             census = Counter(f"{type(o).__module__}.{type(o).__qualname__}" for o in gc.get_objects())
-            (self.directory / f"census-{self.dumps:04d}.json").write_text(json.dumps(dict(census.most_common(200))))
+            (self.directory / f"census-{number:04d}.json").write_text(json.dumps(dict(census.most_common(200))))
             self.dumps += 1
             log.info("tracemalloc snapshot %s (traced %d bytes) in %.1fs", path.name,
                      tracemalloc.get_traced_memory()[0], time.monotonic() - started)
@@ -197,7 +205,10 @@ class TracemallocRecorder:
     def close(self) -> None:
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(timeout=5)
+            # A dump walks the whole heap (seconds on a large one, longer on a loaded machine): the last dump waits
+            # for one under way, or both would take the same number and one file would replace the other. Opt-in
+            # diagnostics (``GLOBALD_TRACEMALLOC_DIR``) that already slow the daemon; the bound is for a hung thread.
+            self._thread.join(timeout=_DUMP_JOIN_S)
             self.dump()  # the last state, for the comparison with the baseline
 
 

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import tracemalloc
 from pathlib import Path
 
@@ -74,6 +75,39 @@ def test_tracemalloc_recorder_dumps_a_baseline_and_a_last_snapshot(tmp_path: Pat
     tracemalloc.Snapshot.load(str(tmp_path / dumps[-1]))  # readable by the analysis side
     census = json.loads((tmp_path / "census-0001.json").read_text())
     assert census["builtins.dict"] > 0
+
+
+def test_a_baseline_dump_outlasting_close_s_wait_keeps_its_own_file(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """CI, under load: the baseline dump (a walk of the whole heap) was still running when close gave up waiting, and
+    close's dump took the same number: one file replaced the other. Here the baseline is held past close's wait."""
+    was_tracing = tracemalloc.is_tracing()
+    real = tracemalloc.take_snapshot
+    entered, release = threading.Event(), threading.Event()
+
+    def held_first() -> tracemalloc.Snapshot:
+        if not entered.is_set():
+            entered.set()
+            assert release.wait(60)
+        return real()
+
+    monkeypatch.setattr(memory.tracemalloc, "take_snapshot", held_first)
+    monkeypatch.setattr(memory, "_DUMP_JOIN_S", 0.1)
+    r = memory.TracemallocRecorder(tmp_path, interval=3600, frames=2)
+    try:
+        r.start()
+        assert entered.wait(60)
+        r.close()  # gives up on the held baseline, dumps the last state
+        release.set()
+        assert r._thread is not None
+        r._thread.join(60)
+    finally:
+        release.set()
+        if not was_tracing:
+            tracemalloc.stop()
+    assert sorted(p.name for p in tmp_path.glob("tracemalloc-*.bin")) == ["tracemalloc-0000.bin",
+                                                                        "tracemalloc-0001.bin"]
+    assert r.dumps == 2
 
 
 def test_heap_trimmer_returns_free_pages_below_used_blocks() -> None:
