@@ -293,9 +293,8 @@ class Loop:
 
     def unassign(self, rt: TableRuntime) -> None:
         self.identity.cancel(rt.name)  # answers about the assignment or store as they were no longer apply
-        if rt.name in self.identity.vanished:  # librdkafka keeps a pause across an unassign: the next assignment
+        if self.identity.back(rt.name):  # librdkafka keeps a pause across an unassign: the next assignment
             self.consumer.resume(rt.assignment())  # would never fetch
-            self.identity.vanished.discard(rt.name)
         if rt.assigned:
             self.consumer.incremental_unassign(rt.assignment())
             rt.assigned = False
@@ -339,7 +338,7 @@ class Loop:
         self.watch.renewed()
         for rt in self.manager.tables.values():
             self.identity.cancel(rt.name)
-            self.identity.vanished.discard(rt.name)  # a new consumer has neither assignment nor pauses
+            self.identity.back(rt.name)  # a new consumer has neither assignment nor pauses
             rt.assigned = False
             self.pending.add(rt.name)
         old, self.consumer = self.consumer, new
