@@ -103,7 +103,6 @@ class ClusterWatch:
         self._problems = problems
         self._refresh_s = metadata_refresh_s
         self.probe_now = False
-        self.refreshes_answered = 0  # refresh answers acted on (a test counts them)
         self._renewed_at = 0.0
         self._next_metadata = time.monotonic() + metadata_refresh_s
         self._next_end_check = 0.0
@@ -172,10 +171,6 @@ class ClusterWatch:
             if rt.assigned:
                 self._identity.ask_refresh(rt, applied.get(rt.name, {}))
 
-    def refreshing(self) -> bool:
-        """A refresh asked is not answered yet (or its answer not taken)."""
-        return any(self._identity.refresh_asked(name) for name in self._tables)
-
     def _refreshed(self, rt: TableRuntime, loop: LoopFacts) -> list[Decision]:
         try:
             facts = self._identity.refresh_answer(rt)
@@ -188,7 +183,6 @@ class ClusterWatch:
             return []
         if facts is None or not rt.assigned:  # not in yet, or the table was unassigned since it was asked
             return []
-        self.refreshes_answered += 1
         self._problems.resolved(KAFKA)
         silent = self._silent(rt, facts, loop)
         if silent is not None:
