@@ -199,8 +199,7 @@ class TopicIdentity:
     def ask_refresh(self, rt: TableRuntime, applied: Mapping[int, Ladder]) -> None:
         """Ask whether ``rt``'s topic is still the one mirrored, reading back the rungs verified before, then those
         ``applied`` since; partitions added to it are listed too."""
-        key = _refresh_key(rt.name)
-        if self._worker.asked(key):
+        if self.refresh_asked(rt.name):
             return
         topic, known, recorded_id = rt.topic, list(rt.partitions), rt.store.topic_id
         verified, applied = self.verified(rt.name), dict(applied)
@@ -225,9 +224,10 @@ class TopicIdentity:
                       {p: [f.offset for f in r] for p, r in rungs.items()}, verdict)
             return RefreshFacts(listed, added, ends, topic_id, verdict, applied)
 
-        self._worker.ask(key, question)
+        self._worker.ask(_refresh_key(rt.name), question)
 
     def refresh_asked(self, table: str) -> bool:
+        """A refresh of ``table`` is asked and its answer not taken yet."""
         return self._worker.asked(_refresh_key(table))
 
     def refresh_answer(self, rt: TableRuntime) -> RefreshFacts | None:
