@@ -131,7 +131,8 @@ def cmd_reset(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     from globald.cli.running import running_daemon
-    from globald.ops.operator_requests import EXPORT, ask_daemon_to_reset
+    from globald.common.requests import EXPORT
+    from globald.ops.operator_requests import ask_daemon
 
     cfg = configmod.load(args.config)
     table = cfg.table(args.table)
@@ -139,7 +140,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         raise ConfigError("export", "is not configured: there is nowhere to export to")
     # an export is made by the running daemon, from a snapshot its identity checks vouch for
     running_daemon(cfg.state_dir, args.config, "`globald export` asks the running daemon")
-    answer = ask_daemon_to_reset(cfg.state_dir, table.name, timeout=args.timeout, action=EXPORT)
+    answer = ask_daemon(cfg.state_dir, EXPORT, timeout=args.timeout, table=table.name)
     if not answer.get("ok"):
         raise GlobaldError(f"the running daemon did not export table {table.name}: {answer.get('error')}")
     if args.json:

@@ -52,14 +52,15 @@ def _state_dir(path: Path) -> Path:
 
 def cmd_reload(args: argparse.Namespace) -> int:
     from globald.cli.running import running_daemon
-    from globald.ops.operator_requests import RELOAD, ask_daemon_to_reset
+    from globald.common.requests import RELOAD
+    from globald.ops.operator_requests import ask_daemon
 
     path = Path(os.path.abspath(args.config))
     state_dir = Path(os.path.abspath(args.state_dir)) if args.state_dir else _state_dir(path)
     running_daemon(state_dir, None if args.state_dir else args.config,
                    "" if args.state_dir else "a daemon running on another one cannot change state_dir live: pass "
                    "--state-dir to ask it anyway")
-    answer = ask_daemon_to_reset(state_dir, "", timeout=args.timeout, action=RELOAD, extra={"config": str(path)})
+    answer = ask_daemon(state_dir, RELOAD, timeout=args.timeout, config=str(path))
     if args.json:
         print(json.dumps({k: answer.get(k) for k in ("ok", "error", "generation", "sha256", "pid")}, sort_keys=True))
     if not answer.get("ok"):

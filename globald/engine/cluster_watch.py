@@ -103,7 +103,6 @@ class ClusterWatch:
         self._problems = problems
         self._refresh_s = metadata_refresh_s
         self.probe_now = False
-        self.refreshes_answered = 0  # refresh answers acted on (a test counts them)
         self._renewed_at = 0.0
         self._next_metadata = time.monotonic() + metadata_refresh_s
         self._next_end_check = 0.0
@@ -172,10 +171,6 @@ class ClusterWatch:
             if rt.assigned:
                 self._identity.ask_refresh(rt, applied.get(rt.name, {}))
 
-    def refreshing(self) -> bool:
-        """A refresh asked is not answered yet (or its answer not taken)."""
-        return any(self._identity.refresh_asked(name) for name in self._tables)
-
     def _refreshed(self, rt: TableRuntime, loop: LoopFacts) -> list[Decision]:
         try:
             facts = self._identity.refresh_answer(rt)
@@ -188,7 +183,6 @@ class ClusterWatch:
             return []
         if facts is None or not rt.assigned:  # not in yet, or the table was unassigned since it was asked
             return []
-        self.refreshes_answered += 1
         self._problems.resolved(KAFKA)
         silent = self._silent(rt, facts, loop)
         if silent is not None:
@@ -215,7 +209,7 @@ class ClusterWatch:
         positions = loop.positions.get(rt.name, {})
         behind = any(positions.get(p, end) < end for p, end in facts.ends.items())
         quiet = now - loop.last_progress
-        if behind and rt.name not in self._identity.vanished and \
+        if behind and not self._identity.vanished(rt.name) and \
                 min(quiet, now - self._renewed_at) >= _RENEW_CONSUMER_AFTER_S:
             return quiet
         return None
@@ -224,9 +218,8 @@ class ClusterWatch:
         """``rt``'s topic left the cluster's listing: fetch nothing more of it until the topic that comes back under
         its name is shown to be the same (``_same_topic``), and look again soon."""
         self._next_metadata = min(self._next_metadata, time.monotonic() + _VANISHED_REFRESH_S)
-        if rt.name in self._identity.vanished:
+        if not self._identity.vanish(rt.name):
             return []
-        self._identity.vanished.add(rt.name)
         log.warning("table %s: topic %s is gone from the cluster; serving what the store holds, fetching nothing "
                     "until a topic of that name is back and found to be the same one", rt.name, rt.topic)
         return [Pause(rt.name)]
@@ -246,18 +239,17 @@ class ClusterWatch:
             self._problems.report(rt.name, f"table {rt.name}: cannot read {rt.topic} back to check it is the topic "
                                   f"the table mirrors: {'; '.join(sorted(set(verdict.unreachable.values())))}")
             log.debug("table %s: %s", rt.name, e)
-            if rt.name in self._identity.vanished:
+            if self._identity.vanished(rt.name):
                 self._next_metadata = min(self._next_metadata, time.monotonic() + _VANISHED_REFRESH_S)
             return None
         if recreated:
             return [Rebuild(rt.name, TOPIC_RECREATED, f"topic {rt.topic} is not the one the store mirrors: "
                             f"{recreated}")]
-        if rt.name in self._identity.vanished and verdict.unverifiable:
+        if self._identity.vanished(rt.name) and verdict.unverifiable:
             return [Rebuild(rt.name, TOPIC_RECREATED, f"topic {rt.topic} vanished and came back, and it cannot be "
                             f"shown to be the same: {'; '.join(sorted(set(verdict.unverifiable.values())))}")]
         self._identity.checked(rt, facts.applied, verdict)
-        if rt.name in self._identity.vanished:
-            self._identity.vanished.discard(rt.name)
+        if self._identity.back(rt.name):
             log.info("table %s: topic %s is back and holds the records the store applied; fetching again",
                      rt.name, rt.topic)
             return [Resume(rt.name)]

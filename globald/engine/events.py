@@ -14,6 +14,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from globald.common.requests import RESET, OperatorRequest
 from globald.common.states import Listeners, State
 from globald.store.fingerprint import Fingerprint
 
@@ -145,23 +146,16 @@ OPERATOR_RESET = "operator_reset"  # the wipe kind of a rebuild an operator aske
 EMPTY_STORE = "empty_store"
 
 
-class RebuildRequest:
-    """One table an operator asked to rebuild. The loop settles it once it has run the wipe: ``error`` is None when
-    the store was wiped, else why the wipe failed. Settled from the loop thread, read from any."""
+class RebuildRequest(OperatorRequest):
+    """One table an operator asked to rebuild (``globald reset``). The loop settles it once it has run the wipe:
+    ``error`` is None when the store was wiped, else why the wipe failed."""
 
-    def __init__(self, table: str, detail: str) -> None:
-        self.table = table
-        self.detail = detail
-        self.error: str | None = None
-        self._settled = threading.Event()
+    action = RESET
+    stopped = "the daemon stopped before it wiped the table; nothing was wiped"
 
-    @property
-    def settled(self) -> bool:
-        return self._settled.is_set()
-
-    def settle(self, error: str | None) -> None:
-        self.error = error
-        self._settled.set()  # after ``error``: whoever sees it settled reads the final error
+    def failure(self) -> str:
+        log.error("table %s: reset failed: %s", self.table, self.error)  # the loop returns it unlogged
+        return f"the wipe of table {self.table} failed: {self.error}"
 
 
 class RebuildRequests:

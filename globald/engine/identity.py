@@ -95,7 +95,7 @@ class TopicIdentity:
         self._shown: dict[str, dict[int, int]] = {}
         self._unverifiable: set[tuple[str, int]] = set()  # (table, partition) whose last check could not be made
         self._timeouts: dict[str, float] = {}  # per table: one bound for all would be reset by another's answer
-        self.vanished: set[str] = set()
+        self._vanished: set[str] = set()
 
     def verified(self, table: str) -> dict[int, Ladder]:
         return dict(self._verified.get(table, {}))
@@ -103,6 +103,26 @@ class TopicIdentity:
     def shown(self, table: str) -> dict[int, int]:
         """What may be served: below these offsets the store holds the topic's records (empty: nothing shown)."""
         return dict(self._shown.get(table, {}))
+
+    # -- vanished topics (the cluster watch pauses them, the loop resumes them) ------------------------------------
+
+    def vanished(self, table: str) -> bool:
+        return table in self._vanished
+
+    def vanish(self, table: str) -> bool:
+        """``table``'s topic left the cluster's listing; False if it was already known to be gone."""
+        if table in self._vanished:
+            return False
+        self._vanished.add(table)
+        return True
+
+    def back(self, table: str) -> bool:
+        """``table`` no longer counts as vanished (its topic is back, or it is no longer assigned); True if it
+        did, and its fetching is paused."""
+        if table not in self._vanished:
+            return False
+        self._vanished.discard(table)
+        return True
 
     # -- the check at plan --------------------------------------------------------------------------------------
 
@@ -167,7 +187,7 @@ class TopicIdentity:
         """``rt`` is planned from ``start``, checked (or empty): its stored ladders are the verified rungs now, and
         the store holds the topic there now below ``start``."""
         self._verified[rt.name] = dict(ladders)
-        self.vanished.discard(rt.name)
+        self._vanished.discard(rt.name)
         self._show(rt, start, replace=True)
 
     def added(self, rt: TableRuntime, start: Mapping[int, int]) -> None:
@@ -179,8 +199,7 @@ class TopicIdentity:
     def ask_refresh(self, rt: TableRuntime, applied: Mapping[int, Ladder]) -> None:
         """Ask whether ``rt``'s topic is still the one mirrored, reading back the rungs verified before, then those
         ``applied`` since; partitions added to it are listed too."""
-        key = _refresh_key(rt.name)
-        if self._worker.asked(key):
+        if self.refresh_asked(rt.name):
             return
         topic, known, recorded_id = rt.topic, list(rt.partitions), rt.store.topic_id
         verified, applied = self.verified(rt.name), dict(applied)
@@ -205,9 +224,10 @@ class TopicIdentity:
                       {p: [f.offset for f in r] for p, r in rungs.items()}, verdict)
             return RefreshFacts(listed, added, ends, topic_id, verdict, applied)
 
-        self._worker.ask(key, question)
+        self._worker.ask(_refresh_key(rt.name), question)
 
     def refresh_asked(self, table: str) -> bool:
+        """A refresh of ``table`` is asked and its answer not taken yet."""
         return self._worker.asked(_refresh_key(table))
 
     def refresh_answer(self, rt: TableRuntime) -> RefreshFacts | None:

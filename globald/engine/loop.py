@@ -33,6 +33,7 @@ from globald.engine.cluster_watch import (
     Resume,
 )
 from globald.engine.events import OPERATOR_RESET, Emit, RebuildRequests
+from globald.engine.identity import TopicIdentity
 from globald.engine.problems import KAFKA, STORE, Problems
 from globald.engine.refill import Refiller, Refills
 from globald.engine.state_manager import StateManager
@@ -40,6 +41,7 @@ from globald.engine.table import TableRuntime
 from globald.engine.update_task import PollResult, UpdateTask
 from globald.engine.view import LoopStats
 from globald.kafka.clients import TransientKafkaError
+from globald.kafka.worker import ClusterWorker
 from globald.settings.config import Config
 from globald.store.failures import STORE_FAULTS
 
@@ -63,6 +65,8 @@ class LoopParts:
 
     config: Config
     manager: StateManager
+    worker: ClusterWorker  # every question to the cluster, and every client close
+    identity: TopicIdentity  # the one the manager consults too
     problems: Problems
     stats: LoopStats
     services: Sequence[LoopService]
@@ -93,8 +97,8 @@ class Loop:
         for name, offsets in stored.items():
             self.task.start(name, offsets)
         self.pending: set[str] = set(self.manager.tables)  # tables to (re)plan and assign
-        self.identity = self.manager.identity
-        self.worker = self.manager.worker
+        self.identity = parts.identity
+        self.worker = parts.worker
         self.watch = ClusterWatch(self.manager.tables, self.identity, self.worker, self.problems,
                                   self.config.metadata_refresh_ms / 1000)
         self.refill = Refiller(parts.refills, self.identity)
@@ -289,9 +293,8 @@ class Loop:
 
     def unassign(self, rt: TableRuntime) -> None:
         self.identity.cancel(rt.name)  # answers about the assignment or store as they were no longer apply
-        if rt.name in self.identity.vanished:  # librdkafka keeps a pause across an unassign: the next assignment
+        if self.identity.back(rt.name):  # librdkafka keeps a pause across an unassign: the next assignment
             self.consumer.resume(rt.assignment())  # would never fetch
-            self.identity.vanished.discard(rt.name)
         if rt.assigned:
             self.consumer.incremental_unassign(rt.assignment())
             rt.assigned = False
@@ -335,7 +338,7 @@ class Loop:
         self.watch.renewed()
         for rt in self.manager.tables.values():
             self.identity.cancel(rt.name)
-            self.identity.vanished.discard(rt.name)  # a new consumer has neither assignment nor pauses
+            self.identity.back(rt.name)  # a new consumer has neither assignment nor pauses
             rt.assigned = False
             self.pending.add(rt.name)
         old, self.consumer = self.consumer, new

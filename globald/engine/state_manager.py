@@ -38,7 +38,6 @@ from globald.engine.identity import PlanFacts, TopicIdentity
 from globald.engine.table import Restore, TableRuntime
 from globald.engine.view import Checkpointed, TableView
 from globald.kafka.clients import TransientKafkaError
-from globald.kafka.worker import ClusterWorker
 from globald.settings.config import Config, TableConfig
 from globald.store.fingerprint import Ladder
 from globald.store.options import StoreOptions
@@ -51,12 +50,6 @@ log = logging.getLogger(__name__)
 # not worth the two reopens of the store.
 BULK_LOAD_MIN_RECORDS = 100_000
 TOPIC_RECREATED = "topic_recreated"  # the wipe kind of a table whose topic was found to be another one
-
-
-# A question to the cluster still out after this long is stuck (a wait librdkafka timed on the wall clock, say):
-# the worker leaves it behind and answers the next ones with new clients. Above the longest question a healthy
-# cluster can take (a plan: listing, watermarks, ID and three rounds of checks, 5 s each at most).
-QUESTION_STUCK_S = 60.0
 
 
 def invalid_offsets(stored: Mapping[int, int], marks: Mapping[int, tuple[int, int]]) -> list[str]:
@@ -74,7 +67,10 @@ class Plan:
 
 
 class StateManager:
-    """The engine's owner of plans, durability and wipes, and its read interface (``engine.view.EngineView``)."""
+    """The engine's owner of plans, durability and wipes, and its read interface (``engine.view.EngineView``).
+    ``identity`` is handed over by the global thread, which builds it with the cluster worker it asks through."""
+
+    identity: TopicIdentity
 
     def __init__(self, config: Config, emit: Emit) -> None:
         self.config = config
@@ -83,9 +79,6 @@ class StateManager:
         self.tables: dict[str, TableRuntime] = {}
         self.wipes: Counter[tuple[str, str]] = Counter()  # (table, kind) -> count
         self._suspect = False
-        # Every question to the cluster, asked off the loop thread (kafka.worker), and the topics' identity.
-        self.worker = ClusterWorker(config.consumer_settings(), stuck_after_s=QUESTION_STUCK_S)
-        self.identity = TopicIdentity(self.worker, emit)
 
     @property
     def store_fault(self) -> bool:

@@ -27,6 +27,7 @@ from globald.engine.events import (
     Subscriber,
     deliver,
 )
+from globald.engine.identity import TopicIdentity
 from globald.engine.loop import Loop, LoopParts, LoopService
 from globald.engine.problems import Problems
 from globald.engine.refill import Refills
@@ -34,6 +35,7 @@ from globald.engine.state_manager import StateManager
 from globald.engine.table import TableRuntime
 from globald.engine.view import LoopStats
 from globald.kafka.clients import make_consumer
+from globald.kafka.worker import ClusterWorker
 from globald.settings.config import Config, TableConfig
 from globald.store.failures import STORE_FAULTS
 
@@ -43,6 +45,11 @@ log = logging.getLogger(__name__)
 # is dropped for the brokers it announced ("0/2 brokers are down"), and nothing says when a broker is back, so
 # it only makes the loop probe: a metadata request, bounded by this timeout, decides.
 _CLUSTER_DOWN = KafkaError._ALL_BROKERS_DOWN
+
+# A question to the cluster still out after this long is stuck (a wait librdkafka timed on the wall clock, say):
+# the worker leaves it behind and answers the next ones with new clients. Above the longest question a healthy
+# cluster can take (a plan: listing, watermarks, ID and three rounds of checks, 5 s each at most).
+QUESTION_STUCK_S = 60.0
 
 
 class GlobalThread:
@@ -54,6 +61,10 @@ class GlobalThread:
         self.config = config
         self.manager = manager
         self._emit = emit
+        # Every question to the cluster, asked off the loop thread (kafka.worker), and the topics' identity, which
+        # the state manager's plans and wipes consult.
+        self.worker = ClusterWorker(config.consumer_settings(), stuck_after_s=QUESTION_STUCK_S)
+        self.identity = manager.identity = TopicIdentity(self.worker, emit)
         self.machine = StateMachine(lambda table, new, old, reason: emit(StateChanged(table, new, old, reason)))
         self.problems = Problems()
         self.stats = stats or LoopStats()
@@ -123,7 +134,7 @@ class GlobalThread:
             if new is not None:
                 self._loop.replace_consumer(new)
         if kafka_changed:
-            self.manager.worker.renew(config.consumer_settings())
+            self.worker.renew(config.consumer_settings())
 
     def change_tables(self, added: Sequence[TableConfig], dropped: Sequence[str]) -> None:
         """A reload's tables (``engine.tables_change``), on the loop thread after ``reconfigure``: the dropped ones
@@ -151,8 +162,8 @@ class GlobalThread:
         try:
             self.machine.to(State.RESTORING, "starting")
             stored, refused = self.manager.open_all()
-            parts = LoopParts(self.config, self.manager, self.problems, self.stats, self._services, self._emit,
-                              self._rebuilds, self.machine, self._stop, self._refills)
+            parts = LoopParts(self.config, self.manager, self.worker, self.identity, self.problems, self.stats,
+                              self._services, self._emit, self._rebuilds, self.machine, self._stop, self._refills)
             self._loop = Loop(parts, lambda: self._consumer_factory(self.config, on_error=self._on_kafka_error),
                               stored)
             if refused:
@@ -189,7 +200,7 @@ class GlobalThread:
         if loop is not None:
             loop.close()  # the consumer is closed on the cluster worker, within a bound
         else:
-            self.manager.worker.close()
+            self.worker.close()
         if self.machine.state == State.PENDING_SHUTDOWN:
             for rt in self.tables.values():
                 rt.machine.to(State.NOT_RUNNING, "stopped")

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from globald.common import swallowed
+from globald.common.requests import EXPORT, OperatorRequest
 from globald.common.states import State
 from globald.engine.events import Event, StateChanged, Verified, Wiped
 from globald.engine.view import EngineView
@@ -43,25 +44,20 @@ REQUEST_WAIT_S = 600.0  # `globald export` waits this long at most for a verifie
 _STOP_JOIN_S = 1.0
 
 
-class ExportRequest:
+class ExportRequest(OperatorRequest):
     """One `globald export`, handed over by the operator inbox; settled once a manifest is written or it failed.
     Settled from the worker (or the loop), read from the loop."""
 
+    action = EXPORT
+    stopped = "the daemon stopped before the export; nothing was exported"
+
     def __init__(self, table: str, detail: str) -> None:
-        self.table = table
-        self.detail = detail
-        self.error: str | None = None
-        self.answer: dict[str, Any] = {}
+        super().__init__(table, detail)
         self.asked = time.monotonic()
-        self._settled = threading.Event()
 
-    @property
-    def settled(self) -> bool:
-        return self._settled.is_set()
-
-    def settle(self, error: str | None, **answer: Any) -> None:
-        self.error, self.answer = error, answer
-        self._settled.set()
+    def failure(self) -> str:
+        # As the inbox has always answered a failed table request, in a reset's words (to reword apart).
+        return f"the wipe of table {self.table} failed: {self.error}"
 
 
 @dataclass
@@ -128,7 +124,7 @@ class ExportService:
                 with contextlib.suppress(OSError):
                     leases.release(snapshots_dir(self.state_dir, name), self._lease_holder(name))
             for r in tab.waiting:
-                r.settle("the daemon stopped before the export; nothing was exported")
+                r.settle(r.stopped)
             tab.waiting = []
 
     # -- loop thread --------------------------------------------------------------------------------------------

@@ -1,9 +1,10 @@
 """Operator requests to a running daemon, as JSON files in ``<state_dir>/requests/`` (mode 0700).
 
 Only a user who may write the state_dir can ask, which is exactly who may wipe it offline. A request is
-``reset-<token>.json``; the daemon claims it by renaming it (so a request is either cancelled or taken, never
-both), hands the wipe to its loop, and answers in ``<token>.done`` once the loop has run it: ``ok`` when the store
-was wiped, else the wipe's error. Files are JSON and size-capped; nothing read here is ever executed or unpickled.
+``<action>-<token>.json`` (a reset, an export or a reload: ``common.requests``); the daemon claims it by renaming it
+(so a request is either cancelled or taken, never both), hands an ``OperatorRequest`` to the part that acts on it
+(a wipe to its loop), and answers in ``<token>.done`` with the request's ``reply()`` once that part settled it:
+``ok``, else why not. Files are JSON and size-capped; nothing read here is ever executed or unpickled.
 
 The mechanism (claim by rename, size-capped JSON, answer file, cancellation) is ``ops.file_requests``, shared with
 the exact snapshot requests of Spark readers (``snapshot.exact_requests``); what is this protocol's own is its
@@ -20,9 +21,10 @@ import secrets
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from globald.common.errors import GlobaldError
+from globald.common.requests import ACTIONS, EXPORT, RELOAD, RESET, OperatorRequest
 from globald.common.waits import pause
 from globald.ops import file_requests
 from globald.store.names import REQUESTS_DIR
@@ -32,37 +34,24 @@ log = logging.getLogger(__name__)
 MAX_REQUEST_BYTES = 4096
 MAX_ANSWER_BYTES = 1 << 20  # an answer carries a wipe's error or an export's figures: still small
 CHECK_INTERVAL = 0.25
-RESET = "reset"
-EXPORT = "export"  # `globald export`: export a table's verified snapshot now ([export] configured)
-RELOAD = "reload"  # `globald reload`: read the config file named in the request again (service.reload)
-KINDS = (RESET, EXPORT, RELOAD)
 
 
 def requests_dir(state_dir: Path) -> Path:
     return state_dir / REQUESTS_DIR
 
 
-class Wipe(Protocol):
-    """A reset handed to the loop (``engine.events.RebuildRequest``): settled once the loop has run the wipe."""
-
-    table: str
-    error: str | None  # once settled: None when the store was wiped, else why not
-
-    @property
-    def settled(self) -> bool: ...
-
-
 class RequestInbox:
     """The daemon's side. ``poll`` runs on the loop thread (an after_poll hook) and is cheap when idle."""
 
-    def __init__(self, state_dir: Path, tables: set[str], reset: Callable[[str, str], Wipe]) -> None:
+    def __init__(self, state_dir: Path, tables: set[str], reset: Callable[[str, str], OperatorRequest]) -> None:
         self.dir = requests_dir(state_dir)
         self.tables = tables
         self.reset = reset
         self._next = 0.0
-        self._waiting: list[tuple[str, Wipe]] = []  # (token, wipe) of resets handed to the loop, not yet answered
-        self.export: Callable[[str, str], Wipe] | None = None  # set by the daemon when [export] is configured
-        self.reload: Callable[[dict[str, Any]], Wipe] | None = None  # set by the daemon (service.reload)
+        # (token, request) of requests handed on, not yet answered
+        self._waiting: list[tuple[str, OperatorRequest]] = []
+        self.export: Callable[[str, str], OperatorRequest] | None = None  # set by the daemon when [export] is set
+        self.reload: Callable[[dict[str, Any]], OperatorRequest] | None = None  # set by the daemon (service.reload)
 
     def open(self) -> None:
         self.dir.mkdir(mode=0o700, exist_ok=True)
@@ -73,19 +62,19 @@ class RequestInbox:
         if now < self._next:
             return
         self._next = now + CHECK_INTERVAL
-        for name in file_requests.pending(self.dir, tuple(f"{k}-" for k in KINDS)):
+        for name in file_requests.pending(self.dir, tuple(f"{k}-" for k in ACTIONS)):
             self._handle(name)
 
     def _handle(self, name: str) -> None:
-        kind = next(k for k in KINDS if name.startswith(f"{k}-"))
-        token = name[len(kind) + 1:-len(".json")]
+        action = next(k for k in ACTIONS if name.startswith(f"{k}-"))
+        token = name[len(action) + 1:-len(".json")]
         taken = file_requests.claim(self.dir, name)  # from here the client can no longer cancel
         if taken is None:
             return
         try:
-            answer = self._act(taken, kind)
+            answer = self._act(taken, action)
         except Exception as e:  # a request that cannot be read or handed on is answered; the loop carries on
-            log.exception("%s request %s failed", kind, token)
+            log.exception("%s request %s failed", action, token)
             answer = {"ok": False, "error": f"{type(e).__name__}: {e}"}
         finally:
             taken.unlink(missing_ok=True)
@@ -95,31 +84,19 @@ class RequestInbox:
             self._waiting.append((token, answer))
 
     def _answer_settled(self) -> None:
-        """Answer each reset whose wipe the loop has run: ok, or the wipe's error."""
-        settled = [(token, wipe) for token, wipe in self._waiting if wipe.settled]
+        """Answer each request the part it was handed to has settled."""
+        settled = [(token, r) for token, r in self._waiting if r.settled]
         self._waiting = [item for item in self._waiting if item not in settled]
-        for token, wipe in settled:
-            if wipe.error is None:
-                extra = getattr(wipe, "answer", {})  # an export's id and bytes, a reload's generation
-                self._reply(token, {**extra, "ok": True, "table": wipe.table, "pid": os.getpid()})
-            elif getattr(wipe, "kind", RESET) == RELOAD:  # logged by the reloader, with the config file's name
-                self._reply(token, {**getattr(wipe, "answer", {}), "ok": False, "pid": os.getpid(),
-                                    "error": wipe.error})
-            else:
-                log.error("table %s: reset failed: %s", wipe.table, wipe.error)
-                self._reply(token, {"ok": False, "table": wipe.table, "pid": os.getpid(),
-                                    "error": f"the wipe of table {wipe.table} failed: {wipe.error}"})
+        for token, r in settled:
+            self._reply(token, {**r.reply(), "pid": os.getpid()})
 
     def close(self) -> None:
         """After the loop has ended: answer resets it never ran, so no asker waits out its timeout."""
         with contextlib.suppress(OSError):  # a failing disk: the asker times out, saying to check the log
             self._answer_settled()
-        for token, wipe in self._waiting:
+        for token, r in self._waiting:
             with contextlib.suppress(OSError):
-                self._reply(token, {"ok": False, "table": wipe.table, "pid": os.getpid(), "error": (
-                    "the daemon stopped before it applied the config; the old one was in force until the stop"
-                    if getattr(wipe, "kind", RESET) == RELOAD else
-                    "the daemon stopped before it wiped the table; nothing was wiped")})
+                self._reply(token, {"ok": False, "table": r.table, "pid": os.getpid(), "error": r.stopped})
         self._waiting = []
 
     def _reply(self, token: str, answer: dict[str, Any]) -> None:
@@ -127,19 +104,19 @@ class RequestInbox:
             # Not durable: the asker waits on this machine and does not outlive a power loss; the wipe itself is.
             file_requests.post(self.dir / f"{token}.done", answer)
 
-    def _act(self, path: Path, kind: str = RESET) -> dict[str, Any] | Wipe:
+    def _act(self, path: Path, action: str) -> dict[str, Any] | OperatorRequest:
         try:
             doc = file_requests.read(path, MAX_REQUEST_BYTES)
         except ValueError as e:
             return {"ok": False, "error": str(e)}
-        if kind == RELOAD:
+        if action == RELOAD:
             if self.reload is None:
                 return {"ok": False, "error": "this daemon does not take reload requests"}
             return self.reload(doc)
         table = doc.get("table")
         if table not in self.tables:
             return {"ok": False, "error": f"no table named {table!r} in the daemon's config"}
-        if kind == EXPORT:
+        if action == EXPORT:
             if self.export is None:
                 return {"ok": False, "error": "the daemon has no [export] section in its config"}
             return self.export(table, "requested by globald export")
@@ -150,10 +127,9 @@ class RequestInbox:
         return self.reset(table, detail)
 
 
-def ask_daemon_to_reset(state_dir: Path, table: str, timeout: float = 30.0, action: str = RESET,
-                        extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The client's side: queue a reset (or an ``action``, with ``extra`` in its request) for the daemon owning
-    ``state_dir``; wait for its answer."""
+def ask_daemon(state_dir: Path, action: str, timeout: float = 30.0, **fields: Any) -> dict[str, Any]:
+    """The client's side: queue an ``action`` (``common.requests``) for the daemon owning ``state_dir``, with
+    ``fields`` in its request (a reset's or an export's ``table``, a reload's ``config``); wait for its answer."""
     d = requests_dir(state_dir)
     if not d.is_dir():
         raise GlobaldError(f"the daemon owning {state_dir} does not accept requests (no {REQUESTS_DIR}/ directory); "
@@ -161,8 +137,8 @@ def ask_daemon_to_reset(state_dir: Path, table: str, timeout: float = 30.0, acti
     token = secrets.token_hex(8)
     request = d / f"{action}-{token}.json"
     done = d / f"{token}.done"
-    doc = {"action": action, "table": table, "requested": time.time(),
-           "requested_by": {"uid": os.getuid(), "pid": os.getpid()}, **(extra or {})}
+    doc = {"action": action, "requested": time.time(), "requested_by": {"uid": os.getuid(), "pid": os.getpid()},
+           **fields}
     # Not durable: a request lost in a power loss was never answered, and its asker is gone with the machine.
     file_requests.post(request, doc)
     deadline = time.monotonic() + timeout

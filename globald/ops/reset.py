@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from globald.common.errors import GlobaldError, StateDirLockedError
-from globald.ops.operator_requests import ask_daemon_to_reset
+from globald.common.requests import RESET
+from globald.ops.operator_requests import ask_daemon
 from globald.settings.config import Config
 from globald.store.names import db_dir, table_dir
 from globald.store.options import StoreOptions
@@ -43,7 +44,7 @@ def reset_table(config: Config, table: str, timeout: float = 30.0) -> ResetResul
     try:
         lock = lock_state_dir(config.state_dir)
     except StateDirLockedError:
-        answer = ask_daemon_to_reset(config.state_dir, name, timeout)
+        answer = ask_daemon(config.state_dir, RESET, timeout, table=name)
         if not answer.get("ok"):
             raise GlobaldError(f"the running daemon did not reset table {name}: {answer.get('error')}") from None
         pid = answer.get("pid")

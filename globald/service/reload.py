@@ -37,8 +37,7 @@ from typing import Any
 
 from globald.common import logs
 from globald.common.errors import ConfigError
-from globald.engine.events import RebuildRequest
-from globald.ops.operator_requests import RELOAD
+from globald.common.requests import RELOAD, OperatorRequest
 from globald.ops.status import ConfigStatus
 from globald.settings import config as configmod
 from globald.settings.changes import Change, changes, refusal
@@ -59,21 +58,17 @@ def file_sha256(path: Path) -> str | None:
         return None
 
 
-class ReloadRequest(RebuildRequest):
-    """One reload asked for, settled once the loop applied it or it was refused (the operator inbox's ``Wipe``):
-    an operator's request as a reset is, with no table, and an answer (generation, sha256)."""
+class ReloadRequest(OperatorRequest):
+    """One reload asked for, settled once the loop applied it or it was refused: an operator's request about the
+    whole daemon (no table), answered with the generation and sha256 in force."""
 
-    kind = RELOAD
+    action = RELOAD
+    stopped = "the daemon stopped before it applied the config; the old one was in force until the stop"
 
     def __init__(self, path: Path | None, origin: str) -> None:
         super().__init__("", origin)
         self.path = path  # None: the path the daemon was started with
         self.origin = origin
-        self.answer: dict[str, Any] = {}
-
-    def settle(self, error: str | None, **answer: Any) -> None:
-        self.answer = answer
-        super().settle(error)  # last: whoever sees it settled reads the final answer
 
 
 @dataclass
@@ -181,7 +176,7 @@ class Reloader:
             while not ready.done.wait(0.5) and not self._stopping.is_set():
                 pass  # a stop that came meanwhile: the loop will not take it
             if self._stopping.is_set() and not r.settled:
-                r.settle("the daemon stopped before it applied the config; the old one was in force until the stop")
+                r.settle(r.stopped)
             for cleanup in ready.later:  # a replaced hook runner's close, listener's stop: off the loop thread
                 try:
                     cleanup()

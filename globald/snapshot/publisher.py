@@ -28,7 +28,6 @@ from globald.settings.config import Config, TableConfig
 from globald.settings.ref import ConfigRef
 from globald.snapshot import recreated
 from globald.snapshot.desk import RequestDesk
-from globald.snapshot.exact_requests import Response
 from globald.snapshot.publishing import Publishing
 from globald.snapshot.reader import current_id, manifests_of
 from globald.snapshot.retention import Retention
@@ -44,7 +43,6 @@ class SnapshotPublisher:
     def __init__(self, config: ConfigRef, engine: EngineView) -> None:
         self._config = config
         now = config.now
-        self.engine = engine
         self._tables = {t.name: SnapshotTable(t, snapshots_dir(now.state_dir, t.name)) for t in now.tables}
         self._ids = SnapshotIds()
         self.disk = DiskGuard(now.state_dir, now.snapshots.build_timeout_ms / 1000)
@@ -148,16 +146,6 @@ class SnapshotPublisher:
         if self._retention.due(now):
             for tab in self._tables.values():
                 self._retention.sweep(tab)
-
-    # -- answers (the request desk's) -------------------------------------------------------------------------
-
-    def manifest_states(self, table: str) -> tuple[str, str]:
-        """The daemon's and ``table``'s state, as a manifest written now records them."""
-        return self._desk.manifest_states(table)
-
-    def answer(self, table: str, resp: Response) -> None:
-        """Answer a request for ``table`` (counted, logged, written; a disk that refuses the answer is logged)."""
-        self._desk.answer(self._tables[table], resp)
 
     # -- operations (globald.ops.health.SnapshotSource) and status ------------------------------------------------
 

@@ -10,6 +10,7 @@ split by Arrow compute kernels and one numpy byteswap.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -68,9 +69,14 @@ def split_stored(stored: pa.Array) -> tuple[pa.Array, pa.Array]:
     return value, pa.array(full, mask=~mask)
 
 
-def stored_columns(fetch: Fetch) -> Columns:
-    """The lookup of a store read by multi-gets: one per batch, its stored values split by Arrow kernels."""
-    return lambda keys: split_stored(fetch_stored(fetch, keys))
+@dataclass(frozen=True)
+class MultiGet:
+    """The ``Columns`` of a store read by multi-gets: one per batch, its stored values split by Arrow kernels."""
+
+    fetch: Fetch
+
+    def __call__(self, keys: pa.Array) -> tuple[pa.Array, pa.Array]:
+        return split_stored(fetch_stored(self.fetch, keys))
 
 
 def lookup_arrow(columns: Columns, column: pa.Array | pa.ChunkedArray) -> tuple[pa.Array, pa.Array]:

@@ -28,7 +28,7 @@ from globald.common.errors import SnapshotError, SnapshotNotFoundError, Snapshot
 from globald.snapshot.manifest import offsets_from_json
 from globald.snapshot.reader import OpenOptions, Snapshot
 from globald.snapshot.resolve import Policy, Resolution, resolve
-from globald.spark.batch import encode_key, lookup_arrow, lookup_pandas, stored_columns
+from globald.spark.batch import MultiGet, encode_key, lookup_arrow, lookup_pandas
 from globald.spark.host import sidecar
 from globald.spark.mapped import open_raw, raw_columns
 from globald.spark.memindex import DEFAULT_MEMORY_INDEX_MB, MemoryIndex
@@ -86,7 +86,7 @@ class SnapshotHandle:
         if self._table is not None:
             snap.close(release=True)
             self._snap = None
-        self._multi_get = stored_columns(self._fetch)
+        self._multi_get = MultiGet(self._fetch)
 
     @property
     def mapped(self) -> bool:

@@ -78,7 +78,6 @@ class GlobalTableView:
         self.small_join = small_join
         self.fallbacks = Fallbacks()  # tasks that had to read another snapshot than asked
         self.refreshes = 0
-        self.last_refresh_s = 0.0
         self._refresh_lock = threading.Lock()
         self._lock = threading.Lock()
         self._desc: dict[str, Any] | None = None
@@ -111,7 +110,7 @@ class GlobalTableView:
         self.__dict__.update(spark=None, config_path=state["config_path"], mode=state["mode"],
                              settings=state["settings"], small_table_max_keys=state["small_table_max_keys"],
                              small_join=state["small_join"], fallbacks=state["fallbacks"], refreshes=state["refreshes"],
-                             last_refresh_s=0.0, _refresh_lock=threading.Lock(), _lock=threading.Lock(),
+                             _refresh_lock=threading.Lock(), _lock=threading.Lock(),
                              _desc=state["desc"], _desc_bc=None, _small=state["small"], _seq=state["seq"],
                              _consumer=None, _timer=None, _timer_stop=threading.Event())
         self.config = load(self.config_path)
@@ -133,7 +132,6 @@ class GlobalTableView:
         the snapshot within ``timeout`` (default: the view's wait_timeout_s).
         """
         with self._refresh_lock:
-            started = time.perf_counter()
             target = dict(offsets) if offsets is not None else self.end_offsets()
             desc = self._describe(target, self.settings.wait_timeout_s if timeout is None else timeout)
             table = self._small
@@ -142,7 +140,6 @@ class GlobalTableView:
                                    self.small_table_max_keys)
             self._install(desc, table)
             self.refreshes += 1
-            self.last_refresh_s = time.perf_counter() - started
             return dict(desc)
 
     def _install(self, desc: dict[str, Any], table: small.SmallTable | None = None) -> None:

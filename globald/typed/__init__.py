@@ -7,7 +7,8 @@ The store keeps the bytes exactly as Kafka delivered them; decoding happens on t
 - ``Decoder.decode(values)``: a binary column in, a typed column (and per-row errors) out (``globald.typed.arrow``).
 - ``globald.typed.columnar.ensure_columnar(snapshot, decoder)``: a snapshot decoded once per host into an Arrow IPC
   file beside it, which every worker maps read-only and looks keys up in, vectorized; with a typed key decoder, by
-  the decoded keys (``globald.typed.keys``).
+  the decoded keys (``globald.typed.keys``). Raw tables map the same file, through the identity decoder
+  (``globald.spark.mapped``).
 """
 
 from __future__ import annotations

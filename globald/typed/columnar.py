@@ -18,6 +18,9 @@ whole one. Rows are in key order (the snapshot's) with columns key, timestamp, v
 hash modulo their number), stored two to a row so that every column has one entry a key. The index costs 16 bytes a
 key. A table whose key is declared typed is indexed on each decoded key's canonical form instead of the stored
 bytes, and looked up the same way (``globald.typed.keys``); its file has a name of its own.
+
+Raw tables use this file too: a raw table is a typed table whose value decoder is the identity, so its mapped file
+(``globald.spark.mapped``) is this one, its value column the record's value bytes. A change here changes both.
 """
 
 from __future__ import annotations

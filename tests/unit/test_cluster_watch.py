@@ -20,7 +20,12 @@ class _Identity:
 
     def __init__(self, facts: RefreshFacts) -> None:
         self.facts: RefreshFacts | None = facts
-        self.vanished: set[str] = set()
+
+    def vanished(self, table: str) -> bool:
+        return False
+
+    def back(self, table: str) -> bool:
+        return False
 
     def refresh_answer(self, rt: Any) -> RefreshFacts | None:
         facts, self.facts = self.facts, None

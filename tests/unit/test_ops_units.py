@@ -17,8 +17,10 @@ from pathlib import Path
 import pytest
 
 from globald.common.logs import JsonFormatter, PlainFormatter, Redactor
+from globald.common.requests import EXPORT, RELOAD, RESET, OperatorRequest
 from globald.common.states import State
 from globald.engine.events import RebuildRequests
+from globald.export.service import ExportRequest
 from globald.ops import operator_requests
 from globald.ops.health import liveness, readiness
 from globald.ops.hooks import HookRunner
@@ -26,6 +28,7 @@ from globald.ops.metrics import Metrics, Sample
 from globald.ops.progress import ProgressDisplay, ProgressOptions, RestoreTracker
 from globald.ops.sdnotify import Notifier
 from globald.ops.status import DaemonStatus
+from globald.service.reload import ReloadRequest
 from globald.settings.config import HooksConfig
 from globald.store.stalls import Stalls
 
@@ -256,7 +259,7 @@ def test_request_inbox_claims_each_request_once(tmp_path: Path) -> None:
     assert (tmp_path / "requests").stat().st_mode & 0o777 == 0o700
     answers: list[dict] = []
     asker = threading.Thread(
-        target=lambda: answers.append(operator_requests.ask_daemon_to_reset(tmp_path, "customers", 10)))
+        target=lambda: answers.append(operator_requests.ask_daemon(tmp_path, RESET, 10, table="customers")))
     asker.start()
     deadline = time.monotonic() + 10
     while not answers and time.monotonic() < deadline:
@@ -270,7 +273,7 @@ def test_request_inbox_claims_each_request_once(tmp_path: Path) -> None:
     assert answers == [{"ok": True, "table": "customers", "pid": os.getpid()}]
     assert list((tmp_path / "requests").iterdir()) == []
     # A table the daemon does not know is refused; a request nobody takes is cancelled, not left behind.
-    t = threading.Thread(target=lambda: answers.append(operator_requests.ask_daemon_to_reset(tmp_path, "nope", 10)))
+    t = threading.Thread(target=lambda: answers.append(operator_requests.ask_daemon(tmp_path, RESET, 10, table="nope")))
     t.start()
     deadline = time.monotonic() + 10
     while len(answers) < 2 and time.monotonic() < deadline:
@@ -279,14 +282,16 @@ def test_request_inbox_claims_each_request_once(tmp_path: Path) -> None:
     t.join(10)
     assert answers[1]["ok"] is False and "nope" in answers[1]["error"]
     with pytest.raises(Exception, match="request cancelled, nothing was wiped"):
-        operator_requests.ask_daemon_to_reset(tmp_path, "customers", timeout=0.3)
+        operator_requests.ask_daemon(tmp_path, RESET, timeout=0.3, table="customers")
     assert list((tmp_path / "requests").iterdir()) == [] and len(resets) == 1
 
 
-def ask(tmp_path: Path, inbox: operator_requests.RequestInbox) -> Path:
-    """Queue a reset request as the CLI does and let the inbox take it; returns where its answer will appear."""
-    token = "abc123"
-    (tmp_path / "requests" / f"reset-{token}.json").write_text(json.dumps({"action": "reset", "table": "customers"}))
+def ask(tmp_path: Path, inbox: operator_requests.RequestInbox, action: str = RESET, token: str = "abc123",
+        **fields: object) -> Path:
+    """Queue a request as the CLI does (a reset of customers unless told) and let the inbox take it; returns where
+    its answer will appear."""
+    doc = {"action": action, **(fields or {"table": "customers"})}
+    (tmp_path / "requests" / f"{action}-{token}.json").write_text(json.dumps(doc))
     inbox._next = 0.0  # the request directory is read at most every CHECK_INTERVAL
     inbox.poll()
     return tmp_path / "requests" / f"{token}.done"
@@ -325,6 +330,27 @@ def test_a_reset_the_loop_never_ran_is_answered_when_the_daemon_stops(tmp_path: 
     inbox.close()
     answer = json.loads(done.read_text())
     assert answer["ok"] is False and "nothing was wiped" in answer["error"]
+
+
+def test_exports_and_reloads_are_answered_through_the_one_request_base(tmp_path: Path) -> None:
+    """Issue 43, item 7: the inbox answers every action from its request's ``reply()`` and ``stopped``."""
+    _, inbox = inbox_on(tmp_path)
+    handed: list[OperatorRequest] = []
+    inbox.export = lambda table, detail: handed.append(ExportRequest(table, detail)) or handed[-1]
+    inbox.reload = lambda doc: handed.append(ReloadRequest(Path(doc["config"]), "test")) or handed[-1]
+    exported = ask(tmp_path, inbox, EXPORT, "ex1")
+    reloaded = ask(tmp_path, inbox, RELOAD, "re1", config="/etc/globald.toml")
+    never = ask(tmp_path, inbox, RELOAD, "re2", config="/etc/globald.toml")
+    assert [r.action for r in handed] == [EXPORT, RELOAD, RELOAD] and handed[0].table == "customers"
+    handed[0].settle(None, export="0001", uploaded_bytes=3)
+    handed[1].settle("a bad key", generation=1, sha256="ab")
+    inbox.poll()
+    assert json.loads(exported.read_text()) == {"export": "0001", "uploaded_bytes": 3, "ok": True,
+                                                "table": "customers", "pid": os.getpid()}
+    assert json.loads(reloaded.read_text()) == {"generation": 1, "sha256": "ab", "ok": False, "table": "",
+                                                "error": "a bad key", "pid": os.getpid()}
+    inbox.close()
+    assert json.loads(never.read_text())["error"] == ReloadRequest.stopped
 
 
 def test_write_stall_counters_reach_metrics() -> None:

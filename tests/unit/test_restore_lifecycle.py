@@ -13,6 +13,7 @@ from globald.common.states import State
 from globald.engine.events import RestoreEnded, StateChanged
 from globald.engine.state_manager import StateManager
 from globald.engine.table import Restore, TableRuntime
+from globald.engine.thread import GlobalThread
 from globald.settings.config import parse
 from tests.stores import write_records
 
@@ -24,6 +25,7 @@ def _restoring(tmp_path: Path, targets: dict[int, int]) -> Iterator[tuple[StateM
                  "tables": [{"name": "tbl", "topic": "topic"}]})
     heard: list[object] = []
     manager = StateManager(cfg, heard.append)
+    GlobalThread(cfg, manager, heard.append)  # hands the manager the topics' identity, as the daemon's does
     assert manager.open_all() == ({"tbl": {}}, {})
     rt = manager.tables["tbl"]
     try:

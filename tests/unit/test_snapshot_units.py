@@ -394,14 +394,14 @@ def test_open_refuses_missing_bad_and_stale(tmp_path: Path) -> None:
 # -- retention under disk faults (regressions found by the chaos campaign, seed 0, faults 21 and 29) ------------
 
 
-def _publisher(state: Path) -> Any:
+def _publisher(state: Path, **snapshots: Any) -> Any:
     from globald.engine.state_manager import StateManager
     from globald.settings.config import parse
     from globald.settings.ref import ConfigRef
     from globald.snapshot.publisher import SnapshotPublisher
 
     cfg = parse({"state_dir": str(state), "kafka": {"bootstrap.servers": "127.0.0.1:9"},
-                 "tables": [{"name": "tbl", "topic": "topic"}], "snapshots": {"retain": 1}})
+                 "tables": [{"name": "tbl", "topic": "topic"}], "snapshots": {"retain": 1, **snapshots}})
     return SnapshotPublisher(ConfigRef(cfg), StateManager(cfg, lambda event: None))
 
 
@@ -433,14 +433,18 @@ def test_retention_never_deletes_a_leased_snapshot_with_an_invalid_manifest(tmp_
 def test_an_answer_the_disk_refuses_does_not_stop_the_publisher(tmp_path: Path) -> None:
     """Regression (chaos campaign, seed 0, fault 12): a response file that cannot be written (a full disk) killed
     the exact-build worker, and no exact request was ever answered again."""
-    pub = _publisher(tmp_path)
+    pub = _publisher(tmp_path, interval_ms=3_600_000)
     responses = snapshots_dir(tmp_path, "tbl") / "responses"
     responses.parent.mkdir(parents=True)
+    pub.tick()  # retention's first sweep (the next, an hour away, would trip on the file placed below)
     responses.write_text("a file where the folder should be")  # every write below it fails with an OSError
-    pub.answer("tbl", Response("r1", Code.FAILED, "no space"))  # logged, not raised
+    # Asked as a reader asks; the table is not started, so the desk answers REBUILDING at once.
+    exact_requests.submit(tmp_path, "tbl", {0: 1})
+    pub.tick()  # the answer's write fails: logged, not raised
     responses.unlink()
-    pub.answer("tbl", Response("r2", Code.READY, "ready", ID1))
-    assert (responses / "r2.json").exists()
+    second = exact_requests.submit(tmp_path, "tbl", {0: 1})
+    pub.tick()
+    assert (responses / f"{second.id}.json").exists()
 
 
 # -- a recreated topic: only snapshots at or below the offsets last verified stay CURRENT -------------------------

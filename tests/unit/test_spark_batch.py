@@ -11,7 +11,7 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from globald.spark.batch import Columns, lookup_arrow, lookup_pandas, split_stored, stored_columns
+from globald.spark.batch import Columns, MultiGet, lookup_arrow, lookup_pandas, split_stored
 from globald.spark.memindex import MemoryIndex
 from globald.store.codec import decode_value, encode_value
 
@@ -34,7 +34,7 @@ def _index() -> MemoryIndex:
     return index
 
 
-LOOKUPS: dict[str, Columns] = {"multi_get": stored_columns(fetch), "memory_index": _index().lookup}
+LOOKUPS: dict[str, Columns] = {"multi_get": MultiGet(fetch), "memory_index": _index().lookup}
 
 
 def expected(keys: list[bytes | None]) -> tuple[list[bytes | None], list[int | None]]:
@@ -106,7 +106,7 @@ def test_pandas_lookup(as_str: bool, path: str) -> None:
     assert out.index.equals(series.index)
     assert [None if pd.isna(t) else int(t) for t in out["timestamp"]] == want_ts
     # str and bytes (not UTF-8) mixed in one Series: each looked up as its bytes.
-    mixed = lookup_pandas(stored_columns(lambda ks: [b"\0" * 8 + k for k in ks]),
+    mixed = lookup_pandas(MultiGet(lambda ks: [b"\0" * 8 + k for k in ks]),
                           pd.Series(["ü", b"\xff", None], dtype=object))
     assert [None if pd.isna(v) else v for v in mixed["value"]] == ["ü".encode(), b"\xff", None]
     with pytest.raises(TypeError):
