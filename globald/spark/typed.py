@@ -235,7 +235,7 @@ def _arrow_of(field: Any) -> pa.DataType:
     None, makes naive timestamps), so the keyword follows the installed function's own signature."""
     from pyspark.sql.pandas.types import to_arrow_type
 
-    utc = {"timezone": "UTC"} if "timezone" in inspect.signature(to_arrow_type).parameters else {}
+    utc: dict[str, Any] = {"timezone": "UTC"} if "timezone" in inspect.signature(to_arrow_type).parameters else {}
     return to_arrow_type(field.dataType, **utc)
 
 
