@@ -66,11 +66,10 @@ matrix_pytest = PYTHONPATH=$(CURDIR) build/matrix/$(1)/bin/python -m pytest -q -
 	--junitxml=build/test-results/$(2).xml -p no:cacheprovider
 # Every Spark test but the multi-host cluster's and the pages' recipes, classic and Connect, on both ends of the range.
 MATRIX_TESTS := tests/integration/test_spark*.py
+MATRIX_XDIST ?= -n 2 --dist loadfile
 test-matrix: build/matrix/$(MATRIX_OLDEST)/.installed build/matrix/$(MATRIX_NEWEST)/.installed sysdeps
-	$(call matrix_pytest,$(MATRIX_OLDEST),$@-pyspark$(MATRIX_OLDEST)) -n 2 --dist loadfile -m "not cluster" \
-	    $(MATRIX_TESTS)
-	$(call matrix_pytest,$(MATRIX_NEWEST),$@-pyspark$(MATRIX_NEWEST)) -n 2 --dist loadfile -m "not cluster" \
-	    $(MATRIX_TESTS)
+	$(call matrix_pytest,$(MATRIX_OLDEST),$@-pyspark$(MATRIX_OLDEST)) $(MATRIX_XDIST) -m "not cluster" $(MATRIX_TESTS)
+	$(call matrix_pytest,$(MATRIX_NEWEST),$@-pyspark$(MATRIX_NEWEST)) $(MATRIX_XDIST) -m "not cluster" $(MATRIX_TESTS)
 
 # The long lane's share of the matrix, kept to a few minutes: the typed join (the feature 4.0 broke, issue 40.3),
 # classic and Connect, on the oldest PySpark (make test runs it on the newest). ~2.5 min with its fixtures on a
