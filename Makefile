@@ -49,8 +49,8 @@ test-long: $(BIN)/.installed sysdeps build/matrix/$(MATRIX_OLDEST)/.installed
 # The supported PySpark (pyproject.toml's spark extra, >=4.0,<5; globald/spark/versions.py) on its oldest and newest
 # minor: each has a venv of its own, build/matrix/<minor>/, holding only what tests/matrix/constraints-<minor>.txt
 # lists (PySpark itself: every other dependency 4.x needs is the main venv's, read after the venv's own packages
-# through a .pth), and globald from this clone (PYTHONPATH). About a minute to build each, mostly pip building
-# PySpark's wheel from its 320 MB sdist.
+# through a .pth), and globald from this clone (PYTHONPATH). 1-2 minutes to build each from a cold pip cache, mostly
+# pip building PySpark's wheel from its 320 MB sdist.
 MATRIX_OLDEST := 4.0
 MATRIX_NEWEST := 4.3
 build/matrix/%/.installed: tests/matrix/constraints-%.txt $(BIN)/.installed
