@@ -72,8 +72,8 @@ test-matrix: build/matrix/$(MATRIX_OLDEST)/.installed build/matrix/$(MATRIX_NEWE
 	$(call matrix_pytest,$(MATRIX_NEWEST),$@-pyspark$(MATRIX_NEWEST)) $(MATRIX_XDIST) -m "not cluster" $(MATRIX_TESTS)
 
 # The long lane's share of the matrix, kept to a few minutes: the typed join (the feature 4.0 broke, issue 40.3),
-# classic and Connect, on the oldest PySpark (make test runs it on the newest). ~2.5 min with its fixtures on a
-# loaded 2-core machine, after the venv's 1-2 min.
+# classic and Connect, on the oldest PySpark (make test runs it on the newest): 1:12 with its fixtures on a quiet
+# 2-core machine (2.5 min on a loaded one), after the venv's 33 s (1:53 loaded).
 MATRIX_SMOKE := tests/integration/test_spark_typed.py::test_typed_join_udf_flatten_and_small_equal_the_reference_decode
 
 bench: $(BIN)/.installed
