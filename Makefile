@@ -42,6 +42,9 @@ test-fast: lint
 # the multi-host Spark cluster, or a test whose call takes over 15 s on an idle 2-core machine (the demo, the
 # tutorial, the disk-filling restores, the bench smoke...). Not part of the 10-minute make test; CI (.ci/run) runs
 # it after, on the same two workers, one file to a worker.
+# The oldest and the newest PySpark the matrix (below) tests: set before the rules that name their venvs.
+MATRIX_OLDEST := 4.0
+MATRIX_NEWEST := 4.3
 test-long: $(BIN)/.installed sysdeps build/matrix/$(MATRIX_OLDEST)/.installed
 	$(PYTEST) -n 2 --dist loadfile -m long
 	$(call matrix_pytest,$(MATRIX_OLDEST),$@-pyspark$(MATRIX_OLDEST)) $(MATRIX_SMOKE)
@@ -51,8 +54,6 @@ test-long: $(BIN)/.installed sysdeps build/matrix/$(MATRIX_OLDEST)/.installed
 # lists (PySpark itself: every other dependency 4.x needs is the main venv's, read after the venv's own packages
 # through a .pth), and globald from this clone (PYTHONPATH). 1-2 minutes to build each from a cold pip cache, mostly
 # pip building PySpark's wheel from its 320 MB sdist.
-MATRIX_OLDEST := 4.0
-MATRIX_NEWEST := 4.3
 build/matrix/%/.installed: tests/matrix/constraints-%.txt $(BIN)/.installed
 	rm -rf build/matrix/$*
 	$(BIN)/python -m venv build/matrix/$*
