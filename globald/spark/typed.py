@@ -32,6 +32,7 @@ refresh, in the driver and in workers alike. The descriptor also names a registr
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
@@ -44,7 +45,7 @@ import pyarrow as pa
 
 from globald.common.errors import GlobaldError
 from globald.settings.config import load
-from globald.spark import executor
+from globald.spark import executor, versions
 from globald.spark.batch import binary_keys
 from globald.spark.executor import MODE_BROADCAST, Settings, SnapshotHandle, _open
 from globald.spark.host import config_path
@@ -228,9 +229,14 @@ def _value_fields(decoder: Decoder, shape: Shape) -> list[Any]:
 
 
 def _arrow_of(field: Any) -> pa.DataType:
+    """The Arrow type Spark expects for ``field``, its timestamps as UTC instants (how the JVM reads them).
+
+    PySpark 4.0 spells that ``timestamp_utc=True`` (its default), later releases ``timezone="UTC"`` (their default,
+    None, makes naive timestamps), so the keyword follows the installed function's own signature."""
     from pyspark.sql.pandas.types import to_arrow_type
 
-    return to_arrow_type(field.dataType, timezone="UTC")  # Spark takes timestamps as UTC instants
+    utc: dict[str, Any] = {"timezone": "UTC"} if "timezone" in inspect.signature(to_arrow_type).parameters else {}
+    return to_arrow_type(field.dataType, **utc)
 
 
 def arrow_fn(settings: Settings, desc_bc: Any, data_bc: Any, on: str, shape: Shape, snapshot_col: str | None,
@@ -307,6 +313,8 @@ def udf(view: Any) -> Any:
 
     key_dec, val_dec = of_view(view)
     require_canonical(key_dec, view.table.name)
+    versions.require(versions.ARROW_UDF, "view.udf() of a typed table (an Arrow UDF)",
+                     "view.join(df, key_column) reads the same values on this PySpark")
     shape = Shape(file_fingerprint(val_dec, key_dec), "value", None, None, None)
     kind = StructType([*_value_fields(val_dec, shape), StructField("timestamp", LongType(), True),
                        StructField("error", StringType(), True)])

@@ -26,7 +26,7 @@ from globald.ops import statusfile
 from globald.settings.config import load
 from globald.snapshot.manifest import Offsets, offsets_to_json
 from globald.snapshot.resolve import Policy, resolve
-from globald.spark import small, typed
+from globald.spark import small, typed, versions
 from globald.spark.executor import (
     MODE_BROADCAST,
     MODE_SNAPSHOT,
@@ -61,6 +61,7 @@ class GlobalTableView:
                  wait_timeout_s: float = 30.0, on_timeout: str = Policy.FAIL.value, lease_s: float = 600.0,
                  batch_size: int = 1024, small_table_max_keys: int = DEFAULT_SMALL_TABLE_MAX_KEYS,
                  memory_index_mb: int = DEFAULT_MEMORY_INDEX_MB, small_join: str = "index") -> None:
+        versions.require(versions.MINIMUM, "globald.spark")
         if mode not in (MODE_SNAPSHOT, MODE_BROADCAST):
             raise ValueError(f"mode must be {MODE_SNAPSHOT!r} or {MODE_BROADCAST!r}, not {mode!r}")
         if small_join not in small.SMALL_JOINS:

@@ -59,6 +59,16 @@ def connect_mode(on: bool) -> Iterator[None]:
             os.environ[CONNECT_ENV] = was
 
 
+def start_command(home: Path) -> list[str]:
+    """pyspark's ``sbin/start-connect-server.sh``; PySpark 4.0.0's pip package ships the server's jar but not that
+    script, so there, what the script runs (the server class under ``spark-daemon.sh``)."""
+    script = home / "sbin" / "start-connect-server.sh"
+    if script.exists():
+        return [str(script)]
+    return [str(home / "sbin" / "spark-daemon.sh"), "submit", "org.apache.spark.sql.connect.service.SparkConnectServer",
+            "1", "--name", "Spark Connect server"]
+
+
 @dataclass
 class ConnectServer:
     work_dir: Path
@@ -87,7 +97,7 @@ class ConnectServer:
         for var in (CONNECT_ENV, "SPARK_REMOTE", "SPARK_LOCAL_REMOTE", "SPARK_CONNECT_MODE"):
             run_env.pop(var, None)
         server = cls(work_dir, free_port(), run_env)
-        args = [str(home / "sbin" / "start-connect-server.sh"), "--master", master,
+        args = [*start_command(home), "--master", master,
                 "--conf", f"spark.connect.grpc.binding.port={server.port}",
                 "--conf", "spark.connect.grpc.binding.address=127.0.0.1"]
         for k, v in {**DEFAULT_CONF, **(conf or {})}.items():
