@@ -34,7 +34,7 @@ from globald.ops.runtime import Operations
 from globald.ops.status import DaemonStatus, TableStatus
 from globald.service import signals
 from globald.service.reload import Reloader
-from globald.settings.changes import Change
+from globald.settings.changes import Delta
 from globald.settings.config import Config
 from globald.settings.ref import ConfigRef
 from globald.snapshot.dropped import DroppedSnapshots
@@ -152,21 +152,18 @@ class Daemon:
 
     # -- lifecycle ----------------------------------------------------------------------------------------------
 
-    def _reconfigure(self, config: Config, changed: list[Change]) -> list[Callable[[], None]]:
+    def _reconfigure(self, delta: Delta) -> list[Callable[[], None]]:
         """Apply a checked reload (``service.reload``), on the loop thread; the consumer first, the one step that
         can fail, so that a failure leaves everything as it was."""
-        added = [c.added for c in changed if c.added is not None]
-        dropped = [c.dropped for c in changed if c.dropped is not None]
-        replaced = {c.key.removeprefix("tables.") for c in changed if c.replaced}  # in both lists
-        new_tables = [tc for tc in added if tc.name not in replaced]
+        config = delta.config
         http = self.ops.bind_http(config)  # may raise: a new address that cannot be bound refuses the reload
         try:
-            for tc in new_tables:  # may raise (a failing disk); the publisher before the engine, whose events
+            for tc in delta.added:  # may raise (a failing disk); the publisher before the engine, whose events
                 self.dropped.before_add(tc.name)  # about the table reach it
                 self.snapshots.add_table(tc)
-            self.thread.reconfigure(config, kafka_changed=any(c.key.startswith("kafka.") for c in changed))
+            self.thread.reconfigure(config, kafka_changed=delta.kafka_changed)
         except Exception:
-            for tc in new_tables:  # nothing else changed yet
+            for tc in delta.added:  # nothing else changed yet
                 self.snapshots.drop_table(tc.name)
             if http is not None:
                 http.stop()
@@ -174,23 +171,20 @@ class Daemon:
         # In force from here: clients made from now on (exact builds, a new table's bootstrap) take its [kafka]
         self.config_ref.set(config)
         self.snapshots.reconfigure(config)
-        for c in changed:
-            if c.redeclared is not None:  # nothing to replay: decoded with the new declaration from the next version
-                self.manager.tables[c.redeclared.name].config = c.redeclared
-                self.snapshots.redeclare(c.redeclared)
-        for tc in added:
-            if tc.name in replaced:  # its old snapshots aside (kept while leased), a new snapshot state
-                self.dropped.before_add(tc.name)
-                self.snapshots.replace_table(tc)
+        for tc in delta.redeclared:  # nothing to replay: decoded with the new declaration from the next version
+            self.manager.tables[tc.name].config = tc
+            self.snapshots.redeclare(tc)
+        for tc in delta.replaced:  # its old snapshots aside (kept while leased), a new snapshot state
+            self.dropped.before_add(tc.name)
+            self.snapshots.replace_table(tc)
+        for tc in delta.stores_added:
             self.ops.inbox.tables.add(tc.name)
             if self.exports is not None:  # before the engine opens the store: an empty one may bootstrap
-                if tc.name in replaced:
+                if tc in delta.replaced:
                     self.exports.drop_table(tc.name)
                 self.exports.add_table(tc)
-        self.thread.change_tables(added, dropped)  # the engine drops first, then adds
-        for name in dropped:
-            if name in replaced:  # added again above: only its old declaration went
-                continue
+        self.thread.change_tables(delta.stores_added, delta.stores_dropped)  # the engine drops first, then adds
+        for name in delta.dropped:  # a replaced table was added again above: only its old declaration went
             if self.exports is not None:
                 self.exports.drop_table(name)
             self.snapshots.drop_table(name)

@@ -40,7 +40,7 @@ from globald.common.errors import ConfigError
 from globald.common.requests import RELOAD, OperatorRequest
 from globald.ops.status import ConfigStatus
 from globald.settings import config as configmod
-from globald.settings.changes import Change, changes, refusal
+from globald.settings.changes import Change, Delta, changes, refusal
 from globald.settings.config import Config
 from globald.settings.kafka_properties import secret_values
 
@@ -73,13 +73,12 @@ class ReloadRequest(OperatorRequest):
 
 @dataclass
 class _Ready:
-    """A request checked on the reload thread, for the loop to apply (``config`` None: refused, ``error`` says)."""
+    """A request checked on the reload thread, for the loop to apply (``delta`` None: refused, ``error`` says)."""
 
     request: ReloadRequest
     path: Path
-    config: Config | None = None
+    delta: Delta | None = None
     sha256: str | None = None
-    changed: list[Change] = field(default_factory=list)
     error: str | None = None
     done: threading.Event = field(default_factory=threading.Event)
     later: list[Callable[[], None]] = field(default_factory=list)  # the apply's cleanups, run on the reload thread
@@ -89,7 +88,7 @@ class Reloader:
     """See the module docstring. ``request`` from any thread; ``tick`` on the loop thread."""
 
     def __init__(self, config: Config, path: Path | None,
-                 apply: Callable[[Config, list[Change]], list[Callable[[], None]]],
+                 apply: Callable[[Delta], list[Callable[[], None]]],
                  publish: Callable[[], None]) -> None:
         self.config = config  # in force; changed on the loop thread only
         self.path = path  # as given at start, never resolved: a symlink swap is followed at each reload
@@ -206,7 +205,7 @@ class Reloader:
             return _Ready(r, path, error=why)
         if any(f is not None and f.subject is not None for t in new.tables for f in (t.value, t.key)):
             found += self._take_reader_schemas(new, found)
-        return _Ready(r, path, new, hashlib.sha256(data).hexdigest(), found)
+        return _Ready(r, path, Delta.of(new, found), hashlib.sha256(data).hexdigest())
 
     def _take_reader_schemas(self, new: Config, found: list[Change]) -> list[Change]:
         """Take every subject's reader schema again; a table whose pin moved though its declaration did not (the
@@ -238,23 +237,22 @@ class Reloader:
 
     def _conclude(self, ready: _Ready) -> None:
         r, error = ready.request, ready.error
-        if ready.config is not None:
+        if ready.delta is not None:
             try:
-                ready.later = self._apply(ready.config, ready.changed)
+                ready.later = self._apply(ready.delta)
             except ConfigError as e:  # a new HTTP address that cannot be bound, before anything changed
                 error = f"config error: {e}"
             except Exception as e:  # made before anything changed (thread.reconfigure): nothing was applied
                 error = f"the new config could not be applied: {type(e).__name__}: {e}; the old one stays in force"
         when = time.time()
         if error is None:
-            assert ready.config is not None
-            self.config = ready.config
+            assert ready.delta is not None
+            self.config = ready.delta.config
             logs.reconfigure(self.config.log_level, secret_values(self.config))
             self.status = ConfigStatus(self.status.generation + 1, ready.sha256, str(ready.path),
                                        {"time": when, "result": "applied", "error": None})
-            keys = ", ".join(c.key for c in ready.changed) or "nothing changed"
             log.info("reload of %s (%s) applied: config generation %d; %s", ready.path, r.origin,
-                     self.status.generation, keys)
+                     self.status.generation, ready.delta.keys)
         else:
             self.status = ConfigStatus(self.status.generation, self.status.sha256, self.status.path,
                                        {"time": when, "result": "refused", "error": error})
