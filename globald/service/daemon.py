@@ -80,13 +80,14 @@ class Daemon:
         self.bus = EventBus()
         self.stats = LoopStats()
         rebuilds = RebuildRequests()
-        self.manager = StateManager(config, self.bus.emit)
-        # The config in force for the parts that read it, or make Kafka clients, after a reload (``_reconfigure``)
+        # The config in force, one for every part: set once by a reload applied (``_reconfigure``); a part that
+        # makes Kafka clients reads it when it makes one, and makes new ones when its generation moved
         self.config_ref = ConfigRef(config)
+        self.manager = StateManager(self.config_ref, self.bus.emit)
         self.snapshots = SnapshotPublisher(self.config_ref, self.manager)
         self.ops = Operations(config, self.manager, self.stats, rebuilds, self.snapshots, progress)
         self.exports = _exports(self.config_ref, self.manager)  # None unless [export] is configured
-        self.thread = GlobalThread(config, self.manager, self.bus.emit, services=(
+        self.thread = GlobalThread(self.config_ref, self.manager, self.bus.emit, services=(
                                        (self.snapshots, self.ops, self) if self.exports is None else
                                        (self.snapshots, self.ops, self, self.exports)),
                                    rebuilds=rebuilds, stats=self.stats,
@@ -161,7 +162,7 @@ class Daemon:
             for tc in delta.added:  # may raise (a failing disk); the publisher before the engine, whose events
                 self.dropped.before_add(tc.name)  # about the table reach it
                 self.snapshots.add_table(tc)
-            self.thread.reconfigure(config, kafka_changed=delta.kafka_changed)
+            self.thread.reconfigure(delta)  # a new consumer when [kafka] changed
         except Exception:
             for tc in delta.added:  # nothing else changed yet
                 self.snapshots.drop_table(tc.name)
