@@ -75,7 +75,6 @@ class Daemon:
         """``listeners`` are a user's callbacks; ``subscribers`` receive every engine event after globald's own;
         ``config_path``: the config file as named on the command line (symlinks unresolved), read again by a
         SIGHUP (default: the file the config was loaded from)."""
-        self.config = config
         self.listeners = listeners or Listeners()
         self.bus = EventBus()
         self.stats = LoopStats()
@@ -85,7 +84,7 @@ class Daemon:
         self.config_ref = ConfigRef(config)
         self.manager = StateManager(self.config_ref, self.bus.emit)
         self.snapshots = SnapshotPublisher(self.config_ref, self.manager)
-        self.ops = Operations(config, self.manager, self.stats, rebuilds, self.snapshots, progress)
+        self.ops = Operations(self.config_ref, self.manager, self.stats, rebuilds, self.snapshots, progress)
         self.exports = _exports(self.config_ref, self.manager)  # None unless [export] is configured
         self.thread = GlobalThread(self.config_ref, self.manager, self.bus.emit, services=(
                                        (self.snapshots, self.ops, self) if self.exports is None else
@@ -100,12 +99,17 @@ class Daemon:
                                                   *([self.exports.on_event] if self.exports else []),
                                                   self.on_event, *subscribers)))
         self.dropped = DroppedSnapshots(config.state_dir)  # the snapshots of tables a reload dropped
-        self.reloader = Reloader(config, config_path or config.source, self._reconfigure, self.publish_status)
+        self.reloader = Reloader(self.config_ref, config_path or config.source, self._reconfigure, self.publish_status)
         # the decode processes read the config file in force, and only its bytes in force (a reload's, once applied)
         self.ops.decodes.in_force = lambda: (self.reloader.status.path, self.reloader.status.sha256)
         self._last_status = 0.0
         self._last_degraded: str | None = None
         self._status_failing = False
+
+    @property
+    def config(self) -> Config:
+        """The config in force."""
+        return self.config_ref.now
 
     # -- status (loop thread) -----------------------------------------------------------------------------------
 
@@ -170,8 +174,7 @@ class Daemon:
                 http.stop()
             raise
         # In force from here: clients made from now on (exact builds, a new table's bootstrap) take its [kafka]
-        self.config_ref.set(config)
-        self.snapshots.reconfigure(config)
+        self.config_ref.set(config)  # [snapshots]: the publisher's parts read it from their next publish or sweep
         for tc in delta.redeclared:  # nothing to replay: decoded with the new declaration from the next version
             self.manager.tables[tc.name].config = tc
             self.snapshots.redeclare(tc)
@@ -191,7 +194,6 @@ class Daemon:
             self.snapshots.drop_table(name)
             self.dropped.drop(name)
             self.ops.inbox.tables.discard(name)
-        self.config = config
         return self.ops.reconfigure(config, http)
 
     def _on_signal(self, signum: int) -> None:

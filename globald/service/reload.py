@@ -43,6 +43,7 @@ from globald.settings import config as configmod
 from globald.settings.changes import Change, Delta, changes, refusal
 from globald.settings.config import Config
 from globald.settings.kafka_properties import secret_values
+from globald.settings.ref import ConfigRef
 
 log = logging.getLogger(__name__)
 
@@ -87,10 +88,11 @@ class _Ready:
 class Reloader:
     """See the module docstring. ``request`` from any thread; ``tick`` on the loop thread."""
 
-    def __init__(self, config: Config, path: Path | None,
+    def __init__(self, config: ConfigRef, path: Path | None,
                  apply: Callable[[Delta], list[Callable[[], None]]],
                  publish: Callable[[], None]) -> None:
-        self.config = config  # in force; changed on the loop thread only
+        """``apply`` sets ``config`` to a reload's config once applied (``Daemon._reconfigure``)."""
+        self._config = config
         self.path = path  # as given at start, never resolved: a symlink swap is followed at each reload
         self._apply = apply
         self._publish = publish
@@ -101,6 +103,11 @@ class Reloader:
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._asked_sha: str | None = None  # bytes the file watch already asked a reload for
+
+    @property
+    def config(self) -> Config:
+        """The config in force (read on the reload thread, set on the loop thread: ``ConfigRef`` is thread-safe)."""
+        return self._config.now
 
     # -- any thread -------------------------------------------------------------------------------------------
 
@@ -247,7 +254,6 @@ class Reloader:
         when = time.time()
         if error is None:
             assert ready.delta is not None
-            self.config = ready.delta.config
             logs.reconfigure(self.config.log_level, secret_values(self.config))
             self.status = ConfigStatus(self.status.generation + 1, ready.sha256, str(ready.path),
                                        {"time": when, "result": "applied", "error": None})
