@@ -322,10 +322,11 @@ class RunningGlobald:
         self.listeners.state.append(self._on_state)
         self.probes: list[Callable[[], None]] = []  # called on the loop thread after every turn
         bus = EventBus()
-        manager = StateManager(config, bus.emit)
-        self.publisher = SnapshotPublisher(ConfigRef(config), manager) if snapshots else None
+        ref = ConfigRef(config)
+        manager = StateManager(ref, bus.emit)
+        self.publisher = SnapshotPublisher(ref, manager) if snapshots else None
         services: list[LoopService] = [self.publisher] if self.publisher is not None else []
-        self.thread = GlobalThread(config, manager, bus.emit, services=[*services, _Probes(self.probes)])
+        self.thread = GlobalThread(ref, manager, bus.emit, services=[*services, _Probes(self.probes)])
         bus.connect(deliver(self.listeners), *([self.publisher.on_event] if self.publisher is not None else []))
         self._runner = threading.Thread(target=self._run, name="globald", daemon=True)
         self.error: BaseException | None = None

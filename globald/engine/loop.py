@@ -43,6 +43,7 @@ from globald.engine.view import LoopStats
 from globald.kafka.clients import TransientKafkaError
 from globald.kafka.worker import ClusterWorker
 from globald.settings.config import Config
+from globald.settings.ref import ConfigRef
 from globald.store.failures import STORE_FAULTS
 
 log = logging.getLogger(__name__)
@@ -63,7 +64,7 @@ class LoopService(Protocol):
 class LoopParts:
     """What a loop drives, built once by the global thread."""
 
-    config: Config
+    config: ConfigRef  # the config in force, read at each use
     manager: StateManager
     worker: ClusterWorker  # every question to the cluster, and every client close
     identity: TopicIdentity  # the one the manager consults too
@@ -82,7 +83,7 @@ class Loop:
 
     def __init__(self, parts: LoopParts, new_consumer: Callable[[], Consumer],
                  stored: dict[str, dict[int, int]]) -> None:
-        self.config = parts.config
+        self._config = parts.config
         self.manager = parts.manager
         self.problems = parts.problems
         self.stats = parts.stats
@@ -107,10 +108,16 @@ class Loop:
         for rt in self.manager.tables.values():
             self.manager.restoring(rt, "starting")
 
+    @property
+    def config(self) -> Config:
+        """The config in force (a reload's from the turn after it was applied)."""
+        return self._config.now
+
     # -- one turn: poll, then update, then maybe commit ---------------------------------------------------------
 
     def turn(self) -> None:
         self.stats.last_loop = time.monotonic()
+        self.worker.follow()  # a reload's [kafka]: new clients before anything is asked of them
         try:
             self._turn()
         except STORE_FAULTS as e:  # in any phase: planning, a write, the end of a restore, a commit
@@ -330,7 +337,7 @@ class Loop:
         self.replace_consumer(self._new_consumer())
         # The cluster worker's clients too: its probe is what clears the cluster's problem while no record
         # arrives, and tables are planned only then, so a wedged probe client would hold every table for good.
-        self.worker.renew(self.config.consumer_settings())
+        self.worker.renew()
 
     def replace_consumer(self, new: Consumer) -> None:
         """Take ``new`` as the consumer (a silent one renewed, or new [kafka] properties from a reload) and re-plan

@@ -39,6 +39,7 @@ from globald.engine.table import Restore, TableRuntime
 from globald.engine.view import Checkpointed, TableView
 from globald.kafka.clients import TransientKafkaError
 from globald.settings.config import Config, TableConfig
+from globald.settings.ref import ConfigRef
 from globald.store.fingerprint import Ladder
 from globald.store.options import StoreOptions
 from globald.store.reader import StoreReader
@@ -72,13 +73,18 @@ class StateManager:
 
     identity: TopicIdentity
 
-    def __init__(self, config: Config, emit: Emit) -> None:
-        self.config = config
+    def __init__(self, config: ConfigRef, emit: Emit) -> None:
+        self._config = config
         self._emit = emit
-        self.options = StoreOptions.from_config(config.store)
+        self.options = StoreOptions.from_config(config.now.store)  # [store] changes need a restart
         self.tables: dict[str, TableRuntime] = {}
         self.wipes: Counter[tuple[str, str]] = Counter()  # (table, kind) -> count
         self._suspect = False
+
+    @property
+    def config(self) -> Config:
+        """The config in force."""
+        return self._config.now
 
     @property
     def store_fault(self) -> bool:

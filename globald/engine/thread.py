@@ -36,7 +36,9 @@ from globald.engine.table import TableRuntime
 from globald.engine.view import LoopStats
 from globald.kafka.clients import make_consumer
 from globald.kafka.worker import ClusterWorker
+from globald.settings.changes import Delta
 from globald.settings.config import Config, TableConfig
+from globald.settings.ref import ConfigRef
 from globald.store.failures import STORE_FAULTS
 
 log = logging.getLogger(__name__)
@@ -55,15 +57,15 @@ QUESTION_STUCK_S = 60.0
 class GlobalThread:
     """Runs the loop on the calling thread until ``stop()``. Built with everything it drives, nothing added later."""
 
-    def __init__(self, config: Config, manager: StateManager, emit: Emit, services: Sequence[LoopService] = (),
+    def __init__(self, config: ConfigRef, manager: StateManager, emit: Emit, services: Sequence[LoopService] = (),
                  rebuilds: RebuildRequests | None = None, stats: LoopStats | None = None,
                  consumer_factory: Callable[..., Consumer] = make_consumer, refills: Refills | None = None) -> None:
-        self.config = config
+        self._config = config  # the config in force, read at each use
         self.manager = manager
         self._emit = emit
         # Every question to the cluster, asked off the loop thread (kafka.worker), and the topics' identity, which
         # the state manager's plans and wipes consult.
-        self.worker = ClusterWorker(config.consumer_settings(), stuck_after_s=QUESTION_STUCK_S)
+        self.worker = ClusterWorker(config, stuck_after_s=QUESTION_STUCK_S)
         self.identity = manager.identity = TopicIdentity(self.worker, emit)
         self.machine = StateMachine(lambda table, new, old, reason: emit(StateChanged(table, new, old, reason)))
         self.problems = Problems()
@@ -81,9 +83,14 @@ class GlobalThread:
         """The engine alone, without snapshots or operations (benchmarks, tests): ``listeners`` get the user
         callbacks, ``subscribers`` every event."""
         bus = EventBus()
-        thread = cls(config, StateManager(config, bus.emit), bus.emit, services)
+        ref = ConfigRef(config)
+        thread = cls(ref, StateManager(ref, bus.emit), bus.emit, services)
         bus.connect(deliver(listeners or Listeners()), *subscribers)
         return thread
+
+    @property
+    def config(self) -> Config:
+        return self._config.now
 
     @property
     def state(self) -> State:
@@ -123,18 +130,14 @@ class GlobalThread:
                     ends[p] = max(high, ends.get(p, 0))
         return ends
 
-    def reconfigure(self, config: Config, kafka_changed: bool) -> None:
-        """A reload's config, on the loop thread between two turns (``service.reload``): the loop's settings are
-        read from it from now on; new [kafka] properties replace the consumer (made first: if librdkafka refuses
-        them, this raises and nothing changed) and the cluster worker's clients."""
-        new = self._consumer_factory(config, on_error=self._on_kafka_error) if kafka_changed and self._loop else None
-        self.config = self.manager.config = config
-        if self._loop is not None:
-            self._loop.config = config
-            if new is not None:
-                self._loop.replace_consumer(new)
-        if kafka_changed:
-            self.worker.renew(config.consumer_settings())
+    def reconfigure(self, delta: Delta) -> None:
+        """A reload's new [kafka] properties, on the loop thread between two turns (``service.reload``), before the
+        config is in force: a new consumer made from them (if librdkafka refuses them, this raises and nothing
+        changed) replaces the loop's. The loop's other settings are read from the config in force at each use, and
+        the cluster worker makes new clients when the generation moved (``ClusterWorker.follow``)."""
+        if not delta.kafka_changed or self._loop is None:
+            return
+        self._loop.replace_consumer(self._consumer_factory(delta.config, on_error=self._on_kafka_error))
 
     def change_tables(self, added: Sequence[TableConfig], dropped: Sequence[str]) -> None:
         """A reload's tables (``engine.tables_change``), on the loop thread after ``reconfigure``: the dropped ones
@@ -162,7 +165,7 @@ class GlobalThread:
         try:
             self.machine.to(State.RESTORING, "starting")
             stored, refused = self.manager.open_all()
-            parts = LoopParts(self.config, self.manager, self.worker, self.identity, self.problems, self.stats,
+            parts = LoopParts(self._config, self.manager, self.worker, self.identity, self.problems, self.stats,
                               self._services, self._emit, self._rebuilds, self.machine, self._stop, self._refills)
             self._loop = Loop(parts, lambda: self._consumer_factory(self.config, on_error=self._on_kafka_error),
                               stored)

@@ -21,13 +21,14 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
 from confluent_kafka import KafkaException
 
 from globald.kafka.identity import RecordReader, TopicIds
+from globald.settings.ref import ConfigRef
 
 log = logging.getLogger(__name__)
 
@@ -121,8 +122,10 @@ class _Runner(threading.Thread):
 class ClusterWorker:
     """See the module docstring. Every method is called from the loop thread; the runners answer from theirs."""
 
-    def __init__(self, settings: Mapping[str, Any], stuck_after_s: float) -> None:
-        self._settings = dict(settings)
+    def __init__(self, config: ConfigRef, stuck_after_s: float) -> None:
+        self._config = config  # clients are made from the settings in force when they are made
+        self._generation = config.generation
+        self._settings = config.now.consumer_settings()  # those of the current runner's clients
         self._stuck_after_s = stuck_after_s
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
@@ -139,7 +142,8 @@ class ClusterWorker:
         def wait(seconds: float) -> bool:
             return self._stop.wait(seconds) or stopping()
 
-        return Clients(RecordReader(self._settings, wait), TopicIds(self._settings))
+        settings = self._config.now.consumer_settings()
+        return Clients(RecordReader(settings, wait), TopicIds(settings))
 
     def _started(self) -> None:
         if self._runner is None:
@@ -155,6 +159,7 @@ class ClusterWorker:
 
     def ask(self, key: str, fn: Callable[[Clients], T]) -> None:
         """Ask ``fn(clients)`` on the worker; its answer (``take(key)``) replaces any earlier one's."""
+        self.follow()  # asked after a reload's [kafka]: of clients made with it
         serial = next(self._serials)
         with self._lock:
             self._wanted[key] = serial
@@ -189,10 +194,21 @@ class ClusterWorker:
         self._started()
         self._jobs.put(_Job(None, 0, close))
 
-    def renew(self, settings: Mapping[str, Any]) -> None:
-        """New client settings (a reload's [kafka]): the current runner ends after the question it is on, whose
-        answer still counts, and a new runner with new clients takes every question after it."""
-        self._settings = dict(settings)
+    def follow(self) -> None:
+        """New clients when the config's generation moved and its client settings with it (a reload's [kafka]):
+        at each question, and by the loop at each turn (the old clients go even while nothing is asked)."""
+        config, generation = self._config.get()
+        if generation == self._generation:
+            return
+        self._generation = generation
+        if config.consumer_settings() != self._settings:
+            self.renew()
+
+    def renew(self) -> None:
+        """New clients (new [kafka] settings, or a silent consumer renewed): the current runner ends after the
+        question it is on, whose answer still counts, and a new runner with new clients takes every question after
+        it."""
+        self._settings = self._config.now.consumer_settings()
         runner = self._runner
         if runner is not None:
             runner.retired.set()

@@ -40,6 +40,7 @@ from globald.ops.status import DaemonStatus, HttpAddress, RestoreStatus
 from globald.settings import registry as registry_settings
 from globald.settings.config import Config
 from globald.settings.kafka_properties import redact
+from globald.settings.ref import ConfigRef
 from globald.store.stalls import STALLS
 
 log = logging.getLogger(__name__)
@@ -48,10 +49,11 @@ PROGRESS_STATUS_SECONDS = 5.0
 
 
 class Operations:
-    def __init__(self, config: Config, engine: EngineView, stats: LoopStats, rebuilds: RebuildRequests,
+    def __init__(self, ref: ConfigRef, engine: EngineView, stats: LoopStats, rebuilds: RebuildRequests,
                  snapshots: SnapshotSource | None, progress: ProgressOptions | None = None,
                  notifier: Notifier | None = None) -> None:
-        self.config = config
+        self._config = ref
+        config = ref.now
         self.engine = engine
         self.stats = stats
         # With a snapshot source a table is servable once it has a snapshot; without, while RUNNING.
@@ -72,6 +74,11 @@ class Operations:
         self._commits = 0
         self._next_progress_status = 0.0
         on_statistics(KAFKA_STATS)  # the consumer's buffers in the status's memory, when the operator turns them on
+
+    @property
+    def config(self) -> Config:
+        """The config in force."""
+        return self._config.now
 
     # -- lifecycle (main thread) ------------------------------------------------------------------------------
 
@@ -110,8 +117,8 @@ class Operations:
     def bind_http(self, config: Config) -> HttpServer | None:
         """A reload's [http], bound before anything of the reload is applied (``service.reload``): a new listener
         when the address changed (raises ConfigError, refusing the reload, when it cannot be bound), else None."""
-        old, new = self.config.http, config.http
-        if old == new or not new.enabled or (old.enabled and (old.host, old.port) == (new.host, new.port)):
+        old, new = self.http.config if self.http is not None else None, config.http  # None: not listening
+        if old == new or not new.enabled or (old is not None and (old.host, old.port) == (new.host, new.port)):
             return None  # unchanged, turned off, or the same address: the listener in place serves on
         server = HttpServer(new, Endpoints(self.metrics.render, self.status_doc, self.liveness))
         server.start()
@@ -124,7 +131,7 @@ class Operations:
         listener. Returns what the caller must run off the loop thread: the replaced runner's close (it delivers
         what is queued, bounded by the hooks' timeout) and the replaced listener's stop."""
         later: list[Callable[[], None]] = []
-        if config.hooks != self.config.hooks:
+        if config.hooks != self.hooks.config:
             old, self.hooks = self.hooks, HookRunner(config.hooks)
             self.hooks.failures.update(old.failures)  # the counters are the process's, not one runner's
             self.hooks.start()
@@ -136,7 +143,6 @@ class Operations:
         elif self.http is not None:
             self.http.config = config.http  # the same address: allow_non_loopback, checked when loaded
         self.decodes.reconfigure(config)  # typed tables added or dropped; the config file in force
-        self.config = config
         return later
 
     def stop(self) -> None:

@@ -34,7 +34,7 @@ from globald.ops.runtime import Operations
 from globald.ops.status import DaemonStatus, TableStatus
 from globald.service import signals
 from globald.service.reload import Reloader
-from globald.settings.changes import Change
+from globald.settings.changes import Delta
 from globald.settings.config import Config
 from globald.settings.ref import ConfigRef
 from globald.snapshot.dropped import DroppedSnapshots
@@ -75,18 +75,18 @@ class Daemon:
         """``listeners`` are a user's callbacks; ``subscribers`` receive every engine event after globald's own;
         ``config_path``: the config file as named on the command line (symlinks unresolved), read again by a
         SIGHUP (default: the file the config was loaded from)."""
-        self.config = config
         self.listeners = listeners or Listeners()
         self.bus = EventBus()
         self.stats = LoopStats()
         rebuilds = RebuildRequests()
-        self.manager = StateManager(config, self.bus.emit)
-        # The config in force for the parts that read it, or make Kafka clients, after a reload (``_reconfigure``)
+        # The config in force, one for every part: set once by a reload applied (``_reconfigure``); a part that
+        # makes Kafka clients reads it when it makes one, and makes new ones when its generation moved
         self.config_ref = ConfigRef(config)
+        self.manager = StateManager(self.config_ref, self.bus.emit)
         self.snapshots = SnapshotPublisher(self.config_ref, self.manager)
-        self.ops = Operations(config, self.manager, self.stats, rebuilds, self.snapshots, progress)
+        self.ops = Operations(self.config_ref, self.manager, self.stats, rebuilds, self.snapshots, progress)
         self.exports = _exports(self.config_ref, self.manager)  # None unless [export] is configured
-        self.thread = GlobalThread(config, self.manager, self.bus.emit, services=(
+        self.thread = GlobalThread(self.config_ref, self.manager, self.bus.emit, services=(
                                        (self.snapshots, self.ops, self) if self.exports is None else
                                        (self.snapshots, self.ops, self, self.exports)),
                                    rebuilds=rebuilds, stats=self.stats,
@@ -99,12 +99,17 @@ class Daemon:
                                                   *([self.exports.on_event] if self.exports else []),
                                                   self.on_event, *subscribers)))
         self.dropped = DroppedSnapshots(config.state_dir)  # the snapshots of tables a reload dropped
-        self.reloader = Reloader(config, config_path or config.source, self._reconfigure, self.publish_status)
+        self.reloader = Reloader(self.config_ref, config_path or config.source, self._reconfigure, self.publish_status)
         # the decode processes read the config file in force, and only its bytes in force (a reload's, once applied)
         self.ops.decodes.in_force = lambda: (self.reloader.status.path, self.reloader.status.sha256)
         self._last_status = 0.0
         self._last_degraded: str | None = None
         self._status_failing = False
+
+    @property
+    def config(self) -> Config:
+        """The config in force."""
+        return self.config_ref.now
 
     # -- status (loop thread) -----------------------------------------------------------------------------------
 
@@ -152,51 +157,43 @@ class Daemon:
 
     # -- lifecycle ----------------------------------------------------------------------------------------------
 
-    def _reconfigure(self, config: Config, changed: list[Change]) -> list[Callable[[], None]]:
+    def _reconfigure(self, delta: Delta) -> list[Callable[[], None]]:
         """Apply a checked reload (``service.reload``), on the loop thread; the consumer first, the one step that
         can fail, so that a failure leaves everything as it was."""
-        added = [c.added for c in changed if c.added is not None]
-        dropped = [c.dropped for c in changed if c.dropped is not None]
-        replaced = {c.key.removeprefix("tables.") for c in changed if c.replaced}  # in both lists
-        new_tables = [tc for tc in added if tc.name not in replaced]
+        config = delta.config
         http = self.ops.bind_http(config)  # may raise: a new address that cannot be bound refuses the reload
         try:
-            for tc in new_tables:  # may raise (a failing disk); the publisher before the engine, whose events
+            for tc in delta.added:  # may raise (a failing disk); the publisher before the engine, whose events
                 self.dropped.before_add(tc.name)  # about the table reach it
                 self.snapshots.add_table(tc)
-            self.thread.reconfigure(config, kafka_changed=any(c.key.startswith("kafka.") for c in changed))
+            self.thread.reconfigure(delta)  # a new consumer when [kafka] changed
         except Exception:
-            for tc in new_tables:  # nothing else changed yet
+            for tc in delta.added:  # nothing else changed yet
                 self.snapshots.drop_table(tc.name)
             if http is not None:
                 http.stop()
             raise
         # In force from here: clients made from now on (exact builds, a new table's bootstrap) take its [kafka]
-        self.config_ref.set(config)
-        self.snapshots.reconfigure(config)
-        for c in changed:
-            if c.redeclared is not None:  # nothing to replay: decoded with the new declaration from the next version
-                self.manager.tables[c.redeclared.name].config = c.redeclared
-                self.snapshots.redeclare(c.redeclared)
-        for tc in added:
-            if tc.name in replaced:  # its old snapshots aside (kept while leased), a new snapshot state
-                self.dropped.before_add(tc.name)
-                self.snapshots.replace_table(tc)
+        self.config_ref.set(config)  # [snapshots]: the publisher's parts read it from their next publish or sweep
+        for tc in delta.redeclared:  # nothing to replay: decoded with the new declaration from the next version
+            self.manager.tables[tc.name].config = tc
+            self.snapshots.redeclare(tc)
+        for tc in delta.replaced:  # its old snapshots aside (kept while leased), a new snapshot state
+            self.dropped.before_add(tc.name)
+            self.snapshots.replace_table(tc)
+        for tc in delta.stores_added:
             self.ops.inbox.tables.add(tc.name)
             if self.exports is not None:  # before the engine opens the store: an empty one may bootstrap
-                if tc.name in replaced:
+                if tc in delta.replaced:
                     self.exports.drop_table(tc.name)
                 self.exports.add_table(tc)
-        self.thread.change_tables(added, dropped)  # the engine drops first, then adds
-        for name in dropped:
-            if name in replaced:  # added again above: only its old declaration went
-                continue
+        self.thread.change_tables(delta.stores_added, delta.stores_dropped)  # the engine drops first, then adds
+        for name in delta.dropped:  # a replaced table was added again above: only its old declaration went
             if self.exports is not None:
                 self.exports.drop_table(name)
             self.snapshots.drop_table(name)
             self.dropped.drop(name)
             self.ops.inbox.tables.discard(name)
-        self.config = config
         return self.ops.reconfigure(config, http)
 
     def _on_signal(self, signum: int) -> None:

@@ -40,9 +40,10 @@ from globald.common.errors import ConfigError
 from globald.common.requests import RELOAD, OperatorRequest
 from globald.ops.status import ConfigStatus
 from globald.settings import config as configmod
-from globald.settings.changes import Change, changes, refusal
+from globald.settings.changes import Change, Delta, changes, refusal
 from globald.settings.config import Config
 from globald.settings.kafka_properties import secret_values
+from globald.settings.ref import ConfigRef
 
 log = logging.getLogger(__name__)
 
@@ -73,13 +74,12 @@ class ReloadRequest(OperatorRequest):
 
 @dataclass
 class _Ready:
-    """A request checked on the reload thread, for the loop to apply (``config`` None: refused, ``error`` says)."""
+    """A request checked on the reload thread, for the loop to apply (``delta`` None: refused, ``error`` says)."""
 
     request: ReloadRequest
     path: Path
-    config: Config | None = None
+    delta: Delta | None = None
     sha256: str | None = None
-    changed: list[Change] = field(default_factory=list)
     error: str | None = None
     done: threading.Event = field(default_factory=threading.Event)
     later: list[Callable[[], None]] = field(default_factory=list)  # the apply's cleanups, run on the reload thread
@@ -88,10 +88,11 @@ class _Ready:
 class Reloader:
     """See the module docstring. ``request`` from any thread; ``tick`` on the loop thread."""
 
-    def __init__(self, config: Config, path: Path | None,
-                 apply: Callable[[Config, list[Change]], list[Callable[[], None]]],
+    def __init__(self, config: ConfigRef, path: Path | None,
+                 apply: Callable[[Delta], list[Callable[[], None]]],
                  publish: Callable[[], None]) -> None:
-        self.config = config  # in force; changed on the loop thread only
+        """``apply`` sets ``config`` to a reload's config once applied (``Daemon._reconfigure``)."""
+        self._config = config
         self.path = path  # as given at start, never resolved: a symlink swap is followed at each reload
         self._apply = apply
         self._publish = publish
@@ -102,6 +103,11 @@ class Reloader:
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._asked_sha: str | None = None  # bytes the file watch already asked a reload for
+
+    @property
+    def config(self) -> Config:
+        """The config in force (read on the reload thread, set on the loop thread: ``ConfigRef`` is thread-safe)."""
+        return self._config.now
 
     # -- any thread -------------------------------------------------------------------------------------------
 
@@ -206,7 +212,7 @@ class Reloader:
             return _Ready(r, path, error=why)
         if any(f is not None and f.subject is not None for t in new.tables for f in (t.value, t.key)):
             found += self._take_reader_schemas(new, found)
-        return _Ready(r, path, new, hashlib.sha256(data).hexdigest(), found)
+        return _Ready(r, path, Delta.of(new, found), hashlib.sha256(data).hexdigest())
 
     def _take_reader_schemas(self, new: Config, found: list[Change]) -> list[Change]:
         """Take every subject's reader schema again; a table whose pin moved though its declaration did not (the
@@ -238,23 +244,21 @@ class Reloader:
 
     def _conclude(self, ready: _Ready) -> None:
         r, error = ready.request, ready.error
-        if ready.config is not None:
+        if ready.delta is not None:
             try:
-                ready.later = self._apply(ready.config, ready.changed)
+                ready.later = self._apply(ready.delta)
             except ConfigError as e:  # a new HTTP address that cannot be bound, before anything changed
                 error = f"config error: {e}"
             except Exception as e:  # made before anything changed (thread.reconfigure): nothing was applied
                 error = f"the new config could not be applied: {type(e).__name__}: {e}; the old one stays in force"
         when = time.time()
         if error is None:
-            assert ready.config is not None
-            self.config = ready.config
+            assert ready.delta is not None
             logs.reconfigure(self.config.log_level, secret_values(self.config))
             self.status = ConfigStatus(self.status.generation + 1, ready.sha256, str(ready.path),
                                        {"time": when, "result": "applied", "error": None})
-            keys = ", ".join(c.key for c in ready.changed) or "nothing changed"
             log.info("reload of %s (%s) applied: config generation %d; %s", ready.path, r.origin,
-                     self.status.generation, keys)
+                     self.status.generation, ready.delta.keys)
         else:
             self.status = ConfigStatus(self.status.generation, self.status.sha256, self.status.path,
                                        {"time": when, "result": "refused", "error": error})

@@ -1,6 +1,7 @@
 """What a reload changes: the difference between the config in force and one read again, key by key.
 
-Pure logic, for ``service.reload``. Every key that differs is named as the config names it (``snapshots.retain``,
+Pure logic, for ``service.reload``: ``delta(old, new)`` computes it once, as a ``Delta`` the daemon applies without
+looking at a key string again. Every key that differs is named as the config names it (``snapshots.retain``,
 ``kafka.fetch.max.bytes``, ``tables.customers``). A key is either one the running daemon applies in place (listed
 in ``LIVE``, each with the part that takes it) or one that needs a restart: a reload that changes any of those is
 refused whole, in one line naming the first such key, and nothing of it is applied (all or nothing).
@@ -65,14 +66,7 @@ class Change:
     def live(self) -> bool:
         if self.key.startswith("tables."):  # added, dropped, redeclared or replaced (module docstring)
             return True
-        return self.key in LIVE or self.key.split(".", 1)[0] == "kafka"
-
-    @property
-    def added(self) -> TableConfig | None:
-        """A table added, or the new declaration of one replaced."""
-        if not self.key.startswith("tables.") or self.new is None:
-            return None
-        return self.new if self.old is None or self.replaced else None
+        return self.key in LIVE or _is_kafka(self.key)
 
     @property
     def replaced(self) -> bool:
@@ -88,18 +82,69 @@ class Change:
             return None
         return new if old.topic == new.topic and old.typed and new.typed else None
 
-    @property
-    def dropped(self) -> str | None:
-        """A table dropped, or the old declaration of one replaced."""
-        if not self.key.startswith("tables.") or self.old is None:
-            return None
-        return self.old.name if self.new is None or self.replaced else None
-
     def refusal(self) -> str:
         """The one line refusing a reload that changes this key."""
         top = self.key.split(".", 1)[0]
         why = WHY_NOT.get(self.key) or WHY_NOT.get(top) or "it is taken when the daemon starts"
         return f"{self.key}: cannot change while the daemon runs ({why}); {RESTART}, nothing of this reload was applied"
+
+
+def _is_kafka(key: str) -> bool:
+    return key == "kafka" or key.startswith("kafka.")
+
+
+@dataclass(frozen=True)
+class Delta:
+    """What one reload changes, computed once (``delta``) from the config in force and the one read again.
+
+    Each table changed is in exactly one of ``added``, ``dropped``, ``replaced`` (dropped and added again under its
+    name: another topic, or typed became raw or raw typed) and ``redeclared`` (a typed table's new declaration,
+    taken in place), each in the config's order."""
+
+    config: Config  # the config read again, in force once applied
+    changes: tuple[Change, ...]  # every key that differs (the reload's log line, its refusal)
+    kafka_changed: bool  # a [kafka] property differs: every Kafka client is made again
+    added: tuple[TableConfig, ...]  # tables new under their name
+    dropped: tuple[str, ...]  # tables gone
+    replaced: tuple[TableConfig, ...]  # the new declarations of tables replaced
+    redeclared: tuple[TableConfig, ...]  # the new declarations of typed tables changed in place
+
+    @classmethod
+    def of(cls, new: Config, found: list[Change]) -> Delta:
+        """The ``Delta`` to ``new`` made of the changes ``found`` (``changes``, and any table the reload redeclares
+        though its declaration did not change: a registry subject's reader schema moved)."""
+        tables = [c for c in found if c.key.startswith("tables.")]
+        return cls(
+            config=new, changes=tuple(found), kafka_changed=any(_is_kafka(c.key) for c in found),
+            added=tuple(c.new for c in tables if c.old is None),
+            dropped=tuple(c.old.name for c in tables if c.new is None),
+            replaced=tuple(c.new for c in tables if c.replaced),
+            redeclared=tuple(c.redeclared for c in tables if c.redeclared is not None))
+
+    @property
+    def refusal(self) -> str | None:
+        """The one line refusing this reload, or None when every change can be applied live."""
+        return refusal(list(self.changes))
+
+    @property
+    def stores_dropped(self) -> tuple[str, ...]:
+        """Every table whose store goes: the dropped, and the replaced (their old declaration)."""
+        return (*self.dropped, *(tc.name for tc in self.replaced))
+
+    @property
+    def stores_added(self) -> tuple[TableConfig, ...]:
+        """Every table whose store is made: the added, and the replaced (their new declaration)."""
+        return (*self.added, *self.replaced)
+
+    @property
+    def keys(self) -> str:
+        """The keys that differ, for the log line of a reload applied."""
+        return ", ".join(c.key for c in self.changes) or "nothing changed"
+
+
+def delta(old: Config, new: Config) -> Delta:
+    """The ``Delta`` from the config in force ``old`` to ``new``."""
+    return Delta.of(new, changes(old, new))
 
 
 def changes(old: Config, new: Config) -> list[Change]:

@@ -46,8 +46,8 @@ class SnapshotPublisher:
         self._tables = {t.name: SnapshotTable(t, snapshots_dir(now.state_dir, t.name)) for t in now.tables}
         self._ids = SnapshotIds()
         self.disk = DiskGuard(now.state_dir, now.snapshots.build_timeout_ms / 1000)
-        self._retention = Retention(now, self.disk, now.snapshots.interval_ms / 1000)
-        self._publishing = Publishing(now, engine, self._tables, self._ids, self._retention)
+        self._retention = Retention(config, self.disk)
+        self._publishing = Publishing(config, engine, self._tables, self._ids, self._retention)
         self._desk = RequestDesk(config, engine, self._tables, self._ids, self._publishing, self._retention)
 
     @property
@@ -84,12 +84,6 @@ class SnapshotPublisher:
         self._desk.close()
 
     # -- a reload (loop thread, ``service.reload``) -----------------------------------------------------------
-
-    def reconfigure(self, config: Config) -> None:
-        """A reload's [snapshots] settings: the interval from the next publish, retention from the next sweep (the
-        request desk and its builds read the config in force themselves)."""
-        self._publishing.reconfigure(config)
-        self._retention.reconfigure(config)
 
     def add_table(self, tc: TableConfig) -> None:
         """A table a reload added (``snapshot.dropped`` cleared its directory first): published once RUNNING."""

@@ -23,6 +23,7 @@ from globald.common.errors import ManifestError
 from globald.common.states import State
 from globald.engine.view import EngineView, TableView
 from globald.settings.config import Config
+from globald.settings.ref import ConfigRef
 from globald.snapshot import manifest as manifests
 from globald.snapshot import recreated
 from globald.snapshot.manifest import Manifest, Offsets
@@ -37,21 +38,25 @@ log = logging.getLogger(__name__)
 
 
 class Publishing:
-    def __init__(self, config: Config, engine: EngineView, tables: dict[str, SnapshotTable], ids: SnapshotIds,
+    def __init__(self, config: ConfigRef, engine: EngineView, tables: dict[str, SnapshotTable], ids: SnapshotIds,
                  retention: Retention) -> None:
-        self.config = config
+        self._config = config  # a reload's interval applies from the next publish
         self.engine = engine
         self.daemon_state = State.CREATED
-        self.interval = config.snapshots.interval_ms / 1000
         self._tables = tables
         self._ids = ids
         self._retention = retention
         self._vouched: dict[str, tuple[Offsets, str | None]] = {}  # per table: what VERIFIED holds now
         self._next_publish = 0.0
 
-    def reconfigure(self, config: Config) -> None:
-        self.config = config
-        self.interval = config.snapshots.interval_ms / 1000
+    @property
+    def config(self) -> Config:
+        """The config in force."""
+        return self._config.now
+
+    @property
+    def interval(self) -> float:
+        return self.config.snapshots.interval_ms / 1000
 
     def forget(self, table: str) -> None:
         """A table dropped by a reload."""

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from globald.common.errors import ManifestError, ManifestIOError
 from globald.settings.config import Config
+from globald.settings.ref import ConfigRef
 from globald.snapshot import exact_requests as requests
 from globald.snapshot import leases, recreated
 from globald.snapshot import manifest as manifests
@@ -33,16 +34,20 @@ log = logging.getLogger(__name__)
 
 
 class Retention:
-    def __init__(self, config: Config, disk: DiskGuard, interval_s: float) -> None:
-        self.config = config
+    def __init__(self, config: ConfigRef, disk: DiskGuard) -> None:
+        self._config = config  # a reload's retain and interval apply from the next sweep
         self.disk = disk
         self._leases: dict[str, leases.LeaseClock] = {}  # per table, from its first use (a clock starts empty)
-        self._every = max(interval_s, 1.0)
         self._next_sweep = 0.0
 
-    def reconfigure(self, config: Config) -> None:
-        self.config = config
-        self._every = max(config.snapshots.interval_ms / 1000, 1.0)
+    @property
+    def config(self) -> Config:
+        """The config in force."""
+        return self._config.now
+
+    @property
+    def _every(self) -> float:
+        return max(self.config.snapshots.interval_ms / 1000, 1.0)
 
     def forget(self, table: str) -> None:
         """A table dropped by a reload: its lease clock goes with it (``snapshot.dropped`` keeps its files)."""

@@ -162,11 +162,12 @@ def test_a_reload_redeclares_a_table_whose_subject_version_moved(tmp_path: Path,
     """The same file reloaded after the subject's latest moved: the table counts as redeclared in place (a new
     snapshot version, decoded with the new version, at once); kept or unreachable, nothing is redeclared."""
     from globald.service.reload import Reloader
+    from globald.settings.ref import ConfigRef
 
     registry.register("customers-value", V1)
     config = load(write_config(tmp_path, registry.url, 'writer_schemas = "registry"\nsubject = "customers-value"'))
     take_reader_schemas(config)  # the daemon's start
-    reloader = Reloader(config, None, lambda new, changed: [], lambda: None)
+    reloader = Reloader(ConfigRef(config), None, lambda delta: [], lambda: None)
     assert reloader._take_reader_schemas(config, []) == []  # kept: the latest is the version taken
     registry.register("customers-value", V2)
     changed = reloader._take_reader_schemas(config, [])

@@ -15,6 +15,7 @@ from globald.engine.state_manager import StateManager
 from globald.engine.table import Restore, TableRuntime
 from globald.engine.thread import GlobalThread
 from globald.settings.config import parse
+from globald.settings.ref import ConfigRef
 from tests.stores import write_records
 
 
@@ -24,8 +25,9 @@ def _restoring(tmp_path: Path, targets: dict[int, int]) -> Iterator[tuple[StateM
     cfg = parse({"state_dir": str(tmp_path), "kafka": {"bootstrap.servers": "127.0.0.1:9"},
                  "tables": [{"name": "tbl", "topic": "topic"}]})
     heard: list[object] = []
-    manager = StateManager(cfg, heard.append)
-    GlobalThread(cfg, manager, heard.append)  # hands the manager the topics' identity, as the daemon's does
+    ref = ConfigRef(cfg)
+    manager = StateManager(ref, heard.append)
+    GlobalThread(ref, manager, heard.append)  # hands the manager the topics' identity, as the daemon's does
     assert manager.open_all() == ({"tbl": {}}, {})
     rt = manager.tables["tbl"]
     try:

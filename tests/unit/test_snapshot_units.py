@@ -402,7 +402,8 @@ def _publisher(state: Path, **snapshots: Any) -> Any:
 
     cfg = parse({"state_dir": str(state), "kafka": {"bootstrap.servers": "127.0.0.1:9"},
                  "tables": [{"name": "tbl", "topic": "topic"}], "snapshots": {"retain": 1, **snapshots}})
-    return SnapshotPublisher(ConfigRef(cfg), StateManager(cfg, lambda event: None))
+    ref = ConfigRef(cfg)
+    return SnapshotPublisher(ref, StateManager(ref, lambda event: None))
 
 
 def test_retention_keeps_a_snapshot_whose_manifest_the_disk_cannot_read(tmp_path: Path) -> None:
