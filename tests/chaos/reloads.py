@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from globald.store.names import table_dir
-from tests.chaos import plan
+from tests.chaos import exports, plan
 from tests.harness import REPO, random_records, write_config
 from tests.reliability.checks import check_store
 
@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 EXTRA = "extra"  # the table a reload adds and drops; its topic is created once per seed, small
 EXTRA_RECORDS, EXTRA_KEYS = 1_500, 500
 CHECKED_S = 60.0  # a SIGHUP's reload not checked by then while its phase is held: released anyway, noted
-COMMAND_CHECKED_S = 5.0  # a ``globald reload`` whose request the held loop cannot pick up: released after this
+COMMAND_CHECKED_S = 2.0  # a ``globald reload`` whose request the held loop cannot pick up: released after this
 APPLIED_S = 120.0  # from the release to the generation moved
 BURST_GAP_S = 0.05
 
@@ -59,6 +59,7 @@ class ConfigFile:
     settings: dict[str, Any]
     topics: dict[str, str]
     http_port: int
+    export: bool = False  # with an [export] section (export events): to the seed's directory, never bootstrapping
     live: dict[str, int] = field(default_factory=defaults)  # as last written
     extra: dict[str, str] = field(default_factory=dict)
 
@@ -70,7 +71,8 @@ class ConfigFile:
                      commit_interval_ms=self.live["commit_interval_ms"], metadata_refresh_ms=2000, log_level="INFO",
                      http={"enabled": True, "port": self.http_port},
                      snapshots={"interval_ms": self.live["snapshots.interval_ms"],
-                                "retain": self.live["snapshots.retain"]})
+                                "retain": self.live["snapshots.retain"]},
+                     **({"export": exports.section(self.path.parent, bootstrap=False)} if self.export else {}))
         os.replace(tmp, self.path)
         return self.path
 

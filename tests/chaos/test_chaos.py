@@ -30,6 +30,7 @@ from tests.harness import REPO
 SEED = int(os.environ.get("GLOBALD_CHAOS_SEED", "10"))
 FAULTS = 5
 RELOADS = 2  # reload events after the faults (tests/chaos/reloads.py)
+EXPORTS = 0  # export events after those: ~25 s each (a second daemon bootstraps), beyond the CI budget
 
 
 def test_a_fault_is_a_function_of_its_seed_and_index() -> None:
@@ -75,6 +76,18 @@ def test_make_chaos_lands_every_reload_event_in_every_phase_it_can() -> None:
     assert {(e.kind, e.phase) for e in events} == {(k, p) for k in plan.RELOAD_KINDS for p in plan.RELOAD_PHASES}
     assert {e.params["via"] for e in events} == {"globald reload", "SIGHUP"}
     assert plan.reloads(SEED, RELOADS, FAULTS)
+
+
+def test_export_events_come_after_the_reload_events_and_cover_their_phases() -> None:
+    """Export events are numbered after a seed's reload events and move none of them; ``make chaos`` asks for an
+    export in every phase where one can be made."""
+    events = plan.events(3, 22, 3, 2)
+    assert events[:25] == plan.events(3, 22, 3) and [(e.index, e.kind) for e in events[25:]] == [
+        (25, plan.EXPORT), (26, plan.EXPORT)]
+    args = runner.parse([])
+    phases = {e.phase for s in range(args.seed, args.seed + args.seeds)
+              for e in plan.exports(s, args.exports_per_seed, args.faults_per_seed + args.reloads_per_seed)}
+    assert phases == set(plan.RELOAD_PHASES)
 
 
 def test_a_reload_event_not_applied_is_not_a_landed_one() -> None:
@@ -126,7 +139,7 @@ def test_short_seeded_campaign(tmp_path: Path) -> None:
         print(f"chaos: not run: {why}")
         unavailable(why)
     args = runner.parse(["--seed", str(SEED), "--seeds", "1", "--faults-per-seed", str(FAULTS),
-                         "--reloads-per-seed", str(RELOADS),
+                         "--reloads-per-seed", str(RELOADS), "--exports-per-seed", str(EXPORTS),
                          "--recover-timeout", "120", "--report-dir", str(runner.report_dir() / "ci")])
     campaign = runner.run(args)
     report = (runner.report_dir() / "ci" / "report.md").read_text()
@@ -134,7 +147,7 @@ def test_short_seeded_campaign(tmp_path: Path) -> None:
     assert campaign.probes and all(p.ok for _, p in campaign.probes), report
     # Every planned fault injected (a fault that did not happen proves nothing), and every I/O fault met by the
     # daemon (``Outcome.failed`` says so for those that were not).
-    assert len(campaign.outcomes) == FAULTS + RELOADS and all(o.injected for o in campaign.outcomes), report
+    assert len(campaign.outcomes) == FAULTS + RELOADS + EXPORTS and all(o.injected for o in campaign.outcomes), report
     failed = [o for o in campaign.outcomes if o.failed]
     unmet = [o for o in failed if unmet_only(o)]
     assert not [o for o in failed if o not in unmet], report
