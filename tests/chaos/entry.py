@@ -432,7 +432,6 @@ def children_without_tools() -> None:
 def main() -> int:
     if os.environ.get(IMPORT_PYARROW_ENV) == "1":
         import pyarrow.fs  # noqa: F401 - loaded now, on one thread: see the module docstring
-    children_without_tools()
     if os.environ.get(SLEEP_FIX_ENV) == "1":
         time.sleep = relative_sleep
     clock = SteppedClock(os.environ[CLOCK_ENV]) if os.environ.get(CLOCK_ENV) else None
@@ -446,6 +445,7 @@ def main() -> int:
         missing = [phase for phase, where in installed.items() if where is None]
         sys.stderr.write(f"CHAOS-HOOKS installed: {installed}" + (f"; missing: {missing}" if missing else "") + "\n")
         sys.stderr.flush()
+    children_without_tools()
     from globald.cli import main as cli
 
     return cli.main(sys.argv[1:])
