@@ -99,6 +99,23 @@ def test_a_reload_event_not_applied_is_not_a_landed_one() -> None:
     assert Outcome(event, reached=False, injected=False).failed
 
 
+def test_the_daemons_children_start_without_the_campaigns_tools(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The allocator decides with libfiu's preload in view (``auto`` leaves a preloading process alone: without it,
+    it would re-execute the daemon without libfiu); what the daemon then starts (a reload's check-config) inherits
+    neither the preload nor libfiu's control variables."""
+    from globald.ops import allocator
+    from tests.chaos import entry
+
+    seen: list[str | None] = []
+    monkeypatch.setattr(allocator, "switch", lambda wanted: seen.append(os.environ.get("LD_PRELOAD")))
+    monkeypatch.setenv("LD_PRELOAD", "/usr/lib/fiu/fiu_run_preload.so")
+    monkeypatch.setenv("FIU_CTRL_FIFO", str(Path("/nonexistent/fiu")))
+    entry.children_without_tools()
+    allocator.switch("auto")
+    assert seen == ["/usr/lib/fiu/fiu_run_preload.so"]
+    assert "LD_PRELOAD" not in os.environ and "FIU_CTRL_FIFO" not in os.environ
+
+
 def test_the_daemon_clock_steps_with_its_file(tmp_path: Path) -> None:
     """What a clock fault changes in the daemon: its wall clock, both ways; never the monotonic clock."""
     offset = tmp_path / "offset"
