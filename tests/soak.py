@@ -8,7 +8,10 @@ verifiable snapshot) is compared with the oracle at its stored offsets, and the 
 the daemon need only catch up, the load running. ``--accelerated`` packs three hours of the default load into 45
 minutes (see tests.soak_report.reached_vs_default); memory.md accounts for RSS part by part.
 Nothing ever restarts the daemon: a PID change is a failure, counted, and the run goes on with a new daemon so
-the rest of the report stays meaningful. Exit status 0 only with zero divergences and zero restarts.
+the rest of the report stays meaningful. Reloads (a live key by ``globald reload``, a burst of SIGHUPs) and
+exports (``globald export`` to a directory under the run's) are in the default fault mix; one that did not happen
+(the config generation did not move, no manifest) fails the run. Exit status 0 only with zero divergences, zero
+restarts and no such event missed.
 """
 
 from __future__ import annotations
@@ -23,17 +26,20 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from globald.ops.memory import process_memory
 from globald.store.names import STATUS_FILE, db_dir
+from tests.chaos.exports import section as export_section
 from tests.harness import Broker, DaemonProcess, random_records, write_config
 from tests.reliability.checks import check_snapshots, check_store
 from tests.reliability.disk import mount_tmpfs, unmount
 from tests.reliability.ledger import FaultRow, Ledger, report_dir
 from tests.reliability.load import Load
-from tests.soak_faults import TABLES, SoakFaults
+from tests.soak_faults import TABLES, EventMissed, SoakFaults
 from tests.soak_report import (
     MALLOC_KINDS,
     OTHER_VIEWS,
@@ -56,6 +62,7 @@ from tests.soak_report import (
 from tests.support.admin import TopicAdmin
 from tests.support.broker import EmbeddedKafka
 
+MISSED = "did not happen: "  # a ledger note: a reload or export event that proves nothing
 PARTIAL_EVERY_S = 300.0  # how often a run writes its memory figures so far
 SAMPLE_EVERY_S = 1.0  # RSS: many samples a minute, so a minute's median is not one fault's swing
 STATUS_EVERY_S = 5.0  # the daemon's status memory and publications
@@ -99,6 +106,9 @@ class Soak(SoakFaults):
     recoveries: list[float] = field(default_factory=list)
     restarts: int = 0
     unrecovered: int = 0
+    missed: int = 0  # reload and export events that did not happen (soak_faults.EventMissed)
+    commit_ms: int = 1000  # commit_interval_ms in force; the reload faults move it
+    write_config: Callable[..., Path] = field(init=False)
     pid: int = 0
     disk: Path | None = None
     rnd: random.Random = field(default_factory=random.Random)
@@ -127,9 +137,12 @@ class Soak(SoakFaults):
         # The daemon's own consumer reports librdkafka's buffers (status memory.kafka); the harness's clients don't.
         stats = {**settings, "statistics.interval.ms": KAFKA_STATS_MS,
                  **dict(kv.split("=", 1) for kv in self.args.kafka)}
-        cfg = write_config(self.root / "globald-soak.toml", state, stats, self.topics, commit_interval_ms=1000,
-                           metadata_refresh_ms=2000, http={"enabled": False},
-                           snapshots={"interval_ms": self.args.snapshot_interval_ms}, **store)
+        # Rewritten whole by the reload faults (soak_faults), each time with another commit_interval_ms.
+        self.write_config = partial(write_config, self.root / "globald-soak.toml", state, stats, self.topics,
+                                    metadata_refresh_ms=2000, http={"enabled": False},
+                                    snapshots={"interval_ms": self.args.snapshot_interval_ms},
+                                    export=export_section(self.root, bootstrap=False), **store)
+        cfg = self.write_config(commit_interval_ms=self.commit_ms)
         env = dict(kv.split("=", 1) for kv in self.args.daemon_env) or None
         if self.args.tracemalloc:
             shutil.rmtree(self.tracemalloc_dir, ignore_errors=True)  # an earlier run's dumps would be compared
@@ -288,7 +301,12 @@ class Soak(SoakFaults):
                 self.settled.append((injected_at - self.started, mb))
             print(f"soak: {injected_at - self.started:7.0f}s  {name}", flush=True)
             restarts = self.restarts
-            inject()
+            try:
+                inject()
+            except EventMissed as e:  # a reload not applied, an export not made: it proves nothing, and fails the run
+                self.missed += 1
+                row.notes.append(f"{MISSED}{e}")
+                print(f"soak: EVENT MISSED: {name}: {e}", flush=True)
             row.injected += 1
             # Every fault is waited out; the stores are compared with the oracle after every check_every-th.
             diverged = self.settle(name, compare=i % self.args.check_every == 0)
@@ -324,6 +342,8 @@ class Soak(SoakFaults):
         self._stopping.set()  # the figures below are of the run; the final check's wait was sampled too
         for row in self.ledger.rows:
             row.outcome = "recovered in-process" if row.divergences == 0 and row.pid_changes == 0 else "FAILED"
+            if any(n.startswith(MISSED) for n in row.notes):
+                row.outcome = "FAILED"
             if not row.injected:
                 row.outcome = "checked" if row.divergences == 0 else "FAILED"
         wipes = sum(t.get("wipes", 0) for t in self.daemon.status().get("tables", {}).values())
@@ -343,6 +363,7 @@ class Soak(SoakFaults):
             "minutes": round(elapsed / 60, 1), "seed": self.args.seed, "args": vars(self.args),
             "faults": sum(r.injected for r in self.ledger.rows), "divergences": divergences,
             "restarts": self.restarts, "unrecovered": self.unrecovered, "wipes": wipes, "reached": reached,
+            "events_missed": self.missed,
             "rss_mb": {"first_quarter": round(first, 1), "last_quarter": round(last, 1), "max": round(max(mem), 1),
                        "slope_mb_per_hour": round(slope, 1), "slope_last_half_mb_per_hour": round(slope_last_half, 1),
                        "after_warmup": after, "after_warmup_per_default_hour": per_default_hour(after, reached),
@@ -365,7 +386,8 @@ class Soak(SoakFaults):
             memory_md += tracemalloc_growth(self.tracemalloc_dir)
         (out / "memory.md").write_text(memory_md)
         lines = [f"soak: {summary['minutes']} min, {summary['faults']} faults, {divergences} divergences, "
-                 f"{self.restarts} restarts, {self.unrecovered} not recovered within 300 s, {wipes} wipes",
+                 f"{self.restarts} restarts, {self.unrecovered} not recovered within 300 s, {wipes} wipes, "
+                 f"{self.missed} reloads or exports that did not happen",
                  f"soak: daemon RSS MB first quarter {first:.0f}, last quarter {last:.0f}, max {max(mem):.0f}, "
                  f"trend {slope:+.1f} MB/h ({slope_last_half:+.1f} MB/h over the last half; after warm-up "
                  f"{after['slope_mb_per_hour']:+.2f}, 95 % [{after['ci95_low']:+.2f}, {after['ci95_high']:+.2f}]); "
@@ -374,7 +396,7 @@ class Soak(SoakFaults):
         print("\n".join(lines), flush=True)
         print(memory_md, flush=True)
         print((out / "report.md").read_text(), flush=True)
-        return divergences == 0 and self.restarts == 0 and self.unrecovered == 0
+        return divergences == 0 and self.restarts == 0 and self.unrecovered == 0 and self.missed == 0
 
 
 def _quiet() -> object:

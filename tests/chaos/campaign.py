@@ -39,11 +39,11 @@ from globald.snapshot.reader import current_id, manifests_of
 from globald.store import checkpoint_file
 from globald.store.names import checkpoint_path, snapshots_dir
 from globald.store.reader import StoreReader
-from tests.chaos import entry, plan, reach
+from tests.chaos import entry, exports, plan, reach, reloads
 from tests.chaos.daemon import ChaosDaemon, stopped_at_hook
 from tests.chaos.plan import Fault
 from tests.chaos.tools import ERRNOS, FIU_SITES, Clock, Fiu
-from tests.harness import Broker, globald, random_records, write_config
+from tests.harness import Broker, globald, random_records
 from tests.reliability.checks import check_snapshots, check_store
 from tests.reliability.disk import fill
 from tests.reliability.load import Load, pinned
@@ -62,6 +62,9 @@ SMALL_RECORDS, SMALL_KEYS = 5_000, 2_000
 HOOK_TIMEOUT_S = 60.0  # a hooked phase not reached by then is reported as not reached, never as injected
 STOP_TIMEOUT_S = 60.0
 READER, READER_LEASE_S = "chaos-reader", 900.0  # a reader pinning CURRENT through each fault, as Spark jobs do
+# Kinds that count only once the daemon showed it met them (``Outcome.hit``): I/O faults, reload and export events.
+EVENT_KINDS = (*plan.RELOAD_KINDS, *plan.EXPORT_KINDS)
+LANDED_KINDS = (*reach.IO_KINDS, *EVENT_KINDS)
 
 
 @dataclass
@@ -86,9 +89,10 @@ class Outcome:
 
     @property
     def failed(self) -> bool:
-        """A problem, a divergence, a PID change, not recovered, a campaign error, or an I/O fault that never reached
-        the daemon (not injected, or nothing showed the daemon met it: see ``tests.chaos.reach``)."""
-        io_missed = self.fault.kind in reach.IO_KINDS and not (self.injected and self.hit)
+        """A problem, a divergence, a PID change, not recovered, a campaign error, an I/O fault that never reached
+        the daemon (not injected, or nothing showed the daemon met it: see ``tests.chaos.reach``), or a reload or
+        export event that did not land (``tests.chaos.reloads``, ``tests.chaos.exports``)."""
+        io_missed = self.fault.kind in LANDED_KINDS and not (self.injected and self.hit)
         return bool(self.problems or self.campaign_errors) or self.divergences > 0 or self.pid_changes > 0 or (
             self.injected and not self.recovered) or io_missed
 
@@ -142,11 +146,15 @@ class SeedRun:
         self.leased: dict[str, str] = {}  # table -> snapshot the campaign's reader pinned before the fault
         self.evidence: reach.Evidence | None = None  # what the daemon had said when the current fault began
         self.http_port = free_port()
-        cfg = write_config(self.root / "globald.toml", state, campaign.broker.settings, self.topics,
-                           commit_interval_ms=500, metadata_refresh_ms=2000, log_level="INFO",
-                           http={"enabled": True, "port": self.http_port},
-                           snapshots={"interval_ms": 1000, "retain": 3})
-        env = {entry.ARM_ENV: str(self.arm_path), **self.clock.env()}
+        self.event: reloads.ReloadEvent | exports.ExportEvent | None = None  # the reload or export under way
+        self.extra: str | None = None  # the topic of the table reload events add and drop, once created
+        # [export] only for export events: the CI form's daemon stays as it was, pyarrow never loaded under libfiu
+        exporting = campaign.args.exports_per_seed > 0
+        self.config = reloads.ConfigFile(self.root / "globald.toml", state, campaign.broker.settings, self.topics,
+                                         self.http_port, export=exporting)
+        cfg = self.config.write()
+        env = {entry.ARM_ENV: str(self.arm_path), **self.clock.env(),
+               **({entry.IMPORT_PYARROW_ENV: "1"} if exporting else {})}
         self.daemon = ChaosDaemon(cfg, self.root / "daemon.log", env=env, prefix=self.fiu.prefix(self.clock.preload()),
                                   http_port=self.http_port, state=state)
 
@@ -369,6 +377,14 @@ class SeedRun:
             n = BULK_RECORDS - have + 1_000
             produce_pinned(self.admin, topic, random_records(n, keys=BULK_KEYS, seed=self.seed * 1_000 + have))
 
+    def extra_topic(self) -> str:
+        """The topic of the table reload events add and drop: created, small, at the first such event."""
+        if self.extra is None:
+            topic = f"chaos-{self.seed}-{reloads.EXTRA}"
+            reloads.create_extra(self, topic, PARTITIONS)
+            self.extra = topic
+        return self.extra
+
     def reset_table(self, table: str) -> str | None:
         r = globald("reset", "--config", str(self.daemon.config), "--table", table, "--yes", timeout=90)
         return None if r.returncode == 0 else f"globald reset exited {r.returncode}: {r.stderr.strip()[-300:]}"
@@ -510,6 +526,12 @@ class SeedRun:
             if fault.phase in (plan.RESTORE, plan.BULK_END, plan.EXACT) and fault.table == plan.BULK:
                 self.ensure_bulk()
             self.lease_current()
+            if fault.kind in plan.RELOAD_KINDS:
+                self.event = reloads.ReloadEvent(self, fault, out)
+            elif fault.kind in plan.EXPORT_KINDS:
+                self.event = exports.ExportEvent(self, fault, out)
+            if self.event is not None:
+                self.event.prepare()
             self._drive(fault, out)
         except Unrecoverable:
             raise
@@ -528,6 +550,8 @@ class SeedRun:
             out.problems.append("the planned I/O fault never reached the daemon: " + (
                 f"nothing in its status, log, caught-failure count or RocksDB LOG within {reach.GRACE_S:.0f}s beyond "
                 "its planned duration" if out.injected else "not injected"))
+        if fault.kind in EVENT_KINDS and not out.injected:  # not landed: the event said why
+            out.problems.append("the planned event was never asked for: not injected")
         self.check_readers(fault, out)
         if out.failed:
             out.log_tail = d.log_since(mark)
@@ -538,6 +562,13 @@ class SeedRun:
         self.disarm()
         self.daemon.thaw()
         self._unfill()
+        if self.event is not None:
+            self.event.close()
+            self.event = None
+        if self.config.extra:  # an event that failed between adding its table and dropping it: drop it now
+            self.config.write()
+            if self.daemon.alive():
+                os.kill(self.daemon.pid, signal.SIGHUP)
         if self.kafka.broker_pid is not None:
             os.kill(self.kafka.broker_pid, signal.SIGCONT)
         self.kafka.start_broker()
@@ -685,6 +716,9 @@ class SeedRun:
             self._with_daemon_frozen(at, lambda: self._recreate(self.topics[f.table]))
         elif k == plan.CLOCK:
             self.clock.set(p["step"])
+        elif k in EVENT_KINDS:
+            assert self.event is not None
+            self.event.inject()
         if frozen:
             d.thaw()
 
@@ -743,6 +777,9 @@ class SeedRun:
             self.kafka.start_broker()
         elif k == plan.CLOCK:
             self._watch(duration)
+        elif k in EVENT_KINDS:
+            assert self.event is not None
+            self.event.hold()
         if d.alive():
             self.release(out)  # healed: the phase may end (a killed daemon has no phase to hold)
 
@@ -842,7 +879,7 @@ def summarize(outcomes: list[Outcome]) -> list[dict[str, Any]]:
             r["hit_of"] += 1
             r["hits"] += o.hit
     out = []
-    for key in [(k, p) for k in plan.KINDS for p in plan.PHASES if (k, p) in rows]:
+    for key in [(k, p) for k in (*plan.KINDS, *EVENT_KINDS) for p in plan.PHASES if (k, p) in rows]:
         row = rows[key]
         times = row.pop("times")
         row["median_recover_s"] = round(statistics.median(times), 1) if times else None

@@ -26,6 +26,13 @@ clock has re-read its offset file since the daemon was resumed, and adds the off
 (``clock_offset_s``): a step written while the daemon stood frozen lands inside the phase, where the clock's
 once-a-second cache would have carried the old offset past a phase of milliseconds.
 
+The campaign's tools are for the daemon, not for the processes it starts (``check-config`` at a reload, typed
+decodes): once the allocator's choice is made (it leaves a process that preloads something alone, so it must see
+the preload), LD_PRELOAD and libfiu's variables leave the daemon's environment. A child under libfiu can hang at its
+start: pyarrow's allocator, initialised inside ``dlopen``, and jemalloc's background thread, inside libfiu's
+``malloc`` wrapper, each wait for the lock the other holds (seen on a reload's check-config with ``[export]``).
+For the same reason ``IMPORT_PYARROW_ENV`` has the daemon import pyarrow first, while it has a single thread.
+
 SIGUSR2 asks whether a failure point armed ``once`` has fired: the campaign names it in ``<arm>.probe`` and the
 answer goes to ``<arm>.probe-<id>``. libfiu disables a onetime point when it fails a call, so a point still
 enabled has not: ``fiu_fail`` on it says which (and spends it, which is harmless: the fault is being healed).
@@ -50,6 +57,8 @@ ARM_ENV = "GLOBALD_CHAOS_ARM"
 PROBE_SIGNAL = signal.SIGUSR2
 SLEEP_FIX_ENV = "GLOBALD_CHAOS_SLEEP_FIX"
 CLOCK_ENV = "GLOBALD_CHAOS_CLOCK"  # a file holding the wall clock's offset in seconds, e.g. "+3600"
+IMPORT_PYARROW_ENV = "GLOBALD_CHAOS_IMPORT_PYARROW"  # "1": the config has [export], whose storage is pyarrow's
+TOOL_ENV = ("LD_PRELOAD", "FIU_CTRL_FIFO", "FIU_ENABLE")  # what the daemon's children are started without
 FIU_ONETIME = 1
 HOLD_MAX_S = 300.0  # a hold the campaign never released (it died) ends by itself
 CLOCK_REREAD_S = 1.0  # the Python-level clock re-reads its offset file at most this often
@@ -405,7 +414,24 @@ def relative_sleep(seconds: float | SupportsIndex) -> None:
     threading.Event().wait(secs)
 
 
+def children_without_tools() -> None:
+    """The allocator's choice made with the preload in view, the campaign's tools leave the environment the daemon's
+    children inherit (see the module docstring)."""
+    from globald.ops import allocator
+
+    switch = allocator.switch
+
+    def switch_then_drop(wanted: str) -> None:
+        switch(wanted)  # returns unless it re-executes, which keeps the preload (the new process comes back here)
+        for name in TOOL_ENV:
+            os.environ.pop(name, None)
+
+    allocator.switch = switch_then_drop
+
+
 def main() -> int:
+    if os.environ.get(IMPORT_PYARROW_ENV) == "1":
+        import pyarrow.fs  # noqa: F401 - loaded now, on one thread: see the module docstring
     if os.environ.get(SLEEP_FIX_ENV) == "1":
         time.sleep = relative_sleep
     clock = SteppedClock(os.environ[CLOCK_ENV]) if os.environ.get(CLOCK_ENV) else None
@@ -419,6 +445,7 @@ def main() -> int:
         missing = [phase for phase, where in installed.items() if where is None]
         sys.stderr.write(f"CHAOS-HOOKS installed: {installed}" + (f"; missing: {missing}" if missing else "") + "\n")
         sys.stderr.flush()
+    children_without_tools()
     from globald.cli import main as cli
 
     return cli.main(sys.argv[1:])

@@ -4,6 +4,13 @@ Every (fault kind, phase) pair is a cell of one fixed shuffled cycle; seed S wit
 start at position S·M, so consecutive seeds cover the whole matrix before any cell repeats. Each fault's
 parameters come from its own ``random.Random(f"{seed}:{index}")``: fault K of seed S is the same whether the
 earlier faults ran or not, which is what ``--seed S --only-fault K`` relies on.
+
+Reload events (``globald reload`` or SIGHUP: a live key changed, a table added and dropped again, a burst of
+SIGHUPs) and export events (``globald export``, then a second store bootstrapped from it) are further plans beside
+the faults, each from a cycle of its own over (event, phase): ``reloads(seed, n, first)`` takes n cells from
+position S·n, numbered from ``first`` (after the seed's faults), with parameters from the same
+``random.Random(f"{seed}:{index}")``; ``exports`` likewise, numbered after the reloads. Kept apart so that adding
+them moves no seed's faults.
 """
 
 from __future__ import annotations
@@ -25,9 +32,23 @@ KINDS = (IO_ERROR, DISK_FULL, KILL, PAUSE, BROKER_PAUSE, BROKER_KILL, BROKER_RES
 # Faults that exist before a process does: at the start phase they may be in place before the daemon starts.
 BEFORE_START_OK = {DISK_FULL, BROKER_PAUSE, BROKER_KILL, BROKER_RESTART, RETENTION, RECREATE, CLOCK}
 
+RELOAD_LIVE, RELOAD_TABLE, SIGHUP_BURST = "reload live key", "reload adds and drops a table", "SIGHUP burst"
+RELOAD_KINDS = (RELOAD_LIVE, RELOAD_TABLE, SIGHUP_BURST)
+EXPORT = "export requested"
+EXPORT_KINDS = (EXPORT,)
+# Where a reload or an export lands: every phase whose daemon has its reload thread and goes on to apply it, or
+# its loop to export (at start neither runs yet, and a stop applies and exports nothing: proves nothing).
+RELOAD_PHASES = (RESTORE, BULK_END, STEADY, COMMIT, PUBLISH, EXACT)
+# The keys a live reload changes, each with the values it may take (the campaign's config has the first).
+LIVE_KEYS: dict[str, tuple[int, ...]] = {"commit_interval_ms": (500, 300, 800, 1200),
+                                         "snapshots.interval_ms": (1000, 700, 1500, 2500),
+                                         "snapshots.retain": (3, 4, 5)}
 BULK, SMALL = "bulk", "small"  # the campaign's two tables: one restored as a bulk load, one small
 CLOCK_STEPS = (-86_400, -3_600, -600, -30, 30, 600, 3_600, 86_400, 31_536_000)
 _CYCLE_SEED = 20_260_508  # fixes the order of the (kind, phase) cycle; never derived from a campaign seed
+_EXPORT_CYCLE_SEED = 20_261_130  # the same for the export events' phases
+_RELOAD_CYCLE_SEED = 20_261_164  # the same for the reload events' (kind, phase) cycle; seed 10 (the CI form's),
+# two events: a SIGHUP burst and a table added and dropped by `globald reload`, both in cheap phases
 
 
 @dataclass(frozen=True)
@@ -49,12 +70,18 @@ class Fault:
             what = f"{self.kind} {p['site']} {p['errno']} {how} {p['duration']}s"
         elif self.kind == CLOCK:
             what = f"{self.kind} {p['step']:+d}s for {p['duration']}s"
+        elif self.kind == RELOAD_LIVE:
+            what = f"{self.kind} {p['key']} = {p['value']} by {p['via']}"
+        elif self.kind == RELOAD_TABLE:
+            what = f"{self.kind} by {p['via']}"
+        elif self.kind == SIGHUP_BURST:
+            what = f"{self.kind} of {p['count']} ({p['key']} = {p['value']})"
         elif "duration" in p:
             what = f"{self.kind} {p['duration']}s"
         else:
             what = self.kind
         where = self.phase + (f" ({p['when']})" if "when" in p else "")
-        if self.phase in (RESTORE, BULK_END, EXACT) or self.kind in (RETENTION, RECREATE):
+        if self.phase in (RESTORE, BULK_END, EXACT) or self.kind in (RETENTION, RECREATE, EXPORT):
             where += f" on {self.table}"
         return f"{what} @ {where}"
 
@@ -86,6 +113,12 @@ def params(seed: int, index: int, kind: str, phase: str) -> dict[str, Any]:
         out["duration"] = round(rnd.uniform(1.0, 6.0), 1)
     elif kind == CLOCK:
         out.update(step=rnd.choice(CLOCK_STEPS), duration=round(rnd.uniform(2.0, 6.0), 1))
+    elif kind in RELOAD_KINDS:
+        key = rnd.choice(sorted(LIVE_KEYS))
+        out.update(key=key, value=rnd.choice(LIVE_KEYS[key][1:]), via=rnd.choice(("globald reload", "SIGHUP")),
+                   count=rnd.randint(3, 8))
+        if kind == SIGHUP_BURST:
+            out["via"] = "SIGHUP"
     return out
 
 
@@ -97,3 +130,41 @@ def plan(seed: int, faults: int) -> list[Fault]:
         kind, phase = cells[(start + i) % len(cells)]
         out.append(Fault(seed, i, kind, phase, params(seed, i, kind, phase)))
     return out
+
+
+def _cycle(kinds: tuple[str, ...], fixed: int) -> list[tuple[str, str]]:
+    cells = [(k, p) for k in kinds for p in RELOAD_PHASES]
+    random.Random(fixed).shuffle(cells)
+    return cells
+
+
+def reload_cycle() -> list[tuple[str, str]]:
+    return _cycle(RELOAD_KINDS, _RELOAD_CYCLE_SEED)
+
+
+def export_cycle() -> list[tuple[str, str]]:
+    return _cycle(EXPORT_KINDS, _EXPORT_CYCLE_SEED)
+
+
+def _take(cells: list[tuple[str, str]], seed: int, n: int, first: int) -> list[Fault]:
+    out = []
+    for i in range(n):
+        kind, phase = cells[(seed * n + i) % len(cells)]
+        out.append(Fault(seed, first + i, kind, phase, params(seed, first + i, kind, phase)))
+    return out
+
+
+def reloads(seed: int, n: int, first: int) -> list[Fault]:
+    """The seed's ``n`` reload events, numbered from ``first`` (after its faults)."""
+    return _take(reload_cycle(), seed, n, first)
+
+
+def exports(seed: int, n: int, first: int) -> list[Fault]:
+    """The seed's ``n`` export events, numbered from ``first`` (after its faults and reload events)."""
+    return _take(export_cycle(), seed, n, first)
+
+
+def events(seed: int, faults: int, reload_events: int, export_events: int = 0) -> list[Fault]:
+    """What one seed runs: its faults, then its reload events, then its export events."""
+    return (plan(seed, faults) + reloads(seed, reload_events, faults)
+            + exports(seed, export_events, faults + reload_events))

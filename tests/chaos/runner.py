@@ -73,8 +73,10 @@ class Campaign:
     def run(self) -> None:
         for seed in self.seeds():
             run = SeedRun(self, seed)
-            faults = plan.plan(seed, self.args.faults_per_seed)
-            say(f"seed {seed}: {len(faults)} faults planned; working in {run.root}")
+            a = self.args
+            faults = plan.events(seed, a.faults_per_seed, a.reloads_per_seed, a.exports_per_seed)
+            say(f"seed {seed}: {a.faults_per_seed} faults, {a.reloads_per_seed} reload and {a.exports_per_seed} "
+                f"export events planned; working in {run.root}")
             try:
                 run.setup()
                 for probe in run.probes():
@@ -110,7 +112,8 @@ class Campaign:
 
     def command(self) -> str:
         a = self.args
-        cmd = f"python -m tests.chaos --seed {a.seed} --seeds {a.seeds} --faults-per-seed {a.faults_per_seed}"
+        cmd = (f"python -m tests.chaos --seed {a.seed} --seeds {a.seeds} --faults-per-seed {a.faults_per_seed} "
+               f"--reloads-per-seed {a.reloads_per_seed} --exports-per-seed {a.exports_per_seed}")
         if a.only_fault is not None:
             cmd += f" --only-fault {a.only_fault}"
         return cmd
@@ -154,7 +157,9 @@ class Campaign:
         lines += [f"- ABORTED {a.splitlines()[0][:300]}" for a in self.aborted]
         lines += ["", "PID changes count only exits the campaign did not cause (its own SIGKILLs and restarts are "
                   "expected). Recovery time: from the fault healed to RUNNING at every log end, undegraded. "
-                  "\"Error seen\": I/O errors and full disks the daemon reported (status or log).", "",
+                  "\"Error seen\": I/O errors and full disks the daemon reported (status or log); for reload events, "
+                  "those the daemon applied (its config generation moved); for export events, those exported and "
+                  "bootstrapped into a second store equal to the fold.", "",
                   "| fault kind | phase | injected | recovered | divergences | PID changes | recovery median s "
                   "| recovery max s | error seen | failed |",
                   "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -178,8 +183,10 @@ class Campaign:
         lines += ["", f"#### Defects found ({len(failed)})", ""]
         for o in failed:
             f = o.fault
+            a = self.args
             lines += [f"- **seed {f.seed}, fault {f.index}**: {f.describe()} — replay: `python -m tests.chaos "
-                      f"--seed {f.seed} --faults-per-seed {self.args.faults_per_seed} --only-fault {f.index}`"]
+                      f"--seed {f.seed} --faults-per-seed {a.faults_per_seed} --reloads-per-seed "
+                      f"{a.reloads_per_seed} --exports-per-seed {a.exports_per_seed} --only-fault {f.index}`"]
             lines += [f"  - {p}" for p in o.problems]
             if o.divergences and not o.problems:
                 lines.append(f"  - {o.divergences} divergences")
@@ -218,7 +225,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=1, help="the first seed (default 1)")
     p.add_argument("--only-fault", type=int, default=None, metavar="K",
                    help="run only fault K of --seed (same --faults-per-seed as the run being replayed)")
-    p.add_argument("--only-kind", action="append", choices=plan.KINDS, help="run only faults of this kind")
+    p.add_argument("--reloads-per-seed", type=int, default=3,
+                   help="reload events per seed, after its faults (default 3; see tests/chaos/reloads.py)")
+    p.add_argument("--exports-per-seed", type=int, default=2,
+                   help="export events per seed, after its reload events (default 2; see tests/chaos/exports.py)")
+    p.add_argument("--only-kind", action="append", choices=(*plan.KINDS, *plan.RELOAD_KINDS, *plan.EXPORT_KINDS),
+                   help="run only faults (or events) of this kind")
     p.add_argument("--only-phase", action="append", choices=plan.PHASES, help="run only faults in this phase")
     p.add_argument("--recover-timeout", type=float, default=180.0,
                    help="seconds a healed fault may take to RUNNING at the log end (default 180)")

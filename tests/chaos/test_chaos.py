@@ -1,7 +1,9 @@
-"""CI form of the chaos campaign: one seed, a handful of faults, against the real daemon on its own broker.
+"""CI form of the chaos campaign: one seed, a handful of faults and two reload events (a SIGHUP burst, a table added
+and dropped by ``globald reload``), against the real daemon on its own broker.
 
 It fails on any divergence, any PID change the campaign did not cause, any fault not recovered, any planned fault
-not injected (or an I/O fault the daemon never met: ``tests.chaos.reach``), any campaign error, or a probe that
+not injected (or an I/O fault the daemon never met: ``tests.chaos.reach``; a reload it did not apply:
+``tests.chaos.reloads``), any campaign error, or a probe that
 shows libfiu or libfaketime not reaching the daemon. ``make chaos`` runs the long form (≥ 10 seeds, ≥ 200 faults);
 ``GLOBALD_CHAOS_SEED`` replays another seed here. Needs fiu-utils and faketime (``make sysdeps``), else skips (and
 fails in CI).
@@ -27,6 +29,8 @@ from tests.harness import REPO
 
 SEED = int(os.environ.get("GLOBALD_CHAOS_SEED", "10"))
 FAULTS = 5
+RELOADS = 2  # reload events after the faults (tests/chaos/reloads.py)
+EXPORTS = 0  # export events after those: ~25 s each (a second daemon bootstraps), beyond the CI budget
 
 
 def test_a_fault_is_a_function_of_its_seed_and_index() -> None:
@@ -46,6 +50,70 @@ def test_make_chaos_covers_every_kind_in_every_phase() -> None:
     assert args.seeds >= 10 and args.seeds * args.faults_per_seed >= 200
     assert set(cells) == {(k, p) for k in plan.KINDS for p in plan.PHASES}
     assert min(cells.values()) >= 2
+
+
+def test_reload_events_are_a_function_of_the_seed_and_move_no_fault() -> None:
+    """Reload events come after a seed's faults, from a cycle of their own: the faults of a seed are the same with
+    or without them, and event K is the same whichever events ran before it (``--only-fault K``)."""
+    events = plan.events(3, 22, 3)
+    assert events[:22] == plan.plan(3, 22) and events == plan.events(3, 22, 3) != plan.events(4, 22, 3)
+    assert [e.index for e in events[22:]] == [22, 23, 24]
+    kind, phase = plan.reload_cycle()[3 * 3 + 1]
+    assert (events[23].kind, events[23].phase, events[23].params) == (kind, phase, plan.params(3, 23, kind, phase))
+    for e in (e for s in range(1, 30) for e in plan.reloads(s, 3, 22)):
+        assert e.kind in plan.RELOAD_KINDS and e.phase in plan.RELOAD_PHASES
+        assert e.params["value"] in plan.LIVE_KEYS[e.params["key"]][1:]  # never the value already in force
+        assert e.kind != plan.SIGHUP_BURST or e.params["via"] == "SIGHUP"
+        assert e.describe().startswith(e.kind)
+
+
+def test_make_chaos_lands_every_reload_event_in_every_phase_it_can() -> None:
+    """The default of ``make chaos`` asks for each reload event in each phase where it can be applied at least once,
+    by ``globald reload`` and by SIGHUP; the CI form has at least one."""
+    args = runner.parse([])
+    events = [e for s in range(args.seed, args.seed + args.seeds)
+              for e in plan.reloads(s, args.reloads_per_seed, args.faults_per_seed)]
+    assert {(e.kind, e.phase) for e in events} == {(k, p) for k in plan.RELOAD_KINDS for p in plan.RELOAD_PHASES}
+    assert {e.params["via"] for e in events} == {"globald reload", "SIGHUP"}
+    assert plan.reloads(SEED, RELOADS, FAULTS)
+
+
+def test_export_events_come_after_the_reload_events_and_cover_their_phases() -> None:
+    """Export events are numbered after a seed's reload events and move none of them; ``make chaos`` asks for an
+    export in every phase where one can be made."""
+    events = plan.events(3, 22, 3, 2)
+    assert events[:25] == plan.events(3, 22, 3) and [(e.index, e.kind) for e in events[25:]] == [
+        (25, plan.EXPORT), (26, plan.EXPORT)]
+    args = runner.parse([])
+    phases = {e.phase for s in range(args.seed, args.seed + args.seeds)
+              for e in plan.exports(s, args.exports_per_seed, args.faults_per_seed + args.reloads_per_seed)}
+    assert phases == set(plan.RELOAD_PHASES)
+
+
+def test_a_reload_event_not_applied_is_not_a_landed_one() -> None:
+    """A reload event counts only once the daemon applied it (``hit``, set from its config generation)."""
+    event = plan.reloads(1, 1, 22)[0]
+    assert not Outcome(event, reached=True, injected=True, recovered=True, hit=True).failed
+    assert Outcome(event, reached=True, injected=True, recovered=True, hit=False).failed
+    assert Outcome(event, reached=True, injected=True, recovered=True).failed
+    assert Outcome(event, reached=False, injected=False).failed
+
+
+def test_the_daemons_children_start_without_the_campaigns_tools(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The allocator decides with libfiu's preload in view (``auto`` leaves a preloading process alone: without it,
+    it would re-execute the daemon without libfiu); what the daemon then starts (a reload's check-config) inherits
+    neither the preload nor libfiu's control variables."""
+    from globald.ops import allocator
+    from tests.chaos import entry
+
+    seen: list[str | None] = []
+    monkeypatch.setattr(allocator, "switch", lambda wanted: seen.append(os.environ.get("LD_PRELOAD")))
+    monkeypatch.setenv("LD_PRELOAD", "/usr/lib/fiu/fiu_run_preload.so")
+    monkeypatch.setenv("FIU_CTRL_FIFO", str(Path("/nonexistent/fiu")))
+    entry.children_without_tools()
+    allocator.switch("auto")
+    assert seen == ["/usr/lib/fiu/fiu_run_preload.so"]
+    assert "LD_PRELOAD" not in os.environ and "FIU_CTRL_FIFO" not in os.environ
 
 
 def test_the_daemon_clock_steps_with_its_file(tmp_path: Path) -> None:
@@ -88,6 +156,7 @@ def test_short_seeded_campaign(tmp_path: Path) -> None:
         print(f"chaos: not run: {why}")
         unavailable(why)
     args = runner.parse(["--seed", str(SEED), "--seeds", "1", "--faults-per-seed", str(FAULTS),
+                         "--reloads-per-seed", str(RELOADS), "--exports-per-seed", str(EXPORTS),
                          "--recover-timeout", "120", "--report-dir", str(runner.report_dir() / "ci")])
     campaign = runner.run(args)
     report = (runner.report_dir() / "ci" / "report.md").read_text()
@@ -95,7 +164,7 @@ def test_short_seeded_campaign(tmp_path: Path) -> None:
     assert campaign.probes and all(p.ok for _, p in campaign.probes), report
     # Every planned fault injected (a fault that did not happen proves nothing), and every I/O fault met by the
     # daemon (``Outcome.failed`` says so for those that were not).
-    assert len(campaign.outcomes) == FAULTS and all(o.injected for o in campaign.outcomes), report
+    assert len(campaign.outcomes) == FAULTS + RELOADS + EXPORTS and all(o.injected for o in campaign.outcomes), report
     failed = [o for o in campaign.outcomes if o.failed]
     unmet = [o for o in failed if unmet_only(o)]
     assert not [o for o in failed if o not in unmet], report
