@@ -35,6 +35,10 @@ class SnapshotSource(Protocol):
         """How long the last snapshot publish of ``table`` took, or None when none was published yet."""
         ...
 
+    def build_workers_replaced(self) -> int:
+        """Exact-build workers replaced so far, each left stuck inside a Kafka client past its bound."""
+        ...
+
 
 @dataclass(frozen=True)
 class Readiness:

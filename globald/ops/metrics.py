@@ -44,6 +44,7 @@ class Sample:
     hook_failures: dict[str, int] = field(default_factory=dict)  # kind -> count
     consumer_errors: int = 0
     consumer_renewals: int = 0
+    build_workers_replaced: int = 0
     restores: dict[str, RestoreStats] = field(default_factory=dict)
     snapshots: dict[str, SnapshotStats] = field(default_factory=dict)
     write_stalls: Stalls = field(default_factory=Stalls)
@@ -162,8 +163,12 @@ def _counters(s: Sample) -> Iterator[Metric]:
         hooks.add_metric([kind], n)
     yield hooks
     yield CounterMetricFamily(f"{PREFIX}_consumer_errors", "Transient consumer errors", value=s.consumer_errors)
-    yield CounterMetricFamily(f"{PREFIX}_consumer_renewals", "Consumers replaced after the cluster stayed silent",
+    yield CounterMetricFamily(f"{PREFIX}_consumer_renewals",
+                              "Consumers replaced: after the cluster stayed silent, or for new [kafka] properties",
                               value=s.consumer_renewals)
+    yield CounterMetricFamily(f"{PREFIX}_exact_build_workers_replaced",
+                              "Exact-build workers replaced, left stuck inside a Kafka client past their bound",
+                              value=s.build_workers_replaced)
     stalls = s.write_stalls
     yield CounterMetricFamily(f"{PREFIX}_write_stalls", "Store writes that waited for RocksDB to make room",
                               value=stalls.waited)

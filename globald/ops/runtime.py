@@ -215,6 +215,7 @@ class Operations:
             memory=memory_doc(self.engine.memory_usage()),
             http=HttpAddress(address[0], address[1]) if address is not None else None)
         snapshots: dict[str, SnapshotStats] = {}
+        replaced = 0 if self.snapshots is None else self.snapshots.build_workers_replaced()
         if self.snapshots is not None:
             for name in doc.tables:
                 snapshots[name] = SnapshotStats(self.snapshots.age_seconds(name), self.snapshots.publish_seconds(name))
@@ -225,7 +226,7 @@ class Operations:
             doc=doc, wipes=self.engine.wipe_counts(), commits=self._commits,
             callback_failures=callback_failures(swallowed.SWALLOWED.counts()), hook_failures=failures,
             consumer_errors=self.stats.consumer_errors, consumer_renewals=self.stats.consumer_renewals,
-            restores=self.tracker.stats(), snapshots=snapshots,
+            build_workers_replaced=replaced, restores=self.tracker.stats(), snapshots=snapshots,
             write_stalls=dataclasses.replace(STALLS), swallowed=swallowed.SWALLOWED.counts(),
             bugs=swallowed.SWALLOWED.bug_counts(), disk_free_bytes=disk_free_bytes(self.config.state_dir))
         return doc

@@ -67,6 +67,9 @@ class RequestDesk:
         """Replace a build worker stuck inside a client (loop thread, every tick; ``ExactBuilds.watch``)."""
         self._builds.watch(now)
 
+    def build_workers_replaced(self) -> int:
+        return self._builds.replaced
+
     def take(self, tab: SnapshotTable) -> None:
         """Admit (or answer) every request waiting for ``tab`` (loop thread)."""
         for item in requests.take_pending(self.config.state_dir, tab.name):

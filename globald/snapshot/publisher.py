@@ -153,5 +153,9 @@ class SnapshotPublisher:
     def publish_seconds(self, table: str) -> float | None:
         return self._tables[table].publish_seconds()
 
+    def build_workers_replaced(self) -> int:
+        """Exact-build workers left behind inside a stuck client and replaced (``ExactBuilds.watch``)."""
+        return self._desk.build_workers_replaced()
+
     def status(self, table: str) -> SnapshotStatus:
         return self._tables[table].status()

@@ -46,6 +46,9 @@ class Servable:
     def publish_seconds(self, table: str) -> float | None:
         return None
 
+    def build_workers_replaced(self) -> int:
+        return 0
+
 
 def test_readiness_needs_every_table_running_or_with_a_servable_snapshot() -> None:
     assert readiness("RUNNING", {"a": "RUNNING", "b": "RUNNING"}).ready
@@ -360,3 +363,11 @@ def test_write_stall_counters_reach_metrics() -> None:
     assert "globald_write_stalls_total 3.0" in text
     assert "globald_write_stall_seconds_total 1.5" in text
     assert "globald_writes_remade_total 2.0" in text
+
+
+def test_replaced_consumers_and_build_workers_reach_metrics() -> None:
+    sample = Sample(doc=DaemonStatus(state=State.RUNNING, pid=1, tables={}), consumer_renewals=2,
+                    build_workers_replaced=3)
+    text = Metrics(lambda: sample, lambda: (0.0, 0.0)).render().decode()
+    assert "globald_consumer_renewals_total 2.0" in text
+    assert "globald_exact_build_workers_replaced_total 3.0" in text
