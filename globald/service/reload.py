@@ -97,7 +97,8 @@ class Reloader:
         self._apply = apply
         self._publish = publish
         sha = file_sha256(path) if path is not None else None
-        self.status = ConfigStatus(1, sha, str(path) if path is not None else None)
+        # The generation shown is the ConfigRef's, the one every part reads: no second count to drift from it
+        self.status = ConfigStatus(config.generation, sha, str(path) if path is not None else None)
         self._queue: queue.SimpleQueue[ReloadRequest | None] = queue.SimpleQueue()
         self._ready: _Ready | None = None
         self._stopping = threading.Event()
@@ -255,7 +256,7 @@ class Reloader:
         if error is None:
             assert ready.delta is not None
             logs.reconfigure(self.config.log_level, secret_values(self.config))
-            self.status = ConfigStatus(self.status.generation + 1, ready.sha256, str(ready.path),
+            self.status = ConfigStatus(self._config.generation, ready.sha256, str(ready.path),  # set by the apply
                                        {"time": when, "result": "applied", "error": None})
             log.info("reload of %s (%s) applied: config generation %d; %s", ready.path, r.origin,
                      self.status.generation, ready.delta.keys)

@@ -128,3 +128,29 @@ def test_the_files_and_modules_the_docs_name_exist() -> None:
         stale += [f"{name}: python -m {m}" for m in re.findall(r"python -m ([A-Za-z_][\w.]*)", text)
                   if importlib.util.find_spec(m) is None]
     assert stale == [], stale
+
+
+def test_where_to_change_what_names_what_the_code_has() -> None:
+    # The architecture page's "Where to change what" table, read against the code it points to: a live key is a
+    # LIVE line, a part keeping a client compares the ConfigRef's generation, and every kind of table change the
+    # Delta carries is named on the page and handled where the page says (Daemon._reconfigure).
+    import inspect
+    from dataclasses import fields
+
+    from globald.service.daemon import Daemon
+    from globald.settings import changes
+    from globald.settings.ref import ConfigRef
+
+    page = (DOCS / "architecture.md").read_text()
+    section = page.split("## Where to change what", 1)[1].split("\n## ", 1)[0]
+    assert isinstance(changes.LIVE, dict) and isinstance(changes.WHY_NOT, dict)
+    assert all(hasattr(ConfigRef, m) for m in ("now", "generation", "get", "set"))
+    apply = inspect.getsource(Daemon._reconfigure)
+    kinds = [f.name for f in fields(changes.Delta) if f.name in ("added", "dropped", "replaced", "redeclared")]
+    assert len(kinds) == 4, kinds
+    for kind in kinds:
+        assert f"delta.{kind}" in apply, f"Daemon._reconfigure does not handle Delta.{kind}"
+    table_fields = {f.name for f in fields(changes.Delta)} - {"config", "changes", "kafka_changed"}
+    assert table_fields == set(kinds), f"a new kind of table change: say on the page how it lands ({table_fields})"
+    for name in ("`LIVE`", "`WHY_NOT`", "`Delta`", "`ConfigRef`", "`Daemon._reconfigure`", "`generation`"):
+        assert name in section, name
