@@ -55,8 +55,8 @@ from typing import IO, Any
 from globald.common import swallowed
 from globald.common.errors import GlobaldError
 from globald.common.states import State
-from globald.ops.status import DaemonStatus, DecodeStatus
 from globald.settings.config import Config
+from globald.status.document import DaemonStatus, DecodeStatus
 from globald.store.names import COLUMNAR_PREFIX, SNAPSHOT_LEASES_DIR, TMP_PREFIX, TMP_SUFFIX, snapshots_dir
 
 log = logging.getLogger(__name__)

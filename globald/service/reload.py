@@ -38,12 +38,12 @@ from typing import Any
 from globald.common import logs
 from globald.common.errors import ConfigError
 from globald.common.requests import RELOAD, OperatorRequest
-from globald.ops.status import ConfigStatus
 from globald.settings import config as configmod
 from globald.settings.changes import Change, Delta, changes, refusal
 from globald.settings.config import Config
 from globald.settings.kafka_properties import secret_values
 from globald.settings.ref import ConfigRef
+from globald.status.document import ConfigStatus
 
 log = logging.getLogger(__name__)
 
