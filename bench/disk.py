@@ -36,7 +36,7 @@ from bench.data import Dataset
 from bench.env import BenchEnv
 from bench.restore import TABLE
 from globald.common.states import State
-from globald.ops import statusfile
+from globald.status import statusfile
 from globald.store import space
 from globald.store.names import db_dir
 from tests.harness import DaemonProcess, globald

@@ -17,8 +17,8 @@ from bench.data import Dataset
 from bench.env import BenchEnv
 from bench.restore import TABLE
 from globald.common.states import State
-from globald.ops import statusfile
-from globald.ops.status import DaemonStatus
+from globald.status import statusfile
+from globald.status.document import DaemonStatus
 
 MB = 1 << 20
 

@@ -98,7 +98,9 @@ def _check_typed(cfg: configmod.Config) -> None:
         return
     import subprocess
 
-    done = subprocess.run([sys.executable, "-m", "globald.typed.check", "--config", str(cfg.source)],
+    from globald.typed import check as typed_check
+
+    done = subprocess.run([sys.executable, "-m", typed_check.__name__, "--config", str(cfg.source)],
                           stdin=subprocess.DEVNULL, capture_output=True, text=True, check=False)
     if done.returncode != exitcodes.OK:
         line = (done.stderr.strip().splitlines() or [""])[-1].removeprefix("globald: config error: ")

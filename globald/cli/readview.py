@@ -25,10 +25,10 @@ from globald.common.errors import (
     StoreFormatError,
     StoreUnavailableError,
 )
-from globald.ops import statusfile
 from globald.settings.config import Config
 from globald.snapshot.manifest import offsets_to_json
 from globald.snapshot.reader import Snapshot, current_id, open_snapshot
+from globald.status import statusfile
 from globald.store.names import db_dir
 from globald.store.reader import StoreReader
 

@@ -40,7 +40,7 @@ def starting_line(state_dir: Path, holder: str) -> str:
 def answer(cfg: configmod.Config, config_path: str | None) -> Answer:
     from globald.cli.running import NoDaemonError, running_daemon
     from globald.common.states import State
-    from globald.ops import statusfile
+    from globald.status import statusfile
 
     live = statusfile.read_live(cfg.state_dir)
     if live is not None:

@@ -34,8 +34,8 @@ from globald.embedded.interrupts import Interrupts, child_groups, stop_groups
 from globald.embedded.oracle import fold
 from globald.engine.events import Committed, Event, StateChanged, Wiped
 from globald.ops.progress import ProgressOptions
-from globald.ops.statusfile import status_lines
 from globald.settings import config as configmod
+from globald.status.statusfile import status_lines
 
 if TYPE_CHECKING:
     from globald.service.daemon import Daemon

@@ -55,13 +55,14 @@ from typing import IO, Any
 from globald.common import swallowed
 from globald.common.errors import GlobaldError
 from globald.common.states import State
-from globald.ops.status import DaemonStatus, DecodeStatus
 from globald.settings.config import Config
-from globald.store.names import COLUMNAR_PREFIX, SNAPSHOT_LEASES_DIR, TMP_PREFIX, TMP_SUFFIX, snapshots_dir
+from globald.snapshot import leases
+from globald.status.document import DaemonStatus, DecodeStatus
+from globald.store.names import COLUMNAR_PREFIX, TMP_PREFIX, TMP_SUFFIX, snapshots_dir
+from globald.typed import decode_snapshot
 
 log = logging.getLogger(__name__)
 
-MODULE = "globald.typed.decode_snapshot"
 LEASE_S = 60.0  # renewed every 15 s; if the daemon dies with its decode, the lease holds at most this long
 TIMEOUT_S = 1800.0
 STOP_GRACE_S = 5.0
@@ -178,7 +179,7 @@ class SnapshotDecodes:
     def _start(self, table: str, current: str, now: float) -> None:
         path, sha256 = self.in_force()
         assert path is not None
-        argv = [sys.executable, "-m", MODULE, "--config", path, "--table", table,
+        argv = [sys.executable, "-m", decode_snapshot.__name__, "--config", path, "--table", table,
                 "--holder", self._holder_of(table), "--lease-s", str(LEASE_S), "--parent", str(os.getpid()),
                 *(["--sha256", sha256] if sha256 is not None else [])]
         tab = self._tables[table]
@@ -300,10 +301,9 @@ class SnapshotDecodes:
         process at a time per holder name."""
         if run.proc.returncode == 0:
             return
-        lease = snapshots_dir(self.config.state_dir, run.table) / SNAPSHOT_LEASES_DIR / \
-            f"{self._holder_of(run.table)}.json"
-        with contextlib.suppress(OSError):
-            lease.unlink(missing_ok=True)
+        # ValueError: a holder name the lease module refuses, which the process could not have taken either.
+        with contextlib.suppress(OSError, ValueError):
+            leases.release(snapshots_dir(self.config.state_dir, run.table), self._holder_of(run.table))
         opened = next((d for d in lines if d.get("event") == "open"), None)
         if opened is not None:
             _remove_temporary(Path(str(opened.get("dir"))))

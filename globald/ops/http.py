@@ -20,8 +20,8 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from globald.common import swallowed
 from globald.common.errors import ConfigError
 from globald.ops.health import Liveness
-from globald.ops.status import DaemonStatus
 from globald.settings.config import HttpConfig, is_loopback
+from globald.status.document import DaemonStatus
 
 log = logging.getLogger(__name__)
 

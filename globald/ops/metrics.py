@@ -21,7 +21,7 @@ from prometheus_client.registry import Collector
 from globald import __version__
 from globald.common.states import State
 from globald.ops.progress import RestoreStats
-from globald.ops.status import DaemonStatus
+from globald.status.document import DaemonStatus
 from globald.store.stalls import Stalls
 
 PREFIX = "globald"

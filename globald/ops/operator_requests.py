@@ -6,7 +6,7 @@ Only a user who may write the state_dir can ask, which is exactly who may wipe i
 (a wipe to its loop), and answers in ``<token>.done`` with the request's ``reply()`` once that part settled it:
 ``ok``, else why not. Files are JSON and size-capped; nothing read here is ever executed or unpickled.
 
-The mechanism (claim by rename, size-capped JSON, answer file, cancellation) is ``ops.file_requests``, shared with
+The mechanism (claim by rename, size-capped JSON, answer file, cancellation) is ``status.file_requests``, shared with
 the exact snapshot requests of Spark readers (``snapshot.exact_requests``); what is this protocol's own is its
 folder (one per state_dir: a request names its table), the action in the file's name, the ``<token>.done`` answer
 and that an answer may wait for the loop (a wipe runs at the start of the loop's next turn).
@@ -26,7 +26,7 @@ from typing import Any
 from globald.common.errors import GlobaldError
 from globald.common.requests import ACTIONS, EXPORT, RELOAD, RESET, OperatorRequest
 from globald.common.waits import pause
-from globald.ops import file_requests
+from globald.status import file_requests
 from globald.store.names import REQUESTS_DIR
 
 log = logging.getLogger(__name__)

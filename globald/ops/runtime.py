@@ -36,11 +36,11 @@ from globald.ops.memory import KAFKA_STATS, HeapTrimmer, TracemallocRecorder, me
 from globald.ops.metrics import Metrics, Sample, SnapshotStats, callback_failures, disk_free_bytes
 from globald.ops.progress import ProgressDisplay, ProgressOptions, RestoreTracker
 from globald.ops.sdnotify import Notifier
-from globald.ops.status import DaemonStatus, HttpAddress, RestoreStatus
 from globald.settings import registry as registry_settings
 from globald.settings.config import Config
 from globald.settings.kafka_properties import redact
 from globald.settings.ref import ConfigRef
+from globald.status.document import DaemonStatus, HttpAddress, RestoreStatus
 from globald.store.stalls import STALLS
 
 log = logging.getLogger(__name__)

@@ -28,10 +28,9 @@ from globald.engine.events import Committed, Event, EventBus, RebuildRequests, S
 from globald.engine.state_manager import StateManager
 from globald.engine.thread import GlobalThread
 from globald.engine.view import LoopStats
-from globald.ops import allocator, statusfile
+from globald.ops import allocator
 from globald.ops.progress import ProgressOptions
 from globald.ops.runtime import Operations
-from globald.ops.status import DaemonStatus, TableStatus
 from globald.service import signals
 from globald.service.reload import Reloader
 from globald.settings.changes import Delta
@@ -40,6 +39,8 @@ from globald.settings.ref import ConfigRef
 from globald.snapshot.dropped import DroppedSnapshots
 from globald.snapshot.publisher import SnapshotPublisher
 from globald.snapshot.space import disk_status
+from globald.status import statusfile
+from globald.status.document import DaemonStatus, TableStatus
 from globald.store.statedir import DiskNotReady, lock_state_dir, prepare_state_dir
 
 if TYPE_CHECKING:

@@ -7,7 +7,7 @@ differs from the config in force (``settings.changes``) and apply it all or noth
   SIGHUP reads the path the daemon was started with. The path is opened again each time, so an edit in place and
   an atomic symlink swap (a Kubernetes ConfigMap) are both seen.
 - **Where.** The reading and checking run on a thread of their own (``globald-reload``): check-config runs as a
-  child process (``python -m globald.cli.main check-config``, the very command, registry reach included), and a
+  child process (``python -m globald check-config``, the very command, registry reach included), and a
   registry subject's reader schema is taken again there. The loop thread only applies a checked config between two
   turns (``tick``): plain assignments, a new consumer when [kafka] changed. A signal's relay thread only queues.
 - **Refused** (a file that fails the check, a key that needs a restart, a file that changed while it was
@@ -35,15 +35,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import globald
 from globald.common import logs
 from globald.common.errors import ConfigError
 from globald.common.requests import RELOAD, OperatorRequest
-from globald.ops.status import ConfigStatus
 from globald.settings import config as configmod
 from globald.settings.changes import Change, Delta, changes, refusal
 from globald.settings.config import Config
 from globald.settings.kafka_properties import secret_values
 from globald.settings.ref import ConfigRef
+from globald.status.document import ConfigStatus
 
 log = logging.getLogger(__name__)
 
@@ -282,7 +283,9 @@ def _read(path: Path) -> bytes:
 def _check_config(path: Path) -> str | None:
     """``globald check-config --config path``, the command itself, in a child process: None when it passed, else
     its one line (``config error: key: what``)."""
-    argv = [sys.executable, "-m", "globald.cli.main", "check-config", "--config", str(path)]
+    # The product's entry point (globald/__main__.py), the command an operator types: no module path of the command
+    # line, which sits above the daemon, is spelled here.
+    argv = [sys.executable, "-m", globald.__name__, "check-config", "--config", str(path)]
     try:
         done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, check=False,
                               timeout=CHECK_TIMEOUT_S)

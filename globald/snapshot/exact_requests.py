@@ -4,7 +4,7 @@ A reader drops ``requests/<id>.json`` (written under a dot-name, then renamed) a
 ``responses/<id>.json``. The daemon answers every request it takes exactly once: a snapshot id, or a refusal with a
 code saying why. A reader never waits past its own timeout, and learns at once when no daemon owns the state_dir.
 
-The mechanism (claim by rename, size-capped JSON, answer file, cancellation) is ``ops.file_requests``, shared with
+The mechanism (claim by rename, size-capped JSON, answer file, cancellation) is ``status.file_requests``, shared with
 the operator's requests (``ops.operator_requests``); what is this protocol's own is its folders (per table, under
 the table's snapshot directory, where the readers already look), its fields and codes, and that uncollected
 answers are swept after ``RESPONSE_TTL_S``.
@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from globald.common.waits import pause
-from globald.ops import file_requests, statusfile
 from globald.snapshot.manifest import MAX_JSON_BYTES, Offsets, offsets_from_json, offsets_to_json, valid_id
+from globald.status import file_requests, statusfile
 from globald.store.names import SNAPSHOT_REQUESTS_DIR, SNAPSHOT_RESPONSES_DIR, snapshots_dir
 
 REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")

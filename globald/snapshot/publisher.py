@@ -23,7 +23,6 @@ import time
 
 from globald.engine.events import Event, StateChanged, Verified, Wiped
 from globald.engine.view import EngineView
-from globald.ops.status import SnapshotStatus
 from globald.settings.config import Config, TableConfig
 from globald.settings.ref import ConfigRef
 from globald.snapshot import recreated
@@ -33,6 +32,7 @@ from globald.snapshot.reader import current_id, manifests_of
 from globald.snapshot.retention import Retention
 from globald.snapshot.space import DiskGuard
 from globald.snapshot.table_state import SnapshotIds, SnapshotTable
+from globald.status.document import SnapshotStatus
 from globald.store import durable, space
 from globald.store.names import snapshots_dir
 

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from globald.common.errors import ManifestError
-from globald.ops.status import DiskStatus
 from globald.snapshot import manifest as manifests
 from globald.snapshot.manifest import Manifest, Offsets
+from globald.status.document import DiskStatus
 from globald.store import space
 from globald.store.names import SNAPSHOT_BUILD_PREFIX, SNAPSHOT_DB_DIR, db_dir
 from globald.store.space import MB, TableSpace, mb

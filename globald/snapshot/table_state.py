@@ -34,10 +34,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from globald.ops.status import SnapshotStatus
 from globald.settings.config import TableConfig
 from globald.snapshot import manifest as manifests
 from globald.snapshot.manifest import Manifest, Offsets
+from globald.status.document import SnapshotStatus
 from globald.store.fingerprint import Fingerprint
 
 Fingerprints = dict[int, tuple[Fingerprint, ...]]

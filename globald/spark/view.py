@@ -22,7 +22,6 @@ from confluent_kafka import Consumer, KafkaException
 
 from globald.common.errors import GlobaldError
 from globald.kafka.clients import TransientKafkaError, make_consumer, partitions, watermarks
-from globald.ops import statusfile
 from globald.settings.config import load
 from globald.snapshot.manifest import Offsets, offsets_to_json
 from globald.snapshot.resolve import Policy, resolve
@@ -37,6 +36,7 @@ from globald.spark.executor import (
 )
 from globald.spark.memindex import DEFAULT_MEMORY_INDEX_MB
 from globald.spark.session import FALLBACK_COL, Carried, ConnectUnsupportedError, Fallbacks, is_connect
+from globald.status import statusfile
 
 log = logging.getLogger(__name__)
 

@@ -11,8 +11,8 @@ from collections.abc import Callable
 import pytest
 
 from globald.common.states import State
-from globald.ops import statusfile
-from globald.ops.status import DaemonStatus
+from globald.status import statusfile
+from globald.status.document import DaemonStatus
 from tests.harness import Broker, DaemonProcess, oracle_at, random_records, values_only
 
 pytestmark = pytest.mark.kafka

@@ -17,10 +17,10 @@ import pytest
 
 from globald.common import swallowed
 from globald.common.states import Listeners, State
-from globald.ops import statusfile
-from globald.ops.status import DaemonStatus
 from globald.service.daemon import Daemon
 from globald.settings import config as configmod
+from globald.status import statusfile
+from globald.status.document import DaemonStatus
 from globald.store.names import STATUS_FILE
 from tests.harness import Broker, random_records, write_config
 

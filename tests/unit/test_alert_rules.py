@@ -14,7 +14,7 @@ import subprocess
 
 from globald.common.states import State
 from globald.ops.metrics import Metrics, Sample
-from globald.ops.status import DaemonStatus, DecodeStatus, DiskStatus, TableStatus
+from globald.status.document import DaemonStatus, DecodeStatus, DiskStatus, TableStatus
 from tests.ci import require_tool
 from tests.harness import REPO
 

@@ -120,7 +120,7 @@ def test_the_files_and_modules_the_docs_name_exist() -> None:
     # A page that names a moved or deleted file, or a `python -m` module that no longer runs, is a page gone stale.
     path = re.compile(r"(?<![\w/.])((?:globald|tests|bench|config|systemd)/[\w./-]+\."
                       r"(?:py|yml|yaml|toml|service|sysusers|md|txt|json))")
-    inner = re.compile(r"(?<![\w/.])((?:engine|store|snapshot|spark|ops|kafka|typed|embedded)/\w+\.py)")
+    inner = re.compile(r"(?<![\w/.])((?:engine|store|snapshot|spark|ops|status|kafka|typed|embedded)/\w+\.py)")
     stale = []
     for name, text in sources().items():
         stale += [f"{name}: {p}" for p in path.findall(text) if not (REPO / p).exists()]

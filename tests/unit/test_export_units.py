@@ -126,7 +126,7 @@ def test_retention_keeps_the_newest_and_deletes_files_only_after_the_grace_perio
 def test_metrics_say_where_a_store_came_from_and_what_exports_uploaded() -> None:
     from globald.common.states import State
     from globald.ops.metrics import Metrics, Sample
-    from globald.ops.status import DaemonStatus, TableStatus
+    from globald.status.document import DaemonStatus, TableStatus
 
     origin = {"kind": "export", "export": "0000000000000001-0a0b0c0d", "bytes_downloaded": 1234, "seconds": 1.5,
               "tail": 42, "age_s": 30.0, "fallback": "export x: checksum mismatch"}

@@ -1,4 +1,4 @@
-"""The one mechanism of the two file-based request protocols (``globald.ops.file_requests``): a request is taken
+"""The one mechanism of the two file-based request protocols (``globald.status.file_requests``): a request is taken
 or withdrawn, never both; it is size-capped JSON; its answer is collected once. Each protocol is checked through
 its own module, so that both are shown to use it."""
 
@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from globald.ops import file_requests, operator_requests
+from globald.ops import operator_requests
 from globald.snapshot import exact_requests
 from globald.snapshot.exact_requests import Code, Response
 from globald.snapshot.manifest import MAX_JSON_BYTES
+from globald.status import file_requests
 from globald.store.names import SNAPSHOT_REQUESTS_DIR, snapshots_dir
 
 

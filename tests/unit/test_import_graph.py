@@ -197,3 +197,38 @@ def test_globald_run_imports_no_dev_demo_or_test_machinery(tmp_path: Path) -> No
     unwanted = [m for m in loaded if m.startswith(("globald.cli.dev", "globald.embedded", "globald.spark", "tests",
                                                    "bench", "pyspark"))]
     assert unwanted == []
+
+
+def module_name_strings(source: str, modules: Iterable[str]) -> list[str]:
+    """The strings of a source that spell one of ``modules`` (``"globald.typed.decode_snapshot"``), docstrings and
+    logger names aside: a reach, such as a child process started by ``-m`` and a module path, that no import shows
+    (a moved module breaks it only at run time). ``-m globald``, the entry point an operator types, is none."""
+    names = set(modules) - {"globald"}
+    tree = ast.parse(source)
+    skip = {id(node.value) for node in ast.walk(tree) if isinstance(node, ast.Expr)}  # docstrings, bare strings
+    skip |= {id(arg) for node in ast.walk(tree) if isinstance(node, ast.Call)
+             and getattr(node.func, "attr", getattr(node.func, "id", None)) == "getLogger" for arg in node.args}
+    return [node.value for node in ast.walk(tree) if isinstance(node, ast.Constant) and id(node) not in skip
+            and isinstance(node.value, str) and node.value in names]
+
+
+def test_no_module_reaches_another_by_a_module_name_string() -> None:
+    """A child process is started by the imported module's ``__name__`` (``decode_snapshot.__name__``), so the import
+    graph, the layers contract and a rename all see the reach."""
+    modules = module_files(PACKAGE_ROOT, "globald")
+    # Module files only: a package name is a label too (``versions.require(..., "globald.spark")``), and only the
+    # entry point package runs with -m.
+    files = [name for name, path in modules.items() if path.name != "__init__.py"]
+    found = {name: spelled for name, path in modules.items()
+             if (spelled := module_name_strings(path.read_text(encoding="utf-8"), files))}
+    assert found == {}
+
+
+def test_the_module_name_string_check_finds_one() -> None:
+    modules = ["globald", "globald.typed.decode_snapshot", "globald.cli.main"]
+    bad = 'MODULE = "globald.typed.decode_snapshot"\nrun([sys.executable, "-m", "globald.cli.main", "check-config"])\n'
+    good = ('"""Run as ``globald.typed.decode_snapshot``."""\n'
+            'log = logging.getLogger("globald.typed.decode_snapshot")\n'
+            'argv = [sys.executable, "-m", decode_snapshot.__name__]\nrun([sys.executable, "-m", "globald", "run"])\n')
+    assert sorted(module_name_strings(bad, modules)) == ["globald.cli.main", "globald.typed.decode_snapshot"]
+    assert module_name_strings(good, modules) == []

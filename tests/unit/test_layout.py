@@ -8,8 +8,8 @@ import pytest
 from rocksdict import WriteBatch
 
 from globald.common.states import State
-from globald.ops.status import DaemonStatus, TableStatus
 from globald.snapshot import manifest
+from globald.status.document import DaemonStatus, TableStatus
 from globald.store import layout
 from globald.store.names import FORMAT_TIMESTAMPED, META_FORMAT, META_TOPIC
 from globald.store.options import StoreOptions

@@ -27,9 +27,9 @@ from globald.ops.hooks import HookRunner
 from globald.ops.metrics import Metrics, Sample
 from globald.ops.progress import ProgressDisplay, ProgressOptions, RestoreTracker
 from globald.ops.sdnotify import Notifier
-from globald.ops.status import DaemonStatus
 from globald.service.reload import ReloadRequest
 from globald.settings.config import HooksConfig
+from globald.status.document import DaemonStatus
 from globald.store.stalls import Stalls
 
 

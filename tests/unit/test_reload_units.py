@@ -1,5 +1,5 @@
 """Pure parts of live reconfiguration: what a reload changes (``settings.changes``), and how the status document
-and /metrics carry the config in force (``ops.status.ConfigStatus``, ``ops.metrics``)."""
+and /metrics carry the config in force (``status.document.ConfigStatus``, ``ops.metrics``)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from pathlib import Path
 
 from globald.common.states import State
 from globald.ops.metrics import Metrics, Sample
-from globald.ops.status import ConfigStatus, DaemonStatus
-from globald.ops.statusfile import status_lines
 from globald.settings.changes import changes, delta, refusal
 from globald.settings.config import SnapshotConfig, parse
+from globald.status.document import ConfigStatus, DaemonStatus
+from globald.status.statusfile import status_lines
 
 BASE = {"state_dir": "/srv/state", "kafka": {"bootstrap.servers": "127.0.0.1:9092"},
         "tables": [{"name": "a", "topic": "ta"}, {"name": "b", "topic": "tb"}]}

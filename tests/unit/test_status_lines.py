@@ -1,4 +1,4 @@
-"""Plain ``globald status`` (``ops.statusfile.status_lines``) shows what once needed ``--json``: the config in force
+"""Plain ``globald status`` (``status.statusfile.status_lines``) shows what once needed ``--json``: the config in force
 (generation, sha256, the last reload's time and result) and where each [export] table's store came from (issue 42)."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import time
 
 from globald.common.states import State
-from globald.ops.status import ConfigStatus, DaemonStatus, TableStatus
-from globald.ops.statusfile import status_lines
+from globald.status.document import ConfigStatus, DaemonStatus, TableStatus
+from globald.status.statusfile import status_lines
 
 SHA = "0123456789abcdef" * 4
 WHEN = 1_795_000_000.0

@@ -25,12 +25,12 @@ from globald.common import swallowed
 from globald.common.states import State
 from globald.ops import decoding
 from globald.ops.decoding import SnapshotDecodes
-from globald.ops.status import DaemonStatus, DecodeStatus, SnapshotStatus, TableStatus
 from globald.settings.config import load
 from globald.snapshot import leases
 from globald.snapshot import manifest as manifests
 from globald.snapshot.manifest import Manifest
 from globald.snapshot.reader import open_snapshot
+from globald.status.document import DaemonStatus, DecodeStatus, SnapshotStatus, TableStatus
 from globald.store.codec import encode_value
 from globald.store.names import SNAPSHOT_CURRENT, snapshots_dir
 from globald.store.options import StoreOptions

@@ -14,8 +14,8 @@ from typing import Any
 
 from globald.common.errors import StoreCorruptError, StoreUnavailableError
 from globald.common.states import State
-from globald.ops.status import ConfigStatus, DaemonStatus, DecodeStatus, TableStatus
 from globald.settings.config import Config
+from globald.status.document import ConfigStatus, DaemonStatus, DecodeStatus, TableStatus
 from globald.store import checkpoint_file
 from globald.store.durable import replace_file
 from globald.store.names import STATUS_FILE, checkpoint_path, db_dir
