@@ -144,10 +144,17 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)
 # 4-5 s idle (12 M Python objects decoded), more under load: make test's budget is spent, so the long lane.
 @pytest.mark.long
 def test_a_decode_of_many_values_at_max_items_stays_in_bounded_memory(tmp_path: Path) -> None:
-    """Measured in a process of its own (the test's would carry earlier tests' peaks): before, 12 such values in
-    one batch took some 900 MB (20: 1.5 GB); now about two values' worth above the imports, however many."""
-    run = subprocess.run([sys.executable, "-c", MEASURED, "12", str(tmp_path)], capture_output=True, text=True,
-                         timeout=300, cwd=REPO)
-    assert run.returncode == 0, run.stderr[-2000:]
-    peak_mb = int(run.stdout.split()[-1])
-    assert peak_mb < 450, f"decoding 12 values at max_items peaked at {peak_mb} MB"
+    """Measured in processes of their own (the test's would carry earlier tests' peaks): before, 12 such values in
+    one batch took some 900 MB (20: 1.5 GB); now about two values' worth above the imports, however many. Compared
+    with a decode of 3 such values on the same machine, not with a fixed figure: the imports' and the allocator's
+    share moves between machines and under load (458 MB seen once for 12, against 267 MB most runs)."""
+    def peak_mb(n: int) -> int:
+        (tmp_path / str(n)).mkdir()
+        run = subprocess.run([sys.executable, "-c", MEASURED, str(n), str(tmp_path / str(n))], capture_output=True,
+                             text=True, timeout=300, cwd=REPO)
+        assert run.returncode == 0, run.stderr[-2000:]
+        return int(run.stdout.split()[-1])
+
+    few, many = peak_mb(3), peak_mb(12)
+    # Unbounded, the 9 more values would add 9 x ~64 MB of Python; bounded, they add nothing but noise.
+    assert many - few < 200, f"decoding 12 values at max_items peaked at {many} MB, 3 values at {few} MB"
