@@ -154,7 +154,7 @@ class Target:
     def read(self, *parts: str, limit: int) -> bytes:
         """A whole small file, refused beyond ``limit`` bytes."""
         with self._call("open", self.fs.open_input_stream, self.path(*parts)) as f:
-            raw = f.read(limit + 1)
+            raw = self._call("read", f.read, limit + 1)  # an object store asks for the object here, not at open
         if len(raw) > limit:
             raise TargetError(f"{'/'.join(parts)} is larger than {limit} bytes")
         return bytes(raw)
@@ -162,7 +162,7 @@ class Target:
     def chunks(self, *parts: str) -> Iterator[bytes]:
         with self._call("open", self.fs.open_input_stream, self.path(*parts)) as f:
             while True:
-                chunk = f.read(CHUNK)
+                chunk = self._call("read", f.read, CHUNK)
                 if not chunk:
                     return
                 yield bytes(chunk)
@@ -200,9 +200,15 @@ class Target:
         except FileNotFoundError:
             raise
         except Exception as e:  # the text of pyarrow's errors names paths, never the URI's user info or query
-            raise TargetError(f"export storage {self.shown}: {what} failed: {_clean(str(e), self.uri)}") from None
+            text = _clean(str(e), self.uri)
+            if isinstance(e, OSError) and _GONE.search(text):  # S3 says so in its own words, not as ENOENT
+                raise FileNotFoundError(f"export storage {self.shown}: {what}: {text}") from None
+            raise TargetError(f"export storage {self.shown}: {what} failed: {text}") from None
 
 
+# How pyarrow's S3 filesystem says that an object is not there (another host's retention removed it meanwhile):
+# callers take it as they take a file gone from a local directory (FileNotFoundError).
+_GONE = re.compile(r"NO_SUCH_KEY|NoSuchKey|The specified key does not exist")
 _SECRETISH = re.compile(r"(?i)(secret|password|token|key)=[^&\s]+")
 
 

@@ -14,7 +14,7 @@ import pytest
 from globald.export import retention
 from globald.export.exporter import export_snapshot, live_manifests
 from globald.export.manifest import ExportManifest, ExportManifestError
-from globald.export.target import EXPORTS_DIR, FILES_DIR, RETIRED_DIR, Target, masked
+from globald.export.target import EXPORTS_DIR, FILES_DIR, RETIRED_DIR, Target, TargetError, masked
 from globald.snapshot.manifest import Manifest
 from globald.store.fingerprint import Fingerprint, Ladder
 from globald.store.options import StoreOptions
@@ -218,3 +218,47 @@ def test_a_download_fetches_files_at_once_and_a_damaged_one_refuses_the_export(t
     again = tmp_path / "again"
     with pytest.raises(Refused, match=f"file {largest.name}: checksum mismatch"):
         Bootstrap(cfg, cfg.tables[0], Target(target_uri), threading.Event(), Install())._download(exported, again)
+
+
+# What pyarrow's S3 filesystem raises when an object it opened (lazily: no GET yet) is gone at its first read.
+S3_GONE = "AWS Error NO_SUCH_KEY during GetObject operation: The specified key does not exist. (Request ID: x)"
+
+
+class _GoneAtRead:
+    """A stream opened while the object was there, read after another host's retention removed it (S3)."""
+
+    def __enter__(self) -> _GoneAtRead:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def read(self, n: int) -> bytes:
+        raise OSError(S3_GONE)
+
+
+def test_an_object_gone_between_open_and_read_is_a_missing_file_and_retention_goes_on(tmp_path: Path) -> None:
+    """CI, on the S3 emulator: a manifest listed, opened, then retired by another host's retention before its first
+    read raised a raw OSError out of ``retention.apply`` (the read was outside the storage-error mapping). A read or
+    a download of such an object now says FileNotFoundError, which every caller takes as "gone"; other failures
+    stay TargetError."""
+    target = Target(tmp_path.as_uri())
+    target.put(iter([b"{}"]), "tbl", "exports", "x.json")
+
+    class Gone(Target):
+        def _call(self, what: str, fn: object, *args: object, **kwargs: object) -> object:
+            if what == "open":
+                return _GoneAtRead()
+            return super()._call(what, fn, *args, **kwargs)
+
+    gone = Gone(tmp_path.as_uri())
+    with pytest.raises(FileNotFoundError, match="NO_SUCH_KEY"):
+        gone.read("tbl", "exports", "x.json", limit=1_000)
+    with pytest.raises(FileNotFoundError):
+        list(gone.chunks("tbl", "exports", "x.json"))
+
+    def fails() -> None:
+        raise OSError("AWS Error NETWORK_CONNECTION during GetObject operation: timed out")
+
+    with pytest.raises(TargetError, match="NETWORK_CONNECTION"):
+        target._call("read", fails)
