@@ -242,11 +242,11 @@ def test_a_reload_during_a_kip406_rebuild(broker: Broker, topic: Callable[..., s
     read and checked meanwhile, on its own thread, and applied once the loop turns again; the rebuilt table equals
     the new topic's fold, in the same process."""
     from tests import midway
-    from tests.reliability.test_recreated_topic import replace_topic
+    from tests.reliability.test_recreated_topic import FETCH_WAIT_MS, frozen, replace_topic
 
     t = topic()
     broker.admin.produce(t, random_records(3_000, keys=300, seed=380))
-    d = daemon({"tbl": t}, start=False, metadata_refresh_ms=500)
+    d = daemon({"tbl": t}, start=False, metadata_refresh_ms=500, kafka={"fetch.wait.max.ms": FETCH_WAIT_MS})
     arm = tmp_path / "arm.json"
     midway.arm(d, arm)
     d.start()
@@ -255,7 +255,8 @@ def test_a_reload_during_a_kip406_rebuild(broker: Broker, topic: Callable[..., s
     tmp = arm.with_name("arm.tmp")  # hold the loop at the end of the next restore of tbl: the rebuild's
     tmp.write_text('{"id": 1, "phase": "restore", "action": "hold", "hold": true, "table": "tbl", "nth": 1}')
     tmp.replace(arm)
-    replace_topic(broker, t, seed=381)
+    with frozen(pid):  # else the daemon may see the new topic empty, rebuild with nothing to restore, and never hold
+        replace_topic(broker, t, seed=381)
     held = arm.with_name(f"{arm.name}.held-1")
     deadline = time.monotonic() + 120
     while not held.is_dir():
