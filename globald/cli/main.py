@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from globald.cli.read import DECODE_HELP, DUMP_FORMATS, cmd_dump, cmd_get, cmd_snapshots
+from globald.cli.read import AS_OF_HELP, DECODE_HELP, DUMP_FORMATS, cmd_dump, cmd_get, cmd_snapshots
 from globald.cli.reload import add_reload_arguments, cmd_reload
 from globald.cli.status import cmd_status
 from globald.common import exitcodes
@@ -280,11 +280,13 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--json", action="store_true",
                    help="say where the content comes from (source, snapshot, offsets) as one JSON line on stderr")
     d.add_argument("--decode", action="store_true", help=DECODE_HELP)
+    d.add_argument("--as-of", metavar="TIME", help=AS_OF_HELP)
     g = add("get", cmd_get, "print the value and timestamp of one key (exit 1 when absent)", json_flag=True,
             table=True)
     g.add_argument("--key-format", choices=("text", "base64", "hex"), default="text",
                    help="how KEY is written (default: UTF-8 text)")
     g.add_argument("--decode", action="store_true", help=DECODE_HELP)
+    g.add_argument("--as-of", metavar="TIME", help=AS_OF_HELP)
     g.add_argument("key", metavar="KEY", help="the record key to look up")
     r = add("reset", cmd_reset, "wipe a table so it is restored from the log start (through the daemon if one runs)",
             json_flag=True, table=True)

@@ -34,7 +34,7 @@ def migrate(config: Config, table: str | None = None) -> dict[str, dict[str, Any
                 with StoreReader(db_dir(config.state_dir, tc.name)) as r:
                     before = r.format_version()
                 opened = TableStore.open(config.state_dir, tc.name, tc.topic, options, wipe_unusable=False,
-                                         origins=tc.typed)
+                                         origins=tc.typed, history_ms=tc.history)
             except (StoreCorruptError, StoreUnavailableError) as e:
                 report[tc.name] = {"error": f"{e}; left as it is: the daemon will rebuild it from the topic"}
                 continue

@@ -12,8 +12,8 @@ import base64
 import binascii
 import json
 import sys
-import time
 from collections.abc import Callable, Iterable, Iterator
+from datetime import UTC, datetime
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +33,10 @@ DECODE_HELP = ("decode the value (and the key) by the table's [tables.value] / [
                "table whose [tables.key] is typed takes KEY as the decoded key (its text; an integer key its decimal "
                "text) and finds it by decoding every key of the table")
 DECODE_BATCH = 4096  # records decoded per Arrow batch by dump --decode
+AS_OF_HELP = ("answer as of this record time, from a versioned table's history ([[tables]] history; docs/as-of.md): "
+              "ISO 8601 (2026-11-29T17:00:00Z; without a zone, UTC) or epoch milliseconds. The answer is the record "
+              "with the greatest (timestamp, offset) at or before TIME; a tombstone there is absent. A TIME before "
+              "the table's history since is refused (exit 3), never guessed")
 
 
 def _b64(b: bytes) -> str:
@@ -125,16 +129,20 @@ def cmd_dump(args: argparse.Namespace) -> int:
     cfg = configmod.load(args.config)
     table = cfg.table(args.table)
     decoders = _decoders(cfg, table.name, args.decode)  # a bad schema is exit 2 before anything is opened
+    at = parse_time(args.as_of)
     view = (readview.open_snapshot_view(cfg, table.name, args.snapshot) if args.snapshot is not None
             else _consistent_view(cfg, table.name))
     if view is None:
         return exitcodes.UNAVAILABLE
     with view:
+        if _as_of_refused(view, at):
+            return exitcodes.UNAVAILABLE
         _announce(view, args.json)
         out, written = sys.stdout, 0
         try:
-            lines = (dump_lines(view.items(), args.format) if decoders is None
-                     else decoded_lines(view.items(), *decoders, view.origin))
+            items = view.items() if at is None else view.items_as_of(at)
+            lines = (dump_lines(items, args.format) if decoders is None
+                     else decoded_lines(items, *decoders, view.origin))
             for line in lines:
                 out.write(line + "\n")
                 written += 1
@@ -155,9 +163,34 @@ def parse_key(text: str, fmt: str) -> bytes:
 
 
 def _timestamp_text(ts: int) -> str:
-    if ts < 0:
-        return "none (the record carried no timestamp)"
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ts / 1000)) + f".{ts % 1000:03d}Z ({ts})"
+    from globald.cli.readview import time_text
+
+    return "none (the record carried no timestamp)" if ts < 0 else time_text(ts)
+
+
+def parse_time(text: str | None) -> int | None:
+    """``--as-of``'s TIME as epoch milliseconds: digits are milliseconds, else ISO 8601 (UTC without a zone)."""
+    if text is None:
+        return None
+    if text.lstrip("-").isdigit():
+        return int(text)
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise UsageError(f"--as-of {text!r} is neither ISO 8601 (2026-11-29T17:00:00Z) nor epoch milliseconds"
+                         ) from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return int(when.timestamp() * 1000) if when.microsecond == 0 else (
+        int(when.replace(microsecond=0).timestamp()) * 1000 + when.microsecond // 1000)
+
+
+def _as_of_refused(view: ReadView, at: int | None) -> bool:
+    """Print why ``view`` cannot answer as of ``at``, one line on stderr; False when it can (or no --as-of)."""
+    why = None if at is None else view.history_refusal(at)
+    if why is not None:
+        print(f"globald: {why}", file=sys.stderr)
+    return why is not None
 
 
 def cmd_get(args: argparse.Namespace) -> int:
@@ -165,20 +198,28 @@ def cmd_get(args: argparse.Namespace) -> int:
     table = cfg.table(args.table)
     key = parse_key(args.key, args.key_format)
     decoders = _decoders(cfg, table.name, args.decode)
+    at = parse_time(args.as_of)
+    if at is not None and decoders is not None and decoders[0].typed:
+        raise UsageError("--as-of finds a key by its stored bytes: give KEY as stored (--key-format) without "
+                         "--decode's typed key lookup")
     view = _consistent_view(cfg, table.name)
     if view is None:
         return exitcodes.UNAVAILABLE
     with view:
+        if _as_of_refused(view, at):
+            return exitcodes.UNAVAILABLE
         if decoders is not None and decoders[0].typed:
             key, found = _find_decoded(view, key, decoders[0])
         else:
-            found = view.get(key)
+            found = view.get(key) if at is None else view.as_of(key, at)
         if decoders is not None and found is not None:  # inside: an error's origin is read from the same view
             _announce(view, as_json=False)
             return _print_decoded(view, key, found, decoders[1], args.json)
     _announce(view, as_json=False)
     if args.json:
         doc: dict[str, Any] = {**view.describe(), "key_base64": _b64(key), "found": found is not None}
+        if at is not None:
+            doc["as_of"] = at
         if found is not None:
             value, ts = found
             doc.update(value_base64=_b64(value), timestamp=ts)

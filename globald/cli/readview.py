@@ -67,6 +67,32 @@ class ReadView:
         """Every (key, value, timestamp) in key order; raises StoreUnavailableError rather than stop early."""
         return self._reader.items()
 
+    def history_refusal(self, at: int) -> str | None:
+        """Why this version cannot answer as of record time ``at``: the table keeps no versions, they cannot be
+        proven exact (``store.history``), or ``at`` is before ``since``; None when it can."""
+        marks = self._reader.history
+        if marks is None:
+            return (f"table {self.table} keeps no versions: declare history in its [[tables]] entry (docs/as-of.md) "
+                    "for as-of lookups")
+        refused = marks.refusal(self.table)
+        if refused is not None:
+            return refused
+        assert marks.since is not None
+        if at < marks.since:
+            return (f"table {self.table}: {time_text(at)} is before its history's since, {time_text(marks.since)}: "
+                    "versions older than since may be gone, so no answer is given, never a guess")
+        return None
+
+    def as_of(self, key: bytes, at: int) -> tuple[bytes, int] | None:
+        """(value, timestamp) of ``key`` at record time ``at``; None when absent or deleted then. Check
+        ``history_refusal`` first."""
+        v = self._reader.as_of(key, at)
+        return None if v is None or v.value is None else (v.value, v.timestamp)
+
+    def items_as_of(self, at: int) -> Iterator[tuple[bytes, bytes, int]]:
+        """Every (key, value, timestamp) in force at record time ``at``, in key order."""
+        return self._reader.items_as_of(at)
+
     def origin(self, key: bytes, value: bytes, timestamp: int) -> tuple[int, int] | None:
         """(partition, offset) of the record a value read here came from, where a typed table's store recorded it."""
         return self._reader.origins([key], [value], [timestamp])[0]
@@ -94,6 +120,11 @@ class ReadView:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def time_text(ms: int) -> str:
+    """An epoch-ms record time as ISO 8601 UTC, with the number."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ms / 1000)) + f".{ms % 1000:03d}Z ({ms})"
 
 
 def _ago(created: float | None) -> str:

@@ -19,6 +19,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from confluent_kafka import TopicPartition
 
@@ -114,7 +115,7 @@ class StateManager:
     def open_table(self, tc: TableConfig) -> tuple[dict[int, int], str | None]:
         """Open one table's store, at start or when a reload adds it (``engine.tables_change``): (its stored
         offsets, None), or ({}, why) when the disk refused it (left closed for ``recover_stores``)."""
-        store = TableStore(self.config.state_dir, tc.name, tc.topic, self.options, tc.typed)
+        store = TableStore(self.config.state_dir, tc.name, tc.topic, self.options, tc.typed, tc.history)
         rt = TableRuntime(config=tc, store=store, machine=StateMachine(self._notify, table=tc.name))
         self.tables[tc.name] = rt
         try:
@@ -340,6 +341,16 @@ class StateManager:
     def table_view(self, table: str) -> TableView | None:
         rt = self.tables.get(table)
         return None if rt is None else rt.view()
+
+    def history_status(self, table: str) -> dict[str, Any] | None:
+        rt = self.tables.get(table)
+        if rt is None or not rt.store.is_open:
+            return None
+        try:
+            return rt.store.history_status()
+        except Exception as e:  # a store being reopened: the next status has it
+            log.debug("history status of %s: %s", table, e)
+            return None
 
     def live_offsets(self, table: str) -> dict[int, int]:
         return self.tables[table].store.offsets()

@@ -22,6 +22,7 @@ from confluent_kafka import KafkaError, Message
 from globald.engine.fold import Delete, Put, fold
 from globald.engine.table import TableRuntime
 from globald.store.fingerprint import EMPTY, Fingerprint, Ladder, record_fingerprint
+from globald.store.history import HistoryWriter
 from globald.store.layout import OriginWriter
 from globald.store.protocol import Batch
 
@@ -114,6 +115,7 @@ class UpdateTask:
         # another partition or topic), and each run is folded, counted and positioned in one go.
         result = PollResult()
         batches: dict[str, Batch] = {}
+        versions: dict[str, HistoryWriter] = {}  # a versioned table's, finished before its batch is written
         only = self._only_topic
         topic: str | None = None
         partition = -1
@@ -137,19 +139,21 @@ class UpdateTask:
             partition = p if p is not None else -1
             if t != topic:
                 topic = t
-                target = self._target(t, result, batches)
+                target = self._target(t, result, batches, versions)
         if target is not None and start < len(messages):
             target.close_run(partition, messages[start:])
-        self._write(result, batches, messages)
+        self._write(result, batches, messages, versions)
         return result
 
     def _write(self, result: PollResult, batches: dict[str, Batch],
-               messages: Sequence[Message] = ()) -> None:
+               messages: Sequence[Message] = (), versions: Mapping[str, HistoryWriter] | None = None) -> None:
         for name, tb in result.tables.items():
             if tb.invalid_offset is not None or not tb.positions:
                 continue
             rt = self._tables[name]
             batch = batches.get(name) or rt.store.new_batch()
+            if versions and name in versions:
+                versions[name].finish()
             held = self._ladders[name]
             ladders = {p: held.get(p, EMPTY).climb(f) for p, f in tb.newest.items()}
             rt.store.put_offsets(batch, tb.positions, ladders)
@@ -170,8 +174,11 @@ class UpdateTask:
                 ladders: dict[int, Ladder]) -> Batch:
         """The batch ``update`` built for ``rt`` from ``messages``, made again (a write RocksDB held back)."""
         batch = rt.store.new_batch()
+        history = rt.store.history_writer(batch)
         fold((m for m in messages if m.error() is None and (self._only_topic or m.topic()) == rt.topic),
-             batch.put, batch.delete, rt.store.origin_writer(batch))
+             batch.put, batch.delete, rt.store.origin_writer(batch), history)
+        if history is not None:
+            history.finish()
         rt.store.put_offsets(batch, positions, ladders)
         return batch
 
@@ -190,8 +197,8 @@ class UpdateTask:
             self._write(PollResult(tables={table: tb}), {})
         return tb.positions
 
-    def _target(self, topic: str | None, result: PollResult,
-                batches: dict[str, Batch]) -> _Target | None:
+    def _target(self, topic: str | None, result: PollResult, batches: dict[str, Batch],
+                versions: dict[str, HistoryWriter]) -> _Target | None:
         """Where records of ``topic`` go in this poll; None when they are to be skipped."""
         rt = self._by_topic.get(topic or "")
         if rt is None:
@@ -204,7 +211,10 @@ class UpdateTask:
         batch = batches.get(rt.name)
         if batch is None:
             batch = batches[rt.name] = rt.store.new_batch()
-        return _Target(tb, batch, rt.store.origin_writer(batch))
+            history = rt.store.history_writer(batch)
+            if history is not None:
+                versions[rt.name] = history
+        return _Target(tb, batch, rt.store.origin_writer(batch), versions.get(rt.name))
 
     def _on_error(self, m: Message, err: KafkaError, rt: TableRuntime | None, result: PollResult) -> None:
         code = err.code()
@@ -244,18 +254,20 @@ class _Target:
     """One table's share of a poll: its counters, its write batch's bound methods and, for a typed table, what
     writes the origins of its values into that batch."""
 
-    __slots__ = ("delete", "origins", "put", "tb")
+    __slots__ = ("delete", "history", "origins", "put", "tb")
 
-    def __init__(self, tb: TableBatch, batch: Batch, origins: OriginWriter | None) -> None:
+    def __init__(self, tb: TableBatch, batch: Batch, origins: OriginWriter | None,
+                 history: HistoryWriter | None) -> None:
         self.tb = tb
         self.put: Put = batch.put
         self.delete: Delete = batch.delete
         self.origins = origins
+        self.history = history
 
     def close_run(self, partition: int, run: Sequence[Message]) -> None:
         """Fold ``run``, consecutive records of ``partition``, into the batch and account for them."""
         tb = self.tb
-        tb.null_keys += fold(run, self.put, self.delete, self.origins)
+        tb.null_keys += fold(run, self.put, self.delete, self.origins, self.history)
         last = run[-1]
         offset = last.offset()
         assert offset is not None  # librdkafka gives every record its offset

@@ -13,7 +13,7 @@ from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from globald.common.states import State
 
@@ -53,6 +53,11 @@ class EngineView(Protocol):
 
     def table_view(self, table: str) -> TableView | None:
         """``table`` now; None before the engine opened it."""
+        ...
+
+    def history_status(self, table: str) -> dict[str, Any] | None:
+        """A versioned table's ``tables.<t>.history`` status (``store.history.status``); None for another table, or
+        one whose store is closed."""
         ...
 
     def live_offsets(self, table: str) -> dict[int, int]:

@@ -88,6 +88,7 @@ class DaemonCollector(Collector):
         yield from _counters(s)
         yield from _snapshots(s)
         yield from _decodes(s)
+        yield from _history(s)
         yield from _exports(s)
         yield from _config(s)
         loop_age, progress_age = self._loop_age()
@@ -221,6 +222,17 @@ def _snapshots(s: Sample) -> Iterator[Metric]:
         if snap.publish_seconds is not None:
             publish.add_metric([name], snap.publish_seconds)
     yield from (age, publish)
+
+
+def _history(s: Sample) -> Iterator[Metric]:
+    """Versioned tables only (``store.history``): the record time from which as-of answers are exact, as epoch
+    seconds; absent while it is unproven or pending (status says why), so an alert on its age never reads a 0."""
+    since = GaugeMetricFamily(f"{PREFIX}_table_history_since_seconds", "Versioned tables: the record time (epoch "
+                              "seconds) from which as-of lookups are exact", labels=["table"])
+    for name, t in sorted(s.doc.tables.items()):
+        if t.history is not None and isinstance(t.history.get("since"), int):
+            since.add_metric([name], t.history["since"] / 1000)
+    yield since
 
 
 def _decodes(s: Sample) -> Iterator[Metric]:

@@ -54,7 +54,8 @@ def reset_table(config: Config, table: str, timeout: float = 30.0) -> ResetResul
             return ResetResult(name, "offline", None, had_store=False)
         had_store = (db_dir(config.state_dir, name) / "CURRENT").exists()
         opened = TableStore.open(config.state_dir, name, topic, StoreOptions.from_config(config.store),
-                                 origins=config.table(table).typed)
+                                 origins=config.table(table).typed,
+                                 history_ms=config.table(table).history)
         try:
             opened.store.wipe()
         finally:

@@ -206,6 +206,10 @@ class Operations:
     def observe(self, doc: DaemonStatus) -> DaemonStatus:
         """Complete the status document with what operations know, and keep it as the sample HTTP serves."""
         doc = self.decodes.observe(doc)
+        versioned = {n: h for n in doc.tables if (h := self.engine.history_status(n)) is not None}
+        if versioned:
+            doc = dataclasses.replace(doc, tables={n: dataclasses.replace(t, history=versioned[n]) if n in versioned
+                                                   else t for n, t in doc.tables.items()})
         r = readiness(doc.state.value, {n: t.state for n, t in doc.tables.items()}, self.snapshots)
         address = self.http.address if self.http is not None else None
         doc = dataclasses.replace(

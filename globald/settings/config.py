@@ -25,6 +25,7 @@ from globald.settings.spec import (
     Boolean,
     Choice,
     Directory,
+    Duration,
     Integer,
     Section,
     Spec,
@@ -155,6 +156,16 @@ class TableConfig:
     key: ValueFormat | None = field(default=None, metadata=declare(Section(
         ValueFormat, after=check_format_keys, help="optional: how the keys are encoded, with the same keys as "
         "[tables.value]; without it they are raw bytes (UTF-8 text for a string key)")))
+
+    history: int | None = field(default=None, metadata=declare(Duration(
+        1, 100 * 365 * 86_400_000, help="optional: make the table versioned, keeping every version whose validity "
+        "ended within this long of record time (\"7d\", \"12h\", or milliseconds), for as-of lookups "
+        "(get --as-of, dump --as-of; docs/as-of.md); without it the table keeps its latest values only")))
+
+    @property
+    def versioned(self) -> bool:
+        """Declares ``history``: its store keeps versions for as-of lookups (``store.history``)."""
+        return self.history is not None
 
     @property
     def typed(self) -> bool:

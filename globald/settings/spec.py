@@ -10,6 +10,7 @@ validation. Nothing here knows globald's own config (``globald.settings.config``
 from __future__ import annotations
 
 import json
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import MISSING, dataclass, field, fields
@@ -70,6 +71,34 @@ class Integer(Spec):
 
     def kind(self) -> str:
         return f"integer, {self.lo} to {self.hi}"
+
+
+# A duration's units, in milliseconds: "7d", "12h", "30m", "45s"; a bare integer is milliseconds.
+_DURATION_UNITS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+_DURATION_RE = re.compile(r"^([0-9]{1,15})([smhd])$")
+
+
+@dataclass(frozen=True)
+class Duration(Spec):
+    """A length of time: an integer of milliseconds, or a string of digits and one unit (s, m, h, d). Held in ms."""
+
+    lo_ms: int
+    hi_ms: int
+
+    def check(self, value: object, path: str) -> int:
+        wrong = f'must be a duration ("7d", "12h", "30m", "45s") or an integer of milliseconds, got {value!r}'
+        if isinstance(value, int) and not isinstance(value, bool):  # bool is an int to Python, never to a reader
+            ms = value
+        elif isinstance(value, str) and (m := _DURATION_RE.match(value)):
+            ms = int(m.group(1)) * _DURATION_UNITS[m.group(2)]
+        else:
+            raise ConfigError(path, wrong)
+        if not self.lo_ms <= ms <= self.hi_ms:
+            raise ConfigError(path, f"must be between {self.lo_ms} and {self.hi_ms} ms, got {value!r} ({ms} ms)")
+        return ms
+
+    def kind(self) -> str:
+        return f"duration: integer milliseconds or digits with s, m, h or d; {self.lo_ms} ms to {self.hi_ms} ms"
 
 
 @dataclass(frozen=True)

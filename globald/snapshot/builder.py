@@ -26,13 +26,15 @@ from globald.settings.config import TableConfig
 from globald.settings.ref import ConfigRef
 from globald.snapshot.exact_requests import Code
 from globald.snapshot.manifest import Offsets
-from globald.store import layout
+from globald.store import history, layout
 from globald.store.durable import sync_tree
 from globald.store.failures import store_io
 from globald.store.fingerprint import Fingerprint, Ladder
 from globald.store.names import (
     COLUMN_FAMILIES,
     FORMAT_VERSION,
+    HISTORY_CF,
+    META_HISTORY_SINCE,
     ORIGINS_CF,
     SNAPSHOT_DB_DIR,
 )
@@ -162,15 +164,20 @@ class Builder:
         with store_io(f"exact snapshot build: open {db_path}"):  # RocksDB's errors mapped as the live store's
             # A typed table's build records origins as the live store does; a base may have them even when the
             # table is no longer typed (RocksDB opens a database only with all of its families).
-            origins = table.typed or (base_dir is not None and ORIGINS_CF in layout.families(db_path))
-            store = open_offline(db_path, self.options, [*COLUMN_FAMILIES, *([ORIGINS_CF] if origins else [])])
+            held = layout.families(db_path) if base_dir is not None else []
+            origins = table.typed or ORIGINS_CF in held
+            versioned = table.versioned or HISTORY_CF in held  # likewise a versioned table's history
+            store = open_offline(db_path, self.options, [*COLUMN_FAMILIES, *([ORIGINS_CF] if origins else []),
+                                                         *([HISTORY_CF] if versioned else [])])
         with store:
             if base_dir is None:  # a new store, stamped as the live store stamps one
-                store.put_meta(layout.stamp(FORMAT_VERSION, table.topic), "exact snapshot build: metadata",
-                               rebuild=False)
+                stamp = layout.stamp(FORMAT_VERSION, table.topic)
+                if table.versioned:  # a replay from the log start, as an emptied live store's (store.history)
+                    stamp[META_HISTORY_SINCE] = history.SINCE_PENDING
+                store.put_meta(stamp, "exact snapshot build: metadata", rebuild=False)
             else:
                 self._check_same_topic(table.topic, store.ladders()[0], deadline, verified or {})
-            consumed = self._apply(store, table.topic, start, target, deadline, table.typed)
+            consumed = self._apply(store, table.topic, start, target, deadline, table.typed, table.history)
             store.put_offsets(target, "exact snapshot build: offsets")
             with store_io("exact snapshot build: flush"):
                 store.flush()
@@ -202,7 +209,7 @@ class Builder:
                                             f"{'; '.join(verdict.unreachable.values())}")
 
     def _apply(self, store: OfflineStore, topic: str, start: Offsets, target: Offsets, deadline: float,
-               typed: bool) -> int:
+               typed: bool, window_ms: int | None) -> int:
         todo = {p: s for p, s in start.items() if s < target[p]}  # partition -> next offset expected
         if not todo:
             return 0
@@ -228,7 +235,11 @@ class Builder:
 
                 def batch(applied: list[Message] = applied) -> Batch:
                     b = store.values_batch()
-                    fold(applied, b.put, b.delete, store.origin_writer(b) if typed else None)  # the live store's fold
+                    versions = None if window_ms is None else store.history_writer(b, window_ms)
+                    fold(applied, b.put, b.delete, store.origin_writer(b) if typed else None,  # the live store's fold
+                         versions)
+                    if versions is not None:
+                        versions.finish()
                     return b
 
                 store.write(batch, "exact snapshot build")

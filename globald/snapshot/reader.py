@@ -25,6 +25,7 @@ from globald.common.errors import (
 from globald.snapshot import leases
 from globald.snapshot import manifest as manifests
 from globald.snapshot.manifest import Manifest, Offsets, valid_id
+from globald.store.history import HistoryMeta, Version
 from globald.store.names import SNAPSHOT_CURRENT, SNAPSHOT_DB_DIR, snapshots_dir
 from globald.store.reader import Origin, StoreReader
 
@@ -177,6 +178,18 @@ class Snapshot:
     def origins(self, keys: Sequence[bytes], values: Sequence[bytes], stamps: Sequence[int]) -> list[Origin | None]:
         """Where each (key, value, timestamp) read from this snapshot came from (see ``StoreReader.origins``)."""
         return self._reader.origins(keys, values, stamps)
+
+    @property
+    def history(self) -> HistoryMeta | None:
+        """What the snapshot's store says of its versions; None when it holds none (``store.history``)."""
+        return self._reader.history
+
+    def as_of(self, key: bytes, t: int) -> Version | None:
+        """The version of ``key`` in force at record time ``t`` (see ``StoreReader.as_of``)."""
+        return self._reader.as_of(key, t)
+
+    def items_as_of(self, t: int) -> Iterator[tuple[bytes, bytes, int]]:
+        return self._reader.items_as_of(t)
 
     def __iter__(self) -> Iterator[tuple[bytes, bytes, int]]:
         return self._reader.items()

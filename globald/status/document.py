@@ -116,6 +116,9 @@ class TableStatus:
     # [export] only (globald.export): where the store came from (export or topic, and why), and this host's exports
     origin: dict[str, Any] | None = None
     export: dict[str, Any] | None = None
+    # versioned tables only (store.history): since (epoch ms; null while unproven or pending), versions, bytes,
+    # window_ms, and why as-of lookups are refused (null when answered)
+    history: dict[str, Any] | None = None
 
     @classmethod
     def of(cls, rt: TableView, positions: Mapping[int, int], ends: Mapping[int, int], records: int,
@@ -252,7 +255,7 @@ def _table_json(t: TableStatus) -> dict[str, Any]:
                            "last_publish_ms": round(s.last_publish_ms, 3), "last_error": s.last_error}
     if t.decode is not None:
         doc["decode"] = t.decode.to_json()
-    for key in ("origin", "export"):
+    for key in ("origin", "export", "history"):
         if getattr(t, key) is not None:
             doc[key] = getattr(t, key)
     return doc
@@ -274,4 +277,5 @@ def _table_from(raw: Any) -> TableStatus:
                                 s.get("last_error")) if isinstance(s, dict) else None,
         source=t.get("source"), decode=DecodeStatus.from_json(t.get("decode")),
         origin=t["origin"] if isinstance(t.get("origin"), dict) else None,
-        export=t["export"] if isinstance(t.get("export"), dict) else None)
+        export=t["export"] if isinstance(t.get("export"), dict) else None,
+        history=t["history"] if isinstance(t.get("history"), dict) else None)

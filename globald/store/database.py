@@ -17,7 +17,7 @@ from globald.common.errors import StoreIOError, StoreUnavailableError
 from globald.store import layout, memory, space
 from globald.store.compaction_gate import CompactionGate
 from globald.store.failures import store_io
-from globald.store.names import META_CF, OFFSETS_CF, ORIGINS_CF, VALUES_CF, db_dir
+from globald.store.names import HISTORY_CF, META_CF, OFFSETS_CF, ORIGINS_CF, VALUES_CF, db_dir
 from globald.store.options import StoreOptions
 from globald.store.plain import PlainMigration
 from globald.store.stalls import STALLS, Stalls
@@ -29,11 +29,13 @@ log = logging.getLogger(__name__)
 class Database:
     """The connection to one table's database; ``TableStore`` is the store built on it."""
 
-    def __init__(self, state_dir: Path, table: str, options: StoreOptions, origins: bool = False) -> None:
+    def __init__(self, state_dir: Path, table: str, options: StoreOptions, origins: bool = False,
+                 history_ms: int | None = None) -> None:
         self.state_dir = state_dir
         self.table = table
         self.options = options
         self.origins = origins  # a typed table: every value written with its origin (names.ORIGINS_CF)
+        self.history_ms = history_ms  # a versioned table's window: every version kept (names.HISTORY_CF)
         self.path = db_dir(state_dir, table)
         self._db: Rdict | None = None
         # Column-family handles, dropped before close so the LOCK is released.
@@ -44,6 +46,9 @@ class Database:
         self._origins: ColumnFamily | None = None
         self._origins_cf: Rdict | None = None
         self.stale_origins = False  # opened holding an origins family although the table is no longer typed
+        self._history: ColumnFamily | None = None
+        self._history_cf: Rdict | None = None
+        self.stale_history = False  # opened holding a history family although the table is no longer versioned
         # Set while the store is FORMAT_MIXED (TableStore's upgrade): no bulk load then, and plain keys count too.
         self._migration: PlainMigration | None = None
         self._write_opts = write_options()
@@ -67,14 +72,16 @@ class Database:
     def _connect(self, bulk: bool) -> None:
         with store_io(f"table {self.table}: cannot open {self.path}"):
             # RocksDB opens a database only with every family it has named: one left by a typed declaration too.
-            self.stale_origins = not self.origins and (self.path / "CURRENT").exists() and \
-                ORIGINS_CF in layout.families(self.path)
+            held = layout.families(self.path) if (self.path / "CURRENT").exists() else []
+            self.stale_origins = not self.origins and ORIGINS_CF in held
+            self.stale_history = self.history_ms is None and HISTORY_CF in held
             # No compaction is started on a disk without room for it (compaction_gate): one that fails there
             # leaves RocksDB refusing every flush and write, and at open it kept a complete table from serving.
             compactions = self._gate.at_open()
             db_options, families = (space.fit_bulk_load(self.options, self.state_dir) if bulk else self._shaped()
                                     ).column_families(bulk, self.origins or self.stale_origins,  # see space.py
-                                                      compactions=compactions)
+                                                      compactions=compactions,
+                                                      history=self.history_ms is not None or self.stale_history)
             self._db = Rdict(str(self.path), db_options, column_families=families)
         self._values = self._db.get_column_family_handle(VALUES_CF)
         self._values_cf = self._db.get_column_family(VALUES_CF)
@@ -83,6 +90,9 @@ class Database:
         if self.origins:
             self._origins = self._db.get_column_family_handle(ORIGINS_CF)
             self._origins_cf = self._db.get_column_family(ORIGINS_CF)
+        if self.history_ms is not None:
+            self._history = self._db.get_column_family_handle(HISTORY_CF)
+            self._history_cf = self._db.get_column_family(HISTORY_CF)
         self._bulk = bulk
         self._write_opts = write_options(disable_wal=bulk)
 
@@ -102,6 +112,7 @@ class Database:
             # single-family flushes find nothing to do. Running compactions are abandoned, not awaited.
             db.cancel_all_background(False)
         self._values = self._values_cf = self._offsets = self._meta = self._origins = self._origins_cf = None
+        self._history = self._history_cf = None
         try:
             db.close()
         except Exception as e:
@@ -196,7 +207,8 @@ class Database:
         db = self._db
         if db is None:
             return
-        self._gate.apply(db, [h for h in (self._values_cf, self._origins_cf) if h is not None], force)
+        self._gate.apply(db, [h for h in (self._values_cf, self._origins_cf, self._history_cf) if h is not None],
+                         force)
 
     @property
     def compactions_on(self) -> bool:
@@ -213,8 +225,8 @@ class Database:
         if db is None:
             return None
         try:
-            return memory.usage(db, [h for h in (self._values_cf, self._offsets, self._meta, self._origins_cf)
-                                     if h is not None])
+            return memory.usage(db, [h for h in (self._values_cf, self._offsets, self._meta, self._origins_cf,
+                                                 self._history_cf) if h is not None])
         except Exception as e:  # a store being reopened: the next sample has it
             log.debug("store memory of %s: %s", self.table, e)
             return None

@@ -33,6 +33,10 @@ COLUMN_FAMILIES = (VALUES_CF, OFFSETS_CF, META_CF)
 # is named by partition and offset. Not in COLUMN_FAMILIES: a raw table's store never has it (it is dropped when a
 # table stops being typed), and a globald before it, meeting a store that has it, cannot open it and rebuilds.
 ORIGINS_CF = "origins"
+# Only in the store of a versioned table (one declaring ``history``): every version of every key, for as-of lookups
+# (``store.history``), written in the batch that writes the values. Not in COLUMN_FAMILIES, as ORIGINS_CF: a table
+# that stops being versioned has it dropped, with the META_HISTORY_ marks.
+HISTORY_CF = "history"
 
 META_FORMAT = b"format_version"
 META_TOPIC = b"topic"
@@ -49,6 +53,12 @@ COMPLETE_YES = b"1"
 # Per partition, ``META_FINGERPRINT_PREFIX + partition`` holds the fingerprint ladder of the records applied (see
 # ``fingerprint``), written in the batch that moves the partition's offset.
 META_FINGERPRINT_PREFIX = b"fingerprint/"
+# A versioned table's (store.history): since (epoch ms, ASCII) is the earliest record time from which as-of answers
+# are exact, absent when nothing proves one; clock the newest record timestamp applied; untimed "partition/offset"
+# of the first record without a timestamp, which refuses as-of lookups.
+META_HISTORY_SINCE = b"history/since"
+META_HISTORY_CLOCK = b"history/clock"
+META_HISTORY_UNTIMED = b"history/untimed"
 
 TABLES_DIR = "tables"
 DB_DIR = "db"

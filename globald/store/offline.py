@@ -21,9 +21,11 @@ from rocksdict import AccessType, ColumnFamily, Options, Rdict, WriteBatch
 from globald.store import layout
 from globald.store.codec import decode_format, unreadable_format
 from globald.store.fingerprint import Fingerprint, Ladder, ladders_in
+from globald.store.history import HistoryMeta, HistoryWriter
 from globald.store.layout import OriginWriter
 from globald.store.names import (
     DEFAULT_CF,
+    HISTORY_CF,
     META_CF,
     META_FINGERPRINT_PREFIX,
     META_FORMAT,
@@ -114,6 +116,16 @@ class OfflineStore:
     def origin_writer(self, batch: Batch) -> OriginWriter:
         """What adds the origins of the values ``batch`` writes (the database was opened with ``ORIGINS_CF``)."""
         return OriginWriter(batch, self._handle(ORIGINS_CF))
+
+    def history_writer(self, batch: Batch, window_ms: int) -> HistoryWriter:
+        """What adds the versions of the records ``batch`` folds (the database was opened with ``HISTORY_CF``)."""
+        meta = self._db.get_column_family(META_CF)
+        try:
+            marks = HistoryMeta.read(meta)
+        finally:
+            del meta
+        return HistoryWriter(batch, self._handle(HISTORY_CF), self._db.get_column_family(HISTORY_CF),
+                             self._handle(META_CF), marks, window_ms)
 
     def drop_family(self, cf: str) -> None:
         self._handles.pop(cf, None)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from rocksdict import BlockBasedOptions, Cache, DBCompressionType, MemtableFactory, Options
 
-from globald.store.names import COLUMN_FAMILIES, ORIGINS_CF, VALUES_CF
+from globald.store.names import COLUMN_FAMILIES, HISTORY_CF, ORIGINS_CF, VALUES_CF
 
 if TYPE_CHECKING:  # only a type: at run time the store imports nothing above it (config imports kafka)
     from globald.settings.config import StoreConfig
@@ -106,9 +106,10 @@ class StoreOptions:
         o.set_block_based_table_factory(table)
         return o
 
-    def column_families(self, bulk: bool = False, origins: bool = False,
-                        compactions: bool = True) -> tuple[Options, dict[str, Options]]:
-        """(database options, {family: options}) sharing one block cache; with ``origins`` a typed table's; without
+    def column_families(self, bulk: bool = False, origins: bool = False, compactions: bool = True,
+                        history: bool = False) -> tuple[Options, dict[str, Options]]:
+        """(database options, {family: options}) sharing one block cache; with ``origins`` a typed table's, with
+        ``history`` a versioned table's (tuned as the values family, for the same reason as origins); without
         ``compactions`` the large families start with automatic compactions off (``compaction_gate``).
 
         With ``bulk`` the values family appends to a vector memtable that is sorted once when flushed: a
@@ -126,6 +127,9 @@ class StoreOptions:
         if origins:
             families[ORIGINS_CF] = self.rocksdb(cache=cache)
             large.append(ORIGINS_CF)
+        if history:
+            families[HISTORY_CF] = self.rocksdb(cache=cache)
+            large.append(HISTORY_CF)
         db = self.rocksdb(cache=cache)
         for cf in large:
             families[cf].set_disable_auto_compactions(not compactions)

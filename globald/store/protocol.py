@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from rocksdict import WriteBatch
 
@@ -20,6 +20,7 @@ from globald.store.plain import UpgradingBatch
 if TYPE_CHECKING:
     from globald.common.errors import GlobaldError
     from globald.store.fingerprint import Ladder
+    from globald.store.history import HistoryWriter
     from globald.store.layout import OriginWriter
 
 Batch = WriteBatch | UpgradingBatch  # what ``Store.new_batch`` gives: put/delete address the values
@@ -55,6 +56,10 @@ class Store(Protocol):
     def new_batch(self) -> Batch: ...
 
     def origin_writer(self, batch: Batch) -> OriginWriter | None: ...
+
+    def history_writer(self, batch: Batch) -> HistoryWriter | None: ...
+
+    def history_status(self) -> dict[str, Any] | None: ...
 
     def put_offsets(self, batch: Batch, offsets: Mapping[int, int],
                     ladders: Mapping[int, Ladder] | None = None) -> None: ...

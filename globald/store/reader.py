@@ -15,14 +15,16 @@ from rocksdict import AccessType, BlockBasedOptions, Cache, Options, Rdict
 
 from globald.common.errors import StoreFormatError
 from globald.common.waits import pause
-from globald.store import layout, plain
+from globald.store import history, layout, plain
 from globald.store.codec import decode_format, encode_value, unreadable_format
 from globald.store.failures import classify
+from globald.store.history import HistoryMeta, Version
 from globald.store.names import (
     COMPLETE_YES,
     DEFAULT_CF,
     FORMAT_MIXED,
     FORMAT_PLAIN,
+    HISTORY_CF,
     META_CF,
     META_COMPLETE,
     META_FORMAT,
@@ -93,6 +95,10 @@ class StoreReader:
         self.complete = self._meta is not None and self._meta.get(META_COMPLETE) == COMPLETE_YES
         self._values = self._family(VALUES_CF)
         self._origins = self._family(ORIGINS_CF)  # a typed table's (names.ORIGINS_CF)
+        self._history = self._family(HISTORY_CF)  # a versioned table's (names.HISTORY_CF)
+        # Read in the same open as the versions, as ``complete`` is.
+        self.history: HistoryMeta | None = (None if self._history is None or self._meta is None
+                                            else HistoryMeta.read(self._meta))
         # Plain values are consulted only while the store says some may be left: format 1 pays nothing.
         self._plain: Rdict | None = self._db if self.format in (FORMAT_PLAIN, FORMAT_MIXED) else None
 
@@ -104,7 +110,7 @@ class StoreReader:
             return None
 
     def close(self) -> None:
-        self._values = self._plain = self._meta = self._origins = None
+        self._values = self._plain = self._meta = self._origins = self._history = None
         self._db.close()
 
     def __enter__(self) -> StoreReader:
@@ -142,6 +148,15 @@ class StoreReader:
             return [None] * len(keys)
         stored = [encode_value(ts, v) for v, ts in zip(values, stamps, strict=True)]
         return layout.origins_in(self._origins, keys, stored)
+
+    def as_of(self, key: bytes, t: int) -> Version | None:
+        """The version of ``key`` in force at record time ``t`` (``store.history``): the greatest (timestamp,
+        offset) at or before ``t``, a tombstone included; None without one, or in a store without versions."""
+        return None if self._history is None else history.as_of(self._history, key, t)
+
+    def items_as_of(self, t: int) -> Iterator[tuple[bytes, bytes, int]]:
+        """(key, value, timestamp) of every key holding a value at record time ``t``, in key order."""
+        return iter(()) if self._history is None else history.items_as_of(self._history, t)
 
     def prefix(self, prefix: bytes) -> Iterator[tuple[bytes, bytes, int]]:
         for item in self.items(start=prefix):

@@ -1,0 +1,227 @@
+"""The versions of a versioned table (``[[tables]] history``): their layout in ``names.HISTORY_CF``, how a batch adds
+and prunes them, and the as-of lookup.
+
+Layout: one entry per record, keyed ``escape(key) + ~timestamp + ~offset + ~partition`` (each complement 8, 8 and
+4 big-endian bytes), its value ``b"\\x01" + value`` or ``b"\\x00"`` for a tombstone. ``escape`` keeps byte order and
+is prefix-free (``0x00`` becomes ``0x00 0xff``, the key ends with ``0x00 0x01``), so the entries of one key are
+contiguous, in key order, newest (timestamp, offset) first: the as-of answer for time t is the first entry at or
+after ``escape(key) + ~t``, one seek. The versions are written by the fold in the batch that writes the values and
+the offsets (KIP-892's atomicity: a reader never sees versions without their offsets, or the reverse).
+
+``since`` (``names.META_HISTORY_SINCE``, epoch ms) is the earliest record time from which as-of answers are exact.
+An empty store is marked ``SINCE_PENDING``; the first batch of versions it writes sets it (``replay_since``: that
+batch stands for the replay's start, a later ``since`` than the start, never an earlier one). The window moves it
+forward (``since >= clock - history``, ``clock`` being the newest record timestamp applied: record time, not the
+wall clock); a store that tails without a gap keeps it; it goes with the store (a KIP-406 wipe, a recreated topic,
+a reset). A store that held data before it was versioned has no ``since``: nothing proves what it saw, so as-of
+lookups are refused.
+
+Records without a timestamp (-1: a Kafka 0.9 broker, or a producer that set none) cannot be placed in time: they
+are applied to the latest values as always but kept as no version; the first one is recorded
+(``names.META_HISTORY_UNTIMED``, "partition/offset") and as-of lookups of the table are refused with that line.
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from rocksdict import Rdict
+
+from globald.store.names import META_HISTORY_CLOCK, META_HISTORY_SINCE, META_HISTORY_UNTIMED
+
+_MAX_I64 = (1 << 63) - 1
+_MAX_U32 = (1 << 32) - 1
+_SUFFIX = struct.Struct(">QQI")  # ~timestamp, ~offset, ~partition
+_DESC_TS = struct.Struct(">Q")
+_END = b"\x00\x01"  # ends an escaped key
+_PAST_END = b"\x00\x02"  # sorts after every entry of the key, before the next key's
+TOMBSTONE = b"\x00"
+VALUE = b"\x01"
+
+
+def escape(key: bytes) -> bytes:
+    """``key`` as the order-preserving, prefix-free start of its versions' entries."""
+    return key.replace(b"\x00", b"\x00\xff") + _END
+
+
+def version_key(key: bytes, timestamp: int, offset: int, partition: int) -> bytes:
+    return escape(key) + _SUFFIX.pack(_MAX_I64 - timestamp, _MAX_I64 - offset, _MAX_U32 - partition)
+
+
+@dataclass(frozen=True)
+class Version:
+    key: bytes
+    value: bytes | None  # None: a tombstone
+    timestamp: int
+    offset: int
+    partition: int
+
+
+def decode(stored_key: bytes, stored: bytes) -> Version:
+    """The version an entry of the history family holds."""
+    end = len(stored_key) - _SUFFIX.size
+    desc_ts, desc_off, desc_p = _SUFFIX.unpack_from(stored_key, end)
+    key = stored_key[:end - len(_END)].replace(b"\x00\xff", b"\x00")
+    value = stored[1:] if stored[:1] == VALUE else None
+    return Version(key, value, _MAX_I64 - desc_ts, _MAX_I64 - desc_off, _MAX_U32 - desc_p)
+
+
+def _prefix_of(stored_key: bytes) -> bytes:
+    return stored_key[:len(stored_key) - _SUFFIX.size]
+
+
+def as_of(family: Rdict, key: bytes, t: int) -> Version | None:
+    """The version of ``key`` with the greatest (timestamp, offset) whose timestamp is <= ``t`` (tombstones
+    included: the caller reads one as null); None when there is none."""
+    prefix = escape(key)
+    it = family.iter()
+    try:
+        it.seek(prefix + _DESC_TS.pack(_MAX_I64 - t))
+        if not it.valid():
+            return None
+        found: bytes = it.key()
+        return decode(found, it.value()) if _prefix_of(found) == prefix else None
+    finally:
+        del it
+
+
+def items_as_of(family: Rdict, t: int) -> Iterator[tuple[bytes, bytes, int]]:
+    """(key, value, timestamp) of every key whose as-of answer at ``t`` is a value, in key order: two seeks a key."""
+    it = family.iter()
+    try:
+        it.seek_to_first()
+        desc_t = _DESC_TS.pack(_MAX_I64 - t)
+        while it.valid():
+            prefix = _prefix_of(it.key())
+            it.seek(prefix + desc_t)
+            if it.valid() and _prefix_of(it.key()) == prefix:
+                v = decode(it.key(), it.value())
+                if v.value is not None:
+                    yield v.key, v.value, v.timestamp
+            it.seek(prefix[:-len(_END)] + _PAST_END)
+    finally:
+        del it
+
+
+def replay_since(now_ms: int, compaction_lag_ms: int) -> int:
+    """``since`` of a replay from the log start begun at ``now_ms``: records newer than the topic's
+    ``min.compaction.lag.ms`` are never compacted away, so every version from then on is still in the topic."""
+    return now_ms - max(0, compaction_lag_ms)
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+# ``since`` of an empty store, until its first batch of versions sets it.
+SINCE_PENDING = b"pending"
+
+
+@dataclass(frozen=True)
+class HistoryMeta:
+    """What a store's metadata says of its history."""
+
+    since: int | None  # None: not proven (a store that held data before it was versioned), or pending
+    clock: int | None  # the newest record timestamp applied
+    untimed: str | None  # "partition/offset" of the first record without a timestamp
+    pending: bool = False  # an empty store's history, which no record has started yet
+
+    @classmethod
+    def read(cls, meta: Any) -> HistoryMeta:
+        raws = [meta.get(k) for k in (META_HISTORY_SINCE, META_HISTORY_CLOCK, META_HISTORY_UNTIMED)]
+        since, clock, untimed = (None if r is None else r.decode() for r in raws)
+        pending = raws[0] == SINCE_PENDING
+        return cls(None if since is None or pending else int(since), None if clock is None else int(clock), untimed,
+                   pending)
+
+    def refusal(self, table: str) -> str | None:
+        """Why as-of lookups of ``table`` are refused; None when they are answered."""
+        if self.pending:
+            return (f"table {table}: its history starts with the first record applied since its store was emptied, "
+                    "and none has been yet")
+        if self.untimed is not None:
+            return (f"table {table}: its records carry no timestamp (the first: partition/offset {self.untimed}; a "
+                    "Kafka 0.9 broker, or a producer that set none), so they have no place in time: as-of lookups "
+                    "are refused; remove history from the table, or produce with timestamps and `globald reset` it")
+        if self.since is None:
+            return (f"table {table}: its store held data before history was declared, so no as-of answer can be "
+                    "proven exact: `globald reset` the table to replay it from the topic with history")
+        return None
+
+
+class HistoryWriter:
+    """Adds the versions of the records a batch folds (``engine.fold``) to that batch, and at ``finish`` the pruning
+    of the keys it touched and the new ``since``, ``clock`` and ``untimed`` marks, in the same batch."""
+
+    __slots__ = ("_batch", "_clock", "_family", "_handle", "_meta", "_meta_handle", "_prune", "_touched",
+                 "_untimed", "_window")
+
+    def __init__(self, batch: Any, handle: Any, family: Rdict, meta_handle: Any, meta: HistoryMeta, window_ms: int,
+                 prune: bool = True) -> None:
+        self._batch, self._handle, self._family, self._meta_handle = batch, handle, family, meta_handle
+        self._meta, self._window, self._prune = meta, window_ms, prune
+        self._clock = meta.clock
+        self._untimed: str | None = None
+        self._touched: set[bytes] = set()
+
+    def add(self, key: bytes, timestamp: int, partition: int, offset: int, value: bytes | None) -> None:
+        if timestamp < 0:
+            if self._meta.untimed is None and self._untimed is None:
+                self._untimed = f"{partition}/{offset}"
+            return
+        self._batch.put(version_key(key, timestamp, offset, partition), TOMBSTONE if value is None else VALUE + value,
+                        self._handle)
+        self._touched.add(key)
+        if self._clock is None or timestamp > self._clock:
+            self._clock = timestamp
+
+    def finish(self) -> None:
+        """Prune and mark: call once, after the last ``add`` and before the batch is written."""
+        put = self._batch.put
+        if self._untimed is not None:
+            put(META_HISTORY_UNTIMED, self._untimed.encode(), self._meta_handle)
+        clock = self._clock
+        if clock is None or clock == self._meta.clock:
+            return
+        put(META_HISTORY_CLOCK, str(clock).encode(), self._meta_handle)
+        cutoff = clock - self._window
+        # The topic's min.compaction.lag.ms is not read yet: taken as 0, which gives a later since, never earlier.
+        since = replay_since(now_ms(), 0) if self._meta.pending else self._meta.since
+        if since is not None and (self._meta.pending or cutoff > since):
+            put(META_HISTORY_SINCE, str(max(since, cutoff)).encode(), self._meta_handle)
+        if self._prune:  # not in a bulk load, whose memtables are slow to read: a later write of the key prunes it
+            for key in self._touched:
+                for stored_key in ended_before(self._family, key, cutoff):
+                    self._batch.delete(stored_key, self._handle)
+
+
+def status(family: Rdict, meta: HistoryMeta, window_ms: int | None, table: str) -> dict[str, Any]:
+    """``tables.<t>.history`` of the status: since (epoch ms, null when unproven), versions and bytes (RocksDB's
+    estimates for the history family), the window, and why as-of lookups are refused (null when answered)."""
+    sizes = ("rocksdb.total-sst-files-size", "rocksdb.cur-size-all-mem-tables")
+    return {"since": meta.since, "versions": int(family.property_int_value("rocksdb.estimate-num-keys") or 0),
+            "bytes": sum(int(family.property_int_value(p) or 0) for p in sizes), "window_ms": window_ms,
+            "refused": meta.refusal(table)}
+
+
+def ended_before(family: Rdict, key: bytes, cutoff: int) -> list[bytes]:
+    """The entries of ``key``'s versions whose validity ended at or before ``cutoff``: every one older than the
+    version in force at ``cutoff``, which is kept (the as-of answer at ``since`` needs it)."""
+    prefix = escape(key)
+    it = family.iter()
+    gone: list[bytes] = []
+    try:
+        it.seek(prefix + _DESC_TS.pack(_MAX_I64 - cutoff))
+        if not it.valid() or _prefix_of(it.key()) != prefix:
+            return gone
+        it.next()
+        while it.valid() and _prefix_of(it.key()) == prefix:
+            gone.append(it.key())
+            it.next()
+    finally:
+        del it
+    return gone
