@@ -43,6 +43,7 @@ BAD = [
     (GOOD + 'log_level = "LOUD"\n', "log_level"),
     (GOOD + "[http]\nport = 70000\n", "http.port"),
     (GOOD + "[snapshots]\nretain = 0\n", "snapshots.retain"),
+    (GOOD.replace('topic = "customers"', 'topic = "customers"\nhistory = "7 days"'), "tables[0].history"),
     (GOOD + "[snapshots]\nbuild_timeout_ms = 5\n", "snapshots.build_timeout_ms"),
     ("state_dir = [", "--config"),
     (GOOD.split("[[tables]]")[0], "tables"),
