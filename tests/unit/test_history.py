@@ -217,3 +217,21 @@ def test_as_of_time_is_iso_8601_or_epoch_ms(text: str, ms: int) -> None:
 def test_a_bad_as_of_time_is_a_usage_error() -> None:
     with pytest.raises(UsageError):
         parse_time("yesterday")
+
+
+def test_status_history_round_trips_and_since_is_a_metric() -> None:
+    from globald.common.states import State
+    from globald.ops.metrics import Metrics, Sample
+    from globald.status.document import DaemonStatus, TableStatus
+
+    proven = {"since": 1_700_000_000_500, "versions": 10, "bytes": 99, "window_ms": 1000, "refused": None}
+    pending = {"since": None, "versions": 0, "bytes": 0, "window_ms": 1000, "refused": "none applied yet"}
+    doc = DaemonStatus(state=State.RUNNING, pid=1, tables={
+        "rates": TableStatus(state="RUNNING", topic="fx", history=proven),
+        "new": TableStatus(state="RUNNING", topic="n", history=pending),
+        "plain": TableStatus(state="RUNNING", topic="p")})
+    assert DaemonStatus.from_json(doc.to_json()).tables["rates"].history == proven
+    text = Metrics(lambda: Sample(doc=doc), lambda: (0.0, 0.0)).render().decode()
+    assert 'globald_table_history_since_seconds{table="rates"} 1.7000000005e+09' in text
+    assert 'globald_table_history_since_seconds{table="new"}' not in text  # pending: absent, never a 0
+    assert 'table="plain"' not in "".join(line for line in text.splitlines() if "history" in line)
