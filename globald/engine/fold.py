@@ -4,7 +4,7 @@ exact-snapshot builder (``snapshot.builder``): both must hold the same bytes for
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Message
 
@@ -23,7 +23,8 @@ def fold(records: Iterable[Message], put: Put, delete: Delete, origins: OriginWr
     table), with its partition and offset; given ``history`` (a versioned table), every record is also added as a
     version (the caller calls ``history.finish()`` before the batch is written). Returns the null keys, skipped."""
     if history is not None:
-        return _fold_versioned(records, put, delete, origins, history)
+        records = records if isinstance(records, Sequence) else list(records)
+        _add_versions(records, history)
     # The restore's hot loop: one Python frame for the whole run, and codec.encode_value spelled out (a call per
     # record cost a fifth of the loop's CPU).
     pack = pack_i64
@@ -45,30 +46,14 @@ def fold(records: Iterable[Message], put: Put, delete: Delete, origins: OriginWr
     return null_keys
 
 
-def _fold_versioned(records: Iterable[Message], put: Put, delete: Delete, origins: OriginWriter | None,
-                    history: HistoryWriter) -> int:
-    """``fold`` for a versioned table: the same latest values, and a version per record. A loop of its own, so the
-    latest-value fold of a plain table pays nothing for history."""
-    pack = pack_i64
-    null_keys = 0
+
+def _add_versions(records: Sequence[Message], history: HistoryWriter) -> None:
+    """Every keyed record of ``records`` as a version (a versioned table's pass before its latest-value fold, which
+    a plain table's fold thus never pays for)."""
+    add = history.add
     for m in records:
         key = m.key()
-        if key is None:
-            null_keys += 1
-            continue
-        ts_type, ts = m.timestamp()
-        if ts_type == TIMESTAMP_NOT_AVAILABLE:
-            ts = NO_TIMESTAMP
-        value = m.value()
-        partition, offset = m.partition(), m.offset()
-        history.add(key, ts, partition, offset, value)  # type: ignore[arg-type]  # set on records
-        if value is None:
-            delete(key)
-            if origins is not None:
-                origins.delete(key)
-        else:
-            stored = pack(ts) + value
-            put(key, stored)
-            if origins is not None:
-                origins.put(key, partition, offset, stored)  # type: ignore[arg-type]  # set on records
-    return null_keys
+        if key is not None:
+            ts_type, ts = m.timestamp()
+            add(key, NO_TIMESTAMP if ts_type == TIMESTAMP_NOT_AVAILABLE else ts, m.partition(),  # type: ignore[arg-type]
+                m.offset(), m.value())  # type: ignore[arg-type]  # set on records
