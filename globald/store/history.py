@@ -117,6 +117,7 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+SWEEP_MIN = 1024  # entries the pruning walks at least per batch that adds versions (Sweep)
 # ``since`` of an empty store, until its first batch of versions sets it.
 SINCE_PENDING = b"pending"
 
@@ -153,20 +154,60 @@ class HistoryMeta:
         return None
 
 
-class HistoryWriter:
-    """Adds the versions of the records a batch folds (``engine.fold``) to that batch, and at ``finish`` the pruning
-    of the keys it touched and the new ``since``, ``clock`` and ``untimed`` marks, in the same batch."""
+class Sweep:
+    """Where the pruning of one store's history goes on from, batch after batch: each batch that adds versions also
+    walks the next stretch of the family in key order, about twice as many entries as it adds, so the walk keeps
+    ahead of the growth and comes round to every key, written again or not. Memory only: a restart starts it over."""
 
-    __slots__ = ("_batch", "_clock", "_family", "_handle", "_meta", "_meta_handle", "_prune", "_touched",
-                 "_untimed", "_window")
+    __slots__ = ("cursor",)
+
+    def __init__(self) -> None:
+        self.cursor = b""
+
+    def step(self, family: Rdict, cutoff: int, budget: int) -> list[bytes]:
+        """Entries, of the next ``budget`` or so, whose validity ended at or before ``cutoff``: those older than a
+        version of their key at or before ``cutoff`` (which is kept: the as-of answer at ``since`` needs it)."""
+        gone: list[bytes] = []
+        it = family.iter()
+        try:
+            it.seek(self.cursor)
+            if not it.valid():
+                it.seek_to_first()
+            prefix, kept, seen = b"", False, 0
+            while it.valid():
+                stored_key: bytes = it.key()
+                p = _prefix_of(stored_key)
+                if p != prefix:  # a key's entries are walked whole: "kept" is only known from its newest one
+                    if seen >= budget:
+                        break
+                    prefix, kept = p, False
+                if kept:
+                    gone.append(stored_key)
+                elif _MAX_I64 - _DESC_TS.unpack_from(stored_key, len(p))[0] <= cutoff:
+                    kept = True
+                seen += 1
+                it.next()
+            self.cursor = it.key() if it.valid() else b""
+        finally:
+            del it
+        return gone
+
+
+class HistoryWriter:
+    """Adds the versions of the records a batch folds (``engine.fold``) to that batch, and at ``finish`` the next
+    stretch of pruning (``Sweep``) and the new ``since``, ``clock`` and ``untimed`` marks, in the same batch."""
+
+    __slots__ = ("_added", "_batch", "_clock", "_family", "_handle", "_meta", "_meta_handle", "_sweep", "_untimed",
+                 "_window")
 
     def __init__(self, batch: Any, handle: Any, family: Rdict, meta_handle: Any, meta: HistoryMeta, window_ms: int,
-                 prune: bool = True) -> None:
+                 sweep: Sweep | None = None) -> None:
+        """``sweep`` None: no pruning (a bulk load, whose memtables are slow to read; an exact build)."""
         self._batch, self._handle, self._family, self._meta_handle = batch, handle, family, meta_handle
-        self._meta, self._window, self._prune = meta, window_ms, prune
+        self._meta, self._window, self._sweep = meta, window_ms, sweep
         self._clock = meta.clock
         self._untimed: str | None = None
-        self._touched: set[bytes] = set()
+        self._added = 0
 
     def add(self, key: bytes, timestamp: int, partition: int, offset: int, value: bytes | None) -> None:
         if timestamp < 0:
@@ -175,7 +216,7 @@ class HistoryWriter:
             return
         self._batch.put(version_key(key, timestamp, offset, partition), TOMBSTONE if value is None else VALUE + value,
                         self._handle)
-        self._touched.add(key)
+        self._added += 1
         if self._clock is None or timestamp > self._clock:
             self._clock = timestamp
 
@@ -185,18 +226,18 @@ class HistoryWriter:
         if self._untimed is not None:
             put(META_HISTORY_UNTIMED, self._untimed.encode(), self._meta_handle)
         clock = self._clock
-        if clock is None or clock == self._meta.clock:
+        if clock is None or not self._added:
             return
-        put(META_HISTORY_CLOCK, str(clock).encode(), self._meta_handle)
+        if clock != self._meta.clock:
+            put(META_HISTORY_CLOCK, str(clock).encode(), self._meta_handle)
         cutoff = clock - self._window
         # The topic's min.compaction.lag.ms is not read yet: taken as 0, which gives a later since, never earlier.
         since = replay_since(now_ms(), 0) if self._meta.pending else self._meta.since
         if since is not None and (self._meta.pending or cutoff > since):
             put(META_HISTORY_SINCE, str(max(since, cutoff)).encode(), self._meta_handle)
-        if self._prune:  # not in a bulk load, whose memtables are slow to read: a later write of the key prunes it
-            for key in self._touched:
-                for stored_key in ended_before(self._family, key, cutoff):
-                    self._batch.delete(stored_key, self._handle)
+        if self._sweep is not None:
+            for stored_key in self._sweep.step(self._family, cutoff, max(SWEEP_MIN, 2 * self._added)):
+                self._batch.delete(stored_key, self._handle)
 
 
 def status(family: Rdict, meta: HistoryMeta, window_ms: int | None, table: str) -> dict[str, Any]:
@@ -206,22 +247,3 @@ def status(family: Rdict, meta: HistoryMeta, window_ms: int | None, table: str) 
     return {"since": meta.since, "versions": int(family.property_int_value("rocksdb.estimate-num-keys") or 0),
             "bytes": sum(int(family.property_int_value(p) or 0) for p in sizes), "window_ms": window_ms,
             "refused": meta.refusal(table)}
-
-
-def ended_before(family: Rdict, key: bytes, cutoff: int) -> list[bytes]:
-    """The entries of ``key``'s versions whose validity ended at or before ``cutoff``: every one older than the
-    version in force at ``cutoff``, which is kept (the as-of answer at ``since`` needs it)."""
-    prefix = escape(key)
-    it = family.iter()
-    gone: list[bytes] = []
-    try:
-        it.seek(prefix + _DESC_TS.pack(_MAX_I64 - cutoff))
-        if not it.valid() or _prefix_of(it.key()) != prefix:
-            return gone
-        it.next()
-        while it.valid() and _prefix_of(it.key()) == prefix:
-            gone.append(it.key())
-            it.next()
-    finally:
-        del it
-    return gone

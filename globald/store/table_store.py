@@ -35,7 +35,7 @@ from globald.store.codec import decode_format, unreadable_format
 from globald.store.database import Database
 from globald.store.failures import classify, out_of_space, store_io
 from globald.store.fingerprint import Ladder, ladders_in
-from globald.store.history import HistoryMeta, HistoryWriter
+from globald.store.history import HistoryMeta, HistoryWriter, Sweep
 from globald.store.layout import OriginWriter
 from globald.store.names import (
     COMPLETE_YES,
@@ -84,6 +84,7 @@ class TableStore(Database):
                  history_ms: int | None = None) -> None:
         super().__init__(state_dir, table, options, origins, history_ms)
         self.topic = topic
+        self._sweep = Sweep()  # the pruning of a versioned table's history, batch after batch
 
     # -- lifecycle ------------------------------------------------------------------------------------------
 
@@ -289,7 +290,7 @@ class TableStore(Database):
             return None
         assert self.history_ms is not None
         return HistoryWriter(batch, self._history, self._history_cf, self.db.get_column_family_handle(META_CF),
-                             HistoryMeta.read(self._meta), self.history_ms, prune=not self._bulk)
+                             HistoryMeta.read(self._meta), self.history_ms, None if self._bulk else self._sweep)
 
     def history_status(self) -> dict[str, Any] | None:
         """A versioned table's ``tables.<t>.history`` status: since (epoch ms, or null when unproven), versions and
