@@ -235,3 +235,18 @@ def test_status_history_round_trips_and_since_is_a_metric() -> None:
     assert 'globald_table_history_since_seconds{table="rates"} 1.7000000005e+09' in text
     assert 'globald_table_history_since_seconds{table="new"}' not in text  # pending: absent, never a 0
     assert 'table="plain"' not in "".join(line for line in text.splitlines() if "history" in line)
+
+
+def test_a_bulk_load_keeps_versions_with_its_offsets(tmp_path: Path) -> None:
+    # A restore writes without the WAL and flushes every family at its end: the versions come with the offsets.
+    rng = random.Random(3)
+    records = _random_records(rng, 500, [b"k%d" % i for i in range(20)])
+    store, task = _versioned(tmp_path, window_ms=10**12)
+    store.begin_bulk_load()
+    _apply(task, records, polls=5, rng=rng)
+    store.end_bulk_load()
+    store.close()
+    with StoreReader(db_dir(tmp_path, "tbl")) as reader:
+        assert reader.offsets() == {p: 1 + max(r.offset for r in records if r.partition == p) for p in range(3)}
+        for t in rng.sample([r.timestamp for r in records], 50):
+            assert {k: (v, ts) for k, v, ts in reader.items_as_of(t)} == as_of_table(records, t)
