@@ -54,12 +54,14 @@ def union(verified: Ladder | None, applied: Ladder | None) -> tuple[Fingerprint,
 @dataclass(frozen=True)
 class PlanFacts:
     """What the cluster said about a table's topic before its plan: partitions, (log start, end) of each, its ID
-    where the cluster has IDs, and the check of the stored fingerprints (None when the store held none)."""
+    where the cluster has IDs, the check of the stored fingerprints (None when the store held none) and, for a
+    versioned table, its ``min.compaction.lag.ms`` (None: unknown, or not asked)."""
 
     partitions: list[int]
     marks: dict[int, tuple[int, int]]
     topic_id: str | None
     verdict: Verdict | None
+    compaction_lag_ms: int | None = None
 
 
 @dataclass(frozen=True)
@@ -132,15 +134,17 @@ class TopicIdentity:
         if self._worker.asked(key):
             return
         topic, stored, ladders, verified = rt.topic, rt.store.offsets(), rt.store.fingerprints(), self.verified(rt.name)
-        recorded_id = rt.store.topic_id
+        recorded_id, versioned = rt.store.topic_id, rt.config.versioned
 
         def question(c: Clients) -> PlanFacts:
             consumer = c.reader.consumer
             parts = partitions(consumer, topic)
             marks = {p: watermarks(consumer, topic, p) for p in parts}
             topic_id = c.ids.get(topic, VERIFY_TIMEOUT_S)
+            # A versioned table's since is set from it (store.history): here, off the loop thread.
+            lag = c.ids.compaction_lag_ms(topic, VERIFY_TIMEOUT_S) if versioned else None
             if not stored or (recorded_id and topic_id and topic_id != recorded_id):
-                return PlanFacts(parts, marks, topic_id, None)  # nothing to check, or another topic by its ID
+                return PlanFacts(parts, marks, topic_id, None, lag)  # nothing to check, or another topic by its ID
             # The rungs this run verified first: records applied since (a rewind in the window before a refresh
             # found a recreation) cannot vouch for themselves.
             rungs = {p: union(verified.get(p), f) for p, f in ladders.items() if p in marks}
@@ -148,7 +152,7 @@ class TopicIdentity:
             if not verified:
                 verify_older(c.reader, topic, {p: f for p, f in ladders.items() if p in marks}, verdict,
                              VERIFY_TIMEOUT_S)
-            return PlanFacts(parts, marks, topic_id, verdict)
+            return PlanFacts(parts, marks, topic_id, verdict, lag)
 
         self._worker.ask(key, question)
 

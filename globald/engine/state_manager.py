@@ -52,6 +52,8 @@ log = logging.getLogger(__name__)
 # not worth the two reopens of the store.
 BULK_LOAD_MIN_RECORDS = 100_000
 TOPIC_RECREATED = "topic_recreated"  # the wipe kind of a table whose topic was found to be another one
+# The wipe kind of a versioned table whose store held data before it was (``store.history``: its since is unproven).
+HISTORY_ADDED = "history_added"
 
 
 def invalid_offsets(stored: Mapping[int, int], marks: Mapping[int, tuple[int, int]]) -> list[str]:
@@ -150,6 +152,8 @@ class StateManager:
             rt.machine.to(State.RESTORING, f"invalid offset, rebuilding: {detail}")  # even a RUNNING table
             self.wipe(rt, "invalid_offset", detail)
             stored = {}
+        if rt.config.versioned and self._history_planned(rt, facts.compaction_lag_ms):
+            stored = {}
         if refill and rt.emptied:
             return None
         ladders = rt.store.fingerprints() if stored else {}
@@ -177,6 +181,22 @@ class StateManager:
             # Only a restoring table: a RUNNING one catching up (after a disk fault) must stay durable by commits.
             rt.store.begin_bulk_load()
         return Plan([TopicPartition(rt.topic, p, start[p]) for p in parts], start, ladders)
+
+    def _history_planned(self, rt: TableRuntime, lag_ms: int | None) -> bool:
+        """Take the topic's ``min.compaction.lag.ms`` (a pending since is set from it), and wipe a store that held
+        data before history was declared, so that its replay proves a since (returns True then): no operator step,
+        at start or when a reload adds ``history``."""
+        store = rt.store
+        store.compaction_lag_ms = lag_ms
+        if not store.history_unproven:
+            return False
+        detail = "its store held data before history was declared: replaying the topic to prove its since"
+        rt.machine.to(State.RESTORING, f"history added, rebuilding: {detail}")
+        self.wipe(rt, HISTORY_ADDED, detail)
+        lag = "unknown, taken as 0" if lag_ms is None else f"{lag_ms} ms"
+        log.info("table %s: its history starts with this replay: since = the replay's start - the topic's "
+                 "min.compaction.lag.ms (%s)", rt.name, lag)
+        return True
 
     def add_partitions(self, rt: TableRuntime, marks: Mapping[int, tuple[int, int]]) -> Plan:
         """Partitions added to the topic while ``rt`` is assigned: each starts at its log start, stored at once."""

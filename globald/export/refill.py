@@ -60,8 +60,8 @@ class ExportRefills:
     def begin(self, table: str, kind: str) -> bool:
         uri = masked(self.export.uri)
         if kind == OPERATOR_RESET or (kind == EMPTY_STORE and self._looked_at_start(table)) or \
-                table not in self._tables:  # dropped meanwhile
-            return False
+                table not in self._tables or self._tables[table].versioned:  # dropped meanwhile; or versioned,
+            return False  # whose history an export does not carry yet: only its topic's replay proves a since
         previous = self._out.get(table)
         if previous is not None and previous.worker.is_alive():  # given up, still unwinding: its stage is in use
             self._record(table, Origin("topic", fallback=f"wiped ({kind}) while a bootstrap of it was still "

@@ -23,6 +23,7 @@ changed ID is a recreation even when no fingerprint could be compared.
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -36,7 +37,7 @@ from confluent_kafka import (
     TopicCollection,
     TopicPartition,
 )
-from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 
 from globald.kafka.client_log import kafka_log
 from globald.settings.kafka_properties import CONSUMER_DEFAULTS, MANAGED_KAFKA_PROPERTIES
@@ -50,6 +51,8 @@ _CHECK_BATCH = 1_000  # records taken from the queue at once
 # How long reading a topic back at its fingerprints may take before the check is left for later (the check runs on
 # the cluster worker's thread; the loop goes on meanwhile).
 VERIFY_TIMEOUT_S = 5.0
+log = logging.getLogger(__name__)
+
 _NO_ID = "AAAAAAAAAAAAAAAAAAAAAA"  # the all-zero UUID: a broker that has no ID for the topic
 _ID_RETRY_S = 300.0  # after a cluster failed to give an ID, how long the check goes by fingerprints alone
 
@@ -229,15 +232,33 @@ class TopicIds:
         """Let the admin client go: its last reference, dropped on the thread that owns it, destroys it there."""
         self._admin = None
 
+    def _client(self) -> AdminClient:
+        if self._admin is None:
+            conf: dict[str, Any] = {**self._settings, "logger": kafka_log}
+            self._admin = AdminClient(conf)
+        return self._admin
+
+    def compaction_lag_ms(self, topic: str, timeout_s: float) -> int | None:
+        """``topic``'s ``min.compaction.lag.ms`` (a versioned table's ``since``, ``store.history``); None when it is
+        unknown: a broker without DescribeConfigs (Kafka 0.9), one that does not list it (Tansu lists only the
+        configs a topic was created with), no answer in time, or a value that is no integer."""
+        if not self._supported:
+            return None
+        try:
+            resource = ConfigResource(ResourceType.TOPIC, topic)
+            found = self._client().describe_configs([resource], request_timeout=timeout_s)[resource]
+            entry = found.result(timeout=timeout_s + 1).get("min.compaction.lag.ms")
+            return None if entry is None or entry.value is None else max(0, int(entry.value))
+        except Exception as e:  # a KafkaException, the future's own timeout, a value that is no integer
+            log.debug("min.compaction.lag.ms of %s unknown: %s", topic, e)
+            return None
+
     def get(self, topic: str, timeout_s: float) -> str | None:
         """``topic``'s ID, or None where the cluster has none or did not answer (then, for a while, not asked)."""
         if not self._supported or time.monotonic() < self._retry_at:
             return None
         try:
-            if self._admin is None:
-                conf: dict[str, Any] = {**self._settings, "logger": kafka_log}
-                self._admin = AdminClient(conf)
-            found = self._admin.describe_topics(TopicCollection([topic]), request_timeout=timeout_s)[topic]
+            found = self._client().describe_topics(TopicCollection([topic]), request_timeout=timeout_s)[topic]
             topic_id = str(found.result(timeout=timeout_s + 1).topic_id or "")
         except Exception as e:  # a KafkaException, or the future's own timeout
             err = e.args[0] if isinstance(e, KafkaException) and e.args else None

@@ -10,9 +10,11 @@ Tables (``tables.<name>``): one added or dropped, typed or not, is live (``engin
 place, same topic, typed before and after (its reader schema, writer schemas, ``subject_version``, ``on_error``,
 ``max_items``, its format or its key's format: the store holds the bytes as they came, so nothing is replayed) is
 live too (``redeclared``): the daemon decodes from the next published snapshot version on with the new declaration.
-A table whose topic changes, or that becomes typed or raw (its store records origins only when typed), is live as
-a replacement (``replaced``): dropped and added again under its name in the same reload, so it replays its topic
-(or bootstraps from an export) with the new declaration, while its old snapshots stay for their readers' leases.
+A table whose topic changes, or that becomes typed or raw (its store records origins only when typed), or whose
+``history`` is added, changed or removed (its store keeps versions only when versioned, and a ``since`` is proven
+only by a replay), is live as a replacement (``replaced``): dropped and added again under its name in the same
+reload, so it replays its topic (or bootstraps from an export) with the new declaration, while its old snapshots
+stay for their readers' leases.
 """
 
 from __future__ import annotations
@@ -70,7 +72,8 @@ class Change:
 
     @property
     def replaced(self) -> bool:
-        """A table changed in a way its store cannot follow (another topic, typed or not): dropped and added."""
+        """A table changed in a way its store cannot follow (another topic, typed or not, history): dropped and
+        added."""
         return self.key.startswith("tables.") and self.old is not None and self.new is not None and \
             self.redeclared is None
 
@@ -80,7 +83,7 @@ class Change:
         old, new = self.old, self.new
         if not self.key.startswith("tables.") or old is None or new is None:
             return None
-        return new if old.topic == new.topic and old.typed and new.typed else None
+        return new if old.topic == new.topic and old.typed and new.typed and old.history == new.history else None
 
     def refusal(self) -> str:
         """The one line refusing a reload that changes this key."""

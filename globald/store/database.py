@@ -10,13 +10,15 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from rocksdict import Checkpoint, ColumnFamily, Rdict, WriteBatch
 
 from globald.common.errors import StoreIOError, StoreUnavailableError
-from globald.store import layout, memory, space
+from globald.store import history, layout, memory, space
 from globald.store.compaction_gate import CompactionGate
 from globald.store.failures import store_io
+from globald.store.history import HistoryMeta, HistoryWriter, Sweep
 from globald.store.names import HISTORY_CF, META_CF, OFFSETS_CF, ORIGINS_CF, VALUES_CF, db_dir
 from globald.store.options import StoreOptions
 from globald.store.plain import PlainMigration
@@ -49,6 +51,9 @@ class Database:
         self._history: ColumnFamily | None = None
         self._history_cf: Rdict | None = None
         self.stale_history = False  # opened holding a history family although the table is no longer versioned
+        self._sweep = Sweep()  # the pruning of a versioned table's history, batch after batch
+        # The topic's min.compaction.lag.ms as the last plan read it (None: unknown): a pending since is set from it.
+        self.compaction_lag_ms: int | None = None
         # Set while the store is FORMAT_MIXED (TableStore's upgrade): no bulk load then, and plain keys count too.
         self._migration: PlainMigration | None = None
         self._write_opts = write_options()
@@ -218,6 +223,28 @@ class Database:
         """SST files of the values family per level, L0 first (a bulk load leaves its flushes in L0)."""
         assert self._values_cf is not None
         return [int(self._values_cf.property_int_value(f"rocksdb.num-files-at-level{n}") or 0) for n in range(7)]
+
+    def history_writer(self, batch: Any) -> HistoryWriter | None:
+        """What adds the versions of the records ``batch`` folds, for a versioned table; None for another."""
+        if self._history is None or self._history_cf is None or self._meta is None:
+            return None
+        assert self.history_ms is not None
+        return HistoryWriter(batch, self._history, self._history_cf, self.db.get_column_family_handle(META_CF),
+                             HistoryMeta.read(self._meta), self.history_ms, None if self._bulk else self._sweep,
+                             self.compaction_lag_ms)
+
+    @property
+    def history_unproven(self) -> bool:
+        """A versioned table whose store held data before it was versioned (``history.HistoryMeta.unproven``)."""
+        return self._history is not None and self._meta is not None and HistoryMeta.read(self._meta).unproven
+
+    def history_status(self) -> dict[str, Any] | None:
+        """A versioned table's ``tables.<t>.history`` status: since (epoch ms, or null when unproven), versions and
+        bytes (RocksDB's estimates), and why as-of lookups are refused when they are; None for another table."""
+        family, meta = self._history_cf, self._meta
+        if family is None or meta is None:
+            return None
+        return history.status(family, HistoryMeta.read(meta), self.history_ms, self.table, self.compaction_lag_ms)
 
     def memory_usage(self) -> dict[str, int] | None:
         """Bytes RocksDB accounts to this store, by kind (see ``store.memory``); None while it is closed."""

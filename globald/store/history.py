@@ -9,12 +9,13 @@ after ``escape(key) + ~t``, one seek. The versions are written by the fold in th
 the offsets (KIP-892's atomicity: a reader never sees versions without their offsets, or the reverse).
 
 ``since`` (``names.META_HISTORY_SINCE``, epoch ms) is the earliest record time from which as-of answers are exact.
-An empty store is marked ``SINCE_PENDING``; the first batch of versions it writes sets it (``replay_since``: that
-batch stands for the replay's start, a later ``since`` than the start, never an earlier one). The window moves it
-forward (``since >= clock - history``, ``clock`` being the newest record timestamp applied: record time, not the
-wall clock); a store that tails without a gap keeps it; it goes with the store (a KIP-406 wipe, a recreated topic,
-a reset). A store that held data before it was versioned has no ``since``: nothing proves what it saw, so as-of
-lookups are refused.
+An empty store is marked ``SINCE_PENDING``; the first batch of versions it writes sets it to ``replay_since``: the
+time of that batch (at or after the replay's start) less the topic's ``min.compaction.lag.ms`` as the cluster
+worker read it at the plan (unknown, as on a Kafka 0.9 broker: taken as 0, a later ``since``, never an earlier
+one). The window moves it forward (``since >= clock - history``, ``clock`` being the newest record timestamp
+applied: record time, not the wall clock); a store that tails without a gap keeps it; it goes with the store (a
+KIP-406 wipe, a recreated topic, a reset). A store that held data before it was versioned has no ``since``
+(``unproven``): nothing proves what it saw, so the state manager rebuilds it from the topic at its plan.
 
 Records without a timestamp (-1: a Kafka 0.9 broker, or a producer that set none) cannot be placed in time: they
 are applied to the latest values as always but kept as no version; the first one is recorded
@@ -23,15 +24,19 @@ are applied to the latest values as always but kept as no version; the first one
 
 from __future__ import annotations
 
+import logging
 import struct
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from rocksdict import Rdict
 
-from globald.store.names import META_HISTORY_CLOCK, META_HISTORY_SINCE, META_HISTORY_UNTIMED
+from globald.store.failures import store_io
+from globald.store.names import HISTORY_CF, META_HISTORY_CLOCK, META_HISTORY_SINCE, META_HISTORY_UNTIMED
+
+log = logging.getLogger(__name__)
 
 _MAX_I64 = (1 << 63) - 1
 _MAX_U32 = (1 << 32) - 1
@@ -139,6 +144,11 @@ class HistoryMeta:
         return cls(None if since is None or pending else int(since), None if clock is None else int(clock), untimed,
                    pending)
 
+    @property
+    def unproven(self) -> bool:
+        """A store that held data before it was versioned: no ``since`` can be proven for what it saw."""
+        return self.since is None and not self.pending
+
     def refusal(self, table: str) -> str | None:
         """Why as-of lookups of ``table`` are refused; None when they are answered."""
         if self.pending:
@@ -150,7 +160,7 @@ class HistoryMeta:
                     "are refused; remove history from the table, or produce with timestamps and `globald reset` it")
         if self.since is None:
             return (f"table {table}: its store held data before history was declared, so no as-of answer can be "
-                    "proven exact: `globald reset` the table to replay it from the topic with history")
+                    "proven exact: it is rebuilt from the topic with history at its next plan")
         return None
 
 
@@ -197,14 +207,15 @@ class HistoryWriter:
     """Adds the versions of the records a batch folds (``engine.fold``) to that batch, and at ``finish`` the next
     stretch of pruning (``Sweep``) and the new ``since``, ``clock`` and ``untimed`` marks, in the same batch."""
 
-    __slots__ = ("_added", "_batch", "_clock", "_family", "_handle", "_meta", "_meta_handle", "_sweep", "_untimed",
-                 "_window")
+    __slots__ = ("_added", "_batch", "_clock", "_family", "_handle", "_lag", "_meta", "_meta_handle", "_sweep",
+                 "_untimed", "_window")
 
     def __init__(self, batch: Any, handle: Any, family: Rdict, meta_handle: Any, meta: HistoryMeta, window_ms: int,
-                 sweep: Sweep | None = None) -> None:
-        """``sweep`` None: no pruning (a bulk load, whose memtables are slow to read; an exact build)."""
+                 sweep: Sweep | None = None, lag_ms: int | None = None) -> None:
+        """``sweep`` None: no pruning (a bulk load, whose memtables are slow to read; an exact build). ``lag_ms``:
+        the topic's ``min.compaction.lag.ms`` (None: unknown, taken as 0), which a pending ``since`` is set from."""
         self._batch, self._handle, self._family, self._meta_handle = batch, handle, family, meta_handle
-        self._meta, self._window, self._sweep = meta, window_ms, sweep
+        self._meta, self._window, self._sweep, self._lag = meta, window_ms, sweep, lag_ms
         self._clock = meta.clock
         self._untimed: str | None = None
         self._added = 0
@@ -231,8 +242,7 @@ class HistoryWriter:
         if clock != self._meta.clock:
             put(META_HISTORY_CLOCK, str(clock).encode(), self._meta_handle)
         cutoff = clock - self._window
-        # The topic's min.compaction.lag.ms is not read yet: taken as 0, which gives a later since, never earlier.
-        since = replay_since(now_ms(), 0) if self._meta.pending else self._meta.since
+        since = replay_since(now_ms(), self._lag or 0) if self._meta.pending else self._meta.since
         if since is not None and (self._meta.pending or cutoff > since):
             put(META_HISTORY_SINCE, str(max(since, cutoff)).encode(), self._meta_handle)
         if self._sweep is not None:
@@ -240,10 +250,35 @@ class HistoryWriter:
                 self._batch.delete(stored_key, self._handle)
 
 
-def status(family: Rdict, meta: HistoryMeta, window_ms: int | None, table: str) -> dict[str, Any]:
+def status(family: Rdict, meta: HistoryMeta, window_ms: int | None, table: str,
+           lag_ms: int | None = None) -> dict[str, Any]:
     """``tables.<t>.history`` of the status: since (epoch ms, null when unproven), versions and bytes (RocksDB's
-    estimates for the history family), the window, and why as-of lookups are refused (null when answered)."""
+    estimates for the history family), the window, the topic's ``min.compaction.lag.ms`` as last read (null:
+    unknown, taken as 0), and why as-of lookups are refused (null when answered)."""
     sizes = ("rocksdb.total-sst-files-size", "rocksdb.cur-size-all-mem-tables")
     return {"since": meta.since, "versions": int(family.property_int_value("rocksdb.estimate-num-keys") or 0),
             "bytes": sum(int(family.property_int_value(p) or 0) for p in sizes), "window_ms": window_ms,
-            "refused": meta.refusal(table)}
+            "compaction_lag_ms": lag_ms, "refused": meta.refusal(table)}
+
+
+_MARKS = (META_HISTORY_SINCE, META_HISTORY_CLOCK, META_HISTORY_UNTIMED)
+
+
+def adopt(db: Rdict, meta: Rdict, table: str, window_ms: int | None, stale: bool,
+          empty: Callable[[], bool]) -> dict[bytes, bytes]:
+    """What a store just opened does with its history (``TableStore``): the history family and marks of a table no
+    longer versioned (``stale``) are dropped here; the metadata to put is returned: ``since`` pending for a
+    versioned store that is ``empty()``. A versioned store holding data without ``since`` gets none (``unproven``):
+    nothing proves what it saw, and the state manager rebuilds it from the topic at its plan."""
+    if stale:  # no longer kept up to date, so not kept at all
+        with store_io(f"table {table}: drop the history of a table no longer versioned"):
+            db.drop_column_family(HISTORY_CF)
+            for key in _MARKS:
+                meta.delete(key)
+        log.info("table %s: the table is no longer versioned; dropped its history", table)
+    if window_ms is None or meta.get(META_HISTORY_SINCE) is not None:
+        return {}
+    if empty():
+        return {META_HISTORY_SINCE: SINCE_PENDING}
+    log.warning("%s", HistoryMeta.read(meta).refusal(table))
+    return {}

@@ -61,6 +61,13 @@ class Store(Protocol):
 
     def history_status(self) -> dict[str, Any] | None: ...
 
+    # The topic's min.compaction.lag.ms as the last plan read it (None: unknown), and a versioned store that held
+    # data before it was versioned (store.history): both for the state manager's plan.
+    compaction_lag_ms: int | None
+
+    @property
+    def history_unproven(self) -> bool: ...
+
     def put_offsets(self, batch: Batch, offsets: Mapping[int, int],
                     ladders: Mapping[int, Ladder] | None = None) -> None: ...
 

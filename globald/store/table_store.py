@@ -19,7 +19,6 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from rocksdict import WriteBatch
 
@@ -35,20 +34,14 @@ from globald.store.codec import decode_format, unreadable_format
 from globald.store.database import Database
 from globald.store.failures import classify, out_of_space, store_io
 from globald.store.fingerprint import Ladder, ladders_in
-from globald.store.history import HistoryMeta, HistoryWriter, Sweep
 from globald.store.layout import OriginWriter
 from globald.store.names import (
     COMPLETE_YES,
     FORMAT_MIXED,
     FORMAT_TIMESTAMPED,
-    HISTORY_CF,
-    META_CF,
     META_COMPLETE,
     META_FINGERPRINT_PREFIX,
     META_FORMAT,
-    META_HISTORY_CLOCK,
-    META_HISTORY_SINCE,
-    META_HISTORY_UNTIMED,
     META_STATUS,
     META_TOPIC,
     META_TOPIC_ID,
@@ -84,7 +77,6 @@ class TableStore(Database):
                  history_ms: int | None = None) -> None:
         super().__init__(state_dir, table, options, origins, history_ms)
         self.topic = topic
-        self._sweep = Sweep()  # the pruning of a versioned table's history, batch after batch
 
     # -- lifecycle ------------------------------------------------------------------------------------------
 
@@ -146,12 +138,14 @@ class TableStore(Database):
                 self.db.drop_column_family(ORIGINS_CF)
             self.stale_origins = False
             log.info("table %s: the table is no longer typed; dropped the origins recorded for its values", self.table)
-        self._adopt_history(fresh)
+        marks = history.adopt(self.db, self._meta, self.table, self.history_ms, self.stale_history,
+                              lambda: fresh or not (self.offsets() or self._holds_data()))
+        self.stale_history = False
         crashed = status == STATUS_OPEN
         if crashed:
             log.warning("table %s: previous run did not close the store cleanly; resuming from its offsets",
                         self.table)
-        self._put_meta({META_STATUS: STATUS_OPEN}, sync=True)
+        self._put_meta({**marks, META_STATUS: STATUS_OPEN}, sync=True)
         return crashed
 
     def _adopt(self, fresh: bool, version: bytes | None) -> int:
@@ -170,26 +164,6 @@ class TableStore(Database):
                      "moving them to the timestamped layout in the background", self.table, SURROGATE_TIMESTAMP)
         self._put_meta(layout.stamp(fmt, self.topic))
         return fmt
-
-    def _adopt_history(self, fresh: bool) -> None:
-        """Drop the history of a table no longer versioned; start that of a versioned one whose store is empty.
-
-        An empty store's ``since`` is pending: its replay's first batch sets it (``history.HistoryWriter``). A store
-        holding data without ``since`` gets none: nothing proves what it saw."""
-        assert self._meta is not None
-        if self.stale_history:
-            with store_io(f"table {self.table}: drop the history of a table no longer versioned"):
-                self.db.drop_column_family(HISTORY_CF)
-                for key in (META_HISTORY_SINCE, META_HISTORY_CLOCK, META_HISTORY_UNTIMED):
-                    self._meta.delete(key)
-            self.stale_history = False
-            log.info("table %s: the table is no longer versioned; dropped its history", self.table)
-        if self.history_ms is None or self._meta.get(META_HISTORY_SINCE) is not None:
-            return
-        if fresh or not (self.offsets() or self._holds_data()):
-            self._put_meta({META_HISTORY_SINCE: history.SINCE_PENDING})
-        else:
-            log.warning("table %s: %s", self.table, history.HistoryMeta.read(self._meta).refusal(self.table))
 
     def _import_checkpoint_file(self) -> tuple[dict[int, int], str]:
         """KIP-1035 interop: a store holding data but no offsets adopts those of a Kafka-format .checkpoint.
@@ -283,22 +257,6 @@ class TableStore(Database):
         if self._migration is None:
             return batch
         return UpgradingBatch(batch, self)
-
-    def history_writer(self, batch: Batch) -> HistoryWriter | None:
-        """What adds the versions of the records ``batch`` folds, for a versioned table; None for another."""
-        if self._history is None or self._history_cf is None or self._meta is None:
-            return None
-        assert self.history_ms is not None
-        return HistoryWriter(batch, self._history, self._history_cf, self.db.get_column_family_handle(META_CF),
-                             HistoryMeta.read(self._meta), self.history_ms, None if self._bulk else self._sweep)
-
-    def history_status(self) -> dict[str, Any] | None:
-        """A versioned table's ``tables.<t>.history`` status: since (epoch ms, or null when unproven), versions and
-        bytes (RocksDB's estimates), and why as-of lookups are refused when they are; None for another table."""
-        family, meta = self._history_cf, self._meta
-        if family is None or meta is None:
-            return None
-        return history.status(family, HistoryMeta.read(meta), self.history_ms, self.table)
 
     def origin_writer(self, batch: Batch) -> OriginWriter | None:
         """What adds the origins of the values ``batch`` writes, for a typed table; None for a raw one."""

@@ -192,7 +192,7 @@ def test_since_is_pending_until_the_first_version_and_unproven_for_a_store_with_
     reopened.close()
     with StoreReader(db_dir(tmp_path / "b", "tbl")) as reader:
         assert reader.history is not None and reader.history.since is None and not reader.history.pending
-        assert "reset" in (reader.history.refusal("tbl") or "")
+        assert "rebuilt from the topic" in (reader.history.refusal("tbl") or "")
     # A wipe (KIP-406, a recreated topic, a reset) starts it again, pending.
     wiped = TableStore.open(tmp_path / "b", "tbl", "t", StoreOptions(), history_ms=10**9).store
     wiped.wipe()
@@ -250,3 +250,78 @@ def test_a_bulk_load_keeps_versions_with_its_offsets(tmp_path: Path) -> None:
         assert reader.offsets() == {p: 1 + max(r.offset for r in records if r.partition == p) for p in range(3)}
         for t in rng.sample([r.timestamp for r in records], 50):
             assert {k: (v, ts) for k, v, ts in reader.items_as_of(t)} == as_of_table(records, t)
+
+
+# -- history added to a store with data, the topic's compaction lag, reloads ----------------------------------------
+
+def test_a_plan_rebuilds_a_store_with_data_declared_versioned_and_since_is_the_replay_start_less_the_lag(
+        tmp_path: Path) -> None:
+    from globald.engine.identity import PlanFacts, TopicIdentity
+    from globald.engine.state_manager import HISTORY_ADDED, StateManager
+    from globald.kafka.worker import ClusterWorker
+    from globald.settings.ref import ConfigRef
+
+    # A plain table's store with data and offsets; then the table is declared versioned (a restart, or a reload).
+    plain = TableStore.open(tmp_path, "tbl", "t", StoreOptions()).store
+    rt = TableRuntime(config=TableConfig("tbl", "t"), store=plain, machine=StateMachine(lambda *a: None, "tbl"))
+    task = UpdateTask({"tbl": rt})
+    task.start("tbl", {})
+    task.update([Event(0, 0, _key=b"a", _value=b"old", _ts=5)])  # type: ignore[list-item]
+    plain.close()
+    config = parse({"state_dir": str(tmp_path), "kafka": {"bootstrap.servers": "127.0.0.1:9"},
+                    "tables": [{"name": "tbl", "topic": "t", "history": "1000d"}]})
+    events: list[object] = []
+    manager = StateManager(ConfigRef(config), events.append)
+    manager.identity = TopicIdentity(ClusterWorker(manager._config, 60.0), events.append)
+    stored, why = manager.open_table(config.tables[0])
+    rt = manager.tables["tbl"]
+    assert stored == {0: 1} and why is None and rt.store.history_unproven
+    manager.restoring(rt, "starting")
+    lag = 3_600_000
+    plan = manager.plan(rt, PlanFacts([0], {0: (0, 1)}, None, None, lag))
+    # Wiped with its own kind, counted and said as every wipe is, and planned from the log start: no operator step.
+    assert plan is not None and plan.starts == {0: 0}
+    assert manager.wipe_counts() == {("tbl", HISTORY_ADDED): 1} and rt.store.get(b"a") is None
+    assert any(getattr(e, "kind", None) == HISTORY_ADDED for e in events)
+    assert not rt.store.history_unproven and rt.store.compaction_lag_ms == lag
+    task = UpdateTask({"tbl": rt})
+    task.start("tbl", plan.starts)
+    before = history.now_ms()
+    task.update([Event(0, 0, _key=b"a", _value=b"old", _ts=5)])  # type: ignore[list-item]
+    after = history.now_ms()
+    status = rt.store.history_status()
+    assert status is not None and before - lag <= status["since"] <= after - lag, status
+    assert status["compaction_lag_ms"] == lag and status["refused"] is None
+    # A table that tails without a gap keeps its since, across a restart too: nothing left to rebuild.
+    rt.store.close()
+    rt.store.open_or_wipe()
+    again = rt.store.history_status()
+    assert not rt.store.history_unproven and again is not None and again["since"] == status["since"]
+    manager.close(clean=True)
+
+
+def test_an_unknown_compaction_lag_gives_no_earlier_since(tmp_path: Path) -> None:
+    from globald.kafka.identity import TopicIds
+
+    # A Kafka 0.9 client (no version handshake): no DescribeConfigs to ask, so unknown, and nothing is sent.
+    ids = TopicIds({"bootstrap.servers": "127.0.0.1:9", "api.version.request": "false"})
+    assert ids.compaction_lag_ms("t", 0.1) is None
+    store, task = _versioned(tmp_path, window_ms=10**12)
+    store.compaction_lag_ms = None
+    before = history.now_ms()
+    task.update([Event(0, 0, _key=b"a", _value=b"1", _ts=5)])  # type: ignore[list-item]
+    status = store.history_status()
+    assert status is not None and status["since"] >= before and status["compaction_lag_ms"] is None
+
+
+def test_a_reload_adding_changing_or_removing_history_replaces_the_table() -> None:
+    from globald.settings.changes import changes, delta
+
+    base = {"state_dir": "/srv/state", "kafka": {"bootstrap.servers": "127.0.0.1:9092"}}
+    v1 = {"format": "avro", "schema": "/schemas/v1.avsc"}
+    for table in ({"name": "b", "topic": "tb"}, {"name": "b", "topic": "tb", "value": v1}):  # raw, typed
+        plain, week, day = ({**base, "tables": [{**table, **h}]} for h in ({}, {"history": "7d"}, {"history": "1d"}))
+        for old, new in ((plain, week), (week, day), (week, plain)):
+            found = changes(parse(old), parse(new))
+            assert [c.key for c in found] == ["tables.b"] and found[0].replaced and found[0].redeclared is None
+            assert delta(parse(old), parse(new)).replaced == (parse(new).table("b"),)
