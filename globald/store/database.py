@@ -8,6 +8,7 @@ values. Not thread-safe: the daemon thread owns it.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -176,7 +177,7 @@ class Database:
     def _holds_data(self) -> bool:
         return self._has_data(None) or self._has_data(VALUES_CF)
 
-    def _put_meta(self, entries: dict[bytes, bytes], sync: bool = False) -> None:
+    def _put_meta(self, entries: Mapping[bytes, bytes | None], sync: bool = False) -> None:
         db = self._db
         assert db is not None
 

@@ -265,17 +265,17 @@ _MARKS = (META_HISTORY_SINCE, META_HISTORY_CLOCK, META_HISTORY_UNTIMED)
 
 
 def adopt(db: Rdict, meta: Rdict, table: str, window_ms: int | None, stale: bool,
-          empty: Callable[[], bool]) -> dict[bytes, bytes]:
-    """What a store just opened does with its history (``TableStore``): the history family and marks of a table no
-    longer versioned (``stale``) are dropped here; the metadata to put is returned: ``since`` pending for a
-    versioned store that is ``empty()``. A versioned store holding data without ``since`` gets none (``unproven``):
-    nothing proves what it saw, and the state manager rebuilds it from the topic at its plan."""
+          empty: Callable[[], bool]) -> dict[bytes, bytes | None]:
+    """What a store just opened does with its history (``TableStore``): the history family of a table no longer
+    versioned (``stale``) is dropped here; the metadata to put is returned (None: a key to delete): the marks of
+    that history gone, or ``since`` pending for a versioned store that is ``empty()``. A versioned store holding
+    data without ``since`` gets none (``unproven``): nothing proves what it saw, and the state manager rebuilds it
+    from the topic at its plan."""
     if stale:  # no longer kept up to date, so not kept at all
         with store_io(f"table {table}: drop the history of a table no longer versioned"):
             db.drop_column_family(HISTORY_CF)
-            for key in _MARKS:
-                meta.delete(key)
         log.info("table %s: the table is no longer versioned; dropped its history", table)
+        return dict.fromkeys(_MARKS)
     if window_ms is None or meta.get(META_HISTORY_SINCE) is not None:
         return {}
     if empty():

@@ -42,10 +42,14 @@ def stamp(fmt: int, topic: str) -> dict[bytes, bytes]:
     return {META_FORMAT: str(fmt).encode(), META_TOPIC: topic.encode()}
 
 
-def put_meta(batch: WriteBatch, db: Rdict, entries: Mapping[bytes, bytes]) -> None:
+def put_meta(batch: WriteBatch, db: Rdict, entries: Mapping[bytes, bytes | None]) -> None:
+    """Add ``entries`` to the metadata in ``batch``; a None value deletes its key."""
     handle = db.get_column_family_handle(META_CF)
     for key, value in entries.items():
-        batch.put(key, value, handle)
+        if value is None:
+            batch.delete(key, handle)
+        else:
+            batch.put(key, value, handle)
 
 
 def put_offsets(batch: WriteBatch, db: Rdict, offsets: Mapping[int, int],

@@ -281,13 +281,14 @@ def test_a_plan_rebuilds_a_store_with_data_declared_versioned_and_since_is_the_r
     plan = manager.plan(rt, PlanFacts([0], {0: (0, 1)}, None, None, lag))
     # Wiped with its own kind, counted and said as every wipe is, and planned from the log start: no operator step.
     assert plan is not None and plan.starts == {0: 0}
-    assert manager.wipe_counts() == {("tbl", HISTORY_ADDED): 1} and rt.store.get(b"a") is None
+    assert manager.wipe_counts() == {("tbl", HISTORY_ADDED): 1} and isinstance(rt.store, TableStore)
+    assert rt.store.get(b"a") is None
     assert any(getattr(e, "kind", None) == HISTORY_ADDED for e in events)
     assert not rt.store.history_unproven and rt.store.compaction_lag_ms == lag
     task = UpdateTask({"tbl": rt})
     task.start("tbl", plan.starts)
     before = history.now_ms()
-    task.update([Event(0, 0, _key=b"a", _value=b"old", _ts=5)])  # type: ignore[list-item]
+    task.update([Event(0, 0, _key=b"a", _value=b"old", _ts=5)])
     after = history.now_ms()
     status = rt.store.history_status()
     assert status is not None and before - lag <= status["since"] <= after - lag, status
