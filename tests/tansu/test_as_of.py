@@ -8,13 +8,19 @@ from __future__ import annotations
 import base64
 import json
 import random
+import re
 import time
 from collections.abc import Callable
+from typing import Any, cast
 
 import pytest
 
+from globald.cli import readview
 from globald.embedded.admin import TimedRecord
-from globald.embedded.oracle import as_of, as_of_table, records
+from globald.embedded.oracle import Record, as_of, as_of_table, records
+from globald.settings import config as configmod
+from globald.store import layout
+from globald.store.names import HISTORY_CF, db_dir
 from tests.harness import Broker, DaemonProcess, globald
 from tests.tansu.data import expected_table, timed_records, wait_for_table
 
@@ -85,3 +91,68 @@ def test_get_and_dump_as_of_answer_as_the_as_of_fold(broker: Broker, topic: Call
     dumped = {base64.b64decode(doc["key"]): (base64.b64decode(doc["value"]), doc["timestamp"])
               for doc in map(json.loads, r.stdout.splitlines())}
     assert dumped == as_of_table(every, at)
+
+
+def _table_state(doc: dict[str, Any]) -> dict[str, Any]:
+    return cast("dict[str, Any]", doc["tables"].get("rates") or {})
+
+
+def _check_as_of(d: DaemonProcess, every: list[Record], since: int, rng: random.Random) -> None:
+    """As-of answers of the published version, read as ``get --as-of`` reads them (in this process: a CLI call per
+    ask would cost ~0.5 s of CPU each): the as-of fold's at random keys and times from ``since`` on; refused
+    before it."""
+    keys = sorted({r.key for r in every})
+    stamps = sorted(r.timestamp for r in every if r.timestamp >= since)
+    with readview.open_view(configmod.load(d.config), "rates") as view:
+        assert view.history_refusal(since) is None and view.history_refusal(since - 1) is not None
+        for at in [since, *rng.sample(stamps, 5), stamps[-1] + 1]:
+            assert {k: (v, ts) for k, v, ts in view.items_as_of(at)} == as_of_table(every, at), at
+            for key in rng.sample(keys, 5):
+                assert view.as_of(key, at) == as_of(every, key, at), (key, at)
+
+
+def test_a_reload_adds_changes_and_removes_history(broker: Broker, daemon: Daemon) -> None:
+    """A table with data gains ``history`` by a reload: it is replayed (no operator step), with since = the
+    replay's start less the topic's min.compaction.lag.ms (read from the topic's config); as-of answers are the
+    as-of fold's from since on and refused before. A reload changing the window replays it again, the window moving
+    since forward; one removing history drops the family, the latest values unchanged."""
+    lag = 600_000
+    t = f"lag{time.monotonic_ns()}"
+    broker.admin.create(t, config={"min.compaction.lag.ms": str(lag)})
+    d = daemon({"rates": t}, snapshots={"interval_ms": 200})
+    now = int(time.time() * 1000)
+    # Record times from 5 minutes back (within the lag) wandering forward over ~10 minutes, with tombstones.
+    produced: list[TimedRecord] = list(timed_records(400, keys=30, seed=7, base_ts=now - 300_000, null_keys=0.0))
+    broker.admin.produce(t, produced)
+    wait_for_table(d, "rates", expected_table(produced))
+    every = records(broker.settings, t, broker.admin.end_offsets(t))
+    rng = random.Random(7)
+
+    def reload_to(history: str | None, generation: int) -> dict[str, Any]:
+        text = re.sub(r'^history = .*\n', "", d.config.read_text(), flags=re.M)
+        d.config.write_text(text + (f'history = "{history}"\n' if history else ""))  # the last [[tables]] entry's
+        r = globald("reload", "--config", str(d.config), timeout=300)
+        assert r.returncode == 0, r.stderr
+        return _table_state(d.wait_for(
+            lambda s: s["config"]["generation"] == generation and _table_state(s).get("state") == "RUNNING"
+            and (history is None) == ("history" not in _table_state(s))
+            and (history is None or _table_state(s)["history"]["since"] is not None),
+            timeout=120, what=f"the reload to history {history}"))
+
+    before = int(time.time() * 1000)
+    state = reload_to("30d", 2)
+    after = int(time.time() * 1000)
+    hist = state["history"]
+    assert hist["compaction_lag_ms"] == lag and hist["refused"] is None, hist
+    assert before - lag <= hist["since"] <= after - lag, (before, hist, after)
+    _check_as_of(d, every, hist["since"], rng)
+
+    # A window of 2 minutes: replayed again, and since is at least the newest record time less the window.
+    hist = reload_to("2m", 3)["history"]
+    newest = max(r.timestamp for r in every)
+    assert hist["since"] >= newest - 120_000 and hist["window_ms"] == 120_000, hist
+    _check_as_of(d, every, hist["since"], rng)
+
+    reload_to(None, 4)
+    assert HISTORY_CF not in layout.families(db_dir(d.state_dir, "rates"))
+    wait_for_table(d, "rates", expected_table(produced))
