@@ -24,7 +24,7 @@ def fold(records: Iterable[Message], put: Put, delete: Delete, origins: OriginWr
     version (the caller calls ``history.finish()`` before the batch is written). Returns the null keys, skipped."""
     if history is not None:
         records = records if isinstance(records, Sequence) else list(records)
-        _add_versions(records, history)
+        history.add_all(records)  # a pass of its own, which a plain table's fold never pays for
     # The restore's hot loop: one Python frame for the whole run, and codec.encode_value spelled out (a call per
     # record cost a fifth of the loop's CPU).
     pack = pack_i64
@@ -45,15 +45,3 @@ def fold(records: Iterable[Message], put: Put, delete: Delete, origins: OriginWr
                 origins.put(key, m.partition(), m.offset(), stored)  # type: ignore[arg-type]  # set on records
     return null_keys
 
-
-
-def _add_versions(records: Sequence[Message], history: HistoryWriter) -> None:
-    """Every keyed record of ``records`` as a version (a versioned table's pass before its latest-value fold, which
-    a plain table's fold thus never pays for)."""
-    add = history.add
-    for m in records:
-        key = m.key()
-        if key is not None:
-            ts_type, ts = m.timestamp()
-            add(key, NO_TIMESTAMP if ts_type == TIMESTAMP_NOT_AVAILABLE else ts, m.partition(),  # type: ignore[arg-type]
-                m.offset(), m.value())  # type: ignore[arg-type]  # set on records

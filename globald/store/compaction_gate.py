@@ -129,9 +129,12 @@ class CompactionGate:
         self._next = time.monotonic() + GATE_EVERY_S
         return room
 
-    def apply(self, db: Rdict, families: Iterable[Rdict], force: bool = False) -> None:
+    def apply(self, db: Rdict, families: Iterable[Rdict], force: bool = False, scale: bool = True) -> None:
         """Switch automatic compactions of ``families`` on or off as the room says, at most once a second. Never
-        while a compaction runs: it takes the room it needs meanwhile, and gives it back when it ends."""
+        while a compaction runs: it takes the room it needs meanwhile, and gives it back when it ends. Without
+        ``scale`` (a bulk load, whose families set their own base level so that its flushes wait in L0) the shape
+        is left alone: a base level scaled to the table there set off compactions in the middle of the load (a
+        versioned table, whose twice the bytes crossed a doubling, restored at half a plain one's rate)."""
         now = time.monotonic()
         if not force and now < self._next:
             return
@@ -141,7 +144,7 @@ class CompactionGate:
                 return
             room, need, free = has_room(self.db_path, self.state_dir, db)
             fits = shape(table_bytes(self.db_path))
-            if self.scale and fits != self.shape:
+            if self.scale and scale and fits != self.shape:
                 for f in families:
                     f.set_options({"max_bytes_for_level_base": str(fits[0] * MIB),
                                    "target_file_size_base": str(fits[1] * MIB)})

@@ -214,7 +214,7 @@ class Database:
         if db is None:
             return
         self._gate.apply(db, [h for h in (self._values_cf, self._origins_cf, self._history_cf) if h is not None],
-                         force)
+                         force, scale=not self._bulk)
 
     @property
     def compactions_on(self) -> bool:

@@ -27,10 +27,11 @@ from __future__ import annotations
 import logging
 import struct
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Message
 from rocksdict import Rdict
 
 from globald.store.failures import store_io
@@ -220,16 +221,30 @@ class HistoryWriter:
         self._untimed: str | None = None
         self._added = 0
 
-    def add(self, key: bytes, timestamp: int, partition: int, offset: int, value: bytes | None) -> None:
-        if timestamp < 0:
-            if self._meta.untimed is None and self._untimed is None:
-                self._untimed = f"{partition}/{offset}"
-            return
-        self._batch.put(version_key(key, timestamp, offset, partition), TOMBSTONE if value is None else VALUE + value,
-                        self._handle)
-        self._added += 1
-        if self._clock is None or timestamp > self._clock:
-            self._clock = timestamp
+    def add_all(self, records: Iterable[Message]) -> None:
+        """Every keyed record of ``records`` (no error events) as a version. The restore's hot loop, in one frame
+        and spelled out (``version_key``, ``escape``): a call per record cost a versioned restore a fifth of its
+        rate (bench/history_restore.py)."""
+        put, handle, pack = self._batch.put, self._handle, _SUFFIX.pack
+        clock, added, untimed = self._clock, 0, self._untimed
+        for m in records:
+            key = m.key()
+            if key is None:
+                continue
+            ts_type, ts = m.timestamp()
+            if ts_type == TIMESTAMP_NOT_AVAILABLE or ts < 0:  # no place in time (module docstring)
+                if untimed is None and self._meta.untimed is None:
+                    untimed = f"{m.partition()}/{m.offset()}"
+                continue
+            value = m.value()
+            put((key.replace(b"\x00", b"\x00\xff") if b"\x00" in key else key) + _END +
+                pack(_MAX_I64 - ts, _MAX_I64 - m.offset(), _MAX_U32 - m.partition()),  # type: ignore[operator]
+                TOMBSTONE if value is None else VALUE + value, handle)
+            added += 1
+            if clock is None or ts > clock:
+                clock = ts
+        self._clock, self._untimed = clock, untimed
+        self._added += added
 
     def finish(self) -> None:
         """Prune and mark: call once, after the last ``add`` and before the batch is written."""

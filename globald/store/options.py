@@ -76,8 +76,9 @@ class StoreOptions:
         """L0 files at which a bulk load's first compaction starts."""
         return max(L0_COMPACTION_TRIGGER, self.bulk_l0_mb // self.bulk_buffer_mb)
 
-    def rocksdb(self, create: bool = True, cache: Cache | None = None) -> Options:
-        """Database-wide options (also those of the default family, which this format leaves empty)."""
+    def rocksdb(self, create: bool = True, cache: Cache | None = None, bloom: bool = True) -> Options:
+        """Database-wide options (also those of the default family, which this format leaves empty); without
+        ``bloom`` no bloom filter (a family read by seeks alone, which a whole-key filter never answers)."""
         o = Options(raw_mode=True)
         o.create_if_missing(create)
         o.create_missing_column_families(create)
@@ -101,7 +102,8 @@ class StoreOptions:
         o.set_level_zero_stop_writes_trigger(self.bulk_l0_files + _L0_STOP_MARGIN)
         table = BlockBasedOptions()
         table.set_block_cache(cache if cache is not None else Cache(self.block_cache_mb << 20))
-        table.set_bloom_filter(self.bloom_bits_per_key, False)
+        if bloom:
+            table.set_bloom_filter(self.bloom_bits_per_key, False)
         table.set_cache_index_and_filter_blocks(True)
         o.set_block_based_table_factory(table)
         return o
@@ -128,7 +130,8 @@ class StoreOptions:
             families[ORIGINS_CF] = self.rocksdb(cache=cache)
             large.append(ORIGINS_CF)
         if history:
-            families[HISTORY_CF] = self.rocksdb(cache=cache)
+            # Read by seeks only (store.history.as_of): a bloom filter would cost its flushes and never be consulted.
+            families[HISTORY_CF] = self.rocksdb(cache=cache, bloom=False)
             large.append(HISTORY_CF)
         db = self.rocksdb(cache=cache)
         for cf in large:

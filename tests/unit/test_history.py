@@ -326,3 +326,18 @@ def test_a_reload_adding_changing_or_removing_history_replaces_the_table() -> No
             found = changes(parse(old), parse(new))
             assert [c.key for c in found] == ["tables.b"] and found[0].replaced and found[0].redeclared is None
             assert delta(parse(old), parse(new)).replaced == (parse(new).table("b"),)
+
+
+def test_a_bulk_load_keeps_its_own_compaction_shape(tmp_path: Path) -> None:
+    # The gate scaling the base level to the table in the middle of a bulk load set off compactions there (a
+    # versioned table, twice the bytes, crossed a doubling and restored at half a plain one's rate).
+    store, _ = _versioned(tmp_path, window_ms=10**12)
+    store.begin_bulk_load()
+    store._gate.shape = (1, 1)  # not what the table's size gives: a gate that scales would set it now
+    store.fit_compactions(force=True)
+    assert store._gate.shape == (1, 1)
+    store.end_bulk_load()
+    store._gate.shape = (1, 1)
+    store.fit_compactions(force=True)  # serving again: the shape follows the table
+    assert store._gate.shape != (1, 1)
+    store.close()
