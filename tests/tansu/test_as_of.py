@@ -9,8 +9,10 @@ import base64
 import json
 import random
 import re
+import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, cast
 
 import pytest
@@ -19,8 +21,12 @@ from globald.cli import readview
 from globald.embedded.admin import TimedRecord
 from globald.embedded.oracle import Record, as_of, as_of_table, records
 from globald.settings import config as configmod
+from globald.settings.config import parse
+from globald.settings.ref import ConfigRef
+from globald.snapshot.builder import Builder
 from globald.store import layout
-from globald.store.names import HISTORY_CF, db_dir
+from globald.store.names import HISTORY_CF, SNAPSHOT_DB_DIR, db_dir
+from globald.store.reader import StoreReader
 from tests.harness import Broker, DaemonProcess, globald
 from tests.tansu.data import expected_table, timed_records, wait_for_table
 
@@ -156,3 +162,41 @@ def test_a_reload_adds_changes_and_removes_history(broker: Broker, daemon: Daemo
     reload_to(None, 4)
     assert HISTORY_CF not in layout.families(db_dir(d.state_dir, "rates"))
     wait_for_table(d, "rates", expected_table(produced))
+
+
+def test_an_exact_build_of_a_versioned_table_holds_the_as_of_fold_at_its_offsets(
+        broker: Broker, topic: Callable[..., str], tmp_path: Path) -> None:
+    """An exact-offset snapshot build (``view.refresh(offsets=...)``'s) of a versioned table folds the records below
+    its target into versions as the live store does: its history answers as the as-of fold of exactly those
+    records, none past the target, from its since on."""
+    t = topic()
+    base = int(time.time() * 1000) + 3_600_000  # record times after the build's since (the time it reads them)
+    produced = list(timed_records(600, keys=40, seed=46, base_ts=base, null_keys=0.0))
+    broker.admin.produce(t, produced)
+    for p in range(3):  # each alone in its batch: Tansu then reports each partition's end right
+        broker.admin.produce(t, [(b"end", b"end", base + 900_000, None)], partition=p)
+    every = records(broker.settings, t, broker.admin.end_offsets(t))
+    ends = {p: 1 + max(r.offset for r in every if r.partition == p) for p in range(3)}
+    target = {p: end // 2 for p, end in ends.items()}  # mid-way: versions past it must not be there
+    below = [r for r in every if r.offset < target[r.partition]]
+    config = parse({"state_dir": str(tmp_path / "state"), "kafka": dict(broker.settings),
+                    "tables": [{"name": "rates", "topic": t, "history": "30d"}]})
+    builder = Builder(ConfigRef(config), threading.Event())
+    try:
+        built = builder.build(config.tables[0], target, None, None, tmp_path / "work", time.monotonic() + 120)
+    finally:
+        builder.close()
+    assert built.offsets == target and built.consumed == len(below)
+    rng = random.Random(46)
+    stamps = sorted(r.timestamp for r in every)
+    with StoreReader(tmp_path / "work" / SNAPSHOT_DB_DIR) as reader:
+        assert reader.offsets() == target
+        assert reader.history is not None and reader.history.refusal("rates") is None
+        since = reader.history.since
+        assert since is not None and since <= base - 5_000, reader.history  # timed_records wander +-5 s
+        keys = sorted({r.key for r in every})
+        for at in [since, *rng.sample(stamps, 6), stamps[-1] + 1]:
+            assert {k: (v, ts) for k, v, ts in reader.items_as_of(at)} == as_of_table(below, at), at
+            for key in rng.sample(keys, 5):
+                v = reader.as_of(key, at)
+                assert (None if v is None or v.value is None else (v.value, v.timestamp)) == as_of(below, key, at)
