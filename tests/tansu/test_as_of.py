@@ -121,7 +121,8 @@ def test_a_reload_adds_changes_and_removes_history(broker: Broker, daemon: Daemo
     """A table with data gains ``history`` by a reload: it is replayed (no operator step), with since = the
     replay's start less the topic's min.compaction.lag.ms (read from the topic's config); as-of answers are the
     as-of fold's from since on and refused before. A reload changing the window replays it again, the window moving
-    since forward; one removing history drops the family, the latest values unchanged."""
+    since forward; one removing history drops the family, the latest values unchanged. Added again at a restart,
+    over the store with data, it is rebuilt in-process (wipe ``history_added``), with no operator step."""
     lag = 600_000
     t = f"lag{time.monotonic_ns()}"
     broker.admin.create(t, config={"min.compaction.lag.ms": str(lag)})
@@ -130,6 +131,10 @@ def test_a_reload_adds_changes_and_removes_history(broker: Broker, daemon: Daemo
     # Record times from 5 minutes back (within the lag) wandering forward over ~10 minutes, with tombstones.
     produced: list[TimedRecord] = list(timed_records(400, keys=30, seed=7, base_ts=now - 300_000, null_keys=0.0))
     broker.admin.produce(t, produced)
+    for p in range(3):  # each alone in its batch: Tansu then reports each partition's end right (the restart)
+        marker: TimedRecord = (b"end-%d" % p, b"end", now, None)
+        broker.admin.produce(t, [marker], partition=p)
+        produced.append(marker)
     wait_for_table(d, "rates", expected_table(produced))
     every = records(broker.settings, t, broker.admin.end_offsets(t))
     rng = random.Random(7)
@@ -162,6 +167,18 @@ def test_a_reload_adds_changes_and_removes_history(broker: Broker, daemon: Daemo
     reload_to(None, 4)
     assert HISTORY_CF not in layout.families(db_dir(d.state_dir, "rates"))
     wait_for_table(d, "rates", expected_table(produced))
+
+    # Added at a restart, over the store with data: rebuilt in-process at its plan (a wipe of its own), no reset.
+    assert d.stop() == 0
+    d.config.write_text(d.config.read_text() + 'history = "30d"\n')
+    before = int(time.time() * 1000)
+    d.start()
+    hist = _table_state(d.wait_for(lambda s: (_table_state(s).get("history") or {}).get("since") is not None
+                                   and _table_state(s).get("state") == "RUNNING", timeout=120,
+                                   what="the rebuild with history"))["history"]
+    assert before - lag <= hist["since"] <= int(time.time() * 1000) - lag, hist
+    assert "WIPE (history_added)" in d.tail(400)
+    _check_as_of(d, every, hist["since"], rng)
 
 
 def test_an_exact_build_of_a_versioned_table_holds_the_as_of_fold_at_its_offsets(
