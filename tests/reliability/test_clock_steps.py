@@ -72,14 +72,6 @@ def libfaketime() -> str:
     return found[0]
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def healthz(port: int) -> dict[str, Any]:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as r:
         return dict(json.loads(r.read()))
@@ -118,7 +110,6 @@ class Run:
     topic: str
     arm_path: Path
     clock: Clock
-    port: int
 
     def arm(self, phase: str, nth: int = 1, arm_id: int = 1, **more: Any) -> None:
         tmp = self.arm_path.with_name(self.arm_path.name + ".tmp")
@@ -172,15 +163,25 @@ class Run:
         while abs(self.daemon_offset() - offset_s) > 120:
             assert time.monotonic() < deadline, f"the daemon's clock did not move to {offset_s:+d}s"
 
+    @property
+    def port(self) -> int:
+        """The HTTP port the daemon bound (port 0 in its config: the kernel's pick, said in its status). A port
+        picked free here and closed before the daemon bound it could be taken meanwhile by another xdist worker's
+        broker, Spark or daemon."""
+        doc = self.d.wait_for(lambda s: s.get("pid") == self.d.pid and s.get("http", {}).get("port"),
+                              timeout=120, what="the HTTP port in status")
+        return int(doc["http"]["port"])
+
     def loop_turns(self) -> None:
         """The loop turns after the steps: healthz's loop age (on the monotonic clock, this process's too) shows a
         turn after this began, then another after that was seen, each sample under 5 s; waited for (60 s bound)
         rather than sampled over a fixed window."""
+        port = self.port
         mark, turns, ages = time.monotonic(), 0, []
         deadline = mark + 60
         while turns < 2:
             asked = time.monotonic()
-            ages.append(healthz(self.port)["loop_age_seconds"])
+            ages.append(healthz(port)["loop_age_seconds"])
             assert ages[-1] < 5.0 and asked < deadline, f"the loop stopped turning after the clock step: loop " \
                                                          f"ages {ages}; log:\n{self.d.tail()}"
             if asked - ages[-1] > mark:  # its last turn came after the mark, whenever the age was computed
@@ -190,13 +191,12 @@ class Run:
 
 
 def _start(broker: Broker, daemon: Daemon, tmp_path: Path, t: str, tool: str, **config: Any) -> Run:
-    port = free_port()
     arm_path, clock = tmp_path / "arm.json", Clock(tmp_path / "faketime", tool)
     arm_path.write_text("{}")
-    d = daemon({"tbl": t}, start=False, http={"enabled": True, "port": port}, metadata_refresh_ms=500, **config)
+    d = daemon({"tbl": t}, start=False, http={"enabled": True, "port": 0}, metadata_refresh_ms=500, **config)
     d.module = "tests.chaos.entry"
     d.env = {**(d.env or {}), "GLOBALD_CHAOS_ARM": str(arm_path), **clock.env()}
-    return Run(broker, d, t, arm_path, clock, port)
+    return Run(broker, d, t, arm_path, clock)
 
 
 def _through(run: Run, first: int, then_: int) -> None:
