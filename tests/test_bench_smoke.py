@@ -45,8 +45,9 @@ def test_bench_runs_end_to_end_on_a_small_topic(tmp_path: Path) -> None:
 
     targets = {t["target"]: t for t in r["targets"]}
     # 7 restore/ops targets and the 3 Spark lookup targets of issue 12, the 4 disk figures of issue 21, and the
-    # churn load's disk peak and write amplification of issue 33, the whole-process restore of issue 44
-    assert len(targets) == 17 and all(t["met"] is None for t in targets.values() if t["value"] is None)
+    # churn load's disk peak and write amplification of issue 33, the whole-process restore and the join's two
+    # anchors of issue 44
+    assert len(targets) == 19 and all(t["met"] is None for t in targets.values() if t["value"] is None)
     assert {"restore vs consume-only limit", "peak RSS while restoring 10M keys",
             "Spark join (mapInArrow) vs dict in mapInArrow"} <= set(targets)
     assert targets["restore vs raw batch pipeline"]["met"] in (True, False)
