@@ -9,15 +9,22 @@ until the process has exited (interpreter start, its few imports, the restore, t
 ``repeats`` times, interleaved, the order swapped each repetition; the ratio is of the medians, and the same ratio
 within each repetition shows how much the machine's noise moves it. The first globald store is checked against
 the oracle fold.
+
+``python -m bench.whole_process --runs 9 [--trees A,B]``: the start alone, no broker needed: seconds from spawning
+``globald run`` (on a table whose broker is not there) until its status.json names it, the daemon started
+(RESTORING); with ``--trees``, each checkout's globald in turn, interleaved (PYTHONPATH and cwd set to it).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
 import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -116,3 +123,47 @@ def compare(env: BenchEnv, ds: Dataset, repeats: int, batch: int,
         "paired_ratios": [round(r / x, 3) for x, r in zip(g, raw, strict=True)],
         "verified": verified,
     }
+
+
+def start_seconds(tree: Path, workdir: Path, timeout: float = 60) -> float:
+    """Seconds from spawning ``globald run`` from ``tree`` until its status.json names it (the daemon started)."""
+    state = workdir / "state"
+    shutil.rmtree(state, ignore_errors=True)
+    config = write_config(workdir / "globald.toml", state, {"bootstrap.servers": "127.0.0.1:9", "log_level": 3},
+                          {TABLE: TABLE}, http={"enabled": False})
+    started = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "globald", "run", "--config", str(config)], cwd=tree,
+                            env={**os.environ, "PYTHONPATH": str(tree)}, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        while time.monotonic() - started < timeout:
+            if _status(state).get("pid") == proc.pid:
+                return time.monotonic() - started
+            if proc.poll() is not None:
+                raise RuntimeError(f"globald exited with {proc.returncode} before it started")
+            time.sleep(POLL_S / 2)
+        raise TimeoutError(f"globald did not start in {timeout} s")
+    finally:
+        proc.kill()  # a clean stop would wait for the broker that is not there
+        proc.wait()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.whole_process", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--runs", type=int, default=9)
+    p.add_argument("--trees", default=str(REPO), help="comma-separated checkouts of globald (default this one)")
+    a = p.parse_args(argv)
+    trees = [Path(x).resolve() for x in a.trees.split(",") if x]
+    seconds: dict[Path, list[float]] = {tree: [] for tree in trees}
+    with tempfile.TemporaryDirectory(prefix="globald-start-") as work:
+        for _ in range(a.runs):
+            for tree in trees:
+                seconds[tree].append(start_seconds(tree, Path(work)))
+    print(json.dumps({str(tree): {"median_seconds": round(statistics.median(s), 3), "runs": [round(x, 3) for x in s]}
+                      for tree, s in seconds.items()}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
