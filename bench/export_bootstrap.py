@@ -59,7 +59,8 @@ def _records(keys: Iterator[int], seed: int) -> Iterator[tuple[bytes, bytes]]:
         yield b"key-%09d" % k, rnd.randbytes(VALUE_SIZE)
 
 
-def _status(state: Path) -> dict[str, Any]:
+def status_doc(state: Path) -> dict[str, Any]:
+    """The daemon's status.json in ``state``; {} while there is none (or it is being replaced)."""
     try:
         doc: dict[str, Any] = json.loads((state / "status.json").read_text())
         return doc
@@ -68,7 +69,7 @@ def _status(state: Path) -> dict[str, Any]:
 
 
 def _table(state: Path) -> dict[str, Any]:
-    t: dict[str, Any] = (_status(state).get("tables") or {}).get(TABLE) or {}
+    t: dict[str, Any] = (status_doc(state).get("tables") or {}).get(TABLE) or {}
     return t
 
 
@@ -78,7 +79,7 @@ def _running_after(d: DaemonProcess, state: Path, ends: dict[int, int], timeout:
     d.start()
     want = {str(p): o for p, o in ends.items()}
     while time.monotonic() - started < timeout:
-        doc = _status(state)
+        doc = status_doc(state)
         table = (doc.get("tables") or {}).get(TABLE) or {}
         if doc.get("pid") == d.pid and table.get("state") == "RUNNING" and table.get("offsets") == want:
             return time.monotonic() - started, doc

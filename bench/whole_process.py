@@ -32,18 +32,11 @@ from typing import Any
 
 from bench.data import Dataset
 from bench.env import BenchEnv
+from bench.export_bootstrap import status_doc
 from bench.restore import TABLE, verify_store
 from tests.harness import REPO, DaemonProcess, write_config
 
 POLL_S = 0.01
-
-
-def _status(state: Path) -> dict[str, Any]:
-    try:
-        doc: dict[str, Any] = json.loads((state / "status.json").read_text())
-        return doc
-    except (OSError, ValueError):
-        return {}
 
 
 def globald_process(env: BenchEnv, ds: Dataset, batch: int, timeout: float = 3600) -> tuple[float, Path, str]:
@@ -59,7 +52,7 @@ def globald_process(env: BenchEnv, ds: Dataset, batch: int, timeout: float = 360
     d.start()
     try:
         while time.monotonic() - started < timeout:
-            doc = _status(state)
+            doc = status_doc(state)
             table = (doc.get("tables") or {}).get(TABLE) or {}
             if doc.get("pid") == d.pid and table.get("state") == "RUNNING" and table.get("offsets") == want:
                 return time.monotonic() - started, state, d.tail()
@@ -137,7 +130,7 @@ def start_seconds(tree: Path, workdir: Path, timeout: float = 60) -> float:
                             stderr=subprocess.DEVNULL)
     try:
         while time.monotonic() - started < timeout:
-            if _status(state).get("pid") == proc.pid:
+            if status_doc(state).get("pid") == proc.pid:
                 return time.monotonic() - started
             if proc.poll() is not None:
                 raise RuntimeError(f"globald exited with {proc.returncode} before it started")
