@@ -271,8 +271,9 @@ def test_a_plan_rebuilds_a_store_with_data_declared_versioned_and_since_is_the_r
     config = parse({"state_dir": str(tmp_path), "kafka": {"bootstrap.servers": "127.0.0.1:9"},
                     "tables": [{"name": "tbl", "topic": "t", "history": "1000d"}]})
     events: list[object] = []
-    manager = StateManager(ConfigRef(config), events.append)
-    manager.identity = TopicIdentity(ClusterWorker(manager._config, 60.0), events.append)
+    ref = ConfigRef(config)
+    manager = StateManager(ref, events.append)
+    manager.identity = TopicIdentity(ClusterWorker(ref, 60.0), events.append)  # asks nothing here: facts given
     stored, why = manager.open_table(config.tables[0])
     rt = manager.tables["tbl"]
     assert stored == {0: 1} and why is None and rt.store.history_unproven
