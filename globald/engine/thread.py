@@ -32,7 +32,7 @@ from globald.engine.loop import Loop, LoopParts, LoopService
 from globald.engine.problems import Problems
 from globald.engine.refill import Refills
 from globald.engine.state_manager import StateManager
-from globald.engine.table import TableRuntime
+from globald.engine.tables import TableSet
 from globald.engine.view import LoopStats
 from globald.kafka.clients import make_consumer
 from globald.kafka.worker import ClusterWorker
@@ -99,7 +99,7 @@ class GlobalThread:
         return self.machine.state
 
     @property
-    def tables(self) -> dict[str, TableRuntime]:
+    def tables(self) -> TableSet:
         return self.manager.tables
 
     @property
@@ -153,7 +153,7 @@ class GlobalThread:
         self._delta, self._next_consumer = None, None
         if consumer is not None:
             self._loop.replace_consumer(consumer)
-        tables_change.apply(self._loop, delta)
+        tables_change.apply(self.manager.tables, delta)
         return []
 
     def abort(self) -> None:
