@@ -78,6 +78,9 @@ class GlobalThread:
         self._loop: Loop | None = None
         self._delta: Delta | None = None  # a reload prepared, not yet committed or aborted
         self._next_consumer: Consumer | None = None
+        # The generation of the config the loop's consumer was made from (status: ``config.clients``): the start's,
+        # then each reload's, whose commit replaces it when [kafka] changed and keeps one with the same settings else
+        self.consumer_generation = config.generation
 
     @classmethod
     def standalone(cls, config: Config, listeners: Listeners | None = None, services: Sequence[LoopService] = (),
@@ -153,6 +156,7 @@ class GlobalThread:
         self._delta, self._next_consumer = None, None
         if consumer is not None:
             self._loop.replace_consumer(consumer)
+        self.consumer_generation = self._config.generation  # in force since two_phase set it, before the commits
         tables_change.apply(self.manager.tables, delta)
         return []
 

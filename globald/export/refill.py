@@ -27,8 +27,10 @@ log = logging.getLogger(__name__)
 
 
 class _Out:
-    def __init__(self, worker: BootstrapWorker, install: Staged, stop: threading.Event, kind: str) -> None:
+    def __init__(self, worker: BootstrapWorker, install: Staged, stop: threading.Event, kind: str,
+                 generation: int) -> None:
         self.worker, self.install, self.stop, self.kind = worker, install, stop, kind
+        self.generation = generation  # of the config its clients are made from
         self.started = time.monotonic()
 
 
@@ -47,11 +49,17 @@ class ExportRefills:
         self._looked_at_start = looked_at_start
         self._out: dict[str, _Out] = {}
 
+    @property
+    def generation(self) -> int | None:
+        """The oldest generation of the config a bootstrap under way made its clients from; None when none runs
+        (each makes its own from the config in force when it begins)."""
+        return min((out.generation for out in self._out.values()), default=None)
+
     def begin(self, table: str, kind: str) -> bool:
         uri = masked(self.export.uri)
         # The table as the config in force declares it: a table a reload added, or replaced, is refilled as any
         # other (its empty store is ``EMPTY_STORE``); one dropped meanwhile is not
-        config = self._config.now
+        config, generation = self._config.get()
         tc = next((t for t in config.tables if t.name == table), None)
         if kind == OPERATOR_RESET or (kind == EMPTY_STORE and self._looked_at_start(table)) or tc is None:
             return False
@@ -62,7 +70,7 @@ class ExportRefills:
             return False
         stop, install = threading.Event(), Staged()
         worker = BootstrapWorker(config, tc, stop, install)
-        self._out[table] = _Out(worker, install, stop, kind)
+        self._out[table] = _Out(worker, install, stop, kind, generation)
         log.info("table %s: emptied (%s); looking for an export in %s", table, kind, uri)
         self._record(table, Origin("topic", fallback=f"emptied ({kind}): looking for an export", uri=uri))
         worker.start()

@@ -187,5 +187,9 @@ class SnapshotPublisher:
         """Exact-build workers left behind inside a stuck client and replaced (``ExactBuilds.watch``)."""
         return self._desk.build_workers_replaced()
 
+    def builds_generation(self) -> int | None:
+        """The generation of the config the exact builds' clients were made under (None: none held now)."""
+        return self._desk.builds_generation()
+
     def status(self, table: str) -> SnapshotStatus:
         return self._tables[table].status()
