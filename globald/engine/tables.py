@@ -32,21 +32,17 @@ import logging
 import shutil
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from globald.common.states import State
 from globald.engine.events import Emit, TableAdded, TableDropped, TableRedeclared
+from globald.engine.identity import TopicIdentity
+from globald.engine.problems import Problems
+from globald.engine.refill import Refiller
 from globald.engine.table import TableRuntime
-from globald.settings.config import TableConfig
+from globald.settings.config import Config, TableConfig
 from globald.store import durable
 from globald.store.names import table_dir
-
-if TYPE_CHECKING:  # the set is the state manager's registry and the loop's to change: no import at run time
-    from globald.engine.identity import TopicIdentity
-    from globald.engine.problems import Problems
-    from globald.engine.refill import Refiller
-    from globald.engine.state_manager import StateManager
-    from globald.engine.update_task import UpdateTask
 
 log = logging.getLogger(__name__)
 
@@ -54,12 +50,33 @@ ADDED = "added by a reload"
 DROPPED = "dropped by a reload"
 
 
+class Stores(Protocol):
+    """What a change asks of the state manager (which holds the set: named here, not imported)."""
+
+    @property
+    def config(self) -> Config: ...
+
+    def open_table(self, tc: TableConfig) -> tuple[dict[int, int], str | None]: ...
+
+    def restoring(self, rt: TableRuntime, why: str) -> None: ...
+
+
+class Positions(Protocol):
+    """What a change asks of the update task (which routes through the set: named here, not imported)."""
+
+    def add(self, name: str) -> None: ...
+
+    def start(self, table: str, positions: Mapping[int, int]) -> None: ...
+
+    def remove(self, name: str) -> None: ...
+
+
 @dataclass(frozen=True)
 class Driver:
     """What of the loop a change of the set needs, handed over by the loop when it starts (``TableSet.drive``)."""
 
-    manager: StateManager  # opens a table's store (and registers it here)
-    task: UpdateTask  # a table's positions
+    manager: Stores  # opens a table's store (and registers it here)
+    task: Positions  # a table's positions
     identity: TopicIdentity  # a table's questions to the cluster
     refill: Refiller  # a refill still out for a table
     problems: Problems  # a table's backoff
