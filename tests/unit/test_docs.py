@@ -165,10 +165,13 @@ def test_where_to_change_what_names_what_the_code_has() -> None:
     apply_tables = inspect.getsource(tables_change.apply)
     assert "tables: TableSet" in apply_tables and "._" not in apply_tables and "loop" not in apply_tables, \
         "tables_change.apply changes the set through the TableSet alone, never the loop's attributes"
+    clients = inspect.getsource(Daemon._clients)
+    for part in ("consumer", "cluster_worker", "exact_builds", "bootstrap"):  # every part that makes Kafka clients
+        assert f'"{part}"' in clients, part
     apply = inspect.getsource(Daemon._reconfigure)
     assert "two_phase.apply(" in apply
     assert all(hasattr(two_phase.Participant, m) for m in ("prepare", "commit", "abort"))
     for name in ("`LIVE`", "`WHY_NOT`", "`Delta`", "`ConfigRef`", "`Daemon._reconfigure`", "`generation`",
                  "`prepare(delta)`", "`abort()`", "`commit()`", "`EngineView`",
-                 "`TableSet`", "`engine/tables.py`"):
+                 "`TableSet`", "`engine/tables.py`", "`Daemon._clients`", "`config.clients`"):
         assert name in section, name
