@@ -13,6 +13,8 @@ follows the set through its events (see ``docs/architecture.md``, "Where to chan
   schedule and origin (``export.service``), the decode throttle (``ops.decoding``). None of them decides which
   tables exist.
 
+A reload's changes:
+
 - **Redeclared**: the table takes its new declaration; ``TableRedeclared`` (nothing is replayed).
 - **Added**: ``TableAdded`` first (every part makes its entry for the table, before its store opens and before its
   first ``StateChanged``); then its store is opened (empty the first time; a name dropped earlier had its directory

@@ -59,7 +59,7 @@ class ExportRefills:
         uri = masked(self.export.uri)
         # The table as the config in force declares it: a table a reload added, or replaced, is refilled as any
         # other (its empty store is ``EMPTY_STORE``); one dropped meanwhile is not
-        config, generation = self._config.get()
+        config = self._config.now
         tc = next((t for t in config.tables if t.name == table), None)
         if kind == OPERATOR_RESET or (kind == EMPTY_STORE and self._looked_at_start(table)) or tc is None:
             return False
@@ -70,7 +70,8 @@ class ExportRefills:
             return False
         stop, install = threading.Event(), Staged()
         worker = BootstrapWorker(config, tc, stop, install)
-        self._out[table] = _Out(worker, install, stop, kind, generation)
+        # On the loop thread, where a reload is applied too: the generation of ``config`` read above
+        self._out[table] = _Out(worker, install, stop, kind, self._config.generation)
         log.info("table %s: emptied (%s); looking for an export in %s", table, kind, uri)
         self._record(table, Origin("topic", fallback=f"emptied ({kind}): looking for an export", uri=uri))
         worker.start()
