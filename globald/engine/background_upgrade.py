@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Mapping
 
 from globald.common.states import State
 from globald.engine.table import TableRuntime
@@ -29,8 +30,8 @@ HOLD_ENV = "GLOBALD_UPGRADE_HOLD_FILE"
 class BackgroundUpgrade:
     """Moves plain values of one upgrading table per call, for about ``slice_s`` seconds."""
 
-    def __init__(self, tables: dict[str, TableRuntime], slice_s: float = UPGRADE_SLICE_SECONDS) -> None:
-        self._tables = tables  # the state manager's dict: tables opened later are seen too
+    def __init__(self, tables: Mapping[str, TableRuntime], slice_s: float = UPGRADE_SLICE_SECONDS) -> None:
+        self._tables = tables  # the engine's set of tables (``engine.tables``): tables added later are seen too
         self.slice_s = slice_s
         self._not_before = 0.0
         self._hold = os.environ.get(HOLD_ENV) or None  # read once: a daemon's environment does not change

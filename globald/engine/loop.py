@@ -38,6 +38,7 @@ from globald.engine.problems import KAFKA, STORE, Problems
 from globald.engine.refill import Refiller, Refills
 from globald.engine.state_manager import StateManager
 from globald.engine.table import TableRuntime
+from globald.engine.tables import Driver
 from globald.engine.update_task import PollResult, UpdateTask
 from globald.engine.view import LoopStats
 from globald.kafka.clients import TransientKafkaError
@@ -84,28 +85,26 @@ class Loop:
     def __init__(self, parts: LoopParts, new_consumer: Callable[[], Consumer],
                  stored: dict[str, dict[int, int]]) -> None:
         self._config = parts.config
-        self.manager = parts.manager
-        self.problems = parts.problems
-        self.stats = parts.stats
-        self.services = parts.services
-        self.emit = parts.emit
-        self.rebuilds = parts.rebuilds
-        self.machine = parts.machine
-        self.stop = parts.stop
+        self.manager, self.problems, self.stats = parts.manager, parts.problems, parts.stats
+        self.services, self.emit, self.rebuilds = parts.services, parts.emit, parts.rebuilds
+        self.machine, self.stop = parts.machine, parts.stop
         self._new_consumer = new_consumer
         self.consumer = new_consumer()
-        self.task = UpdateTask(self.manager.tables)
+        self.tables = self.manager.tables  # the one set of tables (``engine.tables``): a reload changes it
+        self.task = UpdateTask(self.tables)
         for name, offsets in stored.items():
             self.task.start(name, offsets)
-        self.pending: set[str] = set(self.manager.tables)  # tables to (re)plan and assign
+        self.pending: set[str] = set(self.tables)  # tables to (re)plan and assign
         self.identity = parts.identity
         self.worker = parts.worker
-        self.watch = ClusterWatch(self.manager.tables, self.identity, self.worker, self.problems,
+        self.watch = ClusterWatch(self.tables, self.identity, self.worker, self.problems,
                                   self.config.metadata_refresh_ms / 1000)
         self.refill = Refiller(parts.refills, self.identity)
+        self.tables.drive(Driver(self.manager, self.task, self.identity, self.refill, self.problems, self.emit,
+                                 self.pending, self.unassign, self.rewind_all))
         self._idle_wait = _IDLE_WAIT_MIN_S
         self._next_commit = time.monotonic() + self.config.commit_interval_ms / 1000
-        for rt in self.manager.tables.values():
+        for rt in self.tables.values():
             self.manager.restoring(rt, "starting")
 
     @property
@@ -145,7 +144,7 @@ class Loop:
         result = self._poll()
         if result is not None:
             self._account(result)
-        names = self.manager.tables
+        names = self.tables
         facts = LoopFacts({n: self.task.ladders(n) for n in names}, {n: self.task.positions(n) for n in names},
                           self.task.unconfirmed_ends, self.stats.last_progress)
         for decision in self.watch.turn(facts):
@@ -202,7 +201,7 @@ class Loop:
             self.stats.consumer_errors += len(result.errors)
             log.warning("consumer: %s", "; ".join(sorted(set(result.errors))[:5]))
         for name, tb in result.tables.items():
-            rt = self.manager.tables[name]
+            rt = self.tables[name]
             if tb.invalid_offset is not None:  # KIP-406: the broker no longer has our offset
                 self.rebuild(name, "invalid_offset", tb.invalid_offset)
                 continue
@@ -230,7 +229,7 @@ class Loop:
             self.task.committed(name)
         # Nothing committed proves the disk only once every table is planned and none is in a bulk load: a table
         # waiting for its plan's answer is about to begin one, whose writes say nothing of the disk (see below).
-        if committed or not (self.pending or any(map(self.manager.bulk_loading, self.manager.tables))):
+        if committed or not (self.pending or any(map(self.manager.bulk_loading, self.tables))):
             self._disk_proven()
 
     def _disk_proven(self) -> None:
@@ -246,7 +245,7 @@ class Loop:
         for name in sorted(self.pending):
             if not self.problems.due(name):
                 continue
-            rt = self.manager.tables[name]
+            rt = self.tables[name]
             try:
                 if self.refill.hold(rt):  # emptied by a wipe, and refilled from an export before it is planned
                     continue
@@ -282,7 +281,7 @@ class Loop:
     def rebuild(self, table: str, kind: str, detail: str) -> str | None:
         """Wipe ``table`` (counted under ``kind``) and restore it from the log start. Returns None once the store
         is wiped, else why the wipe failed (the stores then rewind, as after any store fault)."""
-        rt = self.manager.tables[table]
+        rt = self.tables[table]
         self.refill.cancel(table)  # what a refill still out would install predates this wipe
         self.unassign(rt)
         # RESTORING before the wipe: status readers learn of the rebuild before the data goes.
@@ -313,17 +312,17 @@ class Loop:
             case Rebuild(table, kind, detail):
                 self.rebuild(table, kind, detail)
             case Pause(table):
-                self.consumer.pause(self.manager.tables[table].assignment())
+                self.consumer.pause(self.tables[table].assignment())
             case Resume(table):
-                self.consumer.resume(self.manager.tables[table].assignment())
+                self.consumer.resume(self.tables[table].assignment())
             case PartitionsAdded(table, marks):
-                rt = self.manager.tables[table]
+                rt = self.tables[table]
                 plan = self.manager.add_partitions(rt, marks)
                 self.task.start(table, {**self.task.positions(table), **plan.starts})
                 self.consumer.incremental_assign(plan.assignment)
                 self.manager.restore_added(rt, f"partitions {sorted(marks)} added")
             case EndsConfirmed(table, ends):
-                self.manager.ends_confirmed(self.manager.tables[table], ends)
+                self.manager.ends_confirmed(self.tables[table], ends)
                 moved = self.task.confirm_ends(table, ends)
                 if moved:
                     log.debug("table %s: ends of partition %s confirmed by the broker", table, moved)
@@ -343,7 +342,7 @@ class Loop:
         """Take ``new`` as the consumer (a silent one renewed, or new [kafka] properties from a reload) and re-plan
         every table from what its store holds; the old consumer is closed on the cluster worker."""
         self.watch.renewed()
-        for rt in self.manager.tables.values():
+        for rt in self.tables.values():
             self.identity.cancel(rt.name)
             self.identity.back(rt.name)  # a new consumer has neither assignment nor pauses
             rt.assigned = False
@@ -354,7 +353,7 @@ class Loop:
 
     def close(self) -> None:
         """The consumer goes to the cluster worker to be closed there, then the worker stops (bounded)."""
-        for rt in self.manager.tables.values():
+        for rt in self.tables.values():
             rt.assigned = False  # nothing is assigned once the consumer is closed: no more watermarks from it
         self.refill.close()
         self.worker.retire(self.consumer)
@@ -370,7 +369,7 @@ class Loop:
         self.manager.suspect()
         delay = self.problems.failed(STORE, reason, quiet=True)
         log.error("degraded: %s; re-reading from the stored offsets in %.1fs", reason, delay)
-        for rt in self.manager.tables.values():
+        for rt in self.tables.values():
             self.unassign(rt)
             rt.last_error = reason
             self.pending.add(rt.name)
@@ -392,7 +391,7 @@ class Loop:
         return True
 
     def _update_daemon_state(self) -> None:
-        restoring = [rt.name for rt in self.manager.tables.values() if rt.machine.state != State.RUNNING]
+        restoring = [rt.name for rt in self.tables.values() if rt.machine.state != State.RUNNING]
         if restoring:
             self.machine.to(State.RESTORING, f"restoring {', '.join(restoring)}")
         else:

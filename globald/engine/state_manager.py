@@ -37,6 +37,7 @@ from globald.engine.events import (
 )
 from globald.engine.identity import PlanFacts, TopicIdentity
 from globald.engine.table import Restore, TableRuntime
+from globald.engine.tables import TableSet
 from globald.engine.view import Checkpointed, TableView
 from globald.kafka.clients import TransientKafkaError
 from globald.settings.config import Config, TableConfig
@@ -80,7 +81,7 @@ class StateManager:
         self._config = config
         self._emit = emit
         self.options = StoreOptions.from_config(config.now.store)  # [store] changes need a restart
-        self.tables: dict[str, TableRuntime] = {}
+        self.tables = TableSet()  # the engine's one set of tables; the loop changes it (``engine.tables``)
         self.wipes: Counter[tuple[str, str]] = Counter()  # (table, kind) -> count
         self._suspect = False
 
@@ -115,11 +116,11 @@ class StateManager:
         return stored, refused
 
     def open_table(self, tc: TableConfig) -> tuple[dict[int, int], str | None]:
-        """Open one table's store, at start or when a reload adds it (``engine.tables_change``): (its stored
+        """Open one table's store, at start or when a reload adds it (``TableSet.add``): (its stored
         offsets, None), or ({}, why) when the disk refused it (left closed for ``recover_stores``)."""
         store = TableStore(self.config.state_dir, tc.name, tc.topic, self.options, tc.typed, tc.history)
         rt = TableRuntime(config=tc, store=store, machine=StateMachine(self._notify, table=tc.name))
-        self.tables[tc.name] = rt
+        self.tables.register(rt)
         try:
             opened = store.open_or_wipe()
         except StoreUnavailableError as e:

@@ -32,7 +32,7 @@ from globald.engine.loop import Loop, LoopParts, LoopService
 from globald.engine.problems import Problems
 from globald.engine.refill import Refills
 from globald.engine.state_manager import StateManager
-from globald.engine.table import TableRuntime
+from globald.engine.tables import TableSet
 from globald.engine.view import LoopStats
 from globald.kafka.clients import make_consumer
 from globald.kafka.worker import ClusterWorker
@@ -78,6 +78,9 @@ class GlobalThread:
         self._loop: Loop | None = None
         self._delta: Delta | None = None  # a reload prepared, not yet committed or aborted
         self._next_consumer: Consumer | None = None
+        # The generation of the config the loop's consumer was made from (status: ``config.clients``): the start's,
+        # then each reload's, whose commit replaces it when [kafka] changed and keeps one with the same settings else
+        self.consumer_generation = config.generation
 
     @classmethod
     def standalone(cls, config: Config, listeners: Listeners | None = None, services: Sequence[LoopService] = (),
@@ -99,7 +102,7 @@ class GlobalThread:
         return self.machine.state
 
     @property
-    def tables(self) -> dict[str, TableRuntime]:
+    def tables(self) -> TableSet:
         return self.manager.tables
 
     @property
@@ -153,7 +156,8 @@ class GlobalThread:
         self._delta, self._next_consumer = None, None
         if consumer is not None:
             self._loop.replace_consumer(consumer)
-        tables_change.apply(self._loop, delta)
+        self.consumer_generation = self._config.generation  # in force since two_phase set it, before the commits
+        tables_change.apply(self.manager.tables, delta)
         return []
 
     def abort(self) -> None:

@@ -21,6 +21,7 @@ from confluent_kafka import KafkaError, Message
 
 from globald.engine.fold import Delete, Put, fold
 from globald.engine.table import TableRuntime
+from globald.engine.tables import TableSet
 from globald.store.fingerprint import EMPTY, Fingerprint, Ladder, record_fingerprint
 from globald.store.history import HistoryWriter
 from globald.store.layout import OriginWriter
@@ -61,13 +62,12 @@ class Applied:
 
 
 class UpdateTask:
-    """Turns consumed messages into store writes for ``tables`` (keyed by name), and keeps their positions."""
+    """Turns consumed messages into store writes for ``tables``, routed by their topics (``TableSet.route``), and
+    keeps their positions."""
 
     def __init__(self, tables: Mapping[str, TableRuntime]) -> None:
-        self._tables = tables
-        self._by_topic = {rt.topic: rt for rt in tables.values()}
-        # The consumer is assigned only the tables' topics: with one table, every record is of its topic.
-        self._only_topic = next(iter(self._by_topic)) if len(self._by_topic) == 1 else None
+        # The loop's set of tables; a fixed mapping of them (a benchmark's, a test's) is made one.
+        self._tables = tables if isinstance(tables, TableSet) else TableSet.of(tables.values())
         self._positions: dict[str, dict[int, int]] = {name: {} for name in tables}
         self._ladders: dict[str, dict[int, Ladder]] = {name: {} for name in tables}
         self.applied = {name: Applied() for name in tables}
@@ -90,19 +90,19 @@ class UpdateTask:
             self._ladders[table] = dict(ladders)
         self.unconfirmed_ends[table] = {}
 
-    def add(self, rt: TableRuntime) -> None:
-        """A table a reload added (``engine.tables_change``): its topic's records are routed to it from now on; its
-        positions are its store's once planned. Records are routed by topic from now on, even for one table: a
-        record of a dropped table's topic still queued must never be taken for another's."""
-        self._by_topic[rt.topic] = rt
-        self._only_topic = None
-        self._positions[rt.name], self._ladders[rt.name], self.unconfirmed_ends[rt.name] = {}, {}, {}
-        self.applied[rt.name] = Applied()
+    @property
+    def _only_topic(self) -> str | None:
+        """The one topic every record is of, when there is one (``TableSet.only_topic``)."""
+        return self._tables.only_topic
+
+    def add(self, name: str) -> None:
+        """A table a reload added (``TableSet.add``, which routes its topic to it): its positions are its store's
+        once planned."""
+        self._positions[name], self._ladders[name], self.unconfirmed_ends[name] = {}, {}, {}
+        self.applied[name] = Applied()
 
     def remove(self, name: str) -> None:
-        """A table a reload dropped: its topic's records are skipped from now on."""
-        self._by_topic = {topic: rt for topic, rt in self._by_topic.items() if rt.name != name}
-        self._only_topic = None
+        """A table a reload dropped (``TableSet.drop``, which routes its topic nowhere): its positions go."""
         for per_table in (self._positions, self._ladders, self.unconfirmed_ends, self.applied):
             per_table.pop(name, None)
         self.dirty.discard(name)
@@ -133,7 +133,7 @@ class UpdateTask:
             if err is not None:
                 start = i + 1
                 topic, partition = None, -1  # the error may have invalidated the table: look it up again
-                self._on_error(m, err, self._by_topic.get(m.topic() or ""), result)
+                self._on_error(m, err, self._tables.route(m.topic() or ""), result)
                 continue
             start = i
             partition = p if p is not None else -1
@@ -200,7 +200,7 @@ class UpdateTask:
     def _target(self, topic: str | None, result: PollResult, batches: dict[str, Batch],
                 versions: dict[str, HistoryWriter]) -> _Target | None:
         """Where records of ``topic`` go in this poll; None when they are to be skipped."""
-        rt = self._by_topic.get(topic or "")
+        rt = self._tables.route(topic or "")
         if rt is None:
             return None
         tb = result.tables.get(rt.name)

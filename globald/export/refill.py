@@ -27,8 +27,10 @@ log = logging.getLogger(__name__)
 
 
 class _Out:
-    def __init__(self, worker: BootstrapWorker, install: Staged, stop: threading.Event, kind: str) -> None:
+    def __init__(self, worker: BootstrapWorker, install: Staged, stop: threading.Event, kind: str,
+                 generation: int) -> None:
         self.worker, self.install, self.stop, self.kind = worker, install, stop, kind
+        self.generation = generation  # of the config its clients are made from
         self.started = time.monotonic()
 
 
@@ -47,6 +49,12 @@ class ExportRefills:
         self._looked_at_start = looked_at_start
         self._out: dict[str, _Out] = {}
 
+    @property
+    def generation(self) -> int | None:
+        """The oldest generation of the config a bootstrap under way made its clients from; None when none runs
+        (each makes its own from the config in force when it begins)."""
+        return min((out.generation for out in self._out.values()), default=None)
+
     def begin(self, table: str, kind: str) -> bool:
         uri = masked(self.export.uri)
         # The table as the config in force declares it: a table a reload added, or replaced, is refilled as any
@@ -64,7 +72,8 @@ class ExportRefills:
             return False
         stop, install = threading.Event(), Staged()
         worker = BootstrapWorker(config, tc, stop, install)
-        self._out[table] = _Out(worker, install, stop, kind)
+        # On the loop thread, where a reload is applied too: the generation of ``config`` read above
+        self._out[table] = _Out(worker, install, stop, kind, self._config.generation)
         log.info("table %s: emptied (%s); looking for an export in %s", table, kind, uri)
         self._record(table, Origin("topic", fallback=f"emptied ({kind}): looking for an export", uri=uri))
         worker.start()

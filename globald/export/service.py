@@ -91,6 +91,8 @@ class ExportService:
         self.state_dir = now.state_dir  # state_dir and [export] need a restart
         self.export: ExportConfig = now.export
         self.engine = engine
+        # Each table's export schedule, origin and waiting requests: this part's state, not which tables exist (the
+        # engine's TableSet), made on TableAdded and forgotten on TableDropped.
         self._tables = {t.name: _Table() for t in now.tables}
         self._jobs: queue.Queue[_Job | None] = queue.Queue()
         self._done: queue.Queue[tuple[str, dict[str, Any] | None, str | None]] = queue.Queue()

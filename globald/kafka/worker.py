@@ -194,6 +194,12 @@ class ClusterWorker:
         self._started()
         self._jobs.put(_Job(None, 0, close))
 
+    @property
+    def generation(self) -> int:
+        """The generation of the config the clients follow: made under it, or under an earlier one with the same
+        client settings (status: ``config.clients``)."""
+        return self._generation
+
     def follow(self) -> None:
         """New clients when the config's generation moved and its client settings with it (a reload's [kafka]):
         at each question, and by the loop at each turn (the old clients go even while nothing is asked)."""

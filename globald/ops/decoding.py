@@ -108,6 +108,8 @@ class SnapshotDecodes:
         self.config = config
         self._clock = clock  # the throttle's clock: monotonic (a test passes its own)
         self.interval = config.snapshots.decode_interval_ms / 1000
+        # Each typed table's decode throttle and problem: this part's state, not which tables exist (the engine's
+        # TableSet), made on TableAdded and forgotten on TableDropped.
         self._tables = {t.name: _Table() for t in config.tables if is_typed(t)}
         self._run: _Run | None = None
         self._holder = _holder()

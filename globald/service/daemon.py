@@ -137,8 +137,16 @@ class Daemon:
                 tables[name] = replace(tables[name], origin=self.exports.origin(name), export=self.exports.status(name))
         doc = DaemonStatus(state=self.thread.state, reason=self.thread.machine.reason, pid=os.getpid(),
                            degraded=self.thread.degraded, tables=tables, disk=disk_status(self.snapshots.disk),
-                           config=self.reloader.status)
+                           config=replace(self.reloader.status, clients=self._clients()))
         return self.ops.observe(doc)
+
+    def _clients(self) -> dict[str, int | None]:
+        """Per part that makes Kafka clients, the generation of the config they were made from (``ConfigStatus``)."""
+        clients = {"consumer": self.thread.consumer_generation, "cluster_worker": self.thread.worker.generation,
+                   "exact_builds": self.snapshots.builds_generation()}
+        if self.exports is not None and self.exports.refills is not None:
+            clients["bootstrap"] = self.exports.refills.generation
+        return clients
 
     def publish_status(self) -> None:
         self._last_status = time.monotonic()

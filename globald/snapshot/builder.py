@@ -116,6 +116,12 @@ class Builder:
             self._reader.close()
             self._reader = None
 
+    @property
+    def generation(self) -> int | None:
+        """The generation of the config the clients it holds were made under; None while it holds none (a build
+        makes them from the config in force). Read from other threads (status): a build may be changing it."""
+        return self._generation if self._consumer is not None or self._reader is not None else None
+
     def _in_force(self) -> None:
         """Take the config in force for the next build; clients made under an earlier one are closed, so that the
         build makes new ones with the settings in force."""

@@ -70,6 +70,9 @@ class RequestDesk:
     def build_workers_replaced(self) -> int:
         return self._builds.replaced
 
+    def builds_generation(self) -> int | None:
+        return self._builds.generation
+
     def take(self, tab: SnapshotTable) -> None:
         """Admit (or answer) every request waiting for ``tab`` (loop thread)."""
         for item in requests.take_pending(self.config.state_dir, tab.name):

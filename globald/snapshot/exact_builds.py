@@ -112,6 +112,13 @@ class ExactBuilds:
                 log.warning("the exact-build worker did not end within %.0fs of the stop (a client's close stuck in "
                             "librdkafka); stopping without it", CLOSE_WAIT_S)
 
+    @property
+    def generation(self) -> int | None:
+        """The generation of the config the current worker's clients were made under (``Builder.generation``)."""
+        with self._lock:
+            w = self._worker
+        return None if w is None else w.builder.generation
+
     def submit(self, table: str, request: Request, generation: int, deadline: float) -> None:
         """Build ``request`` of ``table`` (wiped ``generation`` times when admitted) before ``deadline``."""
         self._jobs.put(Job(table, request, generation, deadline))

@@ -48,6 +48,8 @@ class SnapshotPublisher:
     def __init__(self, config: ConfigRef, engine: EngineView) -> None:
         self._config = config
         now = config.now
+        # Each table's snapshot versions and folder: this part's state, not which tables exist (the engine's
+        # TableSet), made on TableAdded, handed to DroppedSnapshots on TableDropped (they outlive it for leases).
         self._tables = {t.name: SnapshotTable(t, snapshots_dir(now.state_dir, t.name)) for t in now.tables}
         self._ids = SnapshotIds()
         self.disk = DiskGuard(now.state_dir, now.snapshots.build_timeout_ms / 1000)
@@ -184,6 +186,10 @@ class SnapshotPublisher:
     def build_workers_replaced(self) -> int:
         """Exact-build workers left behind inside a stuck client and replaced (``ExactBuilds.watch``)."""
         return self._desk.build_workers_replaced()
+
+    def builds_generation(self) -> int | None:
+        """The generation of the config the exact builds' clients were made under (None: none held now)."""
+        return self._desk.builds_generation()
 
     def status(self, table: str) -> SnapshotStatus:
         return self._tables[table].status()

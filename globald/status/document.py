@@ -159,18 +159,26 @@ class ConfigStatus:
     sha256: str | None
     path: str | None = None
     last_reload: dict[str, Any] | None = None  # {"time", "result", "error"}
+    # Per part that makes Kafka clients, the generation of the config its clients were made from: the engine's
+    # consumer, the cluster worker, the exact builds, the bootstraps ([export]). null: the part holds none now (it
+    # makes them from the config in force when it needs them). Every one at ``generation`` (or null): the reload
+    # reached every client.
+    clients: dict[str, int | None] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"generation": self.generation, "sha256": self.sha256, "path": self.path,
-                "last_reload": None if self.last_reload is None else dict(self.last_reload)}
+                "last_reload": None if self.last_reload is None else dict(self.last_reload),
+                "clients": None if self.clients is None else dict(self.clients)}
 
     @classmethod
     def from_json(cls, raw: Any) -> ConfigStatus | None:
         if not isinstance(raw, dict) or not isinstance(raw.get("generation"), int):
             return None
-        last, sha, path = raw.get("last_reload"), raw.get("sha256"), raw.get("path")
+        last, sha, path, clients = raw.get("last_reload"), raw.get("sha256"), raw.get("path"), raw.get("clients")
         return cls(raw["generation"], sha if isinstance(sha, str) else None, path if isinstance(path, str) else None,
-                   last if isinstance(last, dict) else None)
+                   last if isinstance(last, dict) else None,
+                   {str(k): v if isinstance(v, int) else None for k, v in clients.items()}
+                   if isinstance(clients, dict) else None)
 
 
 @dataclass(frozen=True)

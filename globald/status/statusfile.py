@@ -138,6 +138,8 @@ def config_line(c: ConfigStatus) -> str:
     """The config in force: its generation, the sha256 of its file's bytes, and the last reload, when and how it
     went (a refused one: the old config runs on, and the line says why)."""
     text = f"  config: generation {c.generation}, sha256 {c.sha256 or 'unknown'}"
+    if c.clients:  # a part whose clients predate the config in force has not taken the reload yet
+        text += " (clients: " + ", ".join(f"{part} {'-' if g is None else g}" for part, g in c.clients.items()) + ")"
     last = c.last_reload
     if last is None:
         return text + "; no reload yet"

@@ -1,8 +1,9 @@
 """One reload that adds a table, drops one and changes ``[kafka]`` at once (issue 43's "done means"), against the
 real daemon and broker: every part of the daemon takes the same generation of the config.
 
-The status shows one generation, the config's (``config.generation``); the parts do not publish one each, so what
-each part took is shown by what it does under the new config:
+The status shows the config's generation (``config.generation``) and, per part that makes Kafka clients, the
+generation its clients were made from (``config.clients``): the engine's consumer, the cluster worker and, after a
+build, the exact builds' builder all show 2. What each part took is shown too by what it does under the new config:
 
 - the reloader: the generation moved once, 1 to 2, and never showed another value;
 - the engine and the snapshot publisher: the added table C restores to its log end, equals the fold of its topic and
@@ -65,6 +66,8 @@ def test_one_reload_adds_drops_and_changes_kafka_and_every_part_takes_it(broker:
     doc = d.wait_running({"A": broker.admin.end_offsets(a), "B": broker.admin.end_offsets(b)}, timeout=120)
     pid, state = d.pid, d.state_dir
     assert doc["config"]["generation"] == 1 and table_dir(state, "B").is_dir()
+    # No exact build yet: the builder holds no client (it makes them from the config in force at its first build)
+    assert doc["config"]["clients"] == {"consumer": 1, "cluster_worker": 1, "exact_builds": None}, doc["config"]
     c_ends = broker.admin.end_offsets(c)  # C's topic takes no more records: its log end is this
 
     with Producer(broker, [a], seed=450), Watch(d) as watch:
@@ -97,6 +100,10 @@ def test_one_reload_adds_drops_and_changes_kafka_and_every_part_takes_it(broker:
     resp = exact_requests.request(state, "C", target, timeout=60)
     assert resp.code == Code.READY and resp.snapshot is not None, f"{resp}\n{d.tail()}"
     assert snapshot_values(d, "C", resp.snapshot) == oracle_at(broker, c, {str(p): o for p, o in target.items()})
+    # Every part's clients are generation 2's: the consumer's and the cluster worker's since the reload's turn, the
+    # builder's since this build (the status is written at least once a second)
+    every = {"consumer": 2, "cluster_worker": 2, "exact_builds": 2}
+    d.wait_for(lambda s: s["config"]["clients"] == every, timeout=60, what=f"config.clients {every}")
 
     doc = d.wait_running({"A": broker.admin.end_offsets(a), "C": c_ends}, timeout=120)
     assert doc["pid"] == pid and doc["config"]["generation"] == 2 and set(doc["tables"]) == {"A", "C"}

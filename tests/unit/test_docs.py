@@ -133,13 +133,14 @@ def test_the_files_and_modules_the_docs_name_exist() -> None:
 def test_where_to_change_what_names_what_the_code_has() -> None:
     # The architecture page's "Where to change what" table, read against the code it points to: a live key is a
     # LIVE line, a part keeping a client compares the ConfigRef's generation, every kind of table change the Delta
-    # carries is applied by the engine (engine/tables_change.py) and announced as an event its parts take, and a
-    # reload is applied in two phases on the parts the daemon lists.
+    # carries is applied by the engine (engine/tables_change.py, through the TableSet of engine/tables.py, the one
+    # owner of the set of tables) and announced as an event its parts take, and a reload is applied in two phases on
+    # the parts the daemon lists.
     import inspect
     from dataclasses import fields
     from typing import get_args
 
-    from globald.engine import events, tables_change
+    from globald.engine import events, tables, tables_change
     from globald.service import two_phase
     from globald.service.daemon import Daemon
     from globald.settings import changes
@@ -160,10 +161,17 @@ def test_where_to_change_what_names_what_the_code_has() -> None:
     assert table_fields == set(kinds), f"a new kind of table change: say on the page how it lands ({table_fields})"
     for event in get_args(events.TableEvent):
         assert f"`{event.__name__}`" in section, event.__name__
-        assert event.__name__ in inspect.getsource(tables_change), f"{event.__name__} is never emitted"
+        assert f"emit({event.__name__}(" in inspect.getsource(tables.TableSet), f"{event.__name__} is never emitted"
+    apply_tables = inspect.getsource(tables_change.apply)
+    assert "tables: TableSet" in apply_tables and "._" not in apply_tables and "loop" not in apply_tables, \
+        "tables_change.apply changes the set through the TableSet alone, never the loop's attributes"
+    clients = inspect.getsource(Daemon._clients)
+    for part in ("consumer", "cluster_worker", "exact_builds", "bootstrap"):  # every part that makes Kafka clients
+        assert f'"{part}"' in clients, part
     apply = inspect.getsource(Daemon._reconfigure)
     assert "two_phase.apply(" in apply
     assert all(hasattr(two_phase.Participant, m) for m in ("prepare", "commit", "abort"))
     for name in ("`LIVE`", "`WHY_NOT`", "`Delta`", "`ConfigRef`", "`Daemon._reconfigure`", "`generation`",
-                 "`prepare(delta)`", "`abort()`", "`commit()`", "`EngineView`"):
+                 "`prepare(delta)`", "`abort()`", "`commit()`", "`EngineView`",
+                 "`TableSet`", "`engine/tables.py`", "`Daemon._clients`", "`config.clients`"):
         assert name in section, name

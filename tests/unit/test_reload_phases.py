@@ -4,6 +4,7 @@ the real snapshot publisher subscribed to the bus."""
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
@@ -29,7 +30,10 @@ from globald.service import two_phase
 from globald.settings.changes import Delta, delta
 from globald.settings.config import Config, parse
 from globald.settings.ref import ConfigRef
+from globald.snapshot.builder import Builder
 from globald.snapshot.publisher import SnapshotPublisher
+from globald.status.document import ConfigStatus
+from globald.status.statusfile import config_line
 from globald.store.names import snapshots_dir
 
 AVRO = '{"type": "record", "name": "V", "fields": [{"name": "a", "type": "long"}]}'
@@ -192,3 +196,40 @@ def test_a_prepare_that_fails_aborts_every_part_and_changes_nothing(engine: Engi
         engine.snapshots.status("n")
     later = two_phase.apply(d, engine.ref, (engine.snapshots, engine.thread))
     assert later == [] and engine.ref.generation == 2 and engine.snapshots.status("n") is not None
+
+
+def test_each_part_that_makes_kafka_clients_shows_the_generation_they_were_made_from(engine: Engine,
+                                                                                    tmp_path: Path) -> None:
+    # What status shows as config.clients (``Daemon._clients``): every part at 1, then a reload applied moves the
+    # engine's consumer at once, the cluster worker at its next follow (each turn of the loop), the exact builds'
+    # builder at its next build; a refused reload moves none.
+    thread = engine.thread
+    assert (thread.consumer_generation, thread.worker.generation, engine.snapshots.builds_generation()) == (1, 1, None)
+    d = reload_to(engine, tmp_path)
+    with pytest.raises(OSError):
+        two_phase.apply(d, engine.ref, (engine.snapshots, engine.thread, Refuses()))
+    thread.worker.follow()
+    assert (thread.consumer_generation, thread.worker.generation) == (1, 1)
+    two_phase.apply(d, engine.ref, (engine.snapshots, engine.thread))
+    assert thread.consumer_generation == 2 and thread.worker.generation == 1
+    thread.worker.follow()  # the loop's turn
+    assert thread.worker.generation == 2
+
+    builder = Builder(engine.ref, threading.Event())
+    try:
+        assert builder.generation is None  # no client yet: the next build makes them from the config in force
+        builder._in_force()
+        builder._client()
+        assert builder.generation == 2
+        engine.ref.set(replace(engine.ref.now, tables=list(engine.ref.now.tables)))
+        builder._in_force()  # a build's first step: clients of an earlier generation are closed
+        assert builder.generation is None
+        builder._client()
+        assert builder.generation == 3
+    finally:
+        builder.close()
+
+    clients: dict[str, int | None] = {"consumer": 3, "cluster_worker": 3, "exact_builds": None}
+    status = ConfigStatus(3, "ab", "/etc/globald.toml", None, clients)
+    assert ConfigStatus.from_json(json.loads(json.dumps(status.to_json()))) == status
+    assert "(clients: consumer 3, cluster_worker 3, exact_builds -)" in config_line(status)
