@@ -31,7 +31,8 @@ from tests.harness import REPO, DaemonProcess, write_config
 from tests.reliability.checks import check_store
 
 if TYPE_CHECKING:
-    from tests.chaos.campaign import Outcome, SeedRun
+    from tests.chaos.base import SeedBase
+    from tests.chaos.outcome import Outcome
     from tests.chaos.plan import Fault
 
 ANSWERED_S = 5.0  # held this long for the export to be answered inside the phase, then released
@@ -46,7 +47,7 @@ def section(root: Path, bootstrap: bool) -> dict[str, Any]:
 
 
 class ExportEvent:
-    def __init__(self, run: SeedRun, fault: Fault, out: Outcome) -> None:
+    def __init__(self, run: SeedBase, fault: Fault, out: Outcome) -> None:
         self.run, self.f, self.out = run, fault, out
         self.d = run.daemon
         self.ask: subprocess.Popen[str] | None = None
