@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from globald.embedded.broker import free_port
 from globald.snapshot import exact_requests as snap_requests
 from globald.snapshot.reader import manifests_of
-from tests.chaos import entry, exports, plan, reach, reloads
+from tests.chaos import entry, exports, plan, reach, registry_faults, reloads
 from tests.chaos.daemon import ChaosDaemon, stopped_at_hook
 from tests.chaos.outcome import (  # noqa: F401  # re-exported: the power-loss campaign and the runner use them
     BULK_KEYS,
@@ -43,6 +43,7 @@ from tests.harness import Broker, globald, random_records
 from tests.reliability.load import Load, pinned
 from tests.support.admin import Record, TopicAdmin
 from tests.support.broker import EmbeddedKafka
+from tests.support.registry import RegistryDouble
 
 if TYPE_CHECKING:
     from tests.chaos.runner import Campaign
@@ -77,7 +78,9 @@ class SeedBase:
         self.leased: dict[str, str] = {}  # table -> snapshot the campaign's reader pinned before the fault
         self.evidence: reach.Evidence | None = None  # what the daemon had said when the current fault began
         self.http_port = free_port()
-        self.event: reloads.ReloadEvent | exports.ExportEvent | None = None  # the reload or export under way
+        # the reload, export or registry event under way
+        self.event: reloads.ReloadEvent | exports.ExportEvent | registry_faults.RegistryEvent | None = None
+        self.registry: RegistryDouble | None = None  # the registry of registry events, from the first one on
         self.extra: str | None = None  # the topic of the table reload events add and drop, once created
         # [export] only for export events: the CI form's daemon stays as it was, pyarrow never loaded under libfiu
         exporting = campaign.args.exports_per_seed > 0
@@ -122,6 +125,8 @@ class SeedBase:
         self.resume_loads()  # settle() paused them before they started
 
     def teardown(self) -> None:
+        if self.registry is not None:
+            self.registry.stop()
         for load in self.loads.values():
             load.stop()
         self.daemon.thaw()

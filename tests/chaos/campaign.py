@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import signal
 
-from tests.chaos import exports, plan, reach, reloads
+from tests.chaos import exports, plan, reach, registry_faults, reloads
 from tests.chaos.base import BULK_KEYS, BULK_RECORDS, PARTITIONS, SMALL_KEYS, SMALL_RECORDS, SeedBase, produce_pinned  # noqa: F401  # re-exported: the power-loss campaign and the runner use them
 from tests.chaos.drive import Drive
 from tests.chaos.heal import Heal
@@ -49,9 +49,14 @@ class SeedRun(Probes, Drive, Heal, SeedBase):
                 self.event = reloads.ReloadEvent(self, fault, out)
             elif fault.kind in plan.EXPORT_KINDS:
                 self.event = exports.ExportEvent(self, fault, out)
+            elif fault.kind in plan.REGISTRY_KINDS:
+                self.event = registry_faults.RegistryEvent(self, fault, out)
             if self.event is not None:
                 self.event.prepare()
-            self._drive(fault, out)
+            if isinstance(self.event, registry_faults.RegistryEvent):
+                self.event.drive()  # its own daemon's phases; the campaign's daemon is checked after it as ever
+            else:
+                self._drive(fault, out)
         except Unrecoverable:
             raise
         except Exception as e:  # the campaign's own step failed (a Java admin call timed out…): say so, go on

@@ -20,7 +20,7 @@ HOOK_TIMEOUT_S = 60.0  # a hooked phase not reached by then is reported as not r
 STOP_TIMEOUT_S = 60.0
 READER, READER_LEASE_S = "chaos-reader", 900.0  # a reader pinning CURRENT through each fault, as Spark jobs do
 # Kinds that count only once the daemon showed it met them (``Outcome.hit``): I/O faults, reload and export events.
-EVENT_KINDS = (*plan.RELOAD_KINDS, *plan.EXPORT_KINDS)
+EVENT_KINDS = (*plan.RELOAD_KINDS, *plan.EXPORT_KINDS, *plan.REGISTRY_KINDS)
 LANDED_KINDS = (*reach.IO_KINDS, *EVENT_KINDS)
 
 
@@ -94,7 +94,7 @@ def summarize(outcomes: list[Outcome]) -> list[dict[str, Any]]:
             r["hit_of"] += 1
             r["hits"] += o.hit
     out = []
-    for key in [(k, p) for k in (*plan.KINDS, *EVENT_KINDS) for p in plan.PHASES if (k, p) in rows]:
+    for key in [(k, p) for k in (*plan.KINDS, *EVENT_KINDS) for p in (*plan.PHASES, plan.RELOADING) if (k, p) in rows]:
         row = rows[key]
         times = row.pop("times")
         row["median_recover_s"] = round(statistics.median(times), 1) if times else None

@@ -26,6 +26,7 @@ from tests.chaos.campaign import Outcome
 from tests.chaos.entry import SteppedClock
 from tests.ci import unavailable
 from tests.harness import REPO
+from tests.support import registry as registry_double
 
 SEED = int(os.environ.get("GLOBALD_CHAOS_SEED", "10"))
 FAULTS = 5
@@ -88,6 +89,31 @@ def test_export_events_come_after_the_reload_events_and_cover_their_phases() -> 
     phases = {e.phase for s in range(args.seed, args.seed + args.seeds)
               for e in plan.exports(s, args.exports_per_seed, args.faults_per_seed + args.reloads_per_seed)}
     assert phases == set(plan.RELOAD_PHASES)
+
+
+def test_make_chaos_bootstraps_from_every_storage_fault_with_and_without_a_reload() -> None:
+    """``make chaos`` bootstraps from an intact, a torn and a missing-file export, each with a reload landing during
+    the download and without."""
+    args = runner.parse([])
+    events = [e for s in range(args.seed, args.seed + args.seeds)
+              for e in plan.exports(s, args.exports_per_seed, args.faults_per_seed + args.reloads_per_seed)]
+    assert {(e.params["storage"], e.params["reload"]) for e in events} == {
+        (storage, reload) for storage in plan.EXPORT_STORAGE for reload in (False, True)}
+
+
+def test_registry_events_come_last_and_make_chaos_has_every_fault_in_every_phase() -> None:
+    """Registry events are numbered after a seed's export events and move nothing before them; ``make chaos`` meets
+    each of the registry double's faults in a restore, in steady state and in a reload."""
+    events = plan.events(3, 22, 3, 2, 2)
+    assert events[:27] == plan.events(3, 22, 3, 2)
+    assert [(e.index, e.kind) for e in events[27:]] == [(27, plan.REGISTRY), (28, plan.REGISTRY)]
+    assert events[27:] == plan.registry_events(3, 2, 27)
+    args = runner.parse([])
+    first = args.faults_per_seed + args.reloads_per_seed + args.exports_per_seed
+    cells = {(e.params["mode"], e.phase) for s in range(args.seed, args.seed + args.seeds)
+             for e in plan.registry_events(s, args.registry_per_seed, first)}
+    assert cells == {(m, p) for m in plan.REGISTRY_MODES for p in plan.REGISTRY_PHASES}
+    assert set(plan.REGISTRY_MODES) == set(registry_double.MODES)
 
 
 def test_a_reload_event_not_applied_is_not_a_landed_one() -> None:
