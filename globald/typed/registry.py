@@ -470,19 +470,25 @@ def probe(config: Config) -> str | None:
                 "schema(s) cached in state_dir; values of other writer ids wait (pending) until it answers")
 
 
-def check_registry(config: Config) -> None:
+def check_registry(config: Config, outage_ok: bool = False) -> str | None:
     """What ``check-config`` asks of [registry]: the client accepts its settings, the registry answers (GET
-    /subjects), and every subject a table names exists. A ConfigError says in one line what failed."""
+    /subjects), and every subject a table names exists. A ConfigError says in one line what failed.
+    ``outage_ok`` (a reload's check): a registry that does not answer, or answers with an error (unreachable, a
+    timeout, 5xx, 429, 401), is not the file's fault, and ``run`` starts through it: returned as one line, not
+    raised; its subjects are then not checked (their reader schemas stay as taken before, as at a start)."""
     if config.registry is None:
-        return
+        return None
     c = client(config.registry)
     where = (redact(config.registry) or {}).get("url")
     try:
         subjects = set(c.get_subjects())
     except Exception as e:
+        if outage_ok:
+            return f"registry.url: {where}: {describe(e)}; its subjects not checked"
         raise ConfigError("registry.url", f"{where}: {describe(e)}") from None
     for i, t in enumerate(config.tables):
         for section, fmt in (("value", t.value), ("key", t.key)):
             if fmt is not None and fmt.subject is not None and fmt.subject not in subjects:
                 raise ConfigError(f"tables[{i}].{section}.subject", f"subject not found: {fmt.subject!r} is not "
                                   f"in the registry {where}")
+    return None

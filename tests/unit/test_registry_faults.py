@@ -17,6 +17,7 @@ from globald import typed
 from globald.settings.config import load
 from globald.typed import registry as registry_module
 from globald.typed.arrow import PendingSchema
+from tests.harness import globald
 from tests.support import registry as doubles
 from tests.support.registry import RegistryDouble
 from tests.unit.test_registry import V1, V2, v1, v2, write_config
@@ -100,3 +101,22 @@ def test_retry_after_is_seconds_or_a_date_and_bounded() -> None:
     assert retry_after("30") == 30 and retry_after(None) is None and retry_after("soon") is None
     assert retry_after("99999999") == 900.0 and retry_after("-5") == 0.0
     assert 50 < (retry_after(time.strftime("%a, %d %b %Y %H:%M:%S GMT", time.gmtime(time.time() + 60))) or 0) <= 60
+
+
+@pytest.mark.parametrize("mode", [doubles.THROTTLED, doubles.UNAUTHORIZED])
+def test_a_reload_goes_through_a_registry_in_trouble_check_config_does_not(tmp_path: Path, registry: RegistryDouble,
+                                                                         mode: str) -> None:
+    """``run`` starts through a registry outage; a reload must too (and the watcher never tries refused bytes
+    again until they change: a change made during an outage would never be applied). ``check-config`` itself stays
+    strict, and a subject the registry says it does not have still refuses the reload."""
+    from globald.service.reload import _check_config
+
+    shutil.copy(FIXTURES / "customer_reader.avsc", tmp_path / "reader.avsc")
+    path = write_config(tmp_path, registry.url, 'writer_schemas = "registry"\nschema = "reader.avsc"')
+    registry.fault(mode, retry_after=60)
+    assert _check_config(path) is None
+    strict = globald("check-config", "--config", str(path))
+    assert strict.returncode == 2 and "registry.url" in strict.stderr, strict.stderr
+    registry.heal()
+    named = write_config(tmp_path, registry.url, 'writer_schemas = "registry"\nsubject = "nobody-value"')
+    assert "subject not found: 'nobody-value'" in (_check_config(named) or "")
