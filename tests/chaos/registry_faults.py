@@ -78,7 +78,7 @@ class RegistryEvent:
         cfg = write_config(self.root / "globald.toml", self.root / "state", self.run.broker.settings,
                            {TABLE: self.topic}, commit_interval_ms=500, metadata_refresh_ms=2000, log_level="INFO",
                            http={"enabled": False}, snapshots={"interval_ms": 1000, "decode_interval_ms": 500},
-                           registry={"url": self.registry.url, "timeout": CLIENT_TIMEOUT_S, "max.retries": 0})
+                           registry={"url": self.registry.url, "timeout": CLIENT_TIMEOUT_S})
         section = subject_section(SUBJECT) if self.f.phase == plan.RELOADING else SECTION
         cfg.write_text(cfg.read_text() + section)
         self.config = cfg
