@@ -26,6 +26,7 @@ that held.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -35,7 +36,17 @@ from typing import TYPE_CHECKING, Any
 
 from tests.chaos import plan
 from tests.harness import DaemonProcess, write_config
-from tests.integration.test_registry_daemon import SECTION, V1, V2, check_file, decoded_at, produced, subject_section
+from tests.integration.test_registry_daemon import (
+    READER,
+    SECTION,
+    V1,
+    V2,
+    check_decoded,
+    decoded_at,
+    produced,
+    reference,
+    subject_section,
+)
 from tests.reliability.checks import check_store
 from tests.support.registry import RegistryDouble
 from tests.unit.typed_fixtures import FIXTURES
@@ -45,7 +56,7 @@ if TYPE_CHECKING:
     from tests.chaos.outcome import Outcome
     from tests.chaos.plan import Fault
 
-TABLE, SUBJECT = "cust", "customers-value"
+TABLE = "cust"
 RECORDS, KEYS, NEW_RECORDS = 300, 120, 60
 CLIENT_TIMEOUT_S = 2  # [registry] timeout: a silent or slow registry costs this per request
 SLOW_S = 3 * CLIENT_TIMEOUT_S  # a slow registry answers after this: past the client's timeout
@@ -67,19 +78,20 @@ class RegistryEvent:
         self.topic = f"chaos-{run.seed}-typed-{fault.index}"
         self.second: DaemonProcess | None = None
         self.registry = double(run)
+        self.subject = f"chaos-{run.seed}-{fault.index}-value"  # the event's own: its versions are the event's
 
     def prepare(self) -> None:
         """The event's topic, written with schema v1 (registered now), and its daemon's config."""
         shutil.rmtree(self.root, ignore_errors=True)
         shutil.copytree(FIXTURES, self.root / "schemas")
-        one = self.registry.register(SUBJECT, V1)
+        one = self.registry.register(self.subject, V1)
         self.run.admin.create(self.topic, partitions=3)
         self.run.admin.produce(self.topic, produced(one, V1, RECORDS, keys=KEYS, seed=self.f.index + 1))
         cfg = write_config(self.root / "globald.toml", self.root / "state", self.run.broker.settings,
                            {TABLE: self.topic}, commit_interval_ms=500, metadata_refresh_ms=2000, log_level="INFO",
                            http={"enabled": False}, snapshots={"interval_ms": 1000, "decode_interval_ms": 500},
                            registry={"url": self.registry.url, "timeout": CLIENT_TIMEOUT_S})
-        section = subject_section(SUBJECT) if self.f.phase == plan.RELOADING else SECTION
+        section = subject_section(self.subject) if self.f.phase == plan.RELOADING else SECTION
         cfg.write_text(cfg.read_text() + section)
         self.config = cfg
 
@@ -119,7 +131,7 @@ class RegistryEvent:
             if f.phase == plan.RELOADING:
                 self._reload()
         pid = self.second.pid
-        new = self.registry.register(SUBJECT, {**V2, "doc": f"event {f.seed}:{f.index}"})  # an id never met
+        new = self.registry.register(self.subject, {**V2, "doc": f"event {f.seed}:{f.index}"})  # an id never met
         self.run.admin.produce(self.topic, produced(new, V2, NEW_RECORDS, keys=KEYS, seed=f.index + 100))
         ok = self._pending(new if f.phase != plan.RESTORE else None)
         ok = self._same_pid(pid) and ok
@@ -130,7 +142,9 @@ class RegistryEvent:
         ok = decode is not None and ok
         if decode is not None:
             try:
-                check_file(self.second, self.run.broker, self.registry, self.topic, decode)
+                reader = self._reader()
+                check_decoded(self.second, self.run.broker, self.topic, decode,
+                              lambda value: reference(self.registry, value, reader))
                 out.checks += 1
             except AssertionError as e:
                 out.divergences += 1
@@ -156,6 +170,14 @@ class RegistryEvent:
     def _wait(self, pred: Any, what: str) -> dict[str, Any]:
         assert self.second is not None
         return self.second.wait_for(pred, timeout=RUNNING_S, what=what)
+
+    def _reader(self) -> dict[str, Any]:
+        """The reader schema in force: the file's, or the subject's version the daemon pinned (at its restart, the
+        latest: the one registered during the fault)."""
+        if self.f.phase != plan.RELOADING:
+            return READER
+        pin = json.loads((self.root / "state" / "registry" / "readers" / f"{TABLE}.value.json").read_text())
+        return dict(json.loads(self.registry.schemas[int(pin["id"])].text))
 
     def _reload(self) -> None:
         """A SIGHUP whose reload meets the fault taking the subject's version: applied, the version kept."""
