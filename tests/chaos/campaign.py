@@ -65,6 +65,9 @@ class SeedRun(Probes, Drive, Heal, SeedBase):
             self._cleanup()
         if out.campaign_errors:
             self._contain(out)
+        elif fault.kind in plan.REGISTRY_KINDS:  # met by a daemon of the event's own, checked there; this one settles
+            self._back_to_baseline(out)
+            out.recovered = out.injected
         elif out.injected:
             self._recover(fault, out)
         else:

@@ -1,5 +1,6 @@
-"""CI form of the chaos campaign: one seed, a handful of faults and two reload events (a SIGHUP burst, a table added
-and dropped by ``globald reload``), against the real daemon on its own broker.
+"""CI form of the chaos campaign: one seed, a handful of faults, two reload events (a SIGHUP burst, a table added
+and dropped by ``globald reload``) and one Schema Registry event (silent, met by a reload), against the real daemon
+on its own broker.
 
 It fails on any divergence, any PID change the campaign did not cause, any fault not recovered, any planned fault
 not injected (or an I/O fault the daemon never met: ``tests.chaos.reach``; a reload it did not apply:
@@ -32,6 +33,7 @@ SEED = int(os.environ.get("GLOBALD_CHAOS_SEED", "10"))
 FAULTS = 5
 RELOADS = 2  # reload events after the faults (tests/chaos/reloads.py)
 EXPORTS = 0  # export events after those: ~25 s each (a second daemon bootstraps), beyond the CI budget
+REGISTRY = 1  # Schema Registry events after those (tests/chaos/registry_faults.py): seed 10's is silent @ reload
 
 
 def test_a_fault_is_a_function_of_its_seed_and_index() -> None:
@@ -183,6 +185,7 @@ def test_short_seeded_campaign(tmp_path: Path) -> None:
         unavailable(why)
     args = runner.parse(["--seed", str(SEED), "--seeds", "1", "--faults-per-seed", str(FAULTS),
                          "--reloads-per-seed", str(RELOADS), "--exports-per-seed", str(EXPORTS),
+                         "--registry-per-seed", str(REGISTRY),
                          "--recover-timeout", "120", "--report-dir", str(runner.report_dir() / "ci")])
     campaign = runner.run(args)
     report = (runner.report_dir() / "ci" / "report.md").read_text()
@@ -190,7 +193,8 @@ def test_short_seeded_campaign(tmp_path: Path) -> None:
     assert campaign.probes and all(p.ok for _, p in campaign.probes), report
     # Every planned fault injected (a fault that did not happen proves nothing), and every I/O fault met by the
     # daemon (``Outcome.failed`` says so for those that were not).
-    assert len(campaign.outcomes) == FAULTS + RELOADS + EXPORTS and all(o.injected for o in campaign.outcomes), report
+    planned = FAULTS + RELOADS + EXPORTS + REGISTRY
+    assert len(campaign.outcomes) == planned and all(o.injected for o in campaign.outcomes), report
     failed = [o for o in campaign.outcomes if o.failed]
     unmet = [o for o in failed if unmet_only(o)]
     assert not [o for o in failed if o not in unmet], report
