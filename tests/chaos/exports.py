@@ -15,7 +15,9 @@ offsets. That daemon must stop on SIGTERM, exit 0, within ``STOP_S``.
 The second daemon runs under the campaign's entry (``tests.chaos.entry``) and stands frozen at the start of its
 first file's download (``entry.BOOTSTRAP_DOWNLOAD``, the largest file, the first fetched), where the event's
 ``storage`` happens to the export: ``intact`` (it must install that very export: its status ``origin``), a ``torn
-file`` (that file cut to half its size) or a ``missing file`` (that file deleted, the manifest still naming it).
+file`` (that file cut to half its size), a ``missing file`` (that file deleted, the manifest still naming it) or a
+``silent file`` (a FIFO in its place: an open for reading waits forever, as on storage that never answers; the
+second daemon's ``bootstrap_timeout_s`` is ``SILENT_BOUND_S``).
 A damaged export must be refused, never installed: the origin is the topic, or an older export that does not hold
 the damaged file, and the store equals the fold either way (nothing claims more than it holds). With ``reload``, the
 config is changed (a live key) and a SIGHUP sent at the same freeze: the reload lands during the bootstrap and must
@@ -52,6 +54,7 @@ ANSWERED_S = 5.0  # held this long for the export to be answered inside the phas
 EXPORTED_S = 300.0  # from the release to ``globald export``'s answer
 BOOTSTRAP_S = 180.0  # the second daemon RUNNING at the log end
 HOOK_S = 120.0  # the second daemon at its first download
+SILENT_BOUND_S = 15  # the second daemon's bootstrap_timeout_s: a silent file is given up after it
 STOP_S = 10.0  # the second daemon's stop: a bootstrapped store closes as any other
 
 
@@ -65,6 +68,7 @@ class ExportEvent:
         self.run, self.f, self.out = run, fault, out
         self.d = run.daemon
         self.ask: subprocess.Popen[str] | None = None
+        self.fifo: Path | None = None  # a silent file put in the storage: removed once the bootstrap is over
 
     def prepare(self) -> None:
         """Nothing before the phase: the storage is the seed's, the table one of its own."""
@@ -110,7 +114,7 @@ class ExportEvent:
         tmp = write_config(root / "globald.toml.tmp", root / "state", self.run.broker.settings,
                            {table: self.run.topics[table]}, commit_interval_ms=500, metadata_refresh_ms=2000,
                            log_level="INFO", http={"enabled": False}, snapshots={"interval_ms": interval_ms},
-                           export=section(self.run.root, bootstrap=True))
+                           export={**section(self.run.root, bootstrap=True), "bootstrap_timeout_s": SILENT_BOUND_S})
         os.replace(tmp, root / "globald.toml")  # whole: a reload reads one version
         return root / "globald.toml"
 
@@ -181,6 +185,9 @@ class ExportEvent:
                 f.truncate(int(biggest["size"]) // 2)
         else:
             blob.unlink()
+            if storage == "silent file":  # an open for reading waits for a writer that never comes
+                os.mkfifo(blob)
+                self.fifo = blob
         self.out.notes.append(f"storage: {storage} {blob.name} ({biggest['name']}, {biggest['size']} bytes)")
         return blob.name
 
@@ -227,6 +234,9 @@ class ExportEvent:
         return True
 
     def close(self) -> None:
+        if self.fifo is not None:  # the exporter must not find it: its upload's open would wait forever too
+            self.fifo.unlink(missing_ok=True)
+            self.fifo = None
         if self.ask is not None:
             if self.ask.poll() is None:
                 self.ask.kill()

@@ -37,8 +37,8 @@ RELOAD_KINDS = (RELOAD_LIVE, RELOAD_TABLE, SIGHUP_BURST)
 EXPORT = "export requested"
 EXPORT_KINDS = (EXPORT,)
 # The export's storage while a second daemon bootstraps from it (tests.chaos.exports): as written, a file torn
-# (truncated), a file the manifest names gone.
-EXPORT_STORAGE = ("intact", "torn file", "missing file")
+# (truncated), a file the manifest names gone, a file that never answers (a FIFO: its open blocks).
+EXPORT_STORAGE = ("intact", "torn file", "missing file", "silent file")
 # Schema Registry faults (tests.chaos.registry_faults), met by a registry-typed table while it restores, runs, or
 # reloads: the double's modes (tests/support/registry.py), each a cell with each phase.
 REGISTRY = "registry fault"
