@@ -41,6 +41,7 @@ def decoder(tmp_path: Path, url: str) -> typed.arrow.Decoder:
     return typed.load_table(config, "customers")[1]
 
 
+@pytest.mark.long  # ~7 s for the five: make test keeps the Retry-After, timeout and reload ones (~4 s)
 @pytest.mark.parametrize("mode,said", [(doubles.UNAVAILABLE, "HTTP 503"), (doubles.THROTTLED, "HTTP 429"),
                                        (doubles.UNAUTHORIZED, "unauthorized (HTTP 401"),
                                        (doubles.SILENT, "unreachable (ReadTimeout"),
