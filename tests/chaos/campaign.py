@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 from tests.chaos import exports, plan, reach, registry_faults, reloads
 from tests.chaos.base import BULK_KEYS, BULK_RECORDS, PARTITIONS, SMALL_KEYS, SMALL_RECORDS, SeedBase, produce_pinned  # noqa: F401  # re-exported: the power-loss campaign and the runner use them
@@ -66,8 +67,10 @@ class SeedRun(Probes, Drive, Heal, SeedBase):
         if out.campaign_errors:
             self._contain(out)
         elif fault.kind in plan.REGISTRY_KINDS:  # met by a daemon of the event's own, checked there; this one settles
+            t0 = time.monotonic()
             self._back_to_baseline(out)
             out.recovered = out.injected
+            out.recover_s = time.monotonic() - t0 if out.injected else None
         elif out.injected:
             self._recover(fault, out)
         else:
