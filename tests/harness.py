@@ -342,3 +342,24 @@ def process_state(pid: int) -> str | None:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
         return None
+
+
+def listening_ports(pid: int) -> set[int]:
+    """The TCP ports ``pid`` listens on (IPv4), from /proc: for a daemon configured with HTTP port 0 whose port is
+    needed before its status names it. A port picked free by the test and closed before the daemon binds it may be
+    taken meanwhile by another xdist worker's broker, Spark or daemon."""
+    inodes: set[str] = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:  # closed meanwhile
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:["):-1])
+    ports: set[int] = set()
+    for line in Path(f"/proc/{pid}/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
+            ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+

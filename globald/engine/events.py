@@ -1,9 +1,10 @@
 """Typed events out of the engine, and the bus that delivers them to subscribers fixed when the daemon is built.
 
-What a subscriber can rely on: events arrive on the loop thread, in the order they happened, each exactly once,
-to every subscriber in the order they were connected. ``Committed`` offsets are durable in the store and claimed
-by its ``.checkpoint`` file; ``Wiped`` is emitted once the store is empty. A subscriber that raises is logged and
-counted; it never stops the loop nor hides the event from the subscribers after it.
+What a subscriber can rely on: events arrive on the loop thread, in the order they happened, each exactly once, to
+every subscriber in the order they were connected. A table's events lie between its ``TableAdded`` (a reload's; the
+tables of the config at start have none) and its ``TableDropped``. ``Committed`` offsets are durable in the store
+and claimed by its ``.checkpoint`` file; ``Wiped`` is emitted once the store is empty. A subscriber that raises is
+logged and counted; it never stops the loop nor hides the event from the subscribers after it.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 
 from globald.common.requests import RESET, OperatorRequest
 from globald.common.states import Listeners, State
+from globald.settings.config import TableConfig
 from globald.store.fingerprint import Fingerprint
 
 log = logging.getLogger(__name__)
@@ -91,7 +93,43 @@ class RestoreEnded:
     total: int
 
 
-Event = StateChanged | Committed | Wiped | Verified | RestoreStarted | BatchRestored | RestoreEnded
+@dataclass(frozen=True)
+class TableAdded:
+    """A reload added ``config.name`` (or replaced it: another topic, typed or raw, right after its
+    ``TableDropped``). Emitted before its store opens and before its first ``StateChanged``: a part that keeps
+    something per table makes its entry here, and every later event of the table finds it."""
+
+    config: TableConfig
+
+    @property
+    def table(self) -> str:
+        return self.config.name
+
+
+@dataclass(frozen=True)
+class TableDropped:
+    """A reload dropped ``table`` (or is replacing it: its ``TableAdded`` follows at once). Emitted after its last
+    ``StateChanged`` (NOT_RUNNING), once the engine no longer has it: a part forgets the table here, and no event
+    of it comes after (until a ``TableAdded`` of the name)."""
+
+    table: str
+    replaced: bool = False  # its ``TableAdded``, under the same name with its new declaration, follows at once
+
+
+@dataclass(frozen=True)
+class TableRedeclared:
+    """A reload changed a typed table's declaration in place (same topic, typed still): nothing is replayed; what
+    decodes the table takes ``config`` from its next snapshot version on."""
+
+    config: TableConfig
+
+    @property
+    def table(self) -> str:
+        return self.config.name
+
+
+TableEvent = TableAdded | TableDropped | TableRedeclared
+Event = StateChanged | Committed | Wiped | Verified | RestoreStarted | BatchRestored | RestoreEnded | TableEvent
 Subscriber = Callable[[Event], None]
 Emit = Callable[[Event], None]
 

@@ -37,7 +37,7 @@ from globald.engine.view import LoopStats
 from globald.kafka.clients import make_consumer
 from globald.kafka.worker import ClusterWorker
 from globald.settings.changes import Delta
-from globald.settings.config import Config, TableConfig
+from globald.settings.config import Config
 from globald.settings.ref import ConfigRef
 from globald.store.failures import STORE_FAULTS
 
@@ -76,6 +76,8 @@ class GlobalThread:
         self._refills = refills
         self._stop = threading.Event()
         self._loop: Loop | None = None
+        self._delta: Delta | None = None  # a reload prepared, not yet committed or aborted
+        self._next_consumer: Consumer | None = None
 
     @classmethod
     def standalone(cls, config: Config, listeners: Listeners | None = None, services: Sequence[LoopService] = (),
@@ -130,23 +132,35 @@ class GlobalThread:
                     ends[p] = max(high, ends.get(p, 0))
         return ends
 
-    def reconfigure(self, delta: Delta) -> None:
-        """A reload's new [kafka] properties, on the loop thread between two turns (``service.reload``), before the
-        config is in force: a new consumer made from them (if librdkafka refuses them, this raises and nothing
-        changed) replaces the loop's. The loop's other settings are read from the config in force at each use, and
-        the cluster worker makes new clients when the generation moved (``ClusterWorker.follow``)."""
-        if not delta.kafka_changed or self._loop is None:
-            return
-        self._loop.replace_consumer(self._consumer_factory(delta.config, on_error=self._on_kafka_error))
+    # -- a reload, in two phases (``service.two_phase``), on the loop thread between two turns ----------------------
 
-    def change_tables(self, added: Sequence[TableConfig], dropped: Sequence[str]) -> None:
-        """A reload's tables (``engine.tables_change``), on the loop thread after ``reconfigure``: the dropped ones
-        stop being consumed at once, the added ones are restored while the others keep serving."""
+    def prepare(self, delta: Delta) -> None:
+        """The engine's fallible step: when [kafka] changed, a new consumer made from the new properties (if
+        librdkafka refuses them, this raises and nothing changed). The loop's other settings are read from the config
+        in force at each use, and the cluster worker makes new clients when the generation moved
+        (``ClusterWorker.follow``)."""
         assert self._loop is not None, "a reload is applied between two turns of the loop"
-        for name in dropped:
-            tables_change.drop_table(self._loop, name)
-        for tc in added:
-            tables_change.add_table(self._loop, tc)
+        self._delta, self._next_consumer = delta, None
+        if delta.kafka_changed:
+            self._next_consumer = self._consumer_factory(delta.config, on_error=self._on_kafka_error)
+
+    def commit(self) -> list[Callable[[], None]]:
+        """Take what ``prepare`` made: the new consumer replaces the loop's (every table re-planned from its store),
+        then the tables change (``engine.tables_change``: the dropped ones stop being consumed at once, the added
+        ones are restored while the others keep serving), each change an event on the bus."""
+        assert self._loop is not None and self._delta is not None
+        delta, consumer = self._delta, self._next_consumer
+        self._delta, self._next_consumer = None, None
+        if consumer is not None:
+            self._loop.replace_consumer(consumer)
+        tables_change.apply(self._loop, delta)
+        return []
+
+    def abort(self) -> None:
+        """Another part refused the reload: the consumer made for it is closed (on the cluster worker, unused)."""
+        consumer, self._delta, self._next_consumer = self._next_consumer, None, None
+        if consumer is not None:
+            self.worker.retire(consumer)
 
     def stop(self) -> None:
         self._stop.set()

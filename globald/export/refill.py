@@ -21,7 +21,6 @@ from globald.engine.refill import Refilled
 from globald.export.bootstrap import Origin, Staged, staging_dir
 from globald.export.startup import BootstrapWorker
 from globald.export.target import masked
-from globald.settings.config import TableConfig
 from globald.settings.ref import ConfigRef
 
 log = logging.getLogger(__name__)
@@ -46,21 +45,15 @@ class ExportRefills:
         self.export = now.export
         self._record = record
         self._looked_at_start = looked_at_start
-        self._tables = {t.name: t for t in now.tables}
         self._out: dict[str, _Out] = {}
-
-    def add_table(self, tc: TableConfig) -> None:
-        """A table a reload added: its empty store is refilled as any other (``EMPTY_STORE``)."""
-        self._tables[tc.name] = tc
-
-    def drop_table(self, name: str) -> None:
-        self.cancel(name)
-        self._tables.pop(name, None)
 
     def begin(self, table: str, kind: str) -> bool:
         uri = masked(self.export.uri)
-        if kind == OPERATOR_RESET or (kind == EMPTY_STORE and self._looked_at_start(table)) or \
-                table not in self._tables:  # dropped meanwhile
+        # The table as the config in force declares it: a table a reload added, or replaced, is refilled as any
+        # other (its empty store is ``EMPTY_STORE``); one dropped meanwhile is not
+        config = self._config.now
+        tc = next((t for t in config.tables if t.name == table), None)
+        if kind == OPERATOR_RESET or (kind == EMPTY_STORE and self._looked_at_start(table)) or tc is None:
             return False
         previous = self._out.get(table)
         if previous is not None and previous.worker.is_alive():  # given up, still unwinding: its stage is in use
@@ -68,7 +61,7 @@ class ExportRefills:
                                                          "unwinding: restored from the topic", uri=uri))
             return False
         stop, install = threading.Event(), Staged()
-        worker = BootstrapWorker(self._config.now, self._tables[table], stop, install)
+        worker = BootstrapWorker(config, tc, stop, install)
         self._out[table] = _Out(worker, install, stop, kind)
         log.info("table %s: emptied (%s); looking for an export in %s", table, kind, uri)
         self._record(table, Origin("topic", fallback=f"emptied ({kind}): looking for an export", uri=uri))

@@ -20,14 +20,14 @@ from typing import Any
 from globald.common import swallowed
 from globald.common.requests import EXPORT, OperatorRequest
 from globald.common.states import State
-from globald.engine.events import Event, StateChanged, Verified, Wiped
+from globald.engine.events import Event, StateChanged, TableAdded, TableDropped, Verified, Wiped
 from globald.engine.view import EngineView
 from globald.export import retention
 from globald.export.bootstrap import Origin
 from globald.export.exporter import ExportStopped, export_snapshot
 from globald.export.refill import ExportRefills
 from globald.export.target import Target, TargetError, masked
-from globald.settings.config import ExportConfig, TableConfig
+from globald.settings.config import ExportConfig
 from globald.settings.ref import ConfigRef
 from globald.snapshot import leases
 from globald.snapshot.manifest import Manifest
@@ -131,6 +131,10 @@ class ExportService:
 
     def on_event(self, event: Event) -> None:
         match event:
+            case TableAdded(table=name):
+                self._added(name)
+            case TableDropped(table=name):
+                self._dropped(name)
             case Verified(table=name) if name in self._tables:
                 self._tables[name].shown = dict(event.offsets)
             case Wiped(table=name) if name in self._tables:
@@ -145,22 +149,21 @@ class ExportService:
                     with self._lock:
                         tab.origin.tail = sum(max(0, o - tab.origin.offsets.get(p, 0)) for p, o in live.items())
 
-    def add_table(self, tc: TableConfig) -> None:
-        """A table a reload added (loop thread): exported like the others, from its first verified snapshot; its
-        store, empty, starts from an export when one is usable (``refills``, as at a first start)."""
+    def _added(self, name: str) -> None:
+        """A table a reload added (``TableAdded``, before its store opens): exported like the others, from its first
+        verified snapshot; its store, empty, starts from an export when one is usable (``refills``, as at a first
+        start)."""
         with self._lock:
-            self._tables[tc.name] = _Table(next_at=time.monotonic() + self.export.interval_s)
-        self._looked_at_start[tc.name] = False
-        if self.refills is not None:
-            self.refills.add_table(tc)
+            self._tables[name] = _Table(next_at=time.monotonic() + self.export.interval_s)
+        self._looked_at_start[name] = False
 
-    def drop_table(self, name: str) -> None:
-        """A table a reload dropped (loop thread): no more exports of it; those in its storage stay."""
+    def _dropped(self, name: str) -> None:
+        """A table a reload dropped (``TableDropped``): no more exports of it; those in its storage stay."""
         with self._lock:
             tab = self._tables.pop(name, None)
         self._looked_at_start.pop(name, None)
         if self.refills is not None:
-            self.refills.drop_table(name)
+            self.refills.cancel(name)
         for r in tab.waiting if tab is not None else ():
             r.settle(f"table {name} was dropped by a reload; nothing was exported")
 

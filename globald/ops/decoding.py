@@ -22,12 +22,12 @@ What bounds its cost, so that it cannot slow ingestion:
   5.9-6.6 s) with the cores saturated by other processes; gated, the restore takes the same time as without;
 - a decode running longer than ``TIMEOUT_S`` is stopped and counted as failed.
 
-A reload (``service.reload``) hands over the config in force (``reconfigure``): typed tables it added are decoded
-from then on, those it dropped no more (a decode of one in flight is stopped), and the process is given the path
-and the sha256 of the config file in force (``in_force``): it decodes only with those very bytes, so a file edited
-since, or a reload refused, is never decoded with (that decode fails, counted, until the file is reloaded or put
-back). A table whose declaration a reload changed is decoded again at its next snapshot version, which the
-publisher makes at once (``snapshot.publisher.SnapshotPublisher.redeclare``).
+A reload's tables reach it as the engine's events (``on_event``): typed tables it added are decoded from then on,
+those it dropped no more (a decode of one in flight is stopped). The process is given the path and the sha256 of the
+config file in force (``in_force``; the config itself, ``reconfigure``): it decodes only with those very bytes, so a
+file edited since, or a reload refused, is never decoded with (that decode fails, counted, until the file is
+reloaded or put back). A table whose declaration a reload changed is decoded again at its next snapshot version,
+which the publisher makes at once (``TableRedeclared``).
 
 Stopping the daemon stops the process: SIGTERM (with SIGCONT, should it be stopped), which it answers by removing
 its temporary file and releasing its lease; SIGKILL after ``STOP_GRACE_S``, and then this module removes the
@@ -55,7 +55,8 @@ from typing import IO, Any
 from globald.common import swallowed
 from globald.common.errors import GlobaldError
 from globald.common.states import State
-from globald.settings.config import Config
+from globald.engine.events import Event, TableAdded, TableDropped
+from globald.settings.config import Config, TableConfig
 from globald.snapshot import leases
 from globald.status.document import DaemonStatus, DecodeStatus
 from globald.store.names import COLUMNAR_PREFIX, TMP_PREFIX, TMP_SUFFIX, snapshots_dir
@@ -75,8 +76,8 @@ class DecodeFailed(GlobaldError):
     lost: readers decode the snapshot themselves, and the daemon tries again after ``decode_interval_ms``."""
 
 
-def typed_tables(config: Config) -> list[str]:
-    return [t.name for t in config.tables if any(f is not None and f.typed for f in (t.value, t.key))]
+def is_typed(tc: TableConfig) -> bool:
+    return any(f is not None and f.typed for f in (tc.value, tc.key))
 
 
 @dataclass
@@ -107,7 +108,7 @@ class SnapshotDecodes:
         self.config = config
         self._clock = clock  # the throttle's clock: monotonic (a test passes its own)
         self.interval = config.snapshots.decode_interval_ms / 1000
-        self._tables = {name: _Table() for name in typed_tables(config)}
+        self._tables = {t.name: _Table() for t in config.tables if is_typed(t)}
         self._run: _Run | None = None
         self._holder = _holder()
         # The config file in force: (path, sha256), the reload's (``service.reload``); by default the start's.
@@ -124,20 +125,23 @@ class SnapshotDecodes:
     # -- loop thread -------------------------------------------------------------------------------------------
 
     def reconfigure(self, config: Config) -> None:
-        """A reload's config in force (the module docstring): typed tables added are decoded, dropped ones no
-        more; a dropped table's decode in flight is told to stop (collected, never waited for, by ``tick``)."""
+        """A reload's config in force (the config file the decode process reads)."""
         self.config = config
-        names = typed_tables(config)
-        for name in [n for n in self._tables if n not in names]:
-            del self._tables[name]
-            run = self._run
-            if run is not None and run.table == name and not run.dropped:
-                run.dropped = True
-                if run.stopping_since is None:
-                    run.stopping_since = time.monotonic()
-                    _terminate(run.proc)
-        for name in names:
-            self._tables.setdefault(name, _Table())
+
+    def on_event(self, event: Event) -> None:
+        """A reload's tables (the module docstring): a typed table added is decoded from then on, a dropped one no
+        more; a dropped table's decode in flight is told to stop (collected, never waited for, by ``tick``)."""
+        match event:
+            case TableAdded(config=tc) if is_typed(tc):
+                self._tables.setdefault(tc.name, _Table())
+            case TableDropped(table=name) if name in self._tables:
+                del self._tables[name]
+                run = self._run
+                if run is not None and run.table == name and not run.dropped:
+                    run.dropped = True
+                    if run.stopping_since is None:
+                        run.stopping_since = time.monotonic()
+                        _terminate(run.proc)
 
     def tick(self, doc: DaemonStatus | None) -> None:
         """Collect a finished decode; else start one if a table's CURRENT (as ``doc`` says) awaits it."""

@@ -26,6 +26,7 @@ from typing import Any
 from globald.common.errors import GlobaldError
 from globald.common.requests import ACTIONS, EXPORT, RELOAD, RESET, OperatorRequest
 from globald.common.waits import pause
+from globald.engine.view import EngineView
 from globald.status import file_requests
 from globald.store.names import REQUESTS_DIR
 
@@ -43,9 +44,10 @@ def requests_dir(state_dir: Path) -> Path:
 class RequestInbox:
     """The daemon's side. ``poll`` runs on the loop thread (an after_poll hook) and is cheap when idle."""
 
-    def __init__(self, state_dir: Path, tables: set[str], reset: Callable[[str, str], OperatorRequest]) -> None:
+    def __init__(self, state_dir: Path, engine: EngineView, reset: Callable[[str, str], OperatorRequest]) -> None:
+        """``engine``: the tables a request may name are those it has now (a reload adds and drops them)."""
         self.dir = requests_dir(state_dir)
-        self.tables = tables
+        self.engine = engine
         self.reset = reset
         self._next = 0.0
         # (token, request) of requests handed on, not yet answered
@@ -114,7 +116,7 @@ class RequestInbox:
                 return {"ok": False, "error": "this daemon does not take reload requests"}
             return self.reload(doc)
         table = doc.get("table")
-        if table not in self.tables:
+        if not isinstance(table, str) or self.engine.table_view(table) is None:
             return {"ok": False, "error": f"no table named {table!r} in the daemon's config"}
         if action == EXPORT:
             if self.export is None:

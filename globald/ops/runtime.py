@@ -24,6 +24,8 @@ from globald.engine.events import (
     RestoreEnded,
     RestoreStarted,
     StateChanged,
+    TableAdded,
+    TableDropped,
 )
 from globald.engine.view import EngineView, LoopStats
 from globald.kafka.clients import on_statistics
@@ -37,6 +39,7 @@ from globald.ops.metrics import Metrics, Sample, SnapshotStats, callback_failure
 from globald.ops.progress import ProgressDisplay, ProgressOptions, RestoreTracker
 from globald.ops.sdnotify import Notifier
 from globald.settings import registry as registry_settings
+from globald.settings.changes import Delta
 from globald.settings.config import Config
 from globald.settings.kafka_properties import redact
 from globald.settings.ref import ConfigRef
@@ -68,7 +71,8 @@ class Operations:
         self.http = HttpServer(config.http, Endpoints(self.metrics.render, self.status_doc, self.liveness)) \
             if config.http.enabled else None
         self.decodes = SnapshotDecodes(config)  # typed tables' CURRENT into columnar files, in a child process
-        self.inbox = requests.RequestInbox(config.state_dir, {t.name for t in config.tables}, rebuilds.put)
+        self.inbox = requests.RequestInbox(config.state_dir, engine, rebuilds.put)
+        self._http_next: HttpServer | None = None  # a reload's listener, bound by ``prepare``
         self._sample: Sample | None = None
         self._state, self._reason = State.CREATED, "created"
         self._commits = 0
@@ -114,22 +118,32 @@ class Operations:
             if self.http is not None:
                 self.http.stop()
 
-    def bind_http(self, config: Config) -> HttpServer | None:
-        """A reload's [http], bound before anything of the reload is applied (``service.reload``): a new listener
-        when the address changed (raises ConfigError, refusing the reload, when it cannot be bound), else None."""
-        old, new = self.http.config if self.http is not None else None, config.http  # None: not listening
+    # -- a reload (loop thread, ``service.two_phase``) -------------------------------------------------------------
+
+    def prepare(self, delta: Delta) -> None:
+        """A reload's [http], bound before anything of the reload is applied: a new listener when the address
+        changed (raises ConfigError, refusing the reload, when it cannot be bound)."""
+        self._http_next = None
+        old, new = self.http.config if self.http is not None else None, delta.config.http  # None: not listening
         if old == new or not new.enabled or (old is not None and (old.host, old.port) == (new.host, new.port)):
-            return None  # unchanged, turned off, or the same address: the listener in place serves on
+            return  # unchanged, turned off, or the same address: the listener in place serves on
         server = HttpServer(new, Endpoints(self.metrics.render, self.status_doc, self.liveness))
         server.start()
         server.announce()
-        return server
+        self._http_next = server
 
-    def reconfigure(self, config: Config, http: HttpServer | None) -> list[Callable[[], None]]:
-        """A reload's settings, on the loop thread: when [hooks] changed, a new hook runner (started; every event
-        from now on goes to it); ``http`` (``bind_http``) serves from now on, or [http] turned off stops the
+    def abort(self) -> None:
+        """Another part refused the reload: the listener bound for it is stopped, the one in place serves on."""
+        server, self._http_next = self._http_next, None
+        if server is not None:
+            server.stop()
+
+    def commit(self) -> list[Callable[[], None]]:
+        """A reload's settings, once in force: when [hooks] changed, a new hook runner (started; every event from
+        now on goes to it); the listener ``prepare`` bound serves from now on, or [http] turned off stops the
         listener. Returns what the caller must run off the loop thread: the replaced runner's close (it delivers
         what is queued, bounded by the hooks' timeout) and the replaced listener's stop."""
+        config, http, self._http_next = self.config, self._http_next, None
         later: list[Callable[[], None]] = []
         if config.hooks != self.hooks.config:
             old, self.hooks = self.hooks, HookRunner(config.hooks)
@@ -142,7 +156,7 @@ class Operations:
             self.http = http
         elif self.http is not None:
             self.http.config = config.http  # the same address: allow_non_loopback, checked when loaded
-        self.decodes.reconfigure(config)  # typed tables added or dropped; the config file in force
+        self.decodes.reconfigure(config)  # the config file in force
         return later
 
     def stop(self) -> None:
@@ -162,6 +176,8 @@ class Operations:
 
     def on_event(self, event: Event) -> None:
         match event:
+            case TableAdded() | TableDropped():  # a reload's tables (the inbox asks the engine which it has)
+                self.decodes.on_event(event)
             case StateChanged(table=None):
                 self._state, self._reason = event.new, event.reason
                 self.hooks.on_state(event.new, event.old, event.reason)

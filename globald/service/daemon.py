@@ -31,12 +31,11 @@ from globald.engine.view import LoopStats
 from globald.ops import allocator
 from globald.ops.progress import ProgressOptions
 from globald.ops.runtime import Operations
-from globald.service import signals
+from globald.service import signals, two_phase
 from globald.service.reload import Reloader
 from globald.settings.changes import Delta
 from globald.settings.config import Config
 from globald.settings.ref import ConfigRef
-from globald.snapshot.dropped import DroppedSnapshots
 from globald.snapshot.publisher import SnapshotPublisher
 from globald.snapshot.space import disk_status
 from globald.status import statusfile
@@ -94,12 +93,12 @@ class Daemon:
                                    refills=self.exports.refills if self.exports else None)
         # The order matters and is fixed here: user callbacks first (as registered), the publisher before status
         # (a status written on a wipe shows the stale mark), operations and exports before status (readiness,
-        # metrics, the origin's tail).
+        # metrics, the origin's tail). A reload's tables arrive the same way (``TableAdded`` before the table's
+        # first ``StateChanged``, ``TableDropped`` after its last), so each part has the table when status asks.
         self.bus.connect(*(_guarded(s) for s in (deliver(self.listeners), self.snapshots.on_event,
                                                   self.ops.on_event,
                                                   *([self.exports.on_event] if self.exports else []),
                                                   self.on_event, *subscribers)))
-        self.dropped = DroppedSnapshots(config.state_dir)  # the snapshots of tables a reload dropped
         self.reloader = Reloader(self.config_ref, config_path or config.source, self._reconfigure, self.publish_status)
         # the decode processes read the config file in force, and only its bytes in force (a reload's, once applied)
         self.ops.decodes.in_force = lambda: (self.reloader.status.path, self.reloader.status.sha256)
@@ -120,7 +119,6 @@ class Daemon:
 
     def tick(self) -> None:
         self.reloader.tick()  # a checked reload is applied between two turns, here
-        self.dropped.tick()
         # A fault starting or ending is news at once; the rest (offsets, lag) at most once a second.
         if time.monotonic() - self._last_status >= _STATUS_EVERY_S or self.thread.degraded != self._last_degraded:
             self.publish_status()
@@ -159,43 +157,13 @@ class Daemon:
     # -- lifecycle ----------------------------------------------------------------------------------------------
 
     def _reconfigure(self, delta: Delta) -> list[Callable[[], None]]:
-        """Apply a checked reload (``service.reload``), on the loop thread; the consumer first, the one step that
-        can fail, so that a failure leaves everything as it was."""
-        config = delta.config
-        http = self.ops.bind_http(config)  # may raise: a new address that cannot be bound refuses the reload
-        try:
-            for tc in delta.added:  # may raise (a failing disk); the publisher before the engine, whose events
-                self.dropped.before_add(tc.name)  # about the table reach it
-                self.snapshots.add_table(tc)
-            self.thread.reconfigure(delta)  # a new consumer when [kafka] changed
-        except Exception:
-            for tc in delta.added:  # nothing else changed yet
-                self.snapshots.drop_table(tc.name)
-            if http is not None:
-                http.stop()
-            raise
-        # In force from here: clients made from now on (exact builds, a new table's bootstrap) take its [kafka]
-        self.config_ref.set(config)  # [snapshots]: the publisher's parts read it from their next publish or sweep
-        for tc in delta.redeclared:  # nothing to replay: decoded with the new declaration from the next version
-            self.manager.tables[tc.name].config = tc
-            self.snapshots.redeclare(tc)
-        for tc in delta.replaced:  # its old snapshots aside (kept while leased), a new snapshot state
-            self.dropped.before_add(tc.name)
-            self.snapshots.replace_table(tc)
-        for tc in delta.stores_added:
-            self.ops.inbox.tables.add(tc.name)
-            if self.exports is not None:  # before the engine opens the store: an empty one may bootstrap
-                if tc in delta.replaced:
-                    self.exports.drop_table(tc.name)
-                self.exports.add_table(tc)
-        self.thread.change_tables(delta.stores_added, delta.stores_dropped)  # the engine drops first, then adds
-        for name in delta.dropped:  # a replaced table was added again above: only its old declaration went
-            if self.exports is not None:
-                self.exports.drop_table(name)
-            self.snapshots.drop_table(name)
-            self.dropped.drop(name)
-            self.ops.inbox.tables.discard(name)
-        return self.ops.reconfigure(config, http)
+        """Apply a checked reload (``service.reload``), on the loop thread, in two phases (``service.two_phase``):
+        each part prepares what can fail (the publisher an added table's folder, the engine a new consumer,
+        operations a new listener) and a refusal aborts them all; then each commits, the engine's table changes
+        reaching every subscriber as events (``TableAdded``, ``TableDropped``, ``TableRedeclared``) in the bus's
+        order. Every kind of table change (delta.added, delta.dropped, delta.replaced, delta.redeclared) is the
+        engine's (``engine.tables_change``)."""
+        return two_phase.apply(delta, self.config_ref, (self.snapshots, self.thread, self.ops))
 
     def _on_signal(self, signum: int) -> None:
         """On the signal relay's thread (``service.signals``): the main thread may hold any lock at that moment."""

@@ -10,7 +10,9 @@ differs from the config in force (``settings.changes``) and apply it all or noth
   child process (``python -m globald check-config --registry-outage-ok``, the very command: a registry in
   trouble is logged, not a refusal, as ``run`` starts through one; a subject it says does not exist is), and a
   registry subject's reader schema is taken again there. The loop thread only applies a checked config between two
-  turns (``tick``): plain assignments, a new consumer when [kafka] changed. A signal's relay thread only queues.
+  turns (``tick``), in two phases (``service.two_phase``): what can fail is prepared by every part first (a new
+  consumer when [kafka] changed, a new listener, an added table's folder), then taken. A signal's relay thread
+  only queues.
 - **Refused** (a file that fails the check, a key that needs a restart, a file that changed while it was
   checked): one line, logged, shown in status ``config.last_reload`` and answered to ``globald reload`` (exit 2);
   the config in force is not touched.
@@ -93,7 +95,8 @@ class Reloader:
     def __init__(self, config: ConfigRef, path: Path | None,
                  apply: Callable[[Delta], list[Callable[[], None]]],
                  publish: Callable[[], None]) -> None:
-        """``apply`` sets ``config`` to a reload's config once applied (``Daemon._reconfigure``)."""
+        """``apply`` sets ``config`` to a reload's config once applied (``Daemon._reconfigure``), or raises having
+        changed nothing (a part's ``prepare`` refused it)."""
         self._config = config
         self.path = path  # as given at start, never resolved: a symlink swap is followed at each reload
         self._apply = apply
@@ -250,9 +253,9 @@ class Reloader:
         if ready.delta is not None:
             try:
                 ready.later = self._apply(ready.delta)
-            except ConfigError as e:  # a new HTTP address that cannot be bound, before anything changed
+            except ConfigError as e:  # a new HTTP address that cannot be bound: every part aborted
                 error = f"config error: {e}"
-            except Exception as e:  # made before anything changed (thread.reconfigure): nothing was applied
+            except Exception as e:  # a prepare failed (the consumer, a folder): every part aborted, nothing applied
                 error = f"the new config could not be applied: {type(e).__name__}: {e}; the old one stays in force"
         when = time.time()
         if error is None:

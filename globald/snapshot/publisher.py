@@ -1,15 +1,17 @@
 """The snapshot service the daemon runs: the one object the daemon, operations and status talk to (a facade).
 
 Contract: ``start`` (main thread, before the loop) sweeps what a crash left behind, loads each table's CURRENT and
-starts the exact-build worker; ``close`` stops it. On the loop thread, ``on_event`` takes the engine's events and
-``tick`` runs, between two polls, the three jobs it delegates:
+starts the exact-build worker; ``close`` stops it. On the loop thread, ``on_event`` takes the engine's events (a
+reload's tables among them: ``TableAdded``, ``TableDropped``, ``TableRedeclared``), ``prepare`` makes the folders
+of the tables a reload adds (``service.two_phase``), and ``tick`` runs, between two polls, the jobs it delegates:
 
 - periodic publishing (``publishing``): a checkpoint of each RUNNING table's live store, made CURRENT; what a wipe
   or an identity check changes about the published snapshots;
 - the request desk (``desk``): exact-offset requests admitted, checked for room, built by the worker
   (``exact_builds``) and answered;
 - retention (``retention``): the snapshots kept (retain, CURRENT, leases, builds' bases) and room freed on a short
-  disk (``space.DiskGuard``).
+  disk (``space.DiskGuard``);
+- the snapshots of dropped tables (``dropped``), deleted once no lease holds them.
 
 Each table's snapshot state is a ``table_state.SnapshotTable``, which alone changes its fields under its own lock.
 The reads for operations (``servable``, ``age_seconds``, ``publish_seconds``: ``ops.health.SnapshotSource``) and
@@ -20,13 +22,16 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
-from globald.engine.events import Event, StateChanged, Verified, Wiped
+from globald.engine.events import Event, StateChanged, TableAdded, TableDropped, TableRedeclared, Verified, Wiped
 from globald.engine.view import EngineView
+from globald.settings.changes import Delta
 from globald.settings.config import Config, TableConfig
 from globald.settings.ref import ConfigRef
 from globald.snapshot import recreated
 from globald.snapshot.desk import RequestDesk
+from globald.snapshot.dropped import DroppedSnapshots
 from globald.snapshot.publishing import Publishing
 from globald.snapshot.reader import current_id, manifests_of
 from globald.snapshot.retention import Retention
@@ -49,6 +54,8 @@ class SnapshotPublisher:
         self._retention = Retention(config, self.disk)
         self._publishing = Publishing(config, engine, self._tables, self._ids, self._retention)
         self._desk = RequestDesk(config, engine, self._tables, self._ids, self._publishing, self._retention)
+        self._dropped = DroppedSnapshots(now.state_dir)  # the snapshots of tables a reload dropped
+        self._prepared: dict[str, SnapshotTable] = {}  # tables a reload adds, their folder made (``prepare``)
 
     @property
     def config(self) -> Config:
@@ -83,40 +90,60 @@ class SnapshotPublisher:
     def close(self) -> None:
         self._desk.close()
 
-    # -- a reload (loop thread, ``service.reload``) -----------------------------------------------------------
+    # -- a reload (loop thread, ``service.two_phase``) -------------------------------------------------------------
 
-    def add_table(self, tc: TableConfig) -> None:
-        """A table a reload added (``snapshot.dropped`` cleared its directory first): published once RUNNING."""
-        tab = SnapshotTable(tc, snapshots_dir(self.config.state_dir, tc.name))
-        durable.make_dirs(tab.dir)  # raises on a failing disk: the reload is refused before anything changed
+    def prepare(self, delta: Delta) -> None:
+        """Make the snapshot folder of each table ``delta`` adds; raises on a failing disk, and the reload is
+        refused. What a dropped table of the same name left there is moved aside first (``snapshot.dropped``),
+        refused or not: those files were going anyway."""
+        self._prepared = {}
+        for tc in delta.added:
+            self._dropped.before_add(tc.name)
+            tab = SnapshotTable(tc, snapshots_dir(self.config.state_dir, tc.name))
+            durable.make_dirs(tab.dir)
+            self._prepared[tc.name] = tab
+
+    def commit(self) -> list[Callable[[], None]]:
+        """Nothing to take here: the tables follow the engine's events (``on_event``)."""
+        return []
+
+    def abort(self) -> None:
+        self._prepared = {}
+
+    def _added(self, tc: TableConfig) -> None:
+        """A table a reload added (its folder made by ``prepare``) or replaced (its old snapshots moved aside now,
+        once the engine dropped the old declaration; kept while leased): published once RUNNING."""
+        tab = self._prepared.pop(tc.name, None)
+        if tab is None:
+            try:
+                self._dropped.before_add(tc.name)
+            except OSError as e:  # a failing disk: the new declaration starts from what the folder holds
+                log.error("table %s: cannot move the snapshots of its replaced declaration aside (%s)", tc.name, e)
+            tab = SnapshotTable(tc, snapshots_dir(self.config.state_dir, tc.name))
         self._tables[tc.name] = tab
         self._open(tab)
 
-    def redeclare(self, tc: TableConfig) -> None:
-        """A typed table whose declared format a reload changed in place: a new version at the next publish."""
-        self._tables[tc.name].redeclared(tc)
-
-    def drop_table(self, name: str) -> None:
-        """A table a reload dropped: nothing more is published for it (its files are ``snapshot.dropped``'s)."""
+    def _dropped_table(self, name: str, replaced: bool) -> None:
+        """A table a reload dropped: nothing more is published for it; its files are ``snapshot.dropped``'s, kept
+        while leased (a replaced one's are moved aside when it is added again)."""
         tab = self._tables.pop(name, None)
         if tab is not None:
             tab.retired()
         self._publishing.forget(name)
         self._retention.forget(name)
-
-    def replace_table(self, tc: TableConfig) -> None:
-        """A table a reload replaced (another topic, or typed or not: ``settings.changes``), after its old
-        snapshots were moved aside: the new declaration starts with a new state. Never raises: a directory the
-        disk refuses now is made by the first publish."""
-        self.drop_table(tc.name)
-        tab = SnapshotTable(tc, snapshots_dir(self.config.state_dir, tc.name))
-        self._tables[tc.name] = tab
-        self._open(tab)
+        if not replaced:
+            self._dropped.drop(name)
 
     # -- loop thread ------------------------------------------------------------------------------------------
 
     def on_event(self, event: Event) -> None:
         match event:
+            case TableAdded(config=tc):
+                self._added(tc)
+            case TableDropped(table=name, replaced=replaced):
+                self._dropped_table(name, replaced)
+            case TableRedeclared(config=tc):  # a new version at the next publish, decoded with the new declaration
+                self._tables[tc.name].redeclared(tc)
             case Verified():
                 tab = self._tables.get(event.table)
                 if tab is not None:
@@ -131,6 +158,7 @@ class SnapshotPublisher:
                 self._publishing.daemon_state = event.new
 
     def tick(self) -> None:
+        self._dropped.tick()
         for tab in self._tables.values():
             self._publishing.write_stale_marks(tab)
             self._desk.take(tab)

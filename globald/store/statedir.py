@@ -114,7 +114,7 @@ def refuse_if_owned(state_dir: Path) -> None:
         raise _owned(state_dir, owner)
 
 
-def _flock_exclusive(f: IO[str], grace_s: float) -> bool:
+def _flock_exclusive(f: IO[str], grace_s: float = LOCK_GRACE_S) -> bool:
     """Take ``f``'s flock exclusively, retrying while it is held, for ``grace_s`` at most (``LOCK_GRACE_S``)."""
     deadline = time.monotonic() + grace_s
     while True:
@@ -136,7 +136,7 @@ def lock_state_dir(state_dir: Path) -> IO[str]:
         if e.errno in TRANSIENT_DISK_ERRORS:
             raise DiskNotReady(e, f"cannot open {path}") from None
         raise StateDirError(f"cannot open {path}: {e.strerror or e}") from None
-    if not _flock_exclusive(f, LOCK_GRACE_S):
+    if not _flock_exclusive(f):
         f.seek(0)
         owner = f.read().strip() or "unknown"
         f.close()

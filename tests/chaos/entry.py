@@ -31,7 +31,13 @@ decodes): once the allocator's choice is made (it leaves a process that preloads
 the preload), LD_PRELOAD and libfiu's variables leave the daemon's environment. A child under libfiu can hang at its
 start: pyarrow's allocator, initialised inside ``dlopen``, and jemalloc's background thread, inside libfiu's
 ``malloc`` wrapper, each wait for the lock the other holds (seen on a reload's check-config with ``[export]``).
-For the same reason ``IMPORT_PYARROW_ENV`` has the daemon import pyarrow first, while it has a single thread.
+For the same reason ``IMPORT_PYARROW_ENV`` has the daemon import pyarrow first, while it has a single thread. That
+is not enough by itself: libarrow's own jemalloc (built with ``background_thread:true``) starts its background
+thread inside that ``dlopen``, and the thread's start and libarrow's mimalloc init then deadlock the same way (seed
+197: the daemon hung before its first log line, the main thread in mimalloc's ``mmap`` waiting on libfiu's lock, the
+new ``jemalloc_bg_thd`` inside libfiu's ``malloc`` waiting on the loader's lock). Under libfiu the daemon's pyarrow
+therefore runs its jemalloc without the background thread (``JE_ARROW_MALLOC_CONF``); it purges on the
+allocating threads instead.
 
 SIGUSR2 asks whether a failure point armed ``once`` has fired: the campaign names it in ``<arm>.probe`` and the
 answer goes to ``<arm>.probe-<id>``. libfiu disables a onetime point when it fails a call, so a point still
@@ -58,6 +64,7 @@ PROBE_SIGNAL = signal.SIGUSR2
 SLEEP_FIX_ENV = "GLOBALD_CHAOS_SLEEP_FIX"
 CLOCK_ENV = "GLOBALD_CHAOS_CLOCK"  # a file holding the wall clock's offset in seconds, e.g. "+3600"
 IMPORT_PYARROW_ENV = "GLOBALD_CHAOS_IMPORT_PYARROW"  # "1": the config has [export], whose storage is pyarrow's
+ARROW_JEMALLOC_CONF_ENV = "JE_ARROW_MALLOC_CONF"  # the MALLOC_CONF of the jemalloc bundled in pyarrow's libarrow
 TOOL_ENV = ("LD_PRELOAD", "FIU_CTRL_FIFO", "FIU_ENABLE")  # what the daemon's children are started without
 FIU_ONETIME = 1
 HOLD_MAX_S = 300.0  # a hold the campaign never released (it died) ends by itself
@@ -414,6 +421,12 @@ def relative_sleep(seconds: float | SupportsIndex) -> None:
     threading.Event().wait(secs)
 
 
+def arrow_without_background_thread() -> None:
+    """Under libfiu, pyarrow's jemalloc starts no background thread (see the module docstring)."""
+    if "fiu" in os.environ.get("LD_PRELOAD", ""):
+        os.environ.setdefault(ARROW_JEMALLOC_CONF_ENV, "background_thread:false")
+
+
 def children_without_tools() -> None:
     """The allocator's choice made with the preload in view, the campaign's tools leave the environment the daemon's
     children inherit (see the module docstring)."""
@@ -430,6 +443,7 @@ def children_without_tools() -> None:
 
 
 def main() -> int:
+    arrow_without_background_thread()
     if os.environ.get(IMPORT_PYARROW_ENV) == "1":
         import pyarrow.fs  # noqa: F401 - loaded now, on one thread: see the module docstring
     if os.environ.get(SLEEP_FIX_ENV) == "1":

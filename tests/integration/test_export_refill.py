@@ -15,6 +15,7 @@ from globald.common import exitcodes
 from tests.harness import Broker, DaemonProcess, random_records, values_only
 from tests.integration.test_export import STOP_BOUND_S, _equals_fold, _export_at, _export_conf, _exporter, _fresh
 from tests.integration.test_reload import reload
+from tests.reliability.test_recreated_topic import FETCH_WAIT_MS, frozen
 
 pytestmark = [pytest.mark.kafka, pytest.mark.long]  # two daemons, restores and the broker's JVM tools: over 30 s
 
@@ -71,13 +72,17 @@ def test_a_store_wiped_for_a_recreated_topic_while_running_refuses_the_old_expor
     t, root, exporter = _exporter(daemon, broker, topic, tmp_path, 400, 100, 364, partitions=1)
     _export_at(exporter, root, broker.admin.end_offsets(t))
     exporter.stop()
-    b = daemon({"tbl": t}, metadata_refresh_ms=300, export=_export_conf(root), state_dir=tmp_path / "state-b")
+    b = daemon({"tbl": t}, metadata_refresh_ms=300, export=_export_conf(root), state_dir=tmp_path / "state-b",
+               kafka={"fetch.wait.max.ms": FETCH_WAIT_MS})
     first = b.wait_running({"tbl": broker.admin.end_offsets(t)}, timeout=120)["tables"]["tbl"]
     assert first["origin"]["kind"] == "export", first["origin"]
     pid = b.pid
-    broker.admin.delete(t)
-    broker.admin.create(t, partitions=1)
-    broker.admin.produce(t, random_records(900, keys=100, seed=365, tombstones=0.0))  # past the export's offsets
+    # Frozen while the topic is replaced: a daemon that saw the new topic before its 900 records (empty, or short of
+    # the export's offset 400) would refuse the export as "past the log end", not by its fingerprints.
+    with frozen(pid):
+        broker.admin.delete(t)
+        broker.admin.create(t, partitions=1)
+        broker.admin.produce(t, random_records(900, keys=100, seed=365, tombstones=0.0))  # past the export's offsets
     doc = b.wait_for(lambda s: s["tables"]["tbl"]["wipes"] == 1 and s["state"] == "RUNNING"
                      and s["tables"]["tbl"]["origin"]["kind"] == "topic"
                      and s["tables"]["tbl"]["offsets"] == {str(p): o for p, o in broker.admin.end_offsets(t).items()},

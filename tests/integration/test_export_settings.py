@@ -40,7 +40,7 @@ def _blobs(manifest: Path) -> set[str]:
     return {f"{f['sha256']}-{f['size']}" for f in json.loads(manifest.read_text())["files"]}
 
 
-def _logged(d: DaemonProcess, text: str, times: int, timeout: float = 30.0) -> int:
+def _logged(d: DaemonProcess, text: str, times: int, timeout: float = 120.0) -> int:
     """How often ``text`` is in the daemon's log, once it is there ``times`` times or ``timeout`` passed: the
     caller asserts what it claims, so that a daemon that never logs it fails on that claim, not on this wait."""
     deadline = time.monotonic() + timeout

@@ -24,13 +24,12 @@ from typing import Any
 import fastavro
 import pytest
 
-from globald.embedded.broker import free_port
 from globald.settings.config import load
 from globald.store.names import snapshots_dir
 from globald.typed import load_table
 from globald.typed.arrow import python_rows
 from globald.typed.columnar import ColumnarTable, columnar_path
-from tests.harness import Broker, DaemonProcess, globald, oracle_at
+from tests.harness import Broker, DaemonProcess, globald, listening_ports, oracle_at
 from tests.integration.test_ops_http import HTTP, metric, port_of, scrape
 from tests.integration.test_reload import reload
 from tests.support.registry import RegistryDouble
@@ -232,8 +231,7 @@ def test_status_says_starting_while_the_daemon_waits_for_the_registry_at_start(
     with socket.socket() as silent:  # the kernel completes connections to it (its backlog); nothing ever answers
         silent.bind(("127.0.0.1", 0))
         silent.listen(16)
-        http_port = free_port()
-        d = daemon({"cust": t}, start=False, http={"enabled": True, "port": http_port},
+        d = daemon({"cust": t}, start=False, http={"enabled": True, "port": 0},
                    registry={"url": f"http://127.0.0.1:{silent.getsockname()[1]}", "timeout": 300})
         d.config.write_text(d.config.read_text().replace("timeout = 300\n", 'timeout = 300\n"max.retries" = 0\n')
                             + SECTION)
@@ -242,6 +240,9 @@ def test_status_says_starting_while_the_daemon_waits_for_the_registry_at_start(
         while lock_holder(d.state_dir) != str(d.pid):
             assert d.alive() and time.monotonic() < deadline, d.tail()
             time.sleep(0.1)
+        # The HTTP port the daemon bound (port 0: the kernel's pick, taken before the state_dir's lock), read from
+        # its sockets: its status, which would name it, is what it has not published yet.
+        (http_port,) = listening_ports(d.pid)
         r = globald("status", "--config", str(d.config))
         assert r.returncode == exitcodes.UNAVAILABLE, (r.returncode, r.stdout, r.stderr)
         assert r.stderr.splitlines() == [f"globald: globald (pid {d.pid}) is starting on state_dir {d.state_dir}: it "

@@ -40,11 +40,18 @@ OLD_ID, NEW_ID = "globald-before-reload", "globald-after-reload"
 _CLIENT = re.compile(r"\[([\w.-]+)#(?:consumer|producer)-(\d+)\]")
 
 
+# Bound and never listening, kept open until the session ends: a connection to the port is refused, and no other
+# socket (another xdist worker's daemon, broker or S3 emulator binding port 0) can take it meanwhile, as it could
+# once a socket bound only to learn a free port was closed: the test would then wait for a refusal that never came.
+_HELD: list[socket.socket] = []
+
+
 def _dead_port() -> int:
-    """A loopback port nobody listens on (bound once to learn a free one, then closed)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A loopback port nobody listens on, and nobody can listen on while the tests run."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    _HELD.append(s)
+    return int(s.getsockname()[1])
 
 
 def _broken(broker: Broker, daemon: Daemon, tables: dict[str, str], **top: Any) -> tuple[DaemonProcess, int]:

@@ -89,4 +89,5 @@ class Load:
     def stop(self) -> None:
         self._stop.set()
         self._running.set()
-        self._thread.join(90)
+        if self._thread.ident is not None:  # a teardown after a start that failed stops a load never started
+            self._thread.join(90)

@@ -2,7 +2,7 @@
 
 The daemon is held at the phase by the chaos campaign's hooks (``tests.chaos.entry``: it stops itself there), the
 clock is stepped while it stands there, then it goes on, and the clock is stepped back. After that the loop keeps
-turning, records produced afterwards are applied, SIGTERM stops it with exit 0 well within its stop grace, and the
+turning, records produced afterwards are applied, SIGTERM stops it with exit 0 within its stop grace, and the
 store equals the fold, with a snapshot of the new records made after the steps. Each step is shown to have reached
 the daemon: the wall-clock time it writes into status.json moves with it. The step made while the daemon stands
 frozen is shown to land inside the phase: the Python-level clock re-reads its offset at most once a second, and a
@@ -40,6 +40,7 @@ from typing import Any
 
 import pytest
 
+from globald.service.daemon import STOP_GRACE_S
 from globald.snapshot import exact_requests
 from globald.snapshot.exact_requests import Code
 from tests.chaos.entry import CLOCK_ENV
@@ -56,9 +57,12 @@ Daemon = Callable[..., DaemonProcess]
 Topic = Callable[..., str]
 
 HOUR = 3600
-# The stop grace is 60 s (service.daemon.STOP_GRACE_S); a stop waiting out a stepped wall clock would take the
-# hour. The bound leaves room for the final commit and the cluster worker's close on a loaded machine.
-STOP_BOUND_S = 30.0
+# A stop waiting out a stepped wall clock would take the hour; the daemon's own stop grace (STOP_GRACE_S, 60 s on
+# the monotonic clock from the SIGTERM) cuts such a stop with exit 1. So exit 0 is the claim: a stop that ended by
+# itself within the grace. Not a bound of the test's clock: a fixed 30 s measured from outside (which, during the
+# stop, also held the test's own steps and looks) is a timing claim a loaded 2-core machine can miss on a stop that
+# never waited on the wall clock. The harness waits past the grace, so that its exit 1 is what a failure shows.
+STOP_WAIT_S = STOP_GRACE_S + 60
 
 
 def libfaketime() -> str:
@@ -66,14 +70,6 @@ def libfaketime() -> str:
     if not found:
         unavailable("libfaketime is not installed (Debian package faketime; `make sysdeps` installs it)")
     return found[0]
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def healthz(port: int) -> dict[str, Any]:
@@ -114,7 +110,6 @@ class Run:
     topic: str
     arm_path: Path
     clock: Clock
-    port: int
 
     def arm(self, phase: str, nth: int = 1, arm_id: int = 1, **more: Any) -> None:
         tmp = self.arm_path.with_name(self.arm_path.name + ".tmp")
@@ -168,15 +163,25 @@ class Run:
         while abs(self.daemon_offset() - offset_s) > 120:
             assert time.monotonic() < deadline, f"the daemon's clock did not move to {offset_s:+d}s"
 
+    @property
+    def port(self) -> int:
+        """The HTTP port the daemon bound (port 0 in its config: the kernel's pick, said in its status). A port
+        picked free here and closed before the daemon bound it could be taken meanwhile by another xdist worker's
+        broker, Spark or daemon."""
+        doc = self.d.wait_for(lambda s: s.get("pid") == self.d.pid and s.get("http", {}).get("port"),
+                              timeout=120, what="the HTTP port in status")
+        return int(doc["http"]["port"])
+
     def loop_turns(self) -> None:
         """The loop turns after the steps: healthz's loop age (on the monotonic clock, this process's too) shows a
         turn after this began, then another after that was seen, each sample under 5 s; waited for (60 s bound)
         rather than sampled over a fixed window."""
+        port = self.port
         mark, turns, ages = time.monotonic(), 0, []
         deadline = mark + 60
         while turns < 2:
             asked = time.monotonic()
-            ages.append(healthz(self.port)["loop_age_seconds"])
+            ages.append(healthz(port)["loop_age_seconds"])
             assert ages[-1] < 5.0 and asked < deadline, f"the loop stopped turning after the clock step: loop " \
                                                          f"ages {ages}; log:\n{self.d.tail()}"
             if asked - ages[-1] > mark:  # its last turn came after the mark, whenever the age was computed
@@ -186,13 +191,12 @@ class Run:
 
 
 def _start(broker: Broker, daemon: Daemon, tmp_path: Path, t: str, tool: str, **config: Any) -> Run:
-    port = free_port()
     arm_path, clock = tmp_path / "arm.json", Clock(tmp_path / "faketime", tool)
     arm_path.write_text("{}")
-    d = daemon({"tbl": t}, start=False, http={"enabled": True, "port": port}, metadata_refresh_ms=500, **config)
+    d = daemon({"tbl": t}, start=False, http={"enabled": True, "port": 0}, metadata_refresh_ms=500, **config)
     d.module = "tests.chaos.entry"
     d.env = {**(d.env or {}), "GLOBALD_CHAOS_ARM": str(arm_path), **clock.env()}
-    return Run(broker, d, t, arm_path, clock, port)
+    return Run(broker, d, t, arm_path, clock)
 
 
 def _through(run: Run, first: int, then_: int) -> None:
@@ -207,7 +211,7 @@ def _through(run: Run, first: int, then_: int) -> None:
 
 def _finish(run: Run, pid: int, row: FaultRow) -> None:
     """After the steps: the loop turns, new records are applied and published in a snapshot made after the steps,
-    SIGTERM stops it within the bound, store == fold."""
+    SIGTERM stops it with exit 0 (within its stop grace), store == fold."""
     since = time.time()  # the daemon's clock is back at +0 (``Run.step``)
     run.loop_turns()
     run.broker.admin.produce(run.topic, random_records(200, keys=300, seed=991))
@@ -219,9 +223,9 @@ def _finish(run: Run, pid: int, row: FaultRow) -> None:
                              f"ended: {current}"
     row.pid_changes += same_process(run.d, pid)
     started = time.monotonic()
-    assert run.d.stop(timeout=STOP_BOUND_S + 30) == 0, run.d.tail()
-    took = time.monotonic() - started
-    assert took < STOP_BOUND_S, f"SIGTERM took {took:.1f}s after the clock steps; log:\n{run.d.tail()}"
+    assert run.d.stop(timeout=STOP_WAIT_S) == 0, f"not stopped by itself within its stop grace after the clock " \
+                                                 f"steps; log:\n{run.d.tail()}"
+    row.notes.append(f"SIGTERM to exit: {time.monotonic() - started:.1f}s")
     assert row.diverged(check_store(run.broker, run.d.state_dir, "tbl", run.topic).divergences) == 0
 
 
@@ -332,7 +336,7 @@ def test_clock_stepped_in_a_phase(broker: Broker, topic: Topic, daemon: Daemon, 
                                   fault: Callable[[str, str], FaultRow], phase: str, steps: str) -> None:
     first, then_, tool = STEPS[steps]
     row = fault(f"wall clock stepped {first:+d}s and back at {phase} ({tool})",
-                "loop keeps turning, new records applied, SIGTERM exits 0 within 30 s, store equals the fold")
+                "loop keeps turning, new records applied, SIGTERM exits 0 within its stop grace, store equals the fold")
     t = topic()
     run = PHASES[phase](broker, daemon, tmp_path, t, tool)
     pid = run.d.pid
@@ -355,11 +359,11 @@ def test_clock_stepped_in_a_phase(broker: Broker, topic: Topic, daemon: Daemon, 
 def test_clock_stepped_during_the_stop(broker: Broker, topic: Topic, daemon: Daemon, tmp_path: Path,
                                        fault: Callable[[str, str], FaultRow], steps: str) -> None:
     """The clock stepped while the daemon runs, then stepped back while it stands inside its shutdown: the stop
-    still ends with exit 0 within the bound, and the store equals the fold. The second step is shown by the last
+    still ends with exit 0 within its stop grace, and the store equals the fold. The second step is shown by the last
     status the daemon writes (NOT_RUNNING)."""
     first, then_, tool = STEPS[steps]
     row = fault(f"wall clock stepped {first:+d}s, then back during the stop ({tool})",
-                "exit 0 within 30 s, store == fold")
+                "exit 0 within its stop grace, store == fold")
     t = topic()
     run = _running(broker, daemon, tmp_path, t, tool)
     run.step(first)
@@ -372,9 +376,9 @@ def test_clock_stepped_during_the_stop(broker: Broker, topic: Topic, daemon: Dae
     run.check_step_in_phase(then_)
     row.injected += 1
     assert run.d.proc is not None
-    assert run.d.proc.wait(timeout=STOP_BOUND_S + 30) == 0, run.d.tail()
-    took = time.monotonic() - started
-    assert took < STOP_BOUND_S, f"SIGTERM took {took:.1f}s with the clock stepped; log:\n{run.d.tail()}"
+    assert run.d.proc.wait(timeout=STOP_WAIT_S) == 0, f"not stopped by itself within its stop grace with the " \
+                                                      f"clock stepped; log:\n{run.d.tail()}"
+    row.notes.append(f"SIGTERM to exit, the test's steps included: {time.monotonic() - started:.1f}s")
     doc = json.loads((run.d.state_dir / "status.json").read_text())
     assert doc["state"] == "NOT_RUNNING" and abs(float(doc["updated"]) - time.time() - then_) < 120, doc
     assert row.diverged(check_store(broker, run.d.state_dir, "tbl", t).divergences) == 0

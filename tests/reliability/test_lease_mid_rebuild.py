@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable
 from functools import partial
@@ -46,13 +47,43 @@ def listed(d: DaemonProcess) -> set[str]:
     return {s["id"] for s in snapshots_json(d, "tbl")}
 
 
+class Renewer:
+    """The reader's lease renewed from a thread of its own every 0.2 s (``renew`` takes a new lease once half of it
+    has run out), as a task renews while it reads, however long the test's own looks take: each is a ``globald
+    snapshots`` process, seconds apiece on a loaded 2-core machine, and renewals made between two of them came more
+    than the 6 s lease apart, which let retention delete the held snapshot (the daemon doing its job)."""
+
+    def __init__(self, reader: Snapshot) -> None:
+        self.reader = reader
+        self.failed: list[BaseException] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="lease-renewer", daemon=True)
+
+    def start(self) -> Renewer:
+        self.reader.renew()
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.2):
+            try:
+                self.reader.renew()
+            except BaseException as e:  # said by the test's thread (``stop``)
+                self.failed.append(e)
+                return
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+        assert not self.failed, f"renewing the lease failed: {self.failed[0]!r}"
+
+
 def renewing(reader: Snapshot, d: DaemonProcess, what: str, done: Callable[[], Any],
              timeout: float = TIMEOUT_S) -> Any:
-    """Renew the reader's lease (as a task does while it reads) until ``done()`` is truthy; fails naming ``what``.
-    The held snapshot must be listed at every look on the way."""
+    """Until ``done()`` is truthy, while a ``Renewer`` renews the lease; fails naming ``what``. The held snapshot
+    must be listed at every look on the way."""
     deadline = time.monotonic() + timeout
     while True:
-        reader.renew()
         assert reader.id in listed(d), f"held snapshot {reader.id} gone while {what}; log:\n{d.tail()}"
         got = done()
         if got:
@@ -81,6 +112,7 @@ def test_a_lease_renewed_mid_rebuild_keeps_its_snapshot(broker: Broker, topic: T
     expected = oracle_at(broker, t, held["offsets"])
     reader = Snapshot(d.state_dir, "tbl", held["id"], OpenOptions(lease_s=LEASE_S, holder="spark-task-1"))
     pid = d.pid
+    renewer = Renewer(reader).start()  # from here to the release
     try:
         assert {k: v for k, (v, _) in reader.to_dict().items()} == expected
         arm.write_text(json.dumps({"id": 1, "phase": plan.RESTORE, "action": "freeze", "table": "tbl",
@@ -95,7 +127,6 @@ def test_a_lease_renewed_mid_rebuild_keeps_its_snapshot(broker: Broker, topic: T
         versions = {lease_file.stat().st_ino}
         stopped = time.monotonic()
         while time.monotonic() - stopped < FROZEN_S:  # how long the daemon stands mid-rebuild: not a wait
-            reader.renew()
             versions.add(lease_file.stat().st_ino)  # each renewal renames a new file in
             time.sleep(0.2)
         assert len(versions) >= 4, f"{len(versions) - 1} renewals while the daemon stood mid-rebuild"
@@ -124,7 +155,10 @@ def test_a_lease_renewed_mid_rebuild_keeps_its_snapshot(broker: Broker, topic: T
             got = {k: v for k, v, _ in again}
         assert row.diverged(diff(got, expected)) == 0, "the held snapshot differs from the fold at its offsets"
     finally:
-        reader.close(release=True)
+        try:
+            renewer.stop()
+        finally:
+            reader.close(release=True)
     deadline = time.monotonic() + TIMEOUT_S
     while held["id"] in listed(d):  # released: the next retention deletes it
         assert time.monotonic() < deadline, f"snapshot {held['id']} kept after its lease was released"

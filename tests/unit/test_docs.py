@@ -132,11 +132,15 @@ def test_the_files_and_modules_the_docs_name_exist() -> None:
 
 def test_where_to_change_what_names_what_the_code_has() -> None:
     # The architecture page's "Where to change what" table, read against the code it points to: a live key is a
-    # LIVE line, a part keeping a client compares the ConfigRef's generation, and every kind of table change the
-    # Delta carries is named on the page and handled where the page says (Daemon._reconfigure).
+    # LIVE line, a part keeping a client compares the ConfigRef's generation, every kind of table change the Delta
+    # carries is applied by the engine (engine/tables_change.py) and announced as an event its parts take, and a
+    # reload is applied in two phases on the parts the daemon lists.
     import inspect
     from dataclasses import fields
+    from typing import get_args
 
+    from globald.engine import events, tables_change
+    from globald.service import two_phase
     from globald.service.daemon import Daemon
     from globald.settings import changes
     from globald.settings.ref import ConfigRef
@@ -145,12 +149,21 @@ def test_where_to_change_what_names_what_the_code_has() -> None:
     section = page.split("## Where to change what", 1)[1].split("\n## ", 1)[0]
     assert isinstance(changes.LIVE, dict) and isinstance(changes.WHY_NOT, dict)
     assert all(hasattr(ConfigRef, m) for m in ("now", "generation", "get", "set"))
-    apply = inspect.getsource(Daemon._reconfigure)
+    # Every kind is reached from the engine's apply, directly or through the Delta's stores_added/stores_dropped
+    engine = inspect.getsource(tables_change.apply) + inspect.getsource(changes.Delta.stores_added.fget) + \
+        inspect.getsource(changes.Delta.stores_dropped.fget)
     kinds = [f.name for f in fields(changes.Delta) if f.name in ("added", "dropped", "replaced", "redeclared")]
     assert len(kinds) == 4, kinds
     for kind in kinds:
-        assert f"delta.{kind}" in apply, f"Daemon._reconfigure does not handle Delta.{kind}"
+        assert f".{kind}" in engine, f"engine.tables_change.apply does not handle Delta.{kind}"
     table_fields = {f.name for f in fields(changes.Delta)} - {"config", "changes", "kafka_changed"}
     assert table_fields == set(kinds), f"a new kind of table change: say on the page how it lands ({table_fields})"
-    for name in ("`LIVE`", "`WHY_NOT`", "`Delta`", "`ConfigRef`", "`Daemon._reconfigure`", "`generation`"):
+    for event in get_args(events.TableEvent):
+        assert f"`{event.__name__}`" in section, event.__name__
+        assert event.__name__ in inspect.getsource(tables_change), f"{event.__name__} is never emitted"
+    apply = inspect.getsource(Daemon._reconfigure)
+    assert "two_phase.apply(" in apply
+    assert all(hasattr(two_phase.Participant, m) for m in ("prepare", "commit", "abort"))
+    for name in ("`LIVE`", "`WHY_NOT`", "`Delta`", "`ConfigRef`", "`Daemon._reconfigure`", "`generation`",
+                 "`prepare(delta)`", "`abort()`", "`commit()`", "`EngineView`"):
         assert name in section, name

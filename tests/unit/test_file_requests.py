@@ -66,7 +66,7 @@ def test_an_exact_request_is_claimed_and_an_oversized_one_refused(tmp_path: Path
 
 
 def test_an_operator_request_that_is_not_json_is_answered_so(tmp_path: Path) -> None:
-    inbox = operator_requests.RequestInbox(tmp_path, {"customers"}, lambda table, why: None)  # type: ignore[arg-type,return-value]
+    inbox = operator_requests.RequestInbox(tmp_path, None, lambda table, why: None)  # type: ignore[arg-type,return-value]
     inbox.open()
     folder = operator_requests.requests_dir(tmp_path)
     (folder / "reset-abc.json").write_bytes(b"{not json")

@@ -254,10 +254,20 @@ def test_log_lines_mask_secrets_in_messages_and_tracebacks(formatter: logging.Fo
     assert "Zq9" not in line
 
 
+class Tables:
+    """What the inbox asks of the engine: which tables it has now."""
+
+    def __init__(self, *names: str) -> None:
+        self.names = names
+
+    def table_view(self, table: str) -> object | None:
+        return object() if table in self.names else None
+
+
 def test_request_inbox_claims_each_request_once(tmp_path: Path) -> None:
     queue = RebuildRequests()
     resets: list[tuple[str, str]] = []
-    inbox = operator_requests.RequestInbox(tmp_path, {"customers"}, queue.put)
+    inbox = operator_requests.RequestInbox(tmp_path, Tables("customers"), queue.put)
     inbox.open()
     assert (tmp_path / "requests").stat().st_mode & 0o777 == 0o700
     answers: list[dict] = []
@@ -302,7 +312,7 @@ def ask(tmp_path: Path, inbox: operator_requests.RequestInbox, action: str = RES
 
 def inbox_on(tmp_path: Path) -> tuple[RebuildRequests, operator_requests.RequestInbox]:
     queue = RebuildRequests()
-    inbox = operator_requests.RequestInbox(tmp_path, {"customers"}, queue.put)
+    inbox = operator_requests.RequestInbox(tmp_path, Tables("customers"), queue.put)
     inbox.open()
     return queue, inbox
 

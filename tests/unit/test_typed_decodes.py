@@ -23,9 +23,10 @@ import pytest
 
 from globald.common import swallowed
 from globald.common.states import State
+from globald.engine.events import TableAdded, TableDropped
 from globald.ops import decoding
 from globald.ops.decoding import SnapshotDecodes
-from globald.settings.config import load
+from globald.settings.config import TableConfig, load
 from globald.snapshot import leases
 from globald.snapshot import manifest as manifests
 from globald.snapshot.manifest import Manifest
@@ -288,6 +289,12 @@ def started_afresh(d: SnapshotDecodes, current: str, old_pid: int) -> None:
     assert status(d).running_pid != old_pid
 
 
+def reload(d: SnapshotDecodes, tc: TableConfig) -> None:
+    """A reload that replaces the table with ``tc``, as the engine tells it (``engine.tables_change``)."""
+    d.on_event(TableDropped(tc.name, replaced=True))
+    d.on_event(TableAdded(tc))
+
+
 @contextlib.contextmanager
 def dropped_while_decoding(state: Path, d: SnapshotDecodes) -> Iterator[tuple[Path, int]]:
     """A snapshot whose decode runs (held on the host lock), then "tbl" made raw by a reload: (snapshot, the
@@ -299,13 +306,13 @@ def dropped_while_decoding(state: Path, d: SnapshotDecodes) -> Iterator[tuple[Pa
         pid = status(d).running_pid
         assert pid is not None
         wait_leased(state, s1.name)
-        d.reconfigure(replace(typed, tables=[replace(typed.tables[0], value=None)]))  # "tbl" is raw now
+        reload(d, replace(typed.tables[0], value=None))  # "tbl" is raw now
         yield s1, pid
 
 
 def test_a_reload_drops_a_table_while_its_decode_runs_and_adds_it_back(
         setup: tuple[Path, SnapshotDecodes, Clock]) -> None:
-    """``reconfigure`` (a reload): the decode of a dropped table is stopped, never waited for, and its end records
+    """A reload's table events: the decode of a dropped table is stopped, never waited for, and its end records
     nothing; a typed table added is decoded from then on."""
     state, d, _ = setup
     typed = d.config
@@ -318,7 +325,7 @@ def test_a_reload_drops_a_table_while_its_decode_runs_and_adds_it_back(
             d.tick(doc(s1.name))
         d.tick(doc(s1.name))
         assert d.status("tbl") is None and files(s1) == []
-    d.reconfigure(typed)  # typed again: decoded as a table just added
+    reload(d, typed.tables[0])  # typed again: decoded as a table just added
     assert status(d).runs == 0
     started_afresh(d, s1.name, pid)
     assert finish(d, s1.name).runs == 1 and files(s1) != []
@@ -336,7 +343,7 @@ def test_a_table_added_back_before_its_dropped_decode_is_collected_inherits_noth
         while alive(pid):  # it ends on its own SIGTERM; no tick collects it meanwhile
             assert time.monotonic() < deadline, "the dropped table's decode did not end"
             time.sleep(0.05)
-        d.reconfigure(typed)
+        reload(d, typed.tables[0])
         assert status(d).running_pid is None  # the old process is not the new table's
         started_afresh(d, s1.name, pid)
     assert finish(d, s1.name).runs == 1 and status(d).failures == 0 and files(s1) != []
