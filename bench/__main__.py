@@ -20,12 +20,12 @@ from typing import Any
 
 import confluent_kafka
 
-from bench import data, disk, freshness, memory, optional, recovery, report, restore
+from bench import data, disk, freshness, memory, optional, recovery, report, restore, whole_process
 from bench.env import BenchEnv
 from bench.pipelines import PIPELINES
 
 # oor rewrites the topic, disk adds records to it: they come last.
-BENCHES = ("restore", "rss", "snapshots", "freshness", "spark", "resume", "oor", "disk")
+BENCHES = ("restore", "whole", "rss", "snapshots", "freshness", "spark", "resume", "oor", "disk")
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -99,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
             progress(f"--- {bench}")
             if bench == "restore":
                 r["restore"] = restore.compare(env, ds, a.pipelines, a.repeats, a.batch, progress)
+            elif bench == "whole":
+                r["whole"] = whole_process.compare(env, ds, a.repeats, a.batch, progress)
             elif bench == "rss":
                 r["rss"] = memory.peak_rss(env, ds, progress)
             elif bench == "snapshots":

@@ -36,6 +36,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +59,8 @@ def _records(keys: Iterator[int], seed: int) -> Iterator[tuple[bytes, bytes]]:
         yield b"key-%09d" % k, rnd.randbytes(VALUE_SIZE)
 
 
-def _status(state: Path) -> dict[str, Any]:
+def status_doc(state: Path) -> dict[str, Any]:
+    """The daemon's status.json in ``state``; {} while there is none (or it is being replaced)."""
     try:
         doc: dict[str, Any] = json.loads((state / "status.json").read_text())
         return doc
@@ -67,7 +69,7 @@ def _status(state: Path) -> dict[str, Any]:
 
 
 def _table(state: Path) -> dict[str, Any]:
-    t: dict[str, Any] = (_status(state).get("tables") or {}).get(TABLE) or {}
+    t: dict[str, Any] = (status_doc(state).get("tables") or {}).get(TABLE) or {}
     return t
 
 
@@ -77,7 +79,7 @@ def _running_after(d: DaemonProcess, state: Path, ends: dict[int, int], timeout:
     d.start()
     want = {str(p): o for p, o in ends.items()}
     while time.monotonic() - started < timeout:
-        doc = _status(state)
+        doc = status_doc(state)
         table = (doc.get("tables") or {}).get(TABLE) or {}
         if doc.get("pid") == d.pid and table.get("state") == "RUNNING" and table.get("offsets") == want:
             return time.monotonic() - started, doc
@@ -85,6 +87,29 @@ def _running_after(d: DaemonProcess, state: Path, ends: dict[int, int], timeout:
             raise RuntimeError(d.tail())
         time.sleep(0.02)
     raise TimeoutError(d.tail())
+
+
+# What a new host's log says as its start goes by (its own wording), in order: the breakdown of its seconds to RUNNING.
+_MILESTONES = (("started (interpreter, imports, config checks)", "starting on"),
+               ("store opened, looking for an export", "looking for an export"),
+               ("export downloaded, checked and installed", "store installed from the export storage"),
+               ("bootstrap done, tail started", "bootstrapped from export"),
+               ("restored: the tail replayed", ": restored "),
+               ("RUNNING", "daemon state RESTORING -> RUNNING"))
+
+
+def breakdown(log: str, spawned: float) -> dict[str, float]:
+    """Seconds after ``spawned`` (epoch) at which the daemon logged each milestone it reached (its first such line)."""
+    out: dict[str, float] = {}
+    for line in log.splitlines():
+        try:
+            at = datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+        except ValueError:
+            continue
+        for name, words in _MILESTONES:
+            if name not in out and words in line:
+                out[name] = round(at - spawned, 3)
+    return out
 
 
 def _received(stats: Path, since: float, interval_s: float, timeout: float = 120) -> int:
@@ -245,16 +270,19 @@ def main(argv: list[str] | None = None) -> int:
         from_topic.stop()
         progress(f"from the topic: {topic_s:.1f} s; new host from the export")
         from_export, state = daemon("from-export", stats=True, export=export)
+        spawned = time.time()
         export_s, doc = _running_after(from_export, state, ends)
         export_rx = _received(work / "from-export.rx.json", time.time(), args.stats_ms / 1000)
         from_export.stop()
-        progress(f"from the export: {export_s:.1f} s")
+        steps = breakdown(from_export.log.read_text(errors="replace"), spawned)
+        progress(f"from the export: {export_s:.1f} s: {steps}")
         origin = doc["tables"][TABLE]["origin"]
         result: dict[str, Any] = {
             "command": " ".join(["python -m bench.export_bootstrap", *(argv if argv is not None else sys.argv[1:])]),
             "records": args.records, "tail_records": 2 * int(args.records * args.tail),
             "running_from_topic_s": round(topic_s, 2), "running_from_export_s": round(export_s, 2),
             "ratio": round(export_s / topic_s, 3), "origin": origin,
+            "from_export_breakdown_s": steps,  # seconds after the spawn, from the new host's log
             "broker_bytes": {"topic_log_bytes": log_bytes, "from_topic_rxbytes": topic_rx,
                              "from_export_rxbytes": export_rx,
                              "ratio": round(export_rx / topic_rx, 4) if topic_rx else None},

@@ -24,7 +24,7 @@ def test_bench_runs_end_to_end_on_a_small_topic(tmp_path: Path) -> None:
     out = tmp_path / "results"
     proc = subprocess.run(
         [sys.executable, "-m", "bench", "--records", "20000", "--repeats", "1", "--freshness-seconds", "2",
-         "--rates", "1000", "--benches", "restore,rss,freshness,resume,oor",
+         "--rates", "1000", "--benches", "restore,whole,rss,freshness,resume,oor",
          "--out", str(out), "--scratch", str(tmp_path)],
         cwd=REPO, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -45,11 +45,15 @@ def test_bench_runs_end_to_end_on_a_small_topic(tmp_path: Path) -> None:
 
     targets = {t["target"]: t for t in r["targets"]}
     # 7 restore/ops targets and the 3 Spark lookup targets of issue 12, the 4 disk figures of issue 21, and the
-    # churn load's disk peak and write amplification of issue 33
-    assert len(targets) == 16 and all(t["met"] is None for t in targets.values() if t["value"] is None)
+    # churn load's disk peak and write amplification of issue 33, the whole-process restore and the join's two
+    # anchors of issue 44
+    assert len(targets) == 19 and all(t["met"] is None for t in targets.values() if t["value"] is None)
     assert {"restore vs consume-only limit", "peak RSS while restoring 10M keys",
             "Spark join (mapInArrow) vs dict in mapInArrow"} <= set(targets)
     assert targets["restore vs raw batch pipeline"]["met"] in (True, False)
+    whole = r["whole"]  # both whole processes restored every record, globald's the oracle's
+    assert whole["verified"]["equal"] and len(whole["raw_batch_spawn_to_exit_seconds"]) == 1
+    assert targets["restore vs raw batch, each a whole process"]["met"] in (True, False)
     assert (out / "bench-20k.png").read_bytes().startswith(b"\x89PNG")
     md = (out / "bench-20k.md").read_text()
     assert "## Targets" in md and "globald (GlobalThread, to RUNNING)" in md

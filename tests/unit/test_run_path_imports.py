@@ -1,0 +1,92 @@
+"""``globald run`` imports only what its run path uses (issue 44): a new host's start is measured from the process's
+spawn, and an import it does not need is paid at every start (twice where the allocator re-executes it).
+
+The daemon runs for real in a child process on a config without [export] or typed tables, against a broker that
+is not there: once it has started its loop (status.json says RESTORING), the modules it loaded are listed and
+the child ends at once (a clean stop would first wait for the unreachable broker). And the allocator's re-exec
+comes before the daemon's imports and the config checks, which would otherwise run twice at every start.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.harness import REPO
+
+# Imported where their feature is used: the export target's filesystems ([export]), the Spark side, the schema
+# registry's client (typed tables with a registry), the typed decoders and their Arrow/pandas columns.
+NOT_ON_THE_RUN_PATH = ("pyarrow", "pyspark", "py4j", "pandas", "numpy", "fastavro", "google.protobuf",
+                       "confluent_kafka.schema_registry", "globald.export", "globald.spark", "globald.typed.registry",
+                       "globald.typed.columnar", "globald.typed.arrow")
+
+CHILD = r"""
+import json, os, sys, threading, time
+from pathlib import Path
+
+state = Path(sys.argv[2])
+
+def watch() -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if json.loads((state / "status.json").read_text()).get("pid") == os.getpid():
+                break
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.01)
+    time.sleep(0.3)  # a few turns of the loop: the cluster worker's first questions, the first status
+    print(json.dumps(sorted(sys.modules)), flush=True)
+    os._exit(0)
+
+threading.Thread(target=watch, daemon=True).start()
+from globald.cli.main import main
+sys.exit(main(["run", "--config", sys.argv[1]]))
+"""
+
+
+def test_globald_run_imports_nothing_its_run_path_does_not_use(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    config = tmp_path / "globald.toml"
+    # allocator = "glibc": no re-exec, so that this process is the one that runs (the re-exec runs the same path)
+    config.write_text(f'state_dir = "{state}"\nallocator = "glibc"\n[http]\nport = 0\n'
+                      '[kafka]\n"bootstrap.servers" = "127.0.0.1:9"\n'
+                      '[[tables]]\nname = "t"\ntopic = "t"\n')
+    r = subprocess.run([sys.executable, "-c", CHILD, str(config), str(state)], cwd=REPO, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip(), r.stdout[-2000:] + r.stderr[-3000:]
+    loaded = json.loads(r.stdout.strip().splitlines()[-1])
+    assert "globald.engine.thread" in loaded  # the run path was taken
+    unneeded = sorted({p for p in NOT_ON_THE_RUN_PATH for m in loaded if m == p or m.startswith(p + ".")})
+    assert not unneeded, f"imported by `globald run` though its run path does not use them: {unneeded}"
+
+
+BEFORE_EXEC = r"""
+import json, os, sys
+from globald.ops import allocator
+
+allocator.choose = lambda *args, **kwargs: "/nonexistent/libjemalloc.so.2"  # as where jemalloc is installed
+
+def execve(*args):  # the re-exec: what this process loaded until then, and the end of it
+    print(json.dumps(sorted(sys.modules)), flush=True)
+    os._exit(0)
+
+os.execve = execve
+from globald.cli.main import main
+sys.exit(main(["run", "--config", sys.argv[1]]))
+"""
+
+
+def test_the_allocator_re_exec_comes_before_the_daemons_imports_and_checks(tmp_path: Path) -> None:
+    config = tmp_path / "globald.toml"
+    config.write_text(f'state_dir = "{tmp_path / "state"}"\n[http]\nport = 0\n'
+                      '[kafka]\n"bootstrap.servers" = "127.0.0.1:9"\n[[tables]]\nname = "t"\ntopic = "t"\n')
+    r = subprocess.run([sys.executable, "-c", BEFORE_EXEC, str(config)], cwd=REPO, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0 and r.stdout.strip(), r.stdout[-2000:] + r.stderr[-3000:]
+    loaded = set(json.loads(r.stdout.strip().splitlines()[-1]))
+    assert "globald.settings.config" in loaded  # the config was read: the allocator is set there
+    # the daemon and its engine, and the Kafka properties' check (librdkafka makes a client to check them)
+    assert not loaded & {"globald.service.daemon", "globald.engine.thread", "confluent_kafka"}, sorted(loaded)
