@@ -173,7 +173,11 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     cfg = configmod.load(args.config)
     check_kafka_properties(cfg)
     _check_export_uri(cfg)
-    check_registry(cfg)  # the registry answers, with these credentials, and has every subject named
+    # The registry answers, with these credentials, and has every subject named; for a reload's check
+    # (--registry-outage-ok), a registry in trouble is said, not refused: run starts through it too.
+    outage = check_registry(cfg, outage_ok=args.registry_outage_ok)
+    if outage is not None:
+        print(f"globald: warning: {outage}", file=sys.stderr)
     check_schemas(cfg)  # every schema file read and mapped to its column type: SchemaError names key and file
     note = check_state_dir(cfg.state_dir)  # what run needs of it: created (or a directory), written, locked
     summary: dict[str, Any] = {
@@ -323,6 +327,9 @@ def build_parser() -> argparse.ArgumentParser:
     cc.add_argument("--config", metavar="FILE", help="globald TOML config")
     cc.add_argument("--keys", action="store_true",
                     help="list every config key with its type, bounds, default and help, and exit")
+    cc.add_argument("--registry-outage-ok", action="store_true",
+                    help="a Schema Registry that does not answer, or answers with an error, is a warning, not a "
+                         "failure (what a reload's check does: run starts through an outage too)")
     m = add("migrate", cmd_migrate, "take .checkpoint offsets into stores that lack them, and report", json_flag=True)
     m.add_argument("--table", metavar="NAME", help="only this table (" + TABLE_HELP + ")")
     k = add("import-kafka-streams", cmd_import_kafka_streams, "adopt a Kafka Streams global store as a table's store",

@@ -56,7 +56,7 @@ registry would not give.
 
 Outages: ``stop()`` closes the socket (a client then gets "connection refused", as from a registry that is down);
 ``start()`` serves again on the same port with the same content. ``requests`` counts what was asked, by path.
-"""
+The tests' double (tests/support/registry.py) adds the other ways a registry fails through ``intercept``."""
 
 from __future__ import annotations
 
@@ -71,7 +71,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 from urllib.parse import parse_qs, unquote, urlsplit
 
 CONTENT_TYPE = "application/vnd.schemaregistry.v1+json"
@@ -98,9 +98,10 @@ class _Schema:
 
 
 class _Error(Exception):
-    def __init__(self, status: int, code: int, message: str) -> None:
+    def __init__(self, status: int, code: int, message: str, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status, self.code, self.message = status, code, message
+        self.headers = headers or {}
 
 
 class LocalRegistry:
@@ -148,7 +149,7 @@ class LocalRegistry:
 
     # -- the server -------------------------------------------------------------------------------------------
 
-    def start(self) -> LocalRegistry:
+    def start(self) -> Self:
         server = ThreadingHTTPServer(("127.0.0.1", self.port), _handler(self))
         server.daemon_threads = True
         if self.tls is not None:
@@ -179,13 +180,18 @@ class LocalRegistry:
             self._thread.join(timeout=10)
             self._thread = None
 
-    def __enter__(self) -> LocalRegistry:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
     # -- the API ----------------------------------------------------------------------------------------------
+
+    def intercept(self) -> _Error | None:
+        """An error to answer every request with instead of its answer (it may also block first): never here, the
+        tests' double overrides it to model a registry in trouble."""
+        return None
 
     def authorized(self, header: str | None) -> bool:
         if not self.users and not self.tokens:
@@ -344,7 +350,12 @@ def _handler(registry: LocalRegistry) -> type[BaseHTTPRequestHandler]:
             registry.requests[f"{method} {path}"] += 1
             length = int(self.headers.get("Content-Length") or 0)
             raw = self.rfile.read(length) if length else b""
+            headers: dict[str, str] = {}
             try:
+                refused = registry.intercept()  # the tests' outages (tests/support/registry.py); None here
+                if refused is not None:
+                    headers = refused.headers
+                    raise refused
                 if not registry.authorized(self.headers.get("Authorization")):
                     raise _Error(401, 40101, "Unauthorized")
                 try:
@@ -358,8 +369,11 @@ def _handler(registry: LocalRegistry) -> type[BaseHTTPRequestHandler]:
             self.send_response(status)
             self.send_header("Content-Type", CONTENT_TYPE)
             self.send_header("Content-Length", str(len(out)))
+            for name, value in headers.items():
+                self.send_header(name, value)
             self.end_headers()
-            self.wfile.write(out)
+            with contextlib.suppress(OSError):  # a client that gave up meanwhile (a timeout) is gone
+                self.wfile.write(out)
 
         def do_GET(self) -> None:
             self._serve("GET")

@@ -7,7 +7,8 @@ differs from the config in force (``settings.changes``) and apply it all or noth
   SIGHUP reads the path the daemon was started with. The path is opened again each time, so an edit in place and
   an atomic symlink swap (a Kubernetes ConfigMap) are both seen.
 - **Where.** The reading and checking run on a thread of their own (``globald-reload``): check-config runs as a
-  child process (``python -m globald check-config``, the very command, registry reach included), and a
+  child process (``python -m globald check-config --registry-outage-ok``, the very command: a registry in
+  trouble is logged, not a refusal, as ``run`` starts through one; a subject it says does not exist is), and a
   registry subject's reader schema is taken again there. The loop thread only applies a checked config between two
   turns (``tick``), in two phases (``service.two_phase``): what can fail is prepared by every part first (a new
   consumer when [kafka] changed, a new listener, an added table's folder), then taken. A signal's relay thread
@@ -288,13 +289,17 @@ def _check_config(path: Path) -> str | None:
     its one line (``config error: key: what``)."""
     # The product's entry point (globald/__main__.py), the command an operator types: no module path of the command
     # line, which sits above the daemon, is spelled here.
-    argv = [sys.executable, "-m", globald.__name__, "check-config", "--config", str(path)]
+    # A registry in trouble does not refuse a reload: the start goes through it too, and a file refused once is not
+    # tried again by the watcher until its bytes change (a change made during an outage would never be applied).
+    argv = [sys.executable, "-m", globald.__name__, "check-config", "--config", str(path), "--registry-outage-ok"]
     try:
         done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, check=False,
                               timeout=CHECK_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         return f"check-config did not finish within {CHECK_TIMEOUT_S:.0f}s (a registry that does not answer?)"
     if done.returncode == 0:
+        for warning in (x for x in done.stderr.splitlines() if x.startswith("globald: warning: ")):
+            log.warning("reload of %s: %s", path, warning.removeprefix("globald: warning: "))
         return None
     line = (done.stderr.strip().splitlines() or [f"check-config exited {done.returncode}"])[-1]
     return line.removeprefix("globald: ")

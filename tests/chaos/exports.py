@@ -8,15 +8,26 @@ campaign's restore and bulk-load phases need. The ask goes out while the daemon 
 the phase is released once the export is answered or a few seconds passed.
 
 An export that did not happen proves nothing: the event counts as landed (``Outcome.hit``) only once
-``globald export`` exited 0 naming an export id whose manifest is in the storage, and a plain daemon on a state_dir
-of its own, with ``bootstrap = true``, installed that table from an export (its status ``origin``), went RUNNING at
-the log end and holds what the fold of the topic holds at its offsets. That daemon must stop on SIGTERM, exit 0,
-within ``STOP_S``.
+``globald export`` exited 0 naming an export id whose manifest is in the storage, and a second daemon on a state_dir
+of its own, with ``bootstrap = true``, went RUNNING at the log end and holds what the fold of the topic holds at its
+offsets. That daemon must stop on SIGTERM, exit 0, within ``STOP_S``.
+
+The second daemon runs under the campaign's entry (``tests.chaos.entry``) and stands frozen at the start of its
+first file's download (``entry.BOOTSTRAP_DOWNLOAD``, the largest file, the first fetched), where the event's
+``storage`` happens to the export: ``intact`` (it must install that very export: its status ``origin``), a ``torn
+file`` (that file cut to half its size), a ``missing file`` (that file deleted, the manifest still naming it) or a
+``silent file`` (a FIFO in its place: an open for reading waits forever, as on storage that never answers; the
+second daemon's ``bootstrap_timeout_s`` is ``SILENT_BOUND_S``).
+A damaged export must be refused, never installed: the origin is the topic, or an older export that does not hold
+the damaged file, and the store equals the fold either way (nothing claims more than it holds). With ``reload``, the
+config is changed (a live key) and a SIGHUP sent at the same freeze: the reload lands during the bootstrap and must
+be applied (its generation, the file's sha256) once the daemon runs.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -27,16 +38,23 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from globald.export.manifest import blob_name
+from globald.export.target import FILES_DIR
+from tests.chaos import entry
+from tests.chaos.daemon import ChaosDaemon, stopped_at_hook
 from tests.harness import REPO, DaemonProcess, write_config
 from tests.reliability.checks import check_store
 
 if TYPE_CHECKING:
-    from tests.chaos.campaign import Outcome, SeedRun
+    from tests.chaos.base import SeedBase
+    from tests.chaos.outcome import Outcome
     from tests.chaos.plan import Fault
 
 ANSWERED_S = 5.0  # held this long for the export to be answered inside the phase, then released
 EXPORTED_S = 300.0  # from the release to ``globald export``'s answer
 BOOTSTRAP_S = 180.0  # the second daemon RUNNING at the log end
+HOOK_S = 120.0  # the second daemon at its first download
+SILENT_BOUND_S = 15  # the second daemon's bootstrap_timeout_s: a silent file is given up after it
 STOP_S = 10.0  # the second daemon's stop: a bootstrapped store closes as any other
 
 
@@ -46,10 +64,11 @@ def section(root: Path, bootstrap: bool) -> dict[str, Any]:
 
 
 class ExportEvent:
-    def __init__(self, run: SeedRun, fault: Fault, out: Outcome) -> None:
+    def __init__(self, run: SeedBase, fault: Fault, out: Outcome) -> None:
         self.run, self.f, self.out = run, fault, out
         self.d = run.daemon
         self.ask: subprocess.Popen[str] | None = None
+        self.fifo: Path | None = None  # a silent file put in the storage: removed once the bootstrap is over
 
     def prepare(self) -> None:
         """Nothing before the phase: the storage is the seed's, the table one of its own."""
@@ -90,35 +109,58 @@ class ExportEvent:
         self.out.notes.append(f"exported {self.f.table} as {export_id}")
         self.out.hit = self._bootstrap(export_id)
 
+    def _config(self, root: Path, interval_ms: int) -> Path:
+        table = self.f.table
+        tmp = write_config(root / "globald.toml.tmp", root / "state", self.run.broker.settings,
+                           {table: self.run.topics[table]}, commit_interval_ms=500, metadata_refresh_ms=2000,
+                           log_level="INFO", http={"enabled": False}, snapshots={"interval_ms": interval_ms},
+                           export={**section(self.run.root, bootstrap=True), "bootstrap_timeout_s": SILENT_BOUND_S})
+        os.replace(tmp, root / "globald.toml")  # whole: a reload reads one version
+        return root / "globald.toml"
+
     def _bootstrap(self, export_id: str) -> bool:
-        """A second daemon bootstraps the table from the storage; its store against the fold."""
-        run, out, table = self.run, self.out, self.f.table
+        """A second daemon bootstraps the table from the storage, frozen at its first download for the event's
+        storage fault and reload; its origin, its reload, its store against the fold."""
+        run, out, table, p = self.run, self.out, self.f.table, self.f.params
         topic = run.topics[table]
         root = run.root / "bootstrap"
         shutil.rmtree(root, ignore_errors=True)
         root.mkdir()
-        cfg = write_config(root / "globald.toml", root / "state", run.broker.settings, {table: topic},
-                           commit_interval_ms=500, metadata_refresh_ms=2000, log_level="INFO",
-                           http={"enabled": False}, export=section(run.root, bootstrap=True))
-        second = DaemonProcess(cfg, root / "daemon.log").start()
+        cfg = self._config(root, 1000)
+        arm = root / "arm.json"
+        arm.write_text(json.dumps({"id": 1, "phase": entry.BOOTSTRAP_DOWNLOAD, "action": "freeze", "table": table}))
+        second = ChaosDaemon(cfg, root / "daemon.log", env={entry.ARM_ENV: str(arm)}, state=root / "state").start()
         run.pause_loads()  # a fixed log end to reach; the recovery after this event resumes them
         ends = run.admin.end_offsets(topic)
+        damaged = None
+        if not stopped_at_hook(second, arm.with_name(f"{arm.name}.fired-1"), HOOK_S):
+            out.problems.append(f"the second daemon never began a download within {HOOK_S:.0f}s: "
+                                f"{second.tail(20)[-600:]}")
+            self._stop(second)
+            return False
+        try:
+            damaged = self._damage(export_id)
+            if p["reload"]:
+                self._config(root, 2500)
+                os.kill(second.pid, signal.SIGHUP)  # pending while frozen: taken as the download goes on
+        finally:
+            arm.write_text("{}")
+            second.thaw()
         try:
             doc = second.wait_running({table: ends}, timeout=BOOTSTRAP_S)
+            if p["reload"]:
+                sha = hashlib.sha256(cfg.read_bytes()).hexdigest()
+                doc = second.wait_for(lambda d: (d.get("config") or {}).get("sha256") == sha, BOOTSTRAP_S,
+                                      "the reload sent during the download applied")
+                out.notes.append(f"a reload sent during the download applied: {(doc.get('config') or {})}"[:300])
         except AssertionError as e:
             out.problems.append(f"a daemon bootstrapping {table} from the exports did not reach its log end "
-                                f"{ends} within {BOOTSTRAP_S:.0f}s: {str(e)[-600:]}")
+                                f"{ends}" + (" and apply its reload" if p["reload"] else "") +
+                                f" within {BOOTSTRAP_S:.0f}s: {str(e)[-600:]}")
             self._stop(second)
             return False
         origin = doc["tables"][table].get("origin") or {}
-        ok = True
-        if origin.get("kind") != "export" or str(origin.get("export")) != export_id:  # none newer was made
-            out.problems.append(f"a daemon bootstrapping {table} did not start from export {export_id}, the newest: "
-                                f"origin {origin}")
-            ok = False
-        else:
-            out.notes.append(f"second store bootstrapped from export {origin.get('export')} (asked: {export_id}), "
-                             f"tail {origin.get('tail')}")
+        ok = self._origin_ok(origin, export_id, damaged)
         store = check_store(run.broker, root / "state", table, topic, allow_uncompared=True)
         out.checks += 1
         if store.divergences or not store.compared:
@@ -127,6 +169,52 @@ class ExportEvent:
                                 f"{store.offsets}: {store.error}")
             ok = False
         return self._stop(second) and ok
+
+    def _damage(self, export_id: str) -> str | None:
+        """The event's storage fault on the export's largest file (the first downloaded: the daemon stands at its
+        start); the file's blob name, or None when the storage stays intact."""
+        storage = self.f.params["storage"]
+        if storage == "intact":
+            return None
+        base = self.run.root / "exports" / self.f.table
+        doc = json.loads((base / "exports" / f"{export_id}.json").read_text())
+        biggest = max(doc["files"], key=lambda f: int(f["size"]))
+        blob = base / FILES_DIR / blob_name(biggest["sha256"], int(biggest["size"]))
+        if storage == "torn file":
+            with open(blob, "r+b") as f:
+                f.truncate(int(biggest["size"]) // 2)
+        else:
+            blob.unlink()
+            if storage == "silent file":  # an open for reading waits for a writer that never comes
+                os.mkfifo(blob)
+                self.fifo = blob
+        self.out.notes.append(f"storage: {storage} {blob.name} ({biggest['name']}, {biggest['size']} bytes)")
+        return blob.name
+
+    def _origin_ok(self, origin: dict[str, Any], export_id: str, damaged: str | None) -> bool:
+        """Intact: that very export installed (none newer was made). Damaged: never an export holding the file."""
+        out, table = self.out, self.f.table
+        if damaged is None:
+            if origin.get("kind") != "export" or str(origin.get("export")) != export_id:
+                out.problems.append(f"a daemon bootstrapping {table} did not start from export {export_id}, the "
+                                    f"newest: origin {origin}")
+                return False
+            out.notes.append(f"second store bootstrapped from export {origin.get('export')}, tail {origin.get('tail')}")
+            return True
+        if origin.get("kind") == "export":
+            used = self.run.root / "exports" / table / "exports" / f"{origin.get('export')}.json"
+            names = [blob_name(f["sha256"], int(f["size"])) for f in json.loads(used.read_text())["files"]]
+            if damaged in names and self.f.params["storage"] == "torn file":
+                out.divergences += 1
+                out.problems.append(f"a daemon bootstrapping {table} installed export {origin.get('export')}, whose "
+                                    f"file {damaged} was torn: origin {origin}")
+                return False
+            if damaged in names:  # deleted while a downloader that raced the frozen one had it open: read whole
+                out.notes.append(f"export {origin.get('export')} installed: its deleted file was already open")
+                return True
+        out.notes.append(f"damaged export refused: origin {origin.get('kind')} {origin.get('export') or ''}, "
+                         f"fallback {str(origin.get('fallback'))[:300]}")
+        return True
 
     def _stop(self, second: DaemonProcess) -> bool:
         assert second.proc is not None
@@ -146,6 +234,9 @@ class ExportEvent:
         return True
 
     def close(self) -> None:
+        if self.fifo is not None:  # the exporter must not find it: its upload's open would wait forever too
+            self.fifo.unlink(missing_ok=True)
+            self.fifo = None
         if self.ask is not None:
             if self.ask.poll() is None:
                 self.ask.kill()

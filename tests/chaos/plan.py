@@ -36,6 +36,16 @@ RELOAD_LIVE, RELOAD_TABLE, SIGHUP_BURST = "reload live key", "reload adds and dr
 RELOAD_KINDS = (RELOAD_LIVE, RELOAD_TABLE, SIGHUP_BURST)
 EXPORT = "export requested"
 EXPORT_KINDS = (EXPORT,)
+# The export's storage while a second daemon bootstraps from it (tests.chaos.exports): as written, a file torn
+# (truncated), a file the manifest names gone, a file that never answers (a FIFO: its open blocks).
+EXPORT_STORAGE = ("intact", "torn file", "missing file", "silent file")
+# Schema Registry faults (tests.chaos.registry_faults), met by a registry-typed table while it restores, runs, or
+# reloads: the double's modes (tests/support/registry.py), each a cell with each phase.
+REGISTRY = "registry fault"
+REGISTRY_KINDS = (REGISTRY,)
+RELOADING = "reload"  # a phase of the registry events only: the fault met by a reload taking the reader schema
+REGISTRY_PHASES = (RESTORE, STEADY, RELOADING)
+REGISTRY_MODES = ("silent", "503", "429", "401", "slow")
 # Where a reload or an export lands: every phase whose daemon has its reload thread and goes on to apply it, or
 # its loop to export (at start neither runs yet, and a stop applies and exports nothing: proves nothing).
 RELOAD_PHASES = (RESTORE, BULK_END, STEADY, COMMIT, PUBLISH, EXACT)
@@ -47,6 +57,7 @@ BULK, SMALL = "bulk", "small"  # the campaign's two tables: one restored as a bu
 CLOCK_STEPS = (-86_400, -3_600, -600, -30, 30, 600, 3_600, 86_400, 31_536_000)
 _CYCLE_SEED = 20_260_508  # fixes the order of the (kind, phase) cycle; never derived from a campaign seed
 _EXPORT_CYCLE_SEED = 20_261_130  # the same for the export events' phases
+_REGISTRY_CYCLE_SEED = 20_261_129  # the same for the registry events' (mode, phase) cycle
 _RELOAD_CYCLE_SEED = 20_261_164  # the same for the reload events' (kind, phase) cycle; seed 10 (the CI form's),
 # two events: a SIGHUP burst and a table added and dropped by `globald reload`, both in cheap phases
 
@@ -74,14 +85,21 @@ class Fault:
             what = f"{self.kind} {p['key']} = {p['value']} by {p['via']}"
         elif self.kind == RELOAD_TABLE:
             what = f"{self.kind} by {p['via']}"
+        elif self.kind == REGISTRY:
+            what = f"registry {p['mode']}" + (f" Retry-After {p['retry_after']}s" if p["mode"] in ("503", "429")
+                                              else "")
         elif self.kind == SIGHUP_BURST:
             what = f"{self.kind} of {p['count']} ({p['key']} = {p['value']})"
+        elif self.kind == EXPORT:
+            what = f"{self.kind}, bootstrap from it with its storage {p['storage']}" + (
+                ", a reload during the download" if p["reload"] else "")
         elif "duration" in p:
             what = f"{self.kind} {p['duration']}s"
         else:
             what = self.kind
         where = self.phase + (f" ({p['when']})" if "when" in p else "")
-        if self.phase in (RESTORE, BULK_END, EXACT) or self.kind in (RETENTION, RECREATE, EXPORT):
+        if (self.phase in (RESTORE, BULK_END, EXACT) or self.kind in (RETENTION, RECREATE, EXPORT)) and \
+                self.kind != REGISTRY:
             where += f" on {self.table}"
         return f"{what} @ {where}"
 
@@ -119,6 +137,10 @@ def params(seed: int, index: int, kind: str, phase: str) -> dict[str, Any]:
                    count=rnd.randint(3, 8))
         if kind == SIGHUP_BURST:
             out["via"] = "SIGHUP"
+    elif kind == REGISTRY:
+        out.update(retry_after=rnd.choice((1, 3, 8)))
+    elif kind == EXPORT:  # what the storage does while a second daemon downloads it, and a reload landing then
+        out.update(storage=rnd.choice(EXPORT_STORAGE), reload=rnd.random() < 0.5)
     return out
 
 
@@ -164,7 +186,24 @@ def exports(seed: int, n: int, first: int) -> list[Fault]:
     return _take(export_cycle(), seed, n, first)
 
 
-def events(seed: int, faults: int, reload_events: int, export_events: int = 0) -> list[Fault]:
-    """What one seed runs: its faults, then its reload events, then its export events."""
+def registry_cycle() -> list[tuple[str, str]]:
+    cells = [(m, p) for m in REGISTRY_MODES for p in REGISTRY_PHASES]
+    random.Random(_REGISTRY_CYCLE_SEED).shuffle(cells)
+    return cells
+
+
+def registry_events(seed: int, n: int, first: int) -> list[Fault]:
+    """The seed's ``n`` registry events, numbered from ``first`` (after its faults, reload and export events)."""
+    cells = registry_cycle()
+    out = []
+    for i in range(n):
+        mode, phase = cells[(seed * n + i) % len(cells)]
+        out.append(Fault(seed, first + i, REGISTRY, phase, {**params(seed, first + i, REGISTRY, phase), "mode": mode}))
+    return out
+
+
+def events(seed: int, faults: int, reload_events: int, export_events: int = 0, registry: int = 0) -> list[Fault]:
+    """What one seed runs: its faults, then its reload events, its export events, its registry events."""
     return (plan(seed, faults) + reloads(seed, reload_events, faults)
-            + exports(seed, export_events, faults + reload_events))
+            + exports(seed, export_events, faults + reload_events)
+            + registry_events(seed, registry, faults + reload_events + export_events))

@@ -35,7 +35,8 @@ from tests.harness import REPO, random_records, write_config
 from tests.reliability.checks import check_store
 
 if TYPE_CHECKING:
-    from tests.chaos.campaign import Outcome, SeedRun
+    from tests.chaos.base import SeedBase
+    from tests.chaos.outcome import Outcome
     from tests.chaos.plan import Fault
 
 EXTRA = "extra"  # the table a reload adds and drops; its topic is created once per seed, small
@@ -89,7 +90,7 @@ class ReloadEvent:
     """One reload event of ``run`` (a ``campaign.SeedRun``): prepare before the phase is driven, ask when the daemon
     stands in it, confirm while and after it is held."""
 
-    def __init__(self, run: SeedRun, fault: Fault, out: Outcome) -> None:
+    def __init__(self, run: SeedBase, fault: Fault, out: Outcome) -> None:
         self.run, self.f, self.out = run, fault, out
         self.d = run.daemon
         self.asks: list[subprocess.Popen[str]] = []
@@ -254,6 +255,6 @@ class ReloadEvent:
         self.asks = []
 
 
-def create_extra(run: SeedRun, topic: str, partitions: int) -> None:
+def create_extra(run: SeedBase, topic: str, partitions: int) -> None:
     run.admin.create(topic, partitions=partitions)
     run.admin.produce(topic, random_records(EXTRA_RECORDS, keys=EXTRA_KEYS, seed=run.seed * 100 + 7))

@@ -74,9 +74,10 @@ class Campaign:
         for seed in self.seeds():
             run = SeedRun(self, seed)
             a = self.args
-            faults = plan.events(seed, a.faults_per_seed, a.reloads_per_seed, a.exports_per_seed)
-            say(f"seed {seed}: {a.faults_per_seed} faults, {a.reloads_per_seed} reload and {a.exports_per_seed} "
-                f"export events planned; working in {run.root}")
+            faults = plan.events(seed, a.faults_per_seed, a.reloads_per_seed, a.exports_per_seed,
+                                 a.registry_per_seed)
+            say(f"seed {seed}: {a.faults_per_seed} faults, {a.reloads_per_seed} reload, {a.exports_per_seed} "
+                f"export and {a.registry_per_seed} registry events planned; working in {run.root}")
             try:
                 run.setup()
                 for probe in run.probes():
@@ -113,7 +114,8 @@ class Campaign:
     def command(self) -> str:
         a = self.args
         cmd = (f"python -m tests.chaos --seed {a.seed} --seeds {a.seeds} --faults-per-seed {a.faults_per_seed} "
-               f"--reloads-per-seed {a.reloads_per_seed} --exports-per-seed {a.exports_per_seed}")
+               f"--reloads-per-seed {a.reloads_per_seed} --exports-per-seed {a.exports_per_seed} "
+               f"--registry-per-seed {a.registry_per_seed}")
         if a.only_fault is not None:
             cmd += f" --only-fault {a.only_fault}"
         return cmd
@@ -186,7 +188,8 @@ class Campaign:
             a = self.args
             lines += [f"- **seed {f.seed}, fault {f.index}**: {f.describe()} — replay: `python -m tests.chaos "
                       f"--seed {f.seed} --faults-per-seed {a.faults_per_seed} --reloads-per-seed "
-                      f"{a.reloads_per_seed} --exports-per-seed {a.exports_per_seed} --only-fault {f.index}`"]
+                      f"{a.reloads_per_seed} --exports-per-seed {a.exports_per_seed} --registry-per-seed "
+                      f"{a.registry_per_seed} --only-fault {f.index}`"]
             lines += [f"  - {p}" for p in o.problems]
             if o.divergences and not o.problems:
                 lines.append(f"  - {o.divergences} divergences")
@@ -229,9 +232,14 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                    help="reload events per seed, after its faults (default 3; see tests/chaos/reloads.py)")
     p.add_argument("--exports-per-seed", type=int, default=2,
                    help="export events per seed, after its reload events (default 2; see tests/chaos/exports.py)")
-    p.add_argument("--only-kind", action="append", choices=(*plan.KINDS, *plan.RELOAD_KINDS, *plan.EXPORT_KINDS),
+    p.add_argument("--registry-per-seed", type=int, default=2,
+                   help="Schema Registry fault events per seed, after its export events (default 2; see "
+                        "tests/chaos/registry_faults.py)")
+    p.add_argument("--only-kind", action="append",
+                   choices=(*plan.KINDS, *plan.RELOAD_KINDS, *plan.EXPORT_KINDS, *plan.REGISTRY_KINDS),
                    help="run only faults (or events) of this kind")
-    p.add_argument("--only-phase", action="append", choices=plan.PHASES, help="run only faults in this phase")
+    p.add_argument("--only-phase", action="append", choices=(*plan.PHASES, plan.RELOADING),
+                   help="run only faults in this phase")
     p.add_argument("--recover-timeout", type=float, default=180.0,
                    help="seconds a healed fault may take to RUNNING at the log end (default 180)")
     p.add_argument("--clock", choices=("python", "libfaketime"), default="python",

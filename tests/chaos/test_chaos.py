@@ -1,5 +1,6 @@
-"""CI form of the chaos campaign: one seed, a handful of faults and two reload events (a SIGHUP burst, a table added
-and dropped by ``globald reload``), against the real daemon on its own broker.
+"""CI form of the chaos campaign: one seed, a handful of faults, two reload events (a SIGHUP burst, a table added
+and dropped by ``globald reload``) and one Schema Registry event (silent, met by a reload), against the real daemon
+on its own broker.
 
 It fails on any divergence, any PID change the campaign did not cause, any fault not recovered, any planned fault
 not injected (or an I/O fault the daemon never met: ``tests.chaos.reach``; a reload it did not apply:
@@ -26,11 +27,13 @@ from tests.chaos.campaign import Outcome
 from tests.chaos.entry import SteppedClock
 from tests.ci import unavailable
 from tests.harness import REPO
+from tests.support import registry as registry_double
 
 SEED = int(os.environ.get("GLOBALD_CHAOS_SEED", "10"))
 FAULTS = 5
 RELOADS = 2  # reload events after the faults (tests/chaos/reloads.py)
 EXPORTS = 0  # export events after those: ~25 s each (a second daemon bootstraps), beyond the CI budget
+REGISTRY = 1  # Schema Registry events after those (tests/chaos/registry_faults.py): seed 10's is silent @ reload
 
 
 def test_a_fault_is_a_function_of_its_seed_and_index() -> None:
@@ -88,6 +91,31 @@ def test_export_events_come_after_the_reload_events_and_cover_their_phases() -> 
     phases = {e.phase for s in range(args.seed, args.seed + args.seeds)
               for e in plan.exports(s, args.exports_per_seed, args.faults_per_seed + args.reloads_per_seed)}
     assert phases == set(plan.RELOAD_PHASES)
+
+
+def test_make_chaos_bootstraps_from_every_storage_fault_with_and_without_a_reload() -> None:
+    """``make chaos`` bootstraps from an intact, a torn and a missing-file export, each with a reload landing during
+    the download and without."""
+    args = runner.parse([])
+    events = [e for s in range(args.seed, args.seed + args.seeds)
+              for e in plan.exports(s, args.exports_per_seed, args.faults_per_seed + args.reloads_per_seed)]
+    assert {(e.params["storage"], e.params["reload"]) for e in events} == {
+        (storage, reload) for storage in plan.EXPORT_STORAGE for reload in (False, True)}
+
+
+def test_registry_events_come_last_and_make_chaos_has_every_fault_in_every_phase() -> None:
+    """Registry events are numbered after a seed's export events and move nothing before them; ``make chaos`` meets
+    each of the registry double's faults in a restore, in steady state and in a reload."""
+    events = plan.events(3, 22, 3, 2, 2)
+    assert events[:27] == plan.events(3, 22, 3, 2)
+    assert [(e.index, e.kind) for e in events[27:]] == [(27, plan.REGISTRY), (28, plan.REGISTRY)]
+    assert events[27:] == plan.registry_events(3, 2, 27)
+    args = runner.parse([])
+    first = args.faults_per_seed + args.reloads_per_seed + args.exports_per_seed
+    cells = {(e.params["mode"], e.phase) for s in range(args.seed, args.seed + args.seeds)
+             for e in plan.registry_events(s, args.registry_per_seed, first)}
+    assert cells == {(m, p) for m in plan.REGISTRY_MODES for p in plan.REGISTRY_PHASES}
+    assert set(plan.REGISTRY_MODES) == set(registry_double.MODES)
 
 
 def test_a_reload_event_not_applied_is_not_a_landed_one() -> None:
@@ -178,6 +206,7 @@ def test_short_seeded_campaign(tmp_path: Path) -> None:
         unavailable(why)
     args = runner.parse(["--seed", str(SEED), "--seeds", "1", "--faults-per-seed", str(FAULTS),
                          "--reloads-per-seed", str(RELOADS), "--exports-per-seed", str(EXPORTS),
+                         "--registry-per-seed", str(REGISTRY),
                          "--recover-timeout", "120", "--report-dir", str(runner.report_dir() / "ci")])
     campaign = runner.run(args)
     report = (runner.report_dir() / "ci" / "report.md").read_text()
@@ -185,7 +214,8 @@ def test_short_seeded_campaign(tmp_path: Path) -> None:
     assert campaign.probes and all(p.ok for _, p in campaign.probes), report
     # Every planned fault injected (a fault that did not happen proves nothing), and every I/O fault met by the
     # daemon (``Outcome.failed`` says so for those that were not).
-    assert len(campaign.outcomes) == FAULTS + RELOADS + EXPORTS and all(o.injected for o in campaign.outcomes), report
+    planned = FAULTS + RELOADS + EXPORTS + REGISTRY
+    assert len(campaign.outcomes) == planned and all(o.injected for o in campaign.outcomes), report
     failed = [o for o in campaign.outcomes if o.failed]
     unmet = [o for o in failed if unmet_only(o)]
     assert not [o for o in failed if o not in unmet], report
