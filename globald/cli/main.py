@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from globald.cli.checks import check_export_uri, check_typed, cmd_check_config
 from globald.cli.read import AS_OF_HELP, DECODE_HELP, DUMP_FORMATS, cmd_dump, cmd_get, cmd_snapshots
 from globald.cli.reload import add_reload_arguments, cmd_reload
 from globald.cli.status import cmd_status
@@ -28,9 +29,7 @@ from globald.common.errors import (
     UsageError,
 )
 from globald.settings import config as configmod
-from globald.settings import registry as registry_settings
-from globald.settings import spec as configspec
-from globald.settings.kafka_properties import check_kafka_properties, redact, secret_values
+from globald.settings.kafka_properties import check_kafka_properties, secret_values
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -53,9 +52,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     from globald.typed.avro_resolve import check_readers
 
     check_kafka_properties(cfg)
-    _check_export_uri(cfg)
+    check_export_uri(cfg)
     check_readers(cfg)  # as check-config does: a reader schema that cannot read a writer schema is exit 2
-    _check_typed(cfg)
+    check_typed(cfg)
     refuse_if_owned(cfg.state_dir)  # a second daemon is refused as such, before its [http] port is found taken
     logs.setup(cfg.log_level, cfg.log_format, secret_values(cfg))
     logging.getLogger("globald").debug("glibc malloc tuning: %s", allocator.tune_glibc() or "none")
@@ -80,38 +79,6 @@ def _exit_past_storage_calls(code: int) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
-
-
-def _check_export_uri(cfg: configmod.Config) -> None:
-    """An [export] uri pyarrow cannot make a filesystem of (a typo in an option) is a config error, exit 2;
-    storage that is only unreachable is not (the daemon serves and restores from the topic meanwhile)."""
-    if cfg.export is None:
-        return
-    from globald.export.target import check_uri
-
-    try:
-        check_uri(cfg.export.uri)
-    except ValueError as e:
-        raise ConfigError("export.uri", str(e)) from None
-
-
-def _check_typed(cfg: configmod.Config) -> None:
-    """The typed tables' schemas checked as check-config does, in a process of its own (``globald.typed.check``):
-    a missing schema file is a config error now (exit 2), not an error logged at every decode."""
-    if cfg.source is None or not any(t.typed for t in cfg.tables):
-        return
-    import subprocess
-
-    from globald.typed import check as typed_check
-
-    done = subprocess.run([sys.executable, "-m", typed_check.__name__, "--config", str(cfg.source)],
-                          stdin=subprocess.DEVNULL, capture_output=True, text=True, check=False)
-    if done.returncode != exitcodes.OK:
-        line = (done.stderr.strip().splitlines() or [""])[-1].removeprefix("globald: config error: ")
-        key, sep, message = line.partition(": ")
-        if done.returncode == exitcodes.USAGE and sep:
-            raise ConfigError(key, message)
-        raise ConfigError("tables", f"the typed schema check failed (exit {done.returncode}): {line}")
 
 
 def cmd_reset(args: argparse.Namespace) -> int:
@@ -154,46 +121,6 @@ def cmd_export(args: argparse.Namespace) -> int:
                           "uploaded_bytes": answer.get("uploaded_bytes")}, sort_keys=True))
     else:
         print(f"table {table.name} exported as {answer.get('export')} ({answer.get('uploaded_bytes')} bytes uploaded)")
-    return exitcodes.OK
-
-
-def cmd_check_config(args: argparse.Namespace) -> int:
-    if args.keys:
-        if args.json:
-            print(json.dumps([k.as_json() for k in configspec.declared_keys(configmod.Config)]))
-        else:
-            print(configspec.reference(configmod.Config))
-        return exitcodes.OK
-    if args.config is None:  # optional only so that --keys needs no file
-        raise ConfigError("--config", "is required (or pass --keys to list the config keys)")
-    from globald.store.statedir import check_state_dir
-    from globald.typed import check_schemas
-    from globald.typed.registry import check_registry
-
-    cfg = configmod.load(args.config)
-    check_kafka_properties(cfg)
-    _check_export_uri(cfg)
-    # The registry answers, with these credentials, and has every subject named; for a reload's check
-    # (--registry-outage-ok), a registry in trouble is said, not refused: run starts through it too.
-    outage = check_registry(cfg, outage_ok=args.registry_outage_ok)
-    if outage is not None:
-        print(f"globald: warning: {outage}", file=sys.stderr)
-    check_schemas(cfg)  # every schema file read and mapped to its column type: SchemaError names key and file
-    note = check_state_dir(cfg.state_dir)  # what run needs of it: created (or a directory), written, locked
-    summary: dict[str, Any] = {
-        "ok": True,
-        "state_dir": str(cfg.state_dir),
-        "state_dir_note": note,
-        "tables": {t.name: t.topic for t in cfg.tables},
-        "kafka": redact(cfg.kafka),
-        "registry": registry_settings.redact(cfg.registry),
-    }
-    if args.json:
-        print(json.dumps(summary, sort_keys=True))
-    else:
-        print(f"{args.config}: OK ({len(cfg.tables)} table(s), state_dir {cfg.state_dir})")
-        if note:
-            print(f"  note: {note}")
     return exitcodes.OK
 
 

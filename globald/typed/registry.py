@@ -16,11 +16,12 @@ Contract:
   decode error whose text is "schema N not yet fetched (why)", never a bad record. It is asked again at most every
   ``RETRY_S`` per process. Two failures hold every id of every process on the host (the daemon starts a decode
   process per attempt, so a per-process memory alone would ask again at each): a 429 or 503 with ``Retry-After``
-  (no id is asked before that time, bounded by ``MAX_WAIT_S``), and a request that timed out (a silent or slow
-  registry: ``RETRY_S``, so that it costs one timeout, not one per id). That wait is kept in
-  ``state_dir/registry/wait.json`` and ends early when the registry answers. The columnar file of a snapshot
-  records its pending ids, and is decoded again once one of them can be had (``globald.typed.columnar``,
-  ``globald.ops.decoding``). An id the registry says it does not have (40403) is an ordinary decode error.
+  (no id is asked before that time, bounded by ``registry_http.MAX_WAIT_S``), and a request that timed out (a
+  silent or slow registry: ``RETRY_S``, so that it costs one timeout, not one per id). That wait is kept in
+  ``state_dir/registry/wait.json`` (``registry_http.HostWait``) and ends early when the registry answers. The
+  columnar file of a snapshot records its pending ids, and is decoded again once one of them can be had
+  (``globald.typed.columnar``, ``globald.ops.decoding``). An id the registry says it does not have (40403) is an
+  ordinary decode error.
 - Reader schemas (``subject``): ``take_reader_schemas`` (the daemon at start, and the reload) asks the registry for
   each subject's latest version (or ``subject_version``) and pins it in ``state_dir/registry/readers/`` (subject,
   version, id), the schema itself cached by id. Readers (Spark, the decode process, ``get --decode``) read the pin,
@@ -31,14 +32,11 @@ Contract:
 from __future__ import annotations
 
 import base64
-import contextlib
 import json
 import logging
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from email.utils import parsedate_to_datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -48,6 +46,13 @@ from globald.settings.typed_spec import SchemaError, ValueFormat
 from globald.store.durable import make_dirs, replace_file
 from globald.store.names import REGISTRY_DIR
 from globald.typed.references import MAX_REF_DEPTH, dereference, inline, proto_descriptor_set, proto_file
+from globald.typed.registry_http import (
+    HostWait,
+    client,
+    describe,
+    forget_retry_after,
+    is_not_found,
+)
 
 if TYPE_CHECKING:
     from globald.settings.config import Config
@@ -56,11 +61,7 @@ log = logging.getLogger(__name__)
 
 SCHEMAS_DIR, READERS_DIR = "schemas", "readers"
 RETRY_S = 5.0  # an id the registry could not give is asked again at most this often per process
-MAX_WAIT_S = 900.0  # the longest Retry-After obeyed: a registry's mistake must not hold decoding for days
 WAIT_FILE = "wait.json"
-# Bounds of one request unless [registry] says otherwise: a decode waits for a registry that is down at most this.
-CLIENT_DEFAULTS: dict[str, Any] = {"timeout": 10, "max.retries": 1, "retries.wait.ms": 200}
-NOT_FOUND_SCHEMA, NOT_FOUND_SUBJECT, NOT_FOUND_VERSION = 40403, 40401, 40402
 SCHEMA_TYPES = {"avro": "AVRO", "json": "JSON", "protobuf": "PROTOBUF"}  # globald format -> the registry's schemaType
 SUFFIXES = {"AVRO": ".avsc", "JSON": ".json", "PROTOBUF": ".desc"}  # as in a writer_schemas directory
 
@@ -83,85 +84,6 @@ def cache_dir(state_dir: Path) -> Path:
     return state_dir / REGISTRY_DIR
 
 
-def describe(e: BaseException) -> str:
-    """One line on what failed: unreachable, unauthorized, not found..."""
-    code = getattr(e, "error_code", None)
-    status = getattr(e, "http_status_code", None)
-    message = getattr(e, "error_message", None) or str(e)
-    if status in (401, 403):
-        return f"unauthorized (HTTP {status}, error {code}): {message}"
-    if code == NOT_FOUND_SUBJECT:
-        return f"subject not found (error {code}): {message}"
-    if code in (NOT_FOUND_SCHEMA, NOT_FOUND_VERSION):
-        return f"not found (error {code}): {message}"
-    if status is not None:
-        return f"HTTP {status}, error {code}: {message}"
-    return f"unreachable ({type(e).__name__}: {message})"
-
-
-_CLIENTS: dict[str, Any] = {}
-_CLIENTS_LOCK = threading.Lock()
-_LAST = threading.local()  # the Retry-After of the last answer this thread got, seconds (None: none given)
-
-
-def retry_after(value: str | None) -> float | None:
-    """The seconds a ``Retry-After`` header asks for (a number of seconds or an HTTP date), within MAX_WAIT_S."""
-    if not value:
-        return None
-    try:
-        seconds = float(value)
-    except ValueError:
-        try:
-            seconds = parsedate_to_datetime(value).timestamp() - time.time()
-        except (TypeError, ValueError, IndexError, OverflowError):
-            return None
-    return min(max(seconds, 0.0), MAX_WAIT_S)
-
-
-def _note_answer(response: Any) -> None:
-    """httpx response hook: what the client's SchemaRegistryError does not keep, the Retry-After of a 429 or 503."""
-    status = getattr(response, "status_code", None)
-    _LAST.retry_after = retry_after(response.headers.get("Retry-After")) if status in (429, 503) else None
-
-
-def _hook(found: Any) -> None:
-    """Attach ``_note_answer`` to the client's HTTP session (confluent-kafka keeps it in ``_rest_client.session``;
-    a client without one keeps working, without Retry-After)."""
-    session = getattr(getattr(found, "_rest_client", None), "session", None)
-    hooks = getattr(session, "event_hooks", None)
-    if isinstance(hooks, dict):
-        hooks.setdefault("response", []).append(_note_answer)
-
-
-def client(settings: dict[str, Any]) -> Any:
-    """The ``SchemaRegistryClient`` of [registry] settings, one per process and settings."""
-    key = json.dumps(settings, sort_keys=True, default=str)
-    with _CLIENTS_LOCK:
-        found = _CLIENTS.get(key)
-        if found is None:
-            try:
-                from confluent_kafka.schema_registry import SchemaRegistryClient
-            except ImportError as e:
-                raise SchemaError("registry", "needs confluent-kafka's schemaregistry extra (pip install "
-                                  f"'globald[typed]'): {e}") from None
-            try:
-                found = _CLIENTS[key] = SchemaRegistryClient({**CLIENT_DEFAULTS, **settings})
-            except (ValueError, TypeError, OSError) as e:  # unknown keys, bad TLS files: the client's own words
-                raise SchemaError("registry", str(e)) from None
-            _hook(found)
-        return found
-
-
-def _timed_out(e: BaseException) -> bool:
-    """A request the registry did not answer in time: httpx's (or httpx2's, whichever the client uses) timeouts are
-    ``TimeoutException``s, Python's own ``TimeoutError``."""
-    return any(c.__name__ in ("TimeoutException", "TimeoutError") for c in type(e).__mro__)
-
-
-def _is_not_found(e: BaseException) -> bool:
-    return getattr(e, "error_code", None) in (NOT_FOUND_SCHEMA, NOT_FOUND_SUBJECT, NOT_FOUND_VERSION)
-
-
 class Registry:
     """One table's view of the registry: its client settings and the daemon's cache directory."""
 
@@ -172,6 +94,7 @@ class Registry:
         self.kind = SCHEMA_TYPES[fmt]  # the registry's schemaType of the table's format
         self._schemas: dict[int, str] = {}
         self._failed: dict[int, float] = {}  # id -> monotonic time of the last failed fetch
+        self.wait = HostWait(self.dir / WAIT_FILE, table, self._store)
 
     @property
     def where(self) -> str:
@@ -190,10 +113,10 @@ class Registry:
         failed = self._failed.get(schema_id)
         if failed is not None and time.monotonic() - failed < RETRY_S:
             raise PendingSchema(schema_id, f"registry {self.where} did not answer; asked again within {RETRY_S:.0f}s")
-        waiting = self._waiting()
+        waiting = self.wait.waiting()
         if waiting is not None:
             raise PendingSchema(schema_id, f"registry {self.where}: {waiting}")
-        _LAST.retry_after = None
+        forget_retry_after()
         try:
             text = self._fetch(schema_id)
         except DecodeError:  # the registry answered, with a schema this cannot use: no use waiting for it
@@ -201,50 +124,11 @@ class Registry:
             raise
         except Exception as e:
             self._failed[schema_id] = time.monotonic()
-            if _is_not_found(e):
+            if is_not_found(e):
                 raise DecodeError(f"schema {schema_id} is not in the registry {self.where}: {describe(e)}") from None
-            raise PendingSchema(schema_id, f"registry {self.where}: {self._hold_all(e)}") from None
+            raise PendingSchema(schema_id, f"registry {self.where}: {self.wait.hold_all(e, RETRY_S)}") from None
         self._failed.pop(schema_id, None)
         return text
-
-    # -- the wait every process on the host keeps (Retry-After, a timeout) -----------------------------------
-
-    def _wait_path(self) -> Path:
-        return self.dir / WAIT_FILE
-
-    def _waiting(self) -> str | None:
-        """Why no id may be asked now (a Retry-After, a timeout, in force), or None."""
-        try:
-            doc = json.loads(self._wait_path().read_text(encoding="utf-8"))
-            until, why = float(doc["until"]), str(doc["why"])
-        except (OSError, ValueError, KeyError, TypeError):
-            return None
-        left = until - time.time()
-        # Past, or further than any wait ever written (the wall clock stepped back): not in force.
-        if left <= 0 or left > MAX_WAIT_S:
-            return None
-        return f"{why}; not asked again for {left:.0f}s"
-
-    def _hold_all(self, e: BaseException) -> str:
-        """After a failure that asks every process to wait (module docstring), write that wait down. Returns what
-        failed, in one line."""
-        wait = getattr(_LAST, "retry_after", None)
-        if wait is not None:
-            why = f"{describe(e)}, Retry-After {wait:.0f}s"
-        elif _timed_out(e):
-            wait, why = RETRY_S, describe(e)
-        else:
-            return describe(e)
-        try:
-            self._store(self._wait_path(), json.dumps({"until": time.time() + wait, "why": why}))
-        except OSError as err:  # this process still waits per id (RETRY_S)
-            log.warning("table %s: cannot keep the registry's wait in %s: %s", self.table, self.dir, err)
-        return why
-
-    def _answered(self) -> None:
-        """The registry answered: whatever wait was kept is over."""
-        with contextlib.suppress(OSError):
-            self._wait_path().unlink(missing_ok=True)
 
     def available(self, ids: list[int]) -> bool:
         """Whether any of ``ids`` (pending when a columnar file was decoded) can be had now."""
@@ -276,7 +160,7 @@ class Registry:
         from globald.typed.arrow import DecodeError
 
         schema = client(self.settings).get_schema(schema_id, fmt=self._format)
-        self._answered()
+        self.wait.answered()
         if (schema.schema_type or "AVRO") != self.kind:
             raise DecodeError(f"schema {schema_id} is {schema.schema_type or 'AVRO'}, not {self.kind}")
         if self.kind == "PROTOBUF":
@@ -378,7 +262,7 @@ class Registry:
             c = client(self.settings)
             # get_version("latest") asks the registry each time; get_latest_version would answer from a cache.
             got = c.get_version(fmt.subject, fmt.subject_version or "latest", fmt=self._format)
-            self._answered()
+            self.wait.answered()
             pin = Pin(fmt.subject, int(got.version), int(got.schema_id))
             self.writer(pin.id)  # the schema itself, cached by id like any other
         except (DecodeError, GlobaldError) as e:

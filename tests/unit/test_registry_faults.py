@@ -97,7 +97,7 @@ def test_a_silent_registry_costs_one_timeout_not_one_per_id(tmp_path: Path, regi
 
 
 def test_retry_after_is_seconds_or_a_date_and_bounded() -> None:
-    from globald.typed.registry import retry_after
+    from globald.typed.registry_http import retry_after
 
     assert retry_after("30") == 30 and retry_after(None) is None and retry_after("soon") is None
     assert retry_after("99999999") == 900.0 and retry_after("-5") == 0.0
