@@ -39,22 +39,25 @@ def cmd_run(args: argparse.Namespace) -> int:
     # ignored signal stays ignored across the allocator's re-exec, so no SIGHUP can end the process meanwhile)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     cfg = configmod.load(args.config)
-    try:
-        allocator.switch(cfg.allocator)  # returns here unless it re-executes this command with jemalloc preloaded
-    except ValueError as e:
-        raise ConfigError("allocator", str(e)) from None
-    # Everything else after the switch, once, in the process that runs: done before it, the daemon's imports
-    # (0.2 s) and the checks ran twice, in the process the re-exec replaces (issue 44: a restore is measured from
-    # the process's spawn). Their verdicts and exit codes are the same either side of an exec.
-    from globald.common import logs
-    from globald.service.daemon import Daemon
-    from globald.store.statedir import refuse_if_owned
+    # The config is checked before the switch, by the process that was asked: a config that cannot run is exit 2
+    # from it, never from the process a re-exec would put in its place (a caller running ``main`` in its own
+    # process, as the bad-config tests do, would be replaced by the daemon). check_typed runs in a child, once.
     from globald.typed.avro_resolve import check_readers
 
     check_kafka_properties(cfg)
     check_export_uri(cfg)
     check_readers(cfg)  # as check-config does: a reader schema that cannot read a writer schema is exit 2
-    check_typed(cfg)
+    try:
+        allocator.switch(cfg.allocator)  # returns here unless it re-executes this command with jemalloc preloaded
+    except ValueError as e:
+        raise ConfigError("allocator", str(e)) from None
+    # The daemon's imports after the switch, once, in the process that runs: before it they cost 0.2 s twice
+    # (issue 44: a restore is measured from the process's spawn).
+    from globald.common import logs
+    from globald.service.daemon import Daemon
+    from globald.store.statedir import refuse_if_owned
+
+    check_typed(cfg)  # after the switch: once, in the process that runs
     refuse_if_owned(cfg.state_dir)  # a second daemon is refused as such, before its [http] port is found taken
     logs.setup(cfg.log_level, cfg.log_format, secret_values(cfg))
     logging.getLogger("globald").debug("glibc malloc tuning: %s", allocator.tune_glibc() or "none")

@@ -79,7 +79,11 @@ sys.exit(main(["run", "--config", sys.argv[1]]))
 """
 
 
-def test_the_allocator_re_exec_comes_before_the_daemons_imports_and_checks(tmp_path: Path) -> None:
+def test_the_allocator_re_exec_comes_before_the_daemons_imports(tmp_path: Path) -> None:
+    """The process that re-executes has checked the config (a config that cannot run is exit 2 from the process
+    that was asked, never from the one a re-exec puts in its place: ``cli.main(["run", ...])`` in a test's own
+    process would otherwise become the daemon), and has not imported the daemon, which the process that runs
+    imports once."""
     config = tmp_path / "globald.toml"
     config.write_text(f'state_dir = "{tmp_path / "state"}"\n[http]\nport = 0\n'
                       '[kafka]\n"bootstrap.servers" = "127.0.0.1:9"\n[[tables]]\nname = "t"\ntopic = "t"\n')
@@ -88,5 +92,17 @@ def test_the_allocator_re_exec_comes_before_the_daemons_imports_and_checks(tmp_p
     assert r.returncode == 0 and r.stdout.strip(), r.stdout[-2000:] + r.stderr[-3000:]
     loaded = set(json.loads(r.stdout.strip().splitlines()[-1]))
     assert "globald.settings.config" in loaded  # the config was read: the allocator is set there
-    # the daemon and its engine, and the Kafka properties' check (librdkafka makes a client to check them)
-    assert not loaded & {"globald.service.daemon", "globald.engine.thread", "confluent_kafka"}, sorted(loaded)
+    assert "confluent_kafka" in loaded  # and checked: librdkafka makes a client to check the [kafka] properties
+    assert not loaded & {"globald.service.daemon", "globald.engine.thread"}, sorted(loaded)
+
+
+def test_a_config_run_refuses_is_refused_before_the_re_exec(tmp_path: Path) -> None:
+    """A [kafka] property librdkafka refuses: exit 2 naming it, from the process that was asked."""
+    config = tmp_path / "globald.toml"
+    config.write_text(f'state_dir = "{tmp_path / "state"}"\n[http]\nport = 0\n'
+                      '[kafka]\n"bootstrap.servers" = "127.0.0.1:9"\n"fetch.max.bytes" = "many"\n'
+                      '[[tables]]\nname = "t"\ntopic = "t"\n')
+    r = subprocess.run([sys.executable, "-c", BEFORE_EXEC, str(config)], cwd=REPO, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2 and not r.stdout.strip(), r.stdout[-2000:] + r.stderr[-3000:]
+    assert "kafka.fetch.max.bytes" in r.stderr and not (tmp_path / "state").exists(), r.stderr
