@@ -236,4 +236,6 @@ def test_a_second_daemon_on_a_taken_http_port_exits_2_before_it_writes_its_state
     text = globald("status", "--config", str(three.config)).stdout
     assert f"origin: export {exported} (" in text, text
     sha = hashlib.sha256(three.config.read_bytes()).hexdigest()
-    assert f"  config: generation 1, sha256 {sha}; no reload yet" in text.splitlines(), text
+    line = next((x for x in text.splitlines() if x.startswith("  config: ")), "")
+    assert line.startswith(f"  config: generation 1, sha256 {sha} (clients: ") and line.endswith("; no reload yet"), \
+        text
