@@ -29,6 +29,7 @@ import struct
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Message
@@ -121,6 +122,37 @@ def replay_since(now_ms: int, compaction_lag_ms: int) -> int:
 
 def now_ms() -> int:
     return time.time_ns() // 1_000_000
+
+
+def since_of(db: Path) -> int | None:
+    """``since`` (epoch ms) of the table database at ``db``, a snapshot's ``<snapshot dir>/db`` or a downloaded
+    export's, opened read-only: the one read of a snapshot's ``since`` (its manifest's ``since`` is this, read when
+    it was published; Spark's ``as_of=`` joins read either). None when the database holds no versions, or when no
+    ``since`` is proven there (pending, or a store that held data before it was versioned). Raises
+    ``offline.StoreInfoError`` when the database does not open."""
+    from globald.store.offline import read_info  # offline imports this module
+
+    marks = read_info(db).history
+    return None if marks is None else marks.since
+
+
+def tailed_since(since: int, exported_ms: int, now: int, lag_ms: int | None) -> tuple[int, str | None]:
+    """``since`` of a store installed from an export (``export.bootstrap``) whose source store proved ``since`` at
+    the export's offsets, its snapshot taken at ``exported_ms``, then tailed from those offsets from ``now`` on; and
+    why it moved (None: kept). The records above the export's offsets were appended after its snapshot (a table
+    at its log end when snapshotted), and the log cleaner removes none of them before it is ``lag_ms`` old: read
+    before ``exported_ms + lag_ms``, the tail has no gap, and the export's ``since`` holds. Past that (or with the
+    lag unknown, taken as 0) a version of the tail may be gone, compacted by a later record of its key that is
+    itself older than ``now - lag``: ``since`` moves to what a replay begun ``now`` proves (``replay_since``), or
+    stays where the export's already is when that is later."""
+    if lag_ms is not None and now - max(0, lag_ms) <= exported_ms:
+        return since, None
+    moved = max(since, replay_since(now, lag_ms or 0))
+    if moved == since:
+        return since, None
+    lag = "unknown, taken as 0" if lag_ms is None else f"{lag_ms} ms"
+    return moved, (f"the export's snapshot is older than the topic's min.compaction.lag.ms ({lag}): versions after "
+                   "its offsets may have been compacted away, so since moves to the bootstrap's start less the lag")
 
 
 SWEEP_MIN = 1024  # entries the pruning walks at least per batch that adds versions (Sweep)
