@@ -33,7 +33,9 @@ MAX_RUNGS = 16
 EXPORT_ID_RE = re.compile(r"^[0-9]{16}-[0-9a-f]{8}$")
 FILE_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
-TOPIC_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+# Kafka's topic IDs (KIP-516) as librdkafka spells them: standard base64 ("+", "/"), where Kafka's own tools
+# use the URL-safe alphabet ("-", "_"); both are accepted. Compared only, never a path.
+TOPIC_ID_RE = re.compile(r"^[A-Za-z0-9_+/=-]{1,64}$")
 UNTIMED_RE = re.compile(r"^[0-9]{1,10}/[0-9]{1,19}$")
 
 
