@@ -64,7 +64,7 @@ def _exported(broker: Broker, daemon: Daemon, tmp_path: Path) -> Exported:
     # Record times from 5 minutes back wandering forward (out of order by up to 5 s), tombstones, on 3 partitions.
     first: list[TimedRecord] = list(timed_records(300, keys=30, seed=451, base_ts=now - 300_000, null_keys=0.0))
     broker.admin.produce(t, first)
-    wait_for_table(a, "rates", expected_table(first))
+    a.wait_running()
     # Exported until the export holds every record produced so far: `globald export` exports the newest snapshot
     # an identity check vouched for, which may be one from before them (checks every metadata_refresh_ms).
     deadline = time.monotonic() + 120
