@@ -17,7 +17,8 @@ from globald.export.bootstrap import history_refusal
 from globald.export.exporter import export_snapshot
 from globald.export.manifest import ExportHistory, ExportManifest, ExportManifestError
 from globald.export.target import Target
-from globald.snapshot.manifest import Manifest
+from globald.settings.config import TableConfig
+from globald.snapshot.manifest import Manifest, snapshot_since
 from globald.store.history import since_of, tailed_since
 from globald.store.names import META_HISTORY_SINCE
 from globald.store.offline import open_offline
@@ -52,6 +53,9 @@ def _versioned_snapshot(tmp_path: Path, since: int) -> tuple[Path, Manifest]:
 def test_an_export_carries_the_since_its_database_proves_and_says_so(tmp_path: Path) -> None:
     snap, m = _versioned_snapshot(tmp_path, 1_700_000_000_000)
     assert since_of(snap / "db") == 1_700_000_000_000
+    # What a published (or exactly built) snapshot's manifest says: read from its database, for a versioned table.
+    assert snapshot_since(TableConfig(name="tbl", topic="topic", history=DAY), snap / "db") == 1_700_000_000_000
+    assert snapshot_since(TableConfig(name="tbl", topic="topic"), tmp_path / "nothing") is None  # opens nothing
     target = Target((tmp_path / "bucket").as_uri())
     done = export_snapshot(target, snap, m, threading.Event()).manifest
     assert done.history == ExportHistory(window_ms=DAY, since=1_700_000_000_000)
