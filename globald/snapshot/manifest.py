@@ -20,12 +20,12 @@ from globald.common.errors import ManifestError, ManifestIOError
 from globald.common.states import State
 from globald.settings.config import TableConfig
 from globald.store.durable import replace_file
-from globald.store.history import since_of
 
 # Offsets in JSON have one encoding and one validation (store.layout); imported from here by snapshot readers.
 from globald.store.layout import offsets_from_json as offsets_from_json
 from globald.store.layout import offsets_to_json as offsets_to_json
 from globald.store.names import SNAPSHOT_MANIFEST
+from globald.store.offline import since_of
 
 MANIFEST_FORMAT = 1
 # Snapshot ids are creation times in microseconds, 16 digits, strictly increasing per daemon: sortable as text.
@@ -81,7 +81,7 @@ class Manifest:
     stale_reason: str | None = None
     # A versioned table's (store.history): the window it was kept under (ms; None: not versioned) and the ``since``
     # its database proved at these offsets (epoch ms; None: none proven), read from it when it was published
-    # (``history.since_of``). Absent from older manifests: read as None.
+    # (``offline.since_of``). Absent from older manifests: read as None.
     history_ms: int | None = None
     since: int | None = None
 
@@ -147,7 +147,7 @@ class Manifest:
 
 def snapshot_since(table: TableConfig, db: Path) -> int | None:
     """The manifest's ``since`` of a snapshot of ``table`` whose database is at ``db``: for a versioned table, what
-    the database proves (``history.since_of``: read from it, never from the live store, so it is the ``since`` at
+    the database proves (``offline.since_of``: read from it, never from the live store, so it is the ``since`` at
     the snapshot's offsets); None for another table (which opens nothing)."""
     return None if table.history is None else since_of(db)
 

@@ -29,7 +29,6 @@ import struct
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Message
@@ -122,18 +121,6 @@ def replay_since(now_ms: int, compaction_lag_ms: int) -> int:
 
 def now_ms() -> int:
     return time.time_ns() // 1_000_000
-
-
-def since_of(db: Path) -> int | None:
-    """``since`` (epoch ms) of the table database at ``db``, a snapshot's ``<snapshot dir>/db`` or a downloaded
-    export's, opened read-only: the one read of a snapshot's ``since`` (its manifest's ``since`` is this, read when
-    it was published; Spark's ``as_of=`` joins read either). None when the database holds no versions, or when no
-    ``since`` is proven there (pending, or a store that held data before it was versioned). Raises
-    ``offline.StoreInfoError`` when the database does not open."""
-    from globald.store.offline import read_info  # offline imports this module
-
-    marks = read_info(db).history
-    return None if marks is None else marks.since
 
 
 def tailed_since(since: int, exported_ms: int, now: int, lag_ms: int | None) -> tuple[int, str | None]:

@@ -237,3 +237,13 @@ def read_info(db: Path) -> StoreInfo:
                          format=decode_format(raw_format), typed=ORIGINS_CF in families, history=marks)
     finally:
         rd.close()
+
+
+def since_of(db: Path) -> int | None:
+    """``since`` (epoch ms) of the table database at ``db``, a snapshot's ``<snapshot dir>/db`` or a downloaded
+    export's, opened read-only: the one read of a snapshot's ``since`` (its manifest's ``since`` is this, read when
+    it was published; Spark's ``as_of=`` joins read either). None when the database holds no versions, or when no
+    ``since`` is proven there (pending, or a store that held data before it was versioned). Raises
+    ``StoreInfoError`` when the database does not open."""
+    marks = read_info(db).history
+    return None if marks is None else marks.since

@@ -19,9 +19,9 @@ from globald.export.manifest import ExportHistory, ExportManifest, ExportManifes
 from globald.export.target import Target
 from globald.settings.config import TableConfig
 from globald.snapshot.manifest import Manifest, snapshot_since
-from globald.store.history import since_of, tailed_since
+from globald.store.history import tailed_since
 from globald.store.names import META_HISTORY_SINCE
-from globald.store.offline import open_offline
+from globald.store.offline import open_offline, since_of
 from globald.store.options import StoreOptions
 from globald.store.table_store import TableStore
 from tests.unit.test_export_units import _doc
