@@ -35,6 +35,7 @@ from globald.engine.cluster_watch import (
 from globald.engine.events import OPERATOR_RESET, Emit, RebuildRequests
 from globald.engine.identity import TopicIdentity
 from globald.engine.problems import KAFKA, STORE, Problems
+from globald.engine.reading import ReadingMarks
 from globald.engine.refill import Refiller, Refills
 from globald.engine.state_manager import StateManager
 from globald.engine.table import TableRuntime
@@ -100,6 +101,7 @@ class Loop:
         self.watch = ClusterWatch(self.tables, self.identity, self.worker, self.problems,
                                   self.config.metadata_refresh_ms / 1000)
         self.refill = Refiller(parts.refills, self.identity)
+        self.reading = ReadingMarks()
         self.tables.drive(Driver(self.manager, self.task, self.identity, self.refill, self.problems, self.emit,
                                  self.pending, self.unassign, self.rewind_all))
         self._idle_wait = _IDLE_WAIT_MIN_S
@@ -141,6 +143,7 @@ class Loop:
                 raise
         if not self.problems.has(KAFKA) and self._stores_ready():  # no point planning what cannot be fetched
             self._plan_pending()
+        self.reading.turn(self.tables, self._reading)  # a gap moves since before a record past it is written
         result = self._poll()
         if result is not None:
             self._account(result)
@@ -209,6 +212,11 @@ class Loop:
                 self.stats.last_progress = time.monotonic()
             if rt.restore is not None:
                 self._restore_progress(rt, tb.counts)
+
+    def _reading(self, rt: TableRuntime) -> bool:
+        """Whether ``rt`` reads its topic at this turn (``engine.reading``)."""
+        return rt.assigned and not self.identity.vanished(rt.name) and not self.problems.has(KAFKA) and \
+            not self.manager.store_fault
 
     def committable(self) -> dict[str, dict[int, int]]:
         """The positions of the tables a commit may claim: not those waiting for their plan (its answer comes from

@@ -157,6 +157,7 @@ class UpdateTask:
             held = self._ladders[name]
             ladders = {p: held.get(p, EMPTY).climb(f) for p, f in tb.newest.items()}
             rt.store.put_offsets(batch, tb.positions, ladders)
+            rt.store.put_read_mark(batch)
             # raises on a store fault: no position moves
             rt.store.write(batch, rebuild=partial(self._refold, rt, messages, tb.positions, ladders))
             self._positions[name].update(tb.positions)
@@ -180,6 +181,7 @@ class UpdateTask:
         if history is not None:
             history.finish()
         rt.store.put_offsets(batch, positions, ladders)
+        rt.store.put_read_mark(batch)
         return batch
 
     def confirm_ends(self, table: str, ends: Mapping[int, int]) -> dict[int, int]:

@@ -49,6 +49,7 @@ from globald.store.layout import offsets_to_json
 from globald.store.names import (
     BOOTSTRAP_PREFIX,
     DB_DIR,
+    META_HISTORY_READ,
     META_HISTORY_SINCE,
     READABLE_FORMATS,
     db_dir,
@@ -349,12 +350,16 @@ class Bootstrap:
             raise Refused(f"the downloaded database does not open for writing: {e}") from None
         with store:
             if self.table.versioned and m.history is not None and m.history.since is not None:
-                since, moved = history.tailed_since(m.history.since, int(m.created * 1000), history.now_ms(),
-                                                    self.lag_ms)
+                exported, now = int(m.created * 1000), history.now_ms()
+                since, moved = history.tailed_since(m.history.since, exported, now, self.lag_ms)
                 if moved is not None:
                     log.warning("table %s: export %s: since %d, not the export's %d: %s", self.table.name, m.id,
                                 since, m.history.since, moved)
-                store.put_meta({META_HISTORY_SINCE: str(since).encode()}, "export bootstrap: the history's since")
+                # Read up to the export's snapshot, or (since moved) accounted up to now: where the daemon's gap
+                # check (engine.reading) measures from, so that it does not count the same gap twice.
+                read = exported if moved is None else now
+                store.put_meta({META_HISTORY_SINCE: str(since).encode(), META_HISTORY_READ: str(read).encode()},
+                               "export bootstrap: the history's since")
                 self.history = {"since": since, "exported_since": m.history.since, "moved": moved}
             store.mark_closed("export bootstrap: mark the downloaded store closed")
 

@@ -20,7 +20,16 @@ from globald.store import history, layout, memory, space
 from globald.store.compaction_gate import CompactionGate
 from globald.store.failures import store_io
 from globald.store.history import HistoryMeta, HistoryWriter, Sweep
-from globald.store.names import HISTORY_CF, META_CF, OFFSETS_CF, ORIGINS_CF, VALUES_CF, db_dir
+from globald.store.names import (
+    HISTORY_CF,
+    META_CF,
+    META_HISTORY_READ,
+    META_HISTORY_SINCE,
+    OFFSETS_CF,
+    ORIGINS_CF,
+    VALUES_CF,
+    db_dir,
+)
 from globald.store.options import StoreOptions
 from globald.store.plain import PlainMigration
 from globald.store.stalls import STALLS, Stalls
@@ -55,6 +64,10 @@ class Database:
         self._sweep = Sweep()  # the pruning of a versioned table's history, batch after batch
         # The topic's min.compaction.lag.ms as the last plan read it (None: unknown): a pending since is set from it.
         self.compaction_lag_ms: int | None = None
+        # The wall-clock time (epoch ms) the loop last knew the table reading its topic (engine.reading), written
+        # with the offsets of each batch and at a clean close; and why a resume last moved since (status).
+        self.history_read_at: int | None = None
+        self.history_moved: str | None = None
         # Set while the store is FORMAT_MIXED (TableStore's upgrade): no bulk load then, and plain keys count too.
         self._migration: PlainMigration | None = None
         self._write_opts = write_options()
@@ -239,13 +252,40 @@ class Database:
         """A versioned table whose store held data before it was versioned (``history.HistoryMeta.unproven``)."""
         return self._history is not None and self._meta is not None and HistoryMeta.read(self._meta).unproven
 
+    def history_read_mark(self) -> int | None:
+        """When the table was last known reading its topic, as stored (None: not versioned, or never recorded)."""
+        if self._history is None or self._meta is None:
+            return None
+        raw = self._meta.get(META_HISTORY_READ)
+        return None if raw is None else int(raw.decode())
+
+    def history_resumed(self, now: int, last_read: int | None, tolerance_ms: int) -> str | None:
+        """The table resumes reading at ``now`` (epoch ms), last known reading at ``last_read``: move its since as
+        ``history.resumed_since`` says (stored at once, with the new read mark: a later since is never wrong, and
+        it is durable before any record read past the gap); returns why it moved (None: kept, or no since to
+        move: pending, unproven, not versioned)."""
+        if self._history is None or self._meta is None:
+            return None
+        marks = HistoryMeta.read(self._meta)
+        self.history_read_at = now
+        if marks.since is None:
+            return None
+        since, moved = history.resumed_since(marks.since, last_read, now, self.compaction_lag_ms, tolerance_ms)
+        entries = {META_HISTORY_READ: str(now).encode()}
+        if moved is not None:
+            entries[META_HISTORY_SINCE] = str(since).encode()
+            self.history_moved = moved
+        self._put_meta(entries)
+        return moved
+
     def history_status(self) -> dict[str, Any] | None:
         """A versioned table's ``tables.<t>.history`` status: since (epoch ms, or null when unproven), versions and
         bytes (RocksDB's estimates), and why as-of lookups are refused when they are; None for another table."""
         family, meta = self._history_cf, self._meta
         if family is None or meta is None:
             return None
-        return history.status(family, HistoryMeta.read(meta), self.history_ms, self.table, self.compaction_lag_ms)
+        return history.status(family, HistoryMeta.read(meta), self.history_ms, self.table, self.compaction_lag_ms,
+                              self.history_moved)
 
     def memory_usage(self) -> dict[str, int] | None:
         """Bytes RocksDB accounts to this store, by kind (see ``store.memory``); None while it is closed."""

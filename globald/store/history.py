@@ -142,6 +142,35 @@ def tailed_since(since: int, exported_ms: int, now: int, lag_ms: int | None) -> 
                    "its offsets may have been compacted away, so since moves to the bootstrap's start less the lag")
 
 
+def resumed_since(since: int, read_ms: int | None, now: int, lag_ms: int | None,
+                  tolerance_ms: int = 0) -> tuple[int, str | None]:
+    """``since`` of a table that resumes reading its topic at ``now`` (a restart, the end of a broker outage, of a
+    pause, of a stall), having last been known reading at ``read_ms`` (``names.META_HISTORY_READ``; None: no
+    record of it); and why it moved (None: kept). A record appended while the table did not read is removed by
+    the log cleaner only once it is ``lag_ms`` old, and only for a later record of its key that is as old: a gap
+    of at most the lag loses nothing, and a longer one may have lost the versions in force up to ``now - lag``,
+    so ``since`` moves there (``replay_since``, the rule of a replay begun ``now``), or stays where it is when that
+    is later. ``tolerance_ms`` is the gap a running loop's own turns make, which is taken as tailing (0 at a
+    restart: the downtime is measured against the lag alone). The lag unknown is 0: any restart moves ``since``
+    to the restart. A ``read_ms`` after ``now`` (the wall clock stepped back since) proves nothing: it moves."""
+    lag = max(0, lag_ms or 0)
+    gap = None if read_ms is None else now - read_ms
+    if gap is not None and 0 <= gap <= max(lag, tolerance_ms):
+        return since, None
+    moved = max(since, replay_since(now, lag))
+    if moved == since:
+        return since, None
+    lag_text = "unknown, taken as 0" if lag_ms is None else f"{lag_ms} ms"
+    if gap is None:
+        what = "nothing records when the table last read its topic"
+    elif gap < 0:
+        what = f"the wall clock is {-gap} ms behind the time the table last read its topic (stepped back)"
+    else:
+        what = f"the table did not read its topic for {gap} ms"
+    return moved, (f"{what}, longer than the topic's min.compaction.lag.ms ({lag_text}): versions appended "
+                   "meanwhile may have been compacted away, so since moves to the resume less the lag")
+
+
 SWEEP_MIN = 1024  # entries the pruning walks at least per batch that adds versions (Sweep)
 # ``since`` of an empty store, until its first batch of versions sets it.
 SINCE_PENDING = b"pending"
@@ -285,14 +314,15 @@ class HistoryWriter:
 
 
 def status(family: Rdict, meta: HistoryMeta, window_ms: int | None, table: str,
-           lag_ms: int | None = None) -> dict[str, Any]:
+           lag_ms: int | None = None, moved: str | None = None) -> dict[str, Any]:
     """``tables.<t>.history`` of the status: since (epoch ms, null when unproven), versions and bytes (RocksDB's
     estimates for the history family), the window, the topic's ``min.compaction.lag.ms`` as last read (null:
-    unknown, taken as 0), and why as-of lookups are refused (null when answered)."""
+    unknown, taken as 0), why as-of lookups are refused (null when answered), and why a resume after a gap in
+    reading last moved since (``resumed_since``; null when none did since the daemon started)."""
     sizes = ("rocksdb.total-sst-files-size", "rocksdb.cur-size-all-mem-tables")
     return {"since": meta.since, "versions": int(family.property_int_value("rocksdb.estimate-num-keys") or 0),
             "bytes": sum(int(family.property_int_value(p) or 0) for p in sizes), "window_ms": window_ms,
-            "compaction_lag_ms": lag_ms, "refused": meta.refusal(table)}
+            "compaction_lag_ms": lag_ms, "refused": meta.refusal(table), "moved": moved}
 
 
 _MARKS = (META_HISTORY_SINCE, META_HISTORY_CLOCK, META_HISTORY_UNTIMED)

@@ -42,6 +42,7 @@ from globald.store.names import (
     META_COMPLETE,
     META_FINGERPRINT_PREFIX,
     META_FORMAT,
+    META_HISTORY_READ,
     META_STATUS,
     META_TOPIC,
     META_TOPIC_ID,
@@ -193,8 +194,10 @@ class TableStore(Database):
         if self._db is None:
             return
         try:
-            if clean:
-                self._put_meta({META_STATUS: STATUS_CLEAN})
+            if clean:  # a versioned table read its topic until the loop last saw it (put_read_mark)
+                read = {} if self._history is None or self.history_read_at is None else \
+                    {META_HISTORY_READ: str(self.history_read_at).encode()}
+                self._put_meta({META_STATUS: STATUS_CLEAN, **read})
                 with store_io(f"table {self.table}: flush at close"):
                     self._db.flush()
         finally:
@@ -273,6 +276,14 @@ class TableStore(Database):
                     ladders: Mapping[int, Ladder] | None = None) -> None:
         """Add ``offsets`` (and the fingerprint ladders of the records below them) to ``batch``."""
         layout.put_offsets(_inner(batch), self.db, offsets, ladders)
+
+    def put_read_mark(self, batch: Batch) -> None:
+        """Add to ``batch`` (one that moves offsets) when the loop last knew a versioned table reading its topic
+        (``history_read_at``): the mark a restart measures its gap from (``history.resumed_since``). The loop's
+        mark, not the write's time: records fetched after a gap, written before the loop saw it, must not make
+        the gap look closed."""
+        if self._history is not None and self.history_read_at is not None:
+            layout.put_meta(_inner(batch), self.db, {META_HISTORY_READ: str(self.history_read_at).encode()})
 
     def fingerprints(self) -> dict[int, Ladder]:
         """The stored fingerprint ladder of each partition that has one (see ``fingerprint``)."""

@@ -1,0 +1,160 @@
+"""A versioned table's since after a gap in reading (issue 45: never a since earlier than provable): the rule
+(``history.resumed_since``), and the loop's marks (``engine.reading``) on a real store: a restart after downtime
+longer than the topic's min.compaction.lag.ms, or a stall while running, moves since to the resume less the lag;
+a table that tails without a gap keeps it. The wall clock is the module's ``now_ms``, set by the tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from globald.common.states import StateMachine
+from globald.engine.reading import STALL_TOLERANCE_MS, ReadingMarks
+from globald.engine.table import TableRuntime
+from globald.engine.update_task import UpdateTask
+from globald.settings.config import TableConfig
+from globald.store import history
+from globald.store.history import resumed_since
+from globald.store.options import StoreOptions
+from globald.store.table_store import TableStore
+from tests.unit.test_update_task import Event
+
+LAG = 60_000
+SINCE = 1_000_000
+
+
+def test_a_gap_within_the_lag_keeps_since() -> None:
+    read = SINCE + 500_000
+    assert resumed_since(SINCE, read, read, LAG) == (SINCE, None)
+    assert resumed_since(SINCE, read, read + LAG, LAG) == (SINCE, None)  # every record appended since is there
+
+
+def test_a_gap_longer_than_the_lag_moves_since_to_the_resume_less_the_lag() -> None:
+    read = SINCE + 500_000
+    now = read + LAG + 1
+    moved, why = resumed_since(SINCE, read, now, LAG)
+    assert moved == now - LAG and why is not None and "did not read its topic for" in why and "60000 ms" in why
+    # A since already later than what the resume proves stays.
+    assert resumed_since(now, read, now, LAG) == (now, None)
+
+
+def test_an_unknown_lag_is_0_and_any_restart_moves_since_to_the_restart() -> None:
+    read = SINCE + 500_000
+    moved, why = resumed_since(SINCE, read, read + 1, None)
+    assert moved == read + 1 and why is not None and "unknown, taken as 0" in why
+    assert resumed_since(SINCE, read, read, None) == (SINCE, None)  # no gap at all
+
+
+def test_no_record_of_reading_or_a_clock_stepped_back_moves_since() -> None:
+    now = SINCE + 500_000
+    moved, why = resumed_since(SINCE, None, now, LAG)
+    assert moved == now - LAG and why is not None and "nothing records" in why
+    # The mark is in the future: the wall clock stepped back, and the gap is unknown: on doubt, move.
+    moved, why = resumed_since(SINCE, now + 5, now, LAG)
+    assert moved == now - LAG and why is not None and "stepped back" in why
+
+
+def test_a_running_loop_tolerates_its_own_cadence() -> None:
+    read = SINCE + 500_000
+    assert resumed_since(SINCE, read, read + 5_000, None, tolerance_ms=10_000) == (SINCE, None)
+    assert resumed_since(SINCE, read, read + 10_001, None, tolerance_ms=10_000)[0] == read + 10_001
+    assert resumed_since(SINCE, read, read + LAG, LAG, tolerance_ms=10_000) == (SINCE, None)  # the lag is longer
+
+
+# -- the loop's marks on a real store ------------------------------------------------------------------------
+
+
+class Clock:
+    def __init__(self, now: int) -> None:
+        self.now = now
+
+    def __call__(self) -> int:
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    c = Clock(10**12)
+    monkeypatch.setattr(history, "now_ms", c)
+    return c
+
+
+def _runtime(tmp_path: Path) -> TableRuntime:
+    store = TableStore.open(tmp_path, "tbl", "t", StoreOptions(), history_ms=10**12).store
+    store.compaction_lag_ms = LAG
+    return TableRuntime(config=TableConfig("tbl", "t", history=10**12), store=store,
+                        machine=StateMachine(lambda *a: None, "tbl"))
+
+
+def _since(rt: TableRuntime) -> int:
+    status = rt.store.history_status()
+    assert status is not None and status["since"] is not None, status
+    return int(status["since"])
+
+
+def _reading(rt: TableRuntime) -> bool:
+    return True
+
+
+def _restarted(tmp_path: Path, rt: TableRuntime) -> TableRuntime:
+    rt.store.close()
+    again = _runtime(tmp_path)
+    assert again.store.history_read_mark() is not None
+    return again
+
+
+def test_a_restart_after_downtime_longer_than_the_lag_moves_since(tmp_path: Path, clock: Clock) -> None:
+    rt = _runtime(tmp_path)
+    marks = ReadingMarks()
+    marks.turn({"tbl": rt}, _reading)
+    task = UpdateTask({"tbl": rt})
+    task.start("tbl", {})
+    task.update([Event(0, 0, _key=b"a", _value=b"1", _ts=5)])  # type: ignore[list-item]
+    since = _since(rt)
+    assert since == clock.now - LAG  # the replay's
+    clock.now += 1_000
+    marks.turn({"tbl": rt}, _reading)  # tailing: kept
+    assert _since(rt) == since
+    stopped = clock.now
+    # Down for less than the lag: kept, across the restart.
+    rt = _restarted(tmp_path, rt)
+    clock.now = stopped + LAG
+    ReadingMarks().turn({"tbl": rt}, _reading)
+    status = rt.store.history_status()
+    assert status is not None and status["since"] == since and status["moved"] is None
+    # Down for longer than the lag: since = the restart less the lag, said in status.
+    stopped = clock.now
+    rt = _restarted(tmp_path, rt)
+    clock.now = stopped + LAG + 1
+    ReadingMarks().turn({"tbl": rt}, _reading)
+    status = rt.store.history_status()
+    assert status is not None and status["since"] == clock.now - LAG, status
+    assert status["moved"] is not None and "did not read its topic" in status["moved"]
+    rt.store.close()
+
+
+def test_a_stall_while_running_moves_since_and_the_batch_carries_the_loops_mark(tmp_path: Path,
+                                                                                clock: Clock) -> None:
+    rt = _runtime(tmp_path)
+    rt.store.compaction_lag_ms = None  # unknown: the running loop's tolerance holds
+    marks = ReadingMarks()
+    marks.turn({"tbl": rt}, _reading)
+    task = UpdateTask({"tbl": rt})
+    task.start("tbl", {})
+    task.update([Event(0, 0, _key=b"a", _value=b"1", _ts=5)])  # type: ignore[list-item]
+    since = _since(rt)
+    seen = clock.now
+    # Not reading (an outage): no mark moves; a batch written then carries the last reading, not its own time.
+    clock.now += STALL_TOLERANCE_MS * 3
+    marks.turn({"tbl": rt}, lambda _: False)
+    task.update([Event(0, 1, _key=b"a", _value=b"2", _ts=6)])  # type: ignore[list-item]
+    assert rt.store.history_read_mark() == seen and _since(rt) == since
+    # Reading again: the gap is longer than the tolerance, since moves to the resume (the lag is 0).
+    marks.turn({"tbl": rt}, _reading)
+    assert _since(rt) == clock.now and rt.store.history_read_mark() == clock.now
+    # Turns within the tolerance keep it.
+    clock.now += STALL_TOLERANCE_MS
+    marks.turn({"tbl": rt}, _reading)
+    assert _since(rt) == clock.now - STALL_TOLERANCE_MS
+    rt.store.close()
