@@ -117,7 +117,8 @@ class TableStatus:
     origin: dict[str, Any] | None = None
     export: dict[str, Any] | None = None
     # versioned tables only (store.history): since (epoch ms; null while unproven or pending), versions, bytes,
-    # window_ms, and why as-of lookups are refused (null when answered)
+    # window_ms, compaction_lag_ms, why as-of lookups are refused (null when answered), and why a resume after a gap
+    # in reading last moved since (null when none did)
     history: dict[str, Any] | None = None
 
     @classmethod
