@@ -104,14 +104,19 @@ def _restarted(tmp_path: Path, rt: TableRuntime) -> TableRuntime:
     return again
 
 
-def test_a_restart_after_downtime_longer_than_the_lag_moves_since(tmp_path: Path, clock: Clock) -> None:
-    rt = _runtime(tmp_path)
+def _tailing(rt: TableRuntime) -> tuple[ReadingMarks, UpdateTask, int]:
+    """The loop's marks and update task on ``rt``, seen reading and a first record applied: its since."""
     marks = ReadingMarks()
     marks.turn({"tbl": rt}, _reading)
     task = UpdateTask({"tbl": rt})
     task.start("tbl", {})
     task.update([Event(0, 0, _key=b"a", _value=b"1", _ts=5)])  # type: ignore[list-item]
-    since = _since(rt)
+    return marks, task, _since(rt)
+
+
+def test_a_restart_after_downtime_longer_than_the_lag_moves_since(tmp_path: Path, clock: Clock) -> None:
+    rt = _runtime(tmp_path)
+    marks, _, since = _tailing(rt)
     assert since == clock.now - LAG  # the replay's
     clock.now += 1_000
     marks.turn({"tbl": rt}, _reading)  # tailing: kept
@@ -138,12 +143,7 @@ def test_a_stall_while_running_moves_since_and_the_batch_carries_the_loops_mark(
                                                                                 clock: Clock) -> None:
     rt = _runtime(tmp_path)
     rt.store.compaction_lag_ms = None  # unknown: the running loop's tolerance holds
-    marks = ReadingMarks()
-    marks.turn({"tbl": rt}, _reading)
-    task = UpdateTask({"tbl": rt})
-    task.start("tbl", {})
-    task.update([Event(0, 0, _key=b"a", _value=b"1", _ts=5)])  # type: ignore[list-item]
-    since = _since(rt)
+    marks, task, since = _tailing(rt)
     seen = clock.now
     # Not reading (an outage): no mark moves; a batch written then carries the last reading, not its own time.
     clock.now += STALL_TOLERANCE_MS * 3
