@@ -158,3 +158,32 @@ def test_a_stall_while_running_moves_since_and_the_batch_carries_the_loops_mark(
     marks.turn({"tbl": rt}, _reading)
     assert _since(rt) == clock.now - STALL_TOLERANCE_MS
     rt.store.close()
+
+
+def test_after_a_crash_the_downtime_is_measured_from_the_last_batch(tmp_path: Path, clock: Clock) -> None:
+    rt = _runtime(tmp_path)
+    marks, task, since = _tailing(rt)
+    written = clock.now
+    # Crashed right after a batch, back within the lag: kept.
+    rt.store.close(clean=False)
+    rt = _runtime(tmp_path)
+    clock.now = written + LAG
+    marks = ReadingMarks()
+    marks.turn({"tbl": rt}, _reading)
+    assert _since(rt) == since
+    task = UpdateTask({"tbl": rt})
+    task.start("tbl", rt.store.offsets())
+    task.update([Event(0, 1, _key=b"a", _value=b"2", _ts=6)])  # type: ignore[list-item]
+    written = clock.now
+    # Idle and reading for longer than the lag, then a crash: only the clean stop records the idle reading, so the
+    # restart measures from the last batch, and moves since (on doubt, move).
+    for _ in range(LAG // (STALL_TOLERANCE_MS // 2) + 1):  # turns within the tolerance: nothing written
+        clock.now += STALL_TOLERANCE_MS // 2
+        marks.turn({"tbl": rt}, _reading)
+    rt.store.close(clean=False)
+    rt = _runtime(tmp_path)
+    assert rt.store.history_read_mark() == written
+    clock.now += 1
+    ReadingMarks().turn({"tbl": rt}, _reading)
+    assert _since(rt) == clock.now - LAG
+    rt.store.close()
