@@ -257,7 +257,10 @@ class Database:
         if self._history is None or self._meta is None:
             return None
         raw = self._meta.get(META_HISTORY_READ)
-        return None if raw is None else int(raw.decode())
+        try:
+            return None if raw is None else int(raw.decode())
+        except ValueError:  # not a mark this globald wrote: nothing recorded, so a resume moves since
+            return None
 
     def history_resumed(self, now: int, last_read: int | None, tolerance_ms: int) -> str | None:
         """The table resumes reading at ``now`` (epoch ms), last known reading at ``last_read``: move its since as
