@@ -25,8 +25,8 @@ import contextlib
 import dataclasses
 import json
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -98,11 +98,16 @@ def build(snapshot: Snapshot) -> pa.Table:
     """The as-of table of ``snapshot``'s history (module docstring). ColumnarTooLarge when it does not fit one
     record batch."""
     about = {"table": snapshot.manifest.table, "snapshot": snapshot.id}
-    marks = snapshot.history
+    return table_of(snapshot.history_entries(CHUNK), about, snapshot.history)
+
+
+def table_of(entries: Iterable[tuple[list[bytes], list[bytes]]], about: dict[str, Any],
+             marks: HistoryMeta | None) -> pa.Table:
+    """The as-of table of history entries as stored, in family order (``store.history.entries``)."""
     keys: list[pa.Array] = []
     stamps: list[np.ndarray] = []
     values: list[pa.Array] = []
-    for chunk_keys, chunk_values in snapshot.history_entries(CHUNK):
+    for chunk_keys, chunk_values in entries:
         k, ts, v = _parse(chunk_keys, chunk_values)
         keys.append(k)
         stamps.append(ts)
@@ -198,6 +203,7 @@ class AsOfIndex:
     since: int | None
     refused: str | None
     name: str
+    _cols: tuple[np.ndarray, np.ndarray, pa.Array] | None = None
 
     @classmethod
     def of_table(cls, table: ColumnarTable) -> AsOfIndex:
@@ -236,27 +242,42 @@ class AsOfIndex:
             return pa.nulls(n, pa.binary()), pa.nulls(n, pa.int64())
         pos = self.table.positions(keys)
         ask = ask & (pos >= 0)
-        versions: pa.ListArray = self.table.values
-        offsets = np.asarray(versions.offsets.to_numpy(zero_copy_only=False), np.int64)
-        child = versions.values
-        stamps = np.asarray(child.field("timestamp").to_numpy(zero_copy_only=False), np.int64)
-        row = np.where(ask, pos, 0)
-        lo = np.where(ask, offsets[row], 0)
-        end = np.where(ask, offsets[row + 1], 0)
-        hi = end.copy()
-        while True:
-            active = lo < hi
-            if not active.any():
-                break
-            mid = (lo + hi) >> 1
-            at_or_before = stamps[np.where(active, mid, 0)] <= t
-            hi = np.where(active & at_or_before, mid, hi)
-            lo = np.where(active & ~at_or_before, mid + 1, lo)
-        found = lo < end
-        value = child.field("value").take(pa.array(np.where(found, lo, 0), mask=~found))
+        offsets, stamps, values = self._columns()
+        sel = np.flatnonzero(ask)
+        lo = offsets[pos[sel]].astype(np.int64)
+        end = offsets[pos[sel] + 1].astype(np.int64)
+        at = t[sel]
+        # The newest version first (a recent time: most rows), then a binary search of the rest's lists, the rows
+        # still searching a step at a time.
+        hi = np.where(stamps[lo] <= at, lo, end)
+        todo = np.flatnonzero(lo < hi)
+        while len(todo):
+            lo_t, hi_t = lo[todo], hi[todo]
+            mid = (lo_t + hi_t) >> 1
+            at_or_before = stamps[mid] <= at[todo]
+            hi_t = np.where(at_or_before, mid, hi_t)
+            lo_t = np.where(at_or_before, lo_t, mid + 1)
+            lo[todo], hi[todo] = lo_t, hi_t
+            todo = todo[lo_t < hi_t]
+        found = np.zeros(n, bool)
+        found[sel] = lo < end
+        index = np.zeros(n, np.int64)
+        index[sel] = np.where(lo < end, lo, 0)
+        value = values.take(pa.array(index, mask=~found))
         present = found & np.asarray(value.is_valid().to_numpy(zero_copy_only=False), bool)
-        stamp = pa.array(stamps[np.where(present, lo, 0)], mask=~present)
+        stamp = pa.array(stamps[index], mask=~present)
         return value, stamp
+
+    def _columns(self) -> tuple[np.ndarray, np.ndarray, pa.Array]:
+        """(list offsets, version timestamps, version values) of the table: views of the mapping, once."""
+        if self._cols is None:
+            assert self.table is not None
+            versions: pa.ListArray = self.table.values
+            child = versions.values
+            self._cols = (np.asarray(versions.offsets.to_numpy(zero_copy_only=False)),
+                          np.asarray(child.field("timestamp").to_numpy(zero_copy_only=False), np.int64),
+                          child.field("value"))
+        return self._cols
 
     def _seek(self, keys: pa.Array, t: np.ndarray, ask: np.ndarray) -> tuple[pa.Array, pa.Array]:
         """One RocksDB seek a row (``Snapshot.as_of``): a history too large for one file."""
@@ -287,26 +308,6 @@ def open_index(snap: Snapshot) -> AsOfIndex:
                          snap.manifest.table)
     snap.close(release=True)
     return index
-
-
-def check(state_dir: Path, table: str, snapshot: str | None) -> None:
-    """The driver's check before any job: AsOfRefusedError when the descriptor's snapshot (on the driver's host)
-    cannot answer as of a time. Without a sidecar on the driver's host the executors say it."""
-    if snapshot is None:
-        return
-    from globald.snapshot.reader import open_snapshot
-
-    with open_snapshot(state_dir, table, snapshot) as snap:
-        why = refusal(table, snap.history)
-    if why is not None:
-        raise AsOfRefusedError(why)
-
-
-def as_of_type_ok(kind: Any) -> bool:
-    """Whether a Spark column type can be an as-of time: a timestamp (with or without zone) or an integer (ms)."""
-    from pyspark.sql.types import IntegralType, TimestampNTZType, TimestampType
-
-    return isinstance(kind, TimestampType | TimestampNTZType | IntegralType)
 
 
 # -- the executor's handle -----------------------------------------------------------------------------------------

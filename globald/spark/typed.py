@@ -210,7 +210,9 @@ class TypedHandle:
                 origin: Callable[[int, list[Any]], Origin | None] | None) -> Lookup:
         """The raw values a batch found, decoded."""
         key_list = keys.to_pylist()
-        where = None if origin is None else partial(origin, key_list=key_list)
+        def where(row: int) -> Origin | None:
+            return None if origin is None else origin(row, key_list)
+
         decoded = self.decoder.decode(value, RecordContext(keys=key_list, origin=where))
         return Lookup(decoded.values, ts, decoded.errors, len(value) - value.null_count, decoded.error_count)
 

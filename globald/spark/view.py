@@ -25,18 +25,17 @@ from globald.kafka.clients import TransientKafkaError, make_consumer, partitions
 from globald.settings.config import load
 from globald.snapshot.manifest import Offsets, offsets_to_json
 from globald.snapshot.resolve import Policy, resolve
-from globald.spark import asof, small, typed, versions
+from globald.spark import asof_driver, small, typed, versions
 from globald.spark.executor import (
     MODE_BROADCAST,
     MODE_SNAPSHOT,
     Settings,
     arrow_fn,
-    as_of_udf_fn,
     pandas_fn,
     partitions_fn,
 )
 from globald.spark.memindex import DEFAULT_MEMORY_INDEX_MB
-from globald.spark.session import FALLBACK_COL, Carried, ConnectUnsupportedError, Fallbacks, functions, is_connect
+from globald.spark.session import FALLBACK_COL, Carried, ConnectUnsupportedError, Fallbacks, is_connect
 from globald.status import statusfile
 
 log = logging.getLogger(__name__)
@@ -200,21 +199,6 @@ class GlobalTableView:
                 return desc_bc, table.versions_carrier(self.spark, self.config.state_dir, self.table.name)
             return desc_bc, table.carrier(self.spark)
 
-    def _check_as_of(self, df: Any, as_of: str) -> None:
-        """An as-of join's driver-side checks, before any job: the column, the table's ``history``, and the
-        history of the descriptor's snapshot (when this host has it: else the executors say it)."""
-        if as_of not in df.columns:
-            raise ValueError(f"join: no as_of column {as_of!r} in {df.columns}")
-        kind = df.schema[as_of].dataType
-        if not asof.as_of_type_ok(kind):
-            raise TypeError(f"join: as_of column {as_of!r} must be a timestamp or a long of epoch milliseconds, not "
-                            f"{kind.simpleString()}")
-        if not self.table.versioned:
-            raise asof.AsOfRefusedError(f"table {self.table.name} keeps no versions: declare history in its "
-                                        "[[tables]] entry (docs/as-of.md) for as-of joins")
-        self._current()
-        asof.check(self.config.state_dir, self.table.name, (self._desc or {}).get("snapshot"))
-
     # -- lookups ------------------------------------------------------------------------------------------------
 
     def join(self, df: Any, on: str, value_col: str = "value", timestamp_col: str = "timestamp",
@@ -250,7 +234,7 @@ class GlobalTableView:
             raise TypeError(f"join: key column {on!r} must be binary or string (or an integer, for a table whose "
                             f"[tables.key] declares an integer key), not {kind.simpleString()}")
         if as_of is not None:
-            self._check_as_of(df, as_of)
+            asof_driver.check_join(self, df, as_of)
         added = [c for c in (value_col, timestamp_col, error_col if as_of else None, snapshot_col) if c is not None]
         clash = [c for c in added if c in df.columns]
         if typed.is_typed(self):
@@ -305,7 +289,7 @@ class GlobalTableView:
         from pyspark.sql.functions import pandas_udf
 
         if as_of is not None:
-            return self._as_of_udf(as_of)
+            return asof_driver.udf(self, as_of)
         if typed.is_typed(self):
             return typed.udf(self)
 
@@ -314,31 +298,6 @@ class GlobalTableView:
         # pandas_fn's type hints, the form PySpark recommends, which no overload describes.
         return pandas_udf(pandas_fn(self.settings, desc_bc, data_bc),  # type: ignore[call-overload]
                           "struct<value:binary,timestamp:bigint>")
-
-    def _as_of_udf(self, as_of: str) -> Callable[[Any], Any]:
-        """``udf(as_of=...)``: the UDF of (key, time), bound to the time column by name."""
-        from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType
-
-        if not self.table.versioned:
-            raise asof.AsOfRefusedError(f"table {self.table.name} keeps no versions: declare history in its "
-                                        "[[tables]] entry (docs/as-of.md) for as-of lookups")
-        self._current()
-        asof.check(self.config.state_dir, self.table.name, (self._desc or {}).get("snapshot"))
-        F = functions(self.spark)
-        if typed.is_typed(self):
-            fn = typed.udf(self, as_of=True)
-        else:
-            versions.require(versions.ARROW_UDF, "view.udf(as_of=...) (an Arrow UDF)",
-                             "view.join(df, key_column, as_of=...) reads the same values on this PySpark")
-            desc_bc, data_bc = self._broadcasts(as_of=True)
-            kind = StructType([StructField("value", BinaryType(), True), StructField("timestamp", LongType(), True),
-                               StructField("error", StringType(), True)])
-            fn = F.arrow_udf(as_of_udf_fn(self.settings, desc_bc, data_bc), kind)
-
-        def call(key: Any) -> Any:
-            return fn(key, F.col(as_of))
-
-        return call
 
     @property
     def decode_errors(self) -> Fallbacks:

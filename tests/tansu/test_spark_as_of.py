@@ -63,12 +63,12 @@ def _asks(keys: list[bytes], every: list[Record], since: int, tie: int, rng: ran
     return rows
 
 
-def _frame(spark: Any, rows: list[tuple]) -> Any:
+def _frame(session: Any, rows: list[tuple]) -> Any:
     from pyspark.sql.types import BinaryType, LongType, StructField, StructType, TimestampType
 
     schema = StructType([StructField("id", LongType()), StructField("k", BinaryType()),
                          StructField("ts", TimestampType()), StructField("ms", LongType())])
-    return spark.createDataFrame([(i, k, None if at is None else EPOCH + timedelta(milliseconds=at), at)
+    return session.createDataFrame([(i, k, None if at is None else EPOCH + timedelta(milliseconds=at), at)
                                   for i, k, at in rows], schema)
 
 
@@ -100,14 +100,14 @@ def versioned(broker: Broker, topic: Callable[..., str], daemon: Daemon,
     yield d, _asks(keys, every, since, tie, rng), every, since, tie, ends
 
 
-def _union(spark: Any, d: DaemonProcess, df: Any, ends: dict[int, int]) -> tuple[Any, list[GlobalTableView]]:
+def _union(session: Any, d: DaemonProcess, df: Any, ends: dict[int, int]) -> tuple[Any, list[GlobalTableView]]:
     """Every as-of form as (id, form, value, timestamp, error) rows, unioned: one action runs them all."""
     from pyspark.sql import functions as F
 
-    raw = GlobalTableView(spark, d.config, "rates")
-    small = GlobalTableView(spark, d.config, "rates", mode="broadcast")
-    typed = GlobalTableView(spark, d.config, "trates")
-    typed_small = GlobalTableView(spark, d.config, "trates", mode="broadcast")
+    raw = GlobalTableView(session, d.config, "rates")
+    small = GlobalTableView(session, d.config, "rates", mode="broadcast")
+    typed = GlobalTableView(session, d.config, "trates")
+    typed_small = GlobalTableView(session, d.config, "trates", mode="broadcast")
     views = [raw, small, typed, typed_small]
     for v in views:  # the data's ends, given: the view's default target is the broker's end offsets, wrong on Tansu
         v.refresh(offsets=ends)

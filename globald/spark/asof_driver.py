@@ -1,0 +1,76 @@
+"""The driver side of as-of lookups (issue 45): the checks ``view.join(df, on, as_of=...)`` and
+``view.udf(as_of=...)`` make before any job, and the as-of UDF. The executor side is ``globald.spark.asof``.
+
+A table that declares no ``history``, or whose history the descriptor's snapshot refuses (records without
+timestamps, a store not yet rebuilt with history), raises AsOfRefusedError at the call, on the driver. The
+snapshot is looked at when the driver's host has a sidecar; without one, the executors say it in the task.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from globald.spark import typed, versions
+from globald.spark.asof import AsOfRefusedError, refusal
+from globald.spark.executor import as_of_udf_fn
+from globald.spark.session import functions
+
+
+def as_of_type_ok(kind: Any) -> bool:
+    """Whether a Spark column type can be an as-of time: a timestamp (with or without zone) or an integer (ms)."""
+    from pyspark.sql.types import IntegralType, TimestampNTZType, TimestampType
+
+    return isinstance(kind, TimestampType | TimestampNTZType | IntegralType)
+
+
+def check_table(view: Any) -> None:
+    """AsOfRefusedError when the view's table keeps no versions, or its descriptor's snapshot refuses them."""
+    name = view.table.name
+    if not view.table.versioned:
+        raise AsOfRefusedError(f"table {name} keeps no versions: declare history in its [[tables]] entry "
+                               "(docs/as-of.md) for as-of lookups")
+    view._current()
+    snapshot = (view.descriptor or {}).get("snapshot")
+    if snapshot is None:  # no sidecar on the driver's host: the executors resolve (and say it)
+        return
+    from globald.snapshot.reader import open_snapshot
+
+    with open_snapshot(view.config.state_dir, name, snapshot) as snap:
+        why = refusal(name, snap.history)
+    if why is not None:
+        raise AsOfRefusedError(why)
+
+
+def check_join(view: Any, df: Any, as_of: str) -> None:
+    """An as-of join's checks: the column and its type, then the table (``check_table``)."""
+    if as_of not in df.columns:
+        raise ValueError(f"join: no as_of column {as_of!r} in {df.columns}")
+    kind = df.schema[as_of].dataType
+    if not as_of_type_ok(kind):
+        raise TypeError(f"join: as_of column {as_of!r} must be a timestamp or a long of epoch milliseconds, not "
+                        f"{kind.simpleString()}")
+    check_table(view)
+
+
+def udf(view: Any, as_of: str) -> Callable[[Any], Any]:
+    """``view.udf(as_of=...)``: an Arrow UDF of (key, time), bound to the time column ``as_of`` by name; the
+    result is a function of the key column (a name or a Column)."""
+    from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType
+
+    check_table(view)
+    F = functions(view.spark)
+    if typed.is_typed(view):
+        fn = typed.udf(view, as_of=True)
+    else:
+        versions.require(versions.ARROW_UDF, "view.udf(as_of=...) (an Arrow UDF)",
+                         "view.join(df, key_column, as_of=...) reads the same values on this PySpark")
+        desc_bc, data_bc = view._broadcasts(as_of=True)
+        kind = StructType([StructField("value", BinaryType(), True), StructField("timestamp", LongType(), True),
+                           StructField("error", StringType(), True)])
+        fn = F.arrow_udf(as_of_udf_fn(view.settings, desc_bc, data_bc), kind)
+
+    def call(key: Any) -> Any:
+        return fn(key, F.col(as_of))
+
+    return call
