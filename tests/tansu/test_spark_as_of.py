@@ -2,7 +2,9 @@
 whose records carry timestamps): ``view.join(df, on, as_of=...)`` and ``view.udf(as_of=...)`` answer every row as
 the as-of fold of the topic's records (``globald.embedded.oracle.as_of``) at that row's own time, on raw and typed
 tables, in snapshot and small-table modes, with out-of-order timestamps, ties, tombstones, NUL bytes in keys and
-times before ``since`` (null, and a reason; never a guess), with no shuffle of the joined DataFrame.
+times before ``since`` (null, and a reason; never a guess), with no shuffle of the joined DataFrame. The
+latest-value join answers as the latest fold, its timestamp column each value's record CreateTime, on a plain
+table and on a versioned one alike (this replaces test_spark_timestamps's own daemon and session: same claim).
 
 The modes and tables are one union, collected by one Spark action, on one daemon: ``make test`` has little room.
 The Connect form of the same union runs in the long lane."""
@@ -75,10 +77,10 @@ def _frame(session: Any, rows: list[tuple]) -> Any:
 @pytest.fixture
 def versioned(broker: Broker, topic: Callable[..., str], daemon: Daemon,
               tmp_path: Any) -> Iterator[tuple[DaemonProcess, list[tuple], list[Record], int, int, dict[int, int]]]:
-    """One daemon mirroring one topic as a raw versioned table (rates), a typed one (trates: JSON values) and a
-    plain one (plain); the asks and the oracle's records."""
-    t, typed_t = topic(), topic()
-    d = daemon({"plain": topic(), "rates": t, "trates": typed_t}, start=False, snapshots={"interval_ms": 200})
+    """One daemon mirroring the same records as a raw versioned table (rates), a typed one (trates: JSON values)
+    and a plain one (plain), each from its own topic; the asks and the oracle's records."""
+    t, typed_t, plain_t = topic(), topic(), topic()
+    d = daemon({"plain": plain_t, "rates": t, "trates": typed_t}, start=False, snapshots={"interval_ms": 200})
     (d.config.parent / "v.ddl").write_text("v STRING")
     text = d.config.read_text()
     text = re.sub(r'(name = "rates"\ntopic = "[^"]+"\n)', r'\1history = "30d"\n', text)
@@ -87,10 +89,10 @@ def versioned(broker: Broker, topic: Callable[..., str], daemon: Daemon,
     d.wait_running()
     started = int(time.time() * 1000)
     rng = random.Random(4545)
-    keys, tie = _produce(broker, [t, typed_t], started + HOUR, rng)  # record times after the replay: past since
+    keys, tie = _produce(broker, [t, typed_t, plain_t], started + HOUR, rng)  # times after the replay: past since
     ends = broker.admin.end_offsets(t)
-    assert broker.admin.end_offsets(typed_t) == ends
-    for table in ("rates", "trates"):
+    assert broker.admin.end_offsets(typed_t) == broker.admin.end_offsets(plain_t) == ends
+    for table in ("plain", "rates", "trates"):
         wait_snapshot_at(d, table, ends, timeout=120.0)
     since = d.wait_for(lambda doc: doc["tables"]["rates"].get("history", {}).get("since") is not None,
                        what="the history's since")["tables"]["rates"]["history"]["since"]
@@ -108,9 +110,11 @@ def _union(session: Any, d: DaemonProcess, df: Any, ends: dict[int, int]) -> tup
     small = GlobalTableView(session, d.config, "rates", mode="broadcast")
     typed = GlobalTableView(session, d.config, "trates")
     typed_small = GlobalTableView(session, d.config, "trates", mode="broadcast")
-    views = [raw, small, typed, typed_small]
+    plain = GlobalTableView(session, d.config, "plain")
+    views = [raw, small, typed, typed_small, plain]
     for v in views:  # the data's ends, given: the view's default target is the broker's end offsets, wrong on Tansu
-        v.refresh(offsets=ends)
+        desc = v.refresh(offsets=ends)
+        assert desc["exact"] is True and desc["offsets"] == {str(p): o for p, o in ends.items()}
     cols = ["id", "form", "value", "timestamp", "error"]
 
     def raw_rows(j: Any, form: str) -> Any:
@@ -131,8 +135,9 @@ def _union(session: Any, d: DaemonProcess, df: Any, ends: dict[int, int]) -> tup
         df.select("id", F.lit("typed-udf").alias("form"), typed.udf(as_of="ms")("k").alias("r")).select(
             "id", "form", F.col("r.value.v").alias("value"), "r.timestamp", "r.error"),
         # The latest-value join of a versioned table is unchanged: checked against the latest fold below.
-        raw.join(df, "k").select("id", F.lit("latest").alias("form"), F.col("value").cast("string").alias("value"),
-                                 "timestamp", F.lit(None).cast("string").alias("error")),
+        *(v.join(df, "k").select("id", F.lit(form).alias("form"), F.col("value").cast("string").alias("value"),
+                                 "timestamp", F.lit(None).cast("string").alias("error"))
+          for v, form in ((raw, "latest"), (plain, "latest-plain"))),
     ]
     out = parts[0]
     for p in parts[1:]:
@@ -148,12 +153,12 @@ def _check(rows: list[Any], asks: list[tuple], every: list[Record], since: int, 
         else:
             latest[r.key] = (r.value, r.timestamp)
     by_id = {i: (k, at) for i, k, at in asks}
-    forms = {"snapshot", "small", "typed", "typed-small", "udf", "typed-udf", "latest"}
+    forms = {"snapshot", "small", "typed", "typed-small", "udf", "typed-udf", "latest", "latest-plain"}
     assert {r["form"] for r in rows} == forms and len(rows) == len(asks) * len(forms)
     for r in rows:
         key, at = by_id[r["id"]]
         got = (r["value"], r["timestamp"])
-        if r["form"] == "latest":
+        if r["form"].startswith("latest"):
             want_latest = latest.get(key) if key is not None else None
             assert got == ((None, None) if want_latest is None else (want_latest[0].decode(), want_latest[1])), r
             continue
@@ -184,6 +189,7 @@ def test_as_of_joins_answer_as_the_as_of_fold_in_every_mode(spark: Any, broker: 
     assert "Exchange" not in plan.executedPlan().toString(), plan.executedPlan().toString()
     union, views = _union(spark, d, df, ends)
     _check(union.collect(), asks, every, since, tie)
+    assert all(v.fallbacks.value == 0 for v in views)
     with pytest.raises(AsOfRefusedError, match="keeps no versions"):
         GlobalTableView(spark, d.config, "plain").join(df, "k", as_of="ts")
     with pytest.raises(TypeError, match="timestamp or a long"):
