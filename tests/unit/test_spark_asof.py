@@ -53,8 +53,8 @@ def test_the_index_answers_as_the_as_of_fold() -> None:
     stamps = [r.timestamp for r in records]
     asks: list[tuple[bytes | None, int | None]] = [(None, stamps[0]), (keys[0], None), (b"absent", stamps[-1])]
     for _ in range(4_000):
-        at = rng.choice(stamps) if rng.random() < 0.5 else rng.randint(since - 5_000, max(stamps) + 5_000)
-        asks.append((rng.choice(keys), at))
+        t = rng.choice(stamps) if rng.random() < 0.5 else rng.randint(since - 5_000, max(stamps) + 5_000)
+        asks.append((rng.choice(keys), t))
     value, stamp, reason = index.at(pa.array([k for k, _ in asks], pa.binary()),
                                     pa.array([t for _, t in asks], pa.int64()))
     for (key, at), v, ts, why in zip(asks, value.to_pylist(), stamp.to_pylist(), reason.to_pylist(), strict=True):
