@@ -32,7 +32,9 @@ def check_table(view: Any) -> None:
                                "(docs/as-of.md) for as-of lookups")
     view._current()
     snapshot = (view.descriptor or {}).get("snapshot")
-    if snapshot is None:  # no sidecar on the driver's host: the executors resolve (and say it)
+    # No sidecar on the driver's host: the executors resolve (and say it). A snapshot answered once is not opened
+    # again (a join a micro-batch, foreach_batch: the same snapshot until a refresh moves it).
+    if snapshot is None or view.__dict__.get("_as_of_checked") == snapshot:
         return
     from globald.snapshot.reader import open_snapshot
 
@@ -40,6 +42,7 @@ def check_table(view: Any) -> None:
         why = refusal(name, snap.history)
     if why is not None:
         raise AsOfRefusedError(why)
+    view.__dict__["_as_of_checked"] = snapshot
 
 
 def check_join(view: Any, df: Any, as_of: str) -> None:

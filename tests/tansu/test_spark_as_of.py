@@ -70,8 +70,9 @@ def _frame(session: Any, rows: list[tuple]) -> Any:
 
     schema = StructType([StructField("id", LongType()), StructField("k", BinaryType()),
                          StructField("ts", TimestampType()), StructField("ms", LongType())])
+    # One partition: the union's forms are then a task each (a task's fixed cost is most of this test's time).
     return session.createDataFrame([(i, k, None if at is None else EPOCH + timedelta(milliseconds=at), at)
-                                  for i, k, at in rows], schema)
+                                    for i, k, at in rows], schema).coalesce(1)
 
 
 @pytest.fixture
