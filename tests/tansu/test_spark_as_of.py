@@ -26,7 +26,6 @@ from globald.embedded.oracle import Record, as_of, records
 from globald.spark import GlobalTableView
 from globald.spark.asof import AsOfRefusedError
 from tests.harness import Broker, DaemonProcess
-from tests.integration.snapshot_helpers import wait_snapshot_at
 from tests.integration.test_spark import spark  # noqa: F401 - the module-scoped session fixture
 from tests.support.spark_connect import connect_mode, connect_server, connect_session  # noqa: F401 - fixtures
 
@@ -70,9 +69,8 @@ def _frame(session: Any, rows: list[tuple]) -> Any:
 
     schema = StructType([StructField("id", LongType()), StructField("k", BinaryType()),
                          StructField("ts", TimestampType()), StructField("ms", LongType())])
-    # One partition: the union's forms are then a task each (a task's fixed cost is most of this test's time).
     return session.createDataFrame([(i, k, None if at is None else EPOCH + timedelta(milliseconds=at), at)
-                                    for i, k, at in rows], schema).coalesce(1)
+                                    for i, k, at in rows], schema)
 
 
 @pytest.fixture
@@ -93,8 +91,6 @@ def versioned(broker: Broker, topic: Callable[..., str], daemon: Daemon,
     keys, tie = _produce(broker, [t, typed_t, plain_t], started + HOUR, rng)  # times after the replay: past since
     ends = broker.admin.end_offsets(t)
     assert broker.admin.end_offsets(typed_t) == broker.admin.end_offsets(plain_t) == ends
-    for table in ("plain", "rates", "trates"):
-        wait_snapshot_at(d, table, ends, timeout=120.0)
     since = d.wait_for(lambda doc: doc["tables"]["rates"].get("history", {}).get("since") is not None,
                        what="the history's since")["tables"]["rates"]["history"]["since"]
     every = sorted(records(broker.settings, t, ends), key=lambda r: (r.partition, r.offset))
@@ -114,7 +110,7 @@ def _union(session: Any, d: DaemonProcess, df: Any, ends: dict[int, int]) -> tup
     plain = GlobalTableView(session, d.config, "plain")
     views = [raw, small, typed, typed_small, plain]
     for v in views:  # the data's ends, given: the view's default target is the broker's end offsets, wrong on Tansu
-        desc = v.refresh(offsets=ends)
+        desc = v.refresh(offsets=ends, timeout=120.0)  # waits for the daemon's snapshot at the ends
         assert desc["exact"] is True and desc["offsets"] == {str(p): o for p, o in ends.items()}
     cols = ["id", "form", "value", "timestamp", "error"]
 
@@ -127,7 +123,6 @@ def _union(session: Any, d: DaemonProcess, df: Any, ends: dict[int, int]) -> tup
                         F.col("err").alias("error"))
 
     parts = [
-        raw_rows(raw.join(df, "k", as_of="ts", error_col="err"), "snapshot"),
         raw_rows(small.join(df, "k", as_of="ms", error_col="err"), "small"),
         typed_rows(typed.join(df, "k", as_of="ts", error_col="err"), "typed"),
         typed_rows(typed_small.join(df, "k", as_of="ms", error_col="err"), "typed-small"),
@@ -135,6 +130,7 @@ def _union(session: Any, d: DaemonProcess, df: Any, ends: dict[int, int]) -> tup
             "id", "form", F.col("r.value").cast("string").alias("value"), "r.timestamp", "r.error"),
         df.select("id", F.lit("typed-udf").alias("form"), typed.udf(as_of="ms")("k").alias("r")).select(
             "id", "form", F.col("r.value.v").alias("value"), "r.timestamp", "r.error"),
+        _foreach_batch_rows(raw, df, raw_rows),  # the raw snapshot-mode join, as a foreach_batch function runs it
         # The latest-value join of a versioned table is unchanged: checked against the latest fold below.
         *(v.join(df, "k").select("id", F.lit(form).alias("form"), F.col("value").cast("string").alias("value"),
                                  "timestamp", F.lit(None).cast("string").alias("error"))
@@ -146,6 +142,18 @@ def _union(session: Any, d: DaemonProcess, df: Any, ends: dict[int, int]) -> tup
     return out.select(*cols), views
 
 
+def _foreach_batch_rows(view: GlobalTableView, df: Any, rows_of: Callable[[Any, str], Any]) -> Any:
+    """What a ``foreach_batch`` function joining its batch as of its rows' times makes of ``df`` as a batch: the
+    wrapper runs it against the view's one descriptor (no refresh: the interval is not due), lazily, so the
+    union's one action runs it too."""
+    made: list[Any] = []
+    run = view.foreach_batch(lambda batch, _: made.append(view.join(batch, "k", as_of="ts", error_col="err")),
+                             min_interval_s=1e9)
+    run(df, 0)
+    assert view.refreshes == 1  # the descriptor the union's other forms read
+    return rows_of(made[0], "foreach_batch")
+
+
 def _check(rows: list[Any], asks: list[tuple], every: list[Record], since: int, tie: int) -> None:
     latest: dict[bytes, tuple[bytes, int]] = {}
     for r in sorted(every, key=lambda r: (r.partition, r.offset)):
@@ -154,7 +162,10 @@ def _check(rows: list[Any], asks: list[tuple], every: list[Record], since: int, 
         else:
             latest[r.key] = (r.value, r.timestamp)
     by_id = {i: (k, at) for i, k, at in asks}
-    forms = {"snapshot", "small", "typed", "typed-small", "udf", "typed-udf", "latest", "latest-plain"}
+    # The fold once an ask (it reads every record), not once a form.
+    folds = {i: None if k is None or at is None else as_of(every, k, at) for i, k, at in asks}
+    forms = {"small", "typed", "typed-small", "udf", "typed-udf", "foreach_batch", "latest",
+             "latest-plain"}
     assert {r["form"] for r in rows} == forms and len(rows) == len(asks) * len(forms)
     for r in rows:
         key, at = by_id[r["id"]]
@@ -166,7 +177,7 @@ def _check(rows: list[Any], asks: list[tuple], every: list[Record], since: int, 
         if at is not None and at < since:  # never a guess: null, and the reason
             assert got == (None, None) and "since" in (r["error"] or ""), r
             continue
-        want = None if key is None or at is None else as_of(every, key, at)
+        want = folds[r["id"]]
         if want is not None and r["form"].startswith("typed"):
             want = (json.loads(want[0])["v"].encode(), want[1])
         assert got == ((None, None) if want is None else (want[0].decode(), want[1])), (r, key, at, want)
@@ -182,13 +193,10 @@ def test_as_of_joins_answer_as_the_as_of_fold_in_every_mode(spark: Any, broker: 
                                                            versioned: tuple) -> None:
     d, asks, every, since, tie, ends = versioned
     df = _frame(spark, asks)
-    # The plan: the as-of join is a map over df's own partitions, no Exchange (no shuffle of df).
-    view = GlobalTableView(spark, d.config, "rates")
-    view.refresh(offsets=ends)
-    plan = view.join(df, "k", as_of="ts")._jdf.queryExecution()
-    view.close()
-    assert "Exchange" not in plan.executedPlan().toString(), plan.executedPlan().toString()
     union, views = _union(spark, d, df, ends)
+    # The plan: every form is a map over df's own partitions, no Exchange (no shuffle of df, nothing collected).
+    plan = union._jdf.queryExecution().executedPlan().toString()
+    assert "Exchange" not in plan and "MapInArrow" in plan, plan
     _check(union.collect(), asks, every, since, tie)
     assert all(v.fallbacks.value == 0 for v in views)
     with pytest.raises(AsOfRefusedError, match="keeps no versions"):
