@@ -13,7 +13,7 @@ import pytest
 
 from globald.embedded.oracle import Record, as_of
 from globald.spark.asof import AsOfIndex, AsOfRefusedError, table_of, times_ms
-from globald.store.history import TOMBSTONE, VALUE, HistoryMeta, version_key
+from globald.store.history import TOMBSTONE, VALUE, HistoryMeta, Version, version_key
 from globald.typed.columnar import ColumnarTable
 
 BASE = 1_800_000_000_000
@@ -82,3 +82,29 @@ def test_a_refused_history_fails_the_lookup_with_its_line() -> None:
     index = AsOfIndex.of_table(ColumnarTable(table))
     with pytest.raises(AsOfRefusedError, match="carry no timestamp"):
         index.at(pa.array([b"k"]), pa.array([1], pa.int64()))
+
+
+class _Snap:
+    """A snapshot too large for the as-of file, as ``AsOfIndex`` reads it then: one ``as_of`` a row."""
+
+    def __init__(self, records: list[Record]) -> None:
+        self.records, self.renewed = records, 0
+
+    def renew(self) -> None:
+        self.renewed += 1
+
+    def as_of(self, key: bytes, t: int) -> Version | None:
+        best = max((r for r in self.records if r.key == key and r.timestamp <= t),
+                   key=lambda r: (r.timestamp, r.offset, r.partition), default=None)
+        return None if best is None else Version(key, best.value, best.timestamp, best.offset, best.partition)
+
+
+def test_a_history_read_by_seeks_answers_alike() -> None:
+    rng = random.Random(7)
+    records = _records(rng)[:600]
+    since = BASE + 1_000
+    mapped = _index(records, since)
+    seeks = AsOfIndex(None, _Snap(records), since, None, "t")  # type: ignore[arg-type]
+    keys = pa.array([rng.choice(records).key for _ in range(300)] + [None], pa.binary())
+    times = pa.array([rng.randint(BASE - 3_000, BASE + 70_000) for _ in range(300)] + [BASE], pa.int64())
+    assert [c.to_pylist() for c in seeks.at(keys, times)] == [c.to_pylist() for c in mapped.at(keys, times)]
