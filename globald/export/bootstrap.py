@@ -8,6 +8,12 @@ is ``unverifiable`` and, as the daemon's own identity check counts it, does not 
 plan, which opens the installed store next, reads the older rungs back too). Anything else is refused, with one
 line saying why, and the next older export is tried; with none left, the table restores from the topic as before.
 
+A versioned table (``history``) uses only an export that carries history kept under the same window, with a
+``since`` its source store proved at the export's offsets (``manifest.ExportHistory``); any other would have it
+claim a ``since`` nothing proves. The installed store keeps the export's ``since`` when its tail, from the export's
+offsets on, cannot have lost a version to compaction yet (``history.tailed_since``: read from the topic's
+``min.compaction.lag.ms``); otherwise ``since`` moves to what a replay begun now proves, and the log says why.
+
 The download goes into ``tables/.bootstrap-<table>/`` (inside the state_dir, so the final move is a rename),
 each file read at most to its manifest size, its SHA-256 computed while it is copied and checked, names checked to
 be plain base names. ``DOWNLOADERS`` files are fetched at once (an object store's latency, not its bandwidth, bounds
@@ -38,11 +44,12 @@ from globald.export.target import FILES_DIR, Target, TargetError
 from globald.kafka.clients import TransientKafkaError, make_consumer, partitions, watermarks
 from globald.kafka.identity import VERIFY_TIMEOUT_S, RecordReader, TopicIds, verify
 from globald.settings.config import Config, TableConfig
-from globald.store import durable
+from globald.store import durable, history
 from globald.store.layout import offsets_to_json
 from globald.store.names import (
     BOOTSTRAP_PREFIX,
     DB_DIR,
+    META_HISTORY_SINCE,
     READABLE_FORMATS,
     db_dir,
     table_dir,
@@ -78,13 +85,31 @@ class Origin:
     fallback: str | None = None  # why no export was used, when one was looked for
     tail: int | None = None  # offsets replayed from the export's to the log end it reached RUNNING at
     uri: str | None = None  # masked
+    # A versioned table's: the export's since, the one the installed store keeps (moved: why it differs)
+    history: dict[str, Any] | None = None
 
     def to_json(self, now: float | None = None) -> dict[str, Any]:
         now = time.time() if now is None else now
         return {"kind": self.kind, "export": self.export, "offsets": offsets_to_json(self.offsets),
                 "created": self.created, "age_s": None if self.created is None else round(now - self.created, 3),
                 "bytes_downloaded": self.bytes_downloaded, "seconds": round(self.seconds, 3),
-                "fallback": self.fallback, "tail": self.tail, "uri": self.uri}
+                "fallback": self.fallback, "tail": self.tail, "uri": self.uri, "history": self.history}
+
+
+def history_refusal(m: ExportManifest, window_ms: int | None) -> str | None:
+    """Why export ``m`` cannot start a table whose window is ``window_ms`` (None: not versioned, which any export
+    can start: a store opened as a plain table's drops the history it holds); None when it can."""
+    if window_ms is None:
+        return None
+    if m.history is None:
+        return ("it carries no history (exported from a plain table, or by a globald before exports carried it): a "
+                "versioned table started from it could prove no since")
+    if m.history.window_ms != window_ms:
+        return (f"its history was kept under a window of {m.history.window_ms} ms, the table declares {window_ms} "
+                "ms (a window change replays the topic, as a reload does)")
+    if m.history.since is None:
+        return "its store had proven no since at the export's offsets (pending, or held data before history)"
+    return None
 
 
 def needs_bootstrap(state_dir: Path, table: str) -> bool:
@@ -134,6 +159,8 @@ class Bootstrap:
                  install: Install) -> None:
         self.config, self.table, self.target, self.stop, self.install = config, table, target, stop, install
         self.downloaded = 0
+        self.lag_ms: int | None = None  # the topic's min.compaction.lag.ms as _usable read it (a versioned table's)
+        self.history: dict[str, Any] | None = None  # what _stamp_closed set the store's since to
         self._counted = threading.Lock()  # downloaded is added to by each downloader
 
     def run(self) -> Origin:
@@ -154,7 +181,7 @@ class Bootstrap:
                 self._usable(m)
                 self._download(m, stage)
                 self._check(m, stage / DB_DIR)
-                self._stamp_closed(stage / DB_DIR)
+                self._stamp_closed(m, stage / DB_DIR)
                 # Downloaded files were synced whole (_fetch); RocksDB synced each table file it wrote since.
                 durable.sync_tree(stage, synced_suffixes=(".sst",))
                 self.install.run(lambda: self._move(stage))
@@ -169,7 +196,7 @@ class Bootstrap:
                 break
             return Origin("export", export=m.id, offsets=dict(m.offsets), created=m.created,
                           bytes_downloaded=self.downloaded, seconds=time.monotonic() - started, uri=shown,
-                          fallback="; ".join(reasons) or None)
+                          fallback="; ".join(reasons) or None, history=self.history)
         return Origin("topic", bytes_downloaded=self.downloaded, seconds=time.monotonic() - started,
                       fallback="; ".join(reasons), uri=shown)
 
@@ -178,6 +205,9 @@ class Bootstrap:
     def _usable(self, m: ExportManifest) -> None:
         if m.topic != self.table.topic:
             raise Refused(f"it mirrors topic {m.topic}, the table mirrors {self.table.topic}")
+        refusal = history_refusal(m, self.table.history)
+        if refusal is not None:
+            raise Refused(refusal)
         if m.store_format not in READABLE_FORMATS:
             raise Refused(f"store format {m.store_format} is not one this globald reads {READABLE_FORMATS}")
         if m.typed != self.table.typed:
@@ -199,10 +229,16 @@ class Bootstrap:
                 raise Refused(f"partition {p} is at offset {o}, below the log start {low}: records between are gone")
             if o > high:
                 raise Refused(f"partition {p} is at offset {o}, past the log end {high}: another topic")
-        if m.topic_id is not None:
-            now = TopicIds(self.config.consumer_settings()).get(self.table.topic, VERIFY_TIMEOUT_S)
-            if now is not None and now != m.topic_id:
-                raise Refused(f"topic ID {m.topic_id}, the broker's topic is {now}: deleted and recreated since")
+        ids = TopicIds(self.config.consumer_settings())
+        try:
+            if m.topic_id is not None:
+                now = ids.get(self.table.topic, VERIFY_TIMEOUT_S)
+                if now is not None and now != m.topic_id:
+                    raise Refused(f"topic ID {m.topic_id}, the broker's topic is {now}: deleted and recreated since")
+            if self.table.versioned:
+                self.lag_ms = ids.compaction_lag_ms(self.table.topic, VERIFY_TIMEOUT_S)
+        finally:
+            ids.close()
         rungs = {p: r for p, r in m.ladders.items() if r}
         reader = RecordReader(self.config.consumer_settings(), self.stop.wait)  # on this bootstrap's own thread
         try:
@@ -298,16 +334,28 @@ class Bootstrap:
             raise Refused(f"the database is of format {info.format}, the manifest says {m.store_format}")
         if info.topic_id != m.topic_id:
             raise Refused(f"the database's topic ID {info.topic_id} is not the manifest's {m.topic_id}")
+        if m.history is not None and (info.history is None or info.history.since != m.history.since):
+            held = "no history" if info.history is None else f"since {info.history.since}"
+            raise Refused(f"the database holds {held}, the manifest says since {m.history.since}")
 
-    def _stamp_closed(self, db: Path) -> None:
+    def _stamp_closed(self, m: ExportManifest, db: Path) -> None:
         """The exporting host's store was open when its snapshot was taken: marked closed here, so the daemon that
-        opens it does not report a crash that never happened on this host. A write of our own, after the checks."""
+        opens it does not report a crash that never happened on this host; a versioned table's ``since`` is set to
+        what its tail keeps of the export's (``history.tailed_since``). Writes of our own, after the checks."""
         options = StoreOptions.from_config(self.config.store)
         try:
             store = open_offline(db, options, create=False)
         except Exception as e:  # rocksdict raises bare Exceptions naming the file
             raise Refused(f"the downloaded database does not open for writing: {e}") from None
         with store:
+            if self.table.versioned and m.history is not None and m.history.since is not None:
+                since, moved = history.tailed_since(m.history.since, int(m.created * 1000), history.now_ms(),
+                                                    self.lag_ms)
+                if moved is not None:
+                    log.warning("table %s: export %s: since %d, not the export's %d: %s", self.table.name, m.id,
+                                since, m.history.since, moved)
+                store.put_meta({META_HISTORY_SINCE: str(since).encode()}, "export bootstrap: the history's since")
+                self.history = {"since": since, "exported_since": m.history.since, "moved": moved}
             store.mark_closed("export bootstrap: mark the downloaded store closed")
 
     def _move(self, stage: Path) -> None:

@@ -6,6 +6,10 @@ again; any other is (the same bytes under the same name, so nothing is ever over
 hosts exporting the same table at once write the same content or none). Data first, then the manifest under a
 fresh export id, written whole under a dot-name and moved to its name: an export without a manifest does not
 exist. Runs off the loop thread; a snapshot is read through its lease, never changed.
+
+A versioned table's snapshot holds its history family and marks like any other, so its export carries them; the
+manifest's ``history`` says so, with the ``since`` read from the exported database itself (``read_info``, in the
+view that gives the offsets): the ``since`` the source store proved at exactly the export's offsets, never more.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from pathlib import Path
 
 from globald.export.manifest import (
     ExportFile,
+    ExportHistory,
     ExportManifest,
     ExportManifestError,
     new_export_id,
@@ -31,7 +36,7 @@ from globald.export.manifest import (
 from globald.export.target import CHUNK, EXPORTS_DIR, FILES_DIR, MANIFEST_SUFFIX, Target, TargetError
 from globald.snapshot.manifest import Manifest
 from globald.store.names import SNAPSHOT_DB_DIR
-from globald.store.offline import StoreInfoError, read_info
+from globald.store.offline import StoreInfo, StoreInfoError, read_info
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +131,8 @@ def export_snapshot(target: Target, snapshot_dir: Path, snap: Manifest, stop: th
     m = ExportManifest(id=new_export_id(), table=snap.table, topic=snap.topic, topic_id=info.topic_id,
                        offsets=dict(info.offsets), ladders={p: r for p, r in info.ladders.items() if p in info.offsets},
                        store_format=info.format, files=tuple(files), created=snap.created, snapshot=snap.id,
-                       host=socket.gethostname()[:255] or "unknown", records=snap.records, typed=info.typed)
+                       host=socket.gethostname()[:255] or "unknown", records=snap.records, typed=info.typed,
+                       history=history_of(snap, info))
     if stop.is_set():
         raise ExportStopped("stopping")
     target.put(iter([m.encode()]), snap.table, EXPORTS_DIR, m.id + MANIFEST_SUFFIX)
@@ -137,6 +143,16 @@ def export_snapshot(target: Target, snapshot_dir: Path, snap: Manifest, stop: th
             log.info("table %s: export %s: %s was gone after its manifest; uploaded again", snap.table, m.id, f.blob)
             uploaded += target.put(_read(db / f.name, stop), snap.table, FILES_DIR, f.blob)
     return Exported(m, uploaded, reused, time.monotonic() - started)
+
+
+def history_of(snap: Manifest, info: StoreInfo) -> ExportHistory | None:
+    """What the export of ``snap`` (its database says ``info``) carries of a history: None for a plain table's, or
+    one whose snapshot manifest names no window (written by a globald before exports carried history): a
+    bootstrap of a versioned table does not use such an export."""
+    marks = info.history
+    if marks is None or snap.history_ms is None:
+        return None
+    return ExportHistory(window_ms=snap.history_ms, since=marks.since, clock=marks.clock, untimed=marks.untimed)
 
 
 def remove_quietly(target: Target, *parts: str) -> None:

@@ -2,7 +2,9 @@
 
 It names the table, the topic, the topic ID where the broker has one, each partition's fingerprint ladder (the
 records the export holds at its newest offsets, read back at bootstrap to show the broker still has that topic),
-the offsets, the store format version, and every file of the RocksDB database with its size and SHA-256. A file's
+the offsets, the store format version, a versioned table's history (``history``: the window its versions were kept
+under and the ``since`` its store proved at the export's offsets; absent from a plain table's export, and from an
+export an older globald wrote), and every file of the RocksDB database with its size and SHA-256. A file's
 name must be a plain base name (it becomes a path on the downloading host) and its content lives under a
 content-addressed name (``blob``). Everything read is untrusted input: sizes and counts are bounded, JSON only,
 never unpickled.
@@ -31,7 +33,10 @@ MAX_RUNGS = 16
 EXPORT_ID_RE = re.compile(r"^[0-9]{16}-[0-9a-f]{8}$")
 FILE_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
-TOPIC_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+# Kafka's topic IDs (KIP-516) as librdkafka spells them: standard base64 ("+", "/"), where Kafka's own tools
+# use the URL-safe alphabet ("-", "_"); both are accepted. Compared only, never a path.
+TOPIC_ID_RE = re.compile(r"^[A-Za-z0-9_+/=-]{1,64}$")
+UNTIMED_RE = re.compile(r"^[0-9]{1,10}/[0-9]{1,19}$")
 
 
 class ExportManifestError(Exception):
@@ -65,6 +70,22 @@ class ExportFile:
 
 
 @dataclass(frozen=True)
+class ExportHistory:
+    """What an export of a versioned table holds of its history (``store.history``), as its database says at the
+    export's offsets: the window (ms) the exporting table kept versions under, ``since`` (epoch ms; None: none
+    proven there), the newest record time applied (``clock``) and the first record without a timestamp
+    (``untimed``, "partition/offset")."""
+
+    window_ms: int
+    since: int | None
+    clock: int | None = None
+    untimed: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"window_ms": self.window_ms, "since": self.since, "clock": self.clock, "untimed": self.untimed}
+
+
+@dataclass(frozen=True)
 class ExportManifest:
     id: str
     table: str
@@ -79,6 +100,7 @@ class ExportManifest:
     host: str
     records: int = 0
     typed: bool = False
+    history: ExportHistory | None = None  # a versioned table's export: it carries the history family and its marks
     extra: dict[str, Any] = field(default_factory=dict)  # never read: room for later versions' fields
 
     @property
@@ -93,6 +115,7 @@ class ExportManifest:
                         for p, rungs in sorted(self.ladders.items())},
             "store_format": self.store_format, "created": self.created, "snapshot": self.snapshot,
             "host": self.host, "records": self.records, "typed": self.typed,
+            "history": None if self.history is None else self.history.to_json(),
             "files": [{"name": f.name, "size": f.size, "sha256": f.sha256} for f in self.files],
         }
 
@@ -122,6 +145,13 @@ def _text(doc: dict[str, Any], key: str) -> str:
 def _int(v: object, what: str, hi: int = 1 << 63) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < hi:
         raise ValueError(f"{what} must be an integer in [0, {hi})")
+    return v
+
+
+def _signed(v: object, what: str) -> int:
+    """An epoch-ms ``since``, which a topic's huge ``min.compaction.lag.ms`` can take below 0."""
+    if isinstance(v, bool) or not isinstance(v, int) or not -(1 << 63) <= v < 1 << 63:
+        raise ValueError(f"{what} must be a 64-bit integer")
     return v
 
 
@@ -181,4 +211,17 @@ def _parse(doc: dict[str, Any], export_id: str | None) -> ExportManifest:
         id=eid, table=_text(doc, "table"), topic=_text(doc, "topic"), topic_id=topic_id, offsets=offsets,
         ladders=ladders, store_format=_int(doc.get("store_format"), "store_format", 1 << 16), files=tuple(files),
         created=float(created), snapshot=_text(doc, "snapshot"), host=_text(doc, "host"),
-        records=_int(doc.get("records", 0), "records"), typed=typed)
+        records=_int(doc.get("records", 0), "records"), typed=typed, history=_history(doc.get("history")))
+
+
+def _history(raw: object) -> ExportHistory | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise ValueError("history must be an object or null")
+    since, clock, untimed = raw.get("since"), raw.get("clock"), raw.get("untimed")
+    if untimed is not None and not (isinstance(untimed, str) and UNTIMED_RE.match(untimed)):
+        raise ValueError("history.untimed must be \"partition/offset\" or null")
+    return ExportHistory(window_ms=_int(raw.get("window_ms"), "history.window_ms"),
+                         since=None if since is None else _signed(since, "history.since"),
+                         clock=None if clock is None else _int(clock, "history.clock"), untimed=untimed)

@@ -58,12 +58,11 @@ class ExportRefills:
     def begin(self, table: str, kind: str) -> bool:
         uri = masked(self.export.uri)
         # The table as the config in force declares it: a table a reload added, or replaced, is refilled as any
-        # other (its empty store is ``EMPTY_STORE``); one dropped meanwhile is not, nor a versioned one, whose
-        # history an export does not carry yet (only its topic's replay proves a since: store.history)
+        # other (its empty store is ``EMPTY_STORE``), a versioned one from an export carrying history under its
+        # window, which keeps the export's since (``export.bootstrap``); one dropped meanwhile is not
         config = self._config.now
         tc = next((t for t in config.tables if t.name == table), None)
-        if kind == OPERATOR_RESET or (kind == EMPTY_STORE and self._looked_at_start(table)) or tc is None or \
-                tc.versioned:
+        if kind == OPERATOR_RESET or (kind == EMPTY_STORE and self._looked_at_start(table)) or tc is None:
             return False
         previous = self._out.get(table)
         if previous is not None and previous.worker.is_alive():  # given up, still unwinding: its stage is in use

@@ -56,9 +56,6 @@ def bootstrap_empty_tables(config: Config, wait_stop: Callable[[float], bool]) -
             origins[t.name] = Origin("store")
         elif not export.bootstrap:
             origins[t.name] = Origin("topic", fallback="bootstrap = false", uri=masked(export.uri))
-        elif t.versioned:  # an export does not carry history yet: only the topic's replay proves a since
-            origins[t.name] = Origin("topic", fallback="versioned (history): exports carry no history yet",
-                                     uri=masked(export.uri))
         else:
             w = BootstrapWorker(config, t, stop)
             log.info("table %s: store empty; looking for an export in %s", t.name, masked(export.uri))

@@ -24,13 +24,13 @@ from globald.settings.ref import ConfigRef
 from globald.snapshot import manifest as manifests
 from globald.snapshot.builder import Builder, BuildRefused
 from globald.snapshot.exact_requests import Code, Request, Response
-from globald.snapshot.manifest import Manifest, Offsets
+from globald.snapshot.manifest import Manifest, Offsets, snapshot_since
 from globald.snapshot.reader import find_exact, manifests_of
 from globald.snapshot.space import BuildNeed, build_need
 from globald.snapshot.table_state import SnapshotTable
 from globald.store import durable
 from globald.store import space as store_space
-from globald.store.names import SNAPSHOT_BUILD_PREFIX
+from globald.store.names import SNAPSHOT_BUILD_PREFIX, SNAPSHOT_DB_DIR
 from globald.store.space import mb
 
 log = logging.getLogger(__name__)
@@ -234,7 +234,8 @@ class ExactBuilds:
                 daemon_state, table_state = self._host.manifest_states(name)
                 m = Manifest(table=name, topic=tab.config.topic, id=sid, offsets=dict(target), created=time.time(),
                              daemon_state=daemon_state, table_state=table_state, records=built.records, kind="exact",
-                             request=job.request.id)
+                             request=job.request.id, history_ms=tab.config.history,
+                             since=snapshot_since(tab.config, work / SNAPSHOT_DB_DIR))
                 manifests.write(work, m)
                 durable.rename(work, tab.dir / sid)
                 tab.built()

@@ -18,12 +18,14 @@ from typing import Any
 
 from globald.common.errors import ManifestError, ManifestIOError
 from globald.common.states import State
+from globald.settings.config import TableConfig
 from globald.store.durable import replace_file
 
 # Offsets in JSON have one encoding and one validation (store.layout); imported from here by snapshot readers.
 from globald.store.layout import offsets_from_json as offsets_from_json
 from globald.store.layout import offsets_to_json as offsets_to_json
 from globald.store.names import SNAPSHOT_MANIFEST
+from globald.store.offline import since_of
 
 MANIFEST_FORMAT = 1
 # Snapshot ids are creation times in microseconds, 16 digits, strictly increasing per daemon: sortable as text.
@@ -77,6 +79,11 @@ class Manifest:
     request: str | None = None
     stale: bool = False
     stale_reason: str | None = None
+    # A versioned table's (store.history): the window it was kept under (ms; None: not versioned) and the ``since``
+    # its database proved at these offsets (epoch ms; None: none proven), read from it when it was published
+    # (``offline.since_of``). Absent from older manifests: read as None.
+    history_ms: int | None = None
+    since: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         doc = asdict(self)
@@ -115,6 +122,7 @@ class Manifest:
             created=doc["created"], daemon_state=text("daemon_state"), table_state=text("table_state"),
             records=doc["records"], kind=text("kind"), request=text("request", optional=True),
             stale=doc["stale"], stale_reason=text("stale_reason", optional=True),
+            history_ms=doc.get("history_ms"), since=doc.get("since"),
         )
         if not valid_id(m.id) or (snapshot_id is not None and m.id != snapshot_id):
             raise ValueError(f"id {m.id!r} does not match its directory {snapshot_id!r}")
@@ -124,6 +132,9 @@ class Manifest:
             raise ValueError("created must be a number")
         if isinstance(m.records, bool) or not isinstance(m.records, int) or m.records < 0:
             raise ValueError("records must be a non-negative integer")
+        for name, v in (("history_ms", m.history_ms), ("since", m.since)):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or abs(v) >= 1 << 63):
+                raise ValueError(f"{name} must be an integer or null")
         if not isinstance(m.stale, bool):
             raise ValueError("stale must be true or false")
         if m.kind not in KINDS:
@@ -132,6 +143,13 @@ class Manifest:
         if m.daemon_state not in states or m.table_state not in states:
             raise ValueError("daemon_state/table_state is not a globald state")
         return m
+
+
+def snapshot_since(table: TableConfig, db: Path) -> int | None:
+    """The manifest's ``since`` of a snapshot of ``table`` whose database is at ``db``: for a versioned table, what
+    the database proves (``offline.since_of``: read from it, never from the live store, so it is the ``since`` at
+    the snapshot's offsets); None for another table (which opens nothing)."""
+    return None if table.history is None else since_of(db)
 
 
 def read(snapshot_dir: Path, table: str | None = None) -> Manifest:

@@ -26,7 +26,7 @@ from globald.settings.config import Config
 from globald.settings.ref import ConfigRef
 from globald.snapshot import manifest as manifests
 from globald.snapshot import recreated
-from globald.snapshot.manifest import Manifest, Offsets
+from globald.snapshot.manifest import Manifest, Offsets, snapshot_since
 from globald.snapshot.reader import manifests_of
 from globald.snapshot.retention import Retention
 from globald.snapshot.table_state import Fingerprints, SnapshotIds, SnapshotTable
@@ -113,7 +113,8 @@ class Publishing:
                                         f"not of every partition {list(rt.partitions)}")
                 m = Manifest(table=rt.name, topic=rt.topic, id=sid, offsets=dict(offsets), created=time.time(),
                              daemon_state=self.daemon_state.value, table_state=rt.state.value,
-                             records=taken.records)
+                             records=taken.records, history_ms=tab.config.history,
+                             since=snapshot_since(tab.config, tmp / SNAPSHOT_DB_DIR))
                 manifests.write(tmp, m)
                 durable.rename(tmp, tab.dir / sid)
             except BaseException:

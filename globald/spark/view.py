@@ -34,6 +34,7 @@ from globald.spark.executor import (
     pandas_fn,
     partitions_fn,
 )
+from globald.spark.lineage import Lineage, Read, recorded
 from globald.spark.memindex import DEFAULT_MEMORY_INDEX_MB
 from globald.spark.session import FALLBACK_COL, Carried, ConnectUnsupportedError, Fallbacks, is_connect
 from globald.status import statusfile
@@ -88,6 +89,8 @@ class GlobalTableView:
         self._consumer: Consumer | None = None
         self._timer: threading.Thread | None = None
         self._timer_stop = threading.Event()
+        self._lineage = Lineage()
+        self._captured = threading.local()  # per calling thread: the descriptor its last lookup call captured
 
     @property
     def connect(self) -> bool:
@@ -113,7 +116,8 @@ class GlobalTableView:
                              small_join=state["small_join"], fallbacks=state["fallbacks"], refreshes=state["refreshes"],
                              _refresh_lock=threading.Lock(), _lock=threading.Lock(),
                              _desc=state["desc"], _desc_bc=None, _small=state["small"], _seq=state["seq"],
-                             _consumer=None, _timer=None, _timer_stop=threading.Event())
+                             _consumer=None, _timer=None, _timer_stop=threading.Event(),
+                             _lineage=Lineage(), _captured=threading.local())
         self.config = load(self.config_path)
         self.table = self.config.table(state["table"])
 
@@ -183,9 +187,11 @@ class GlobalTableView:
             if self._desc_bc is None and self._desc is not None:  # a copy made by pickling: same descriptor
                 self._desc_bc = self._carry(self._desc)
             if self._desc_bc is not None:
+                self._captured.desc = self._desc
                 return self._desc_bc, self._small
         self.refresh()
         with self._lock:
+            self._captured.desc = self._desc
             return self._desc_bc, self._small
 
     def _broadcasts(self, as_of: bool = False) -> tuple[Any, Any]:
@@ -201,6 +207,21 @@ class GlobalTableView:
 
     # -- lookups ------------------------------------------------------------------------------------------------
 
+    def lineage(self) -> list[Read]:
+        """Which version each ``join``, ``udf``, ``lookup_partitions`` call and ``foreach_batch`` micro-batch of this
+        view read, newest last (``globald.spark.lineage``): ``view.refresh(offsets=read.offsets)`` reads one again.
+        A copy of the view (``foreach_batch`` on Spark Connect runs on the server) records in its own process."""
+        return self._lineage.reads()
+
+    def _record(self, kind: str, *, batch_id: int | None = None, observe: bool = False) -> Read:
+        """The read of the descriptor this thread's last lookup call captured (``_current``)."""
+        desc = getattr(self._captured, "desc", None)
+        if desc is None:
+            raise RuntimeError(f"lineage: {kind} captured no descriptor")  # every lookup path goes through _current
+        self._captured.desc = None
+        return self._lineage.record(desc, kind, batch_id=batch_id, observe=observe)
+
+    @recorded("join", observe=True)
     def join(self, df: Any, on: str, value_col: str = "value", timestamp_col: str = "timestamp",
              snapshot_col: str | None = None, *, flatten: bool | str = False, error_col: str | None = None,
              as_of: str | None = None) -> Any:
@@ -263,6 +284,7 @@ class GlobalTableView:
         out = df.mapInArrow(fn, StructType([*fields, StructField(FALLBACK_COL, LongType(), False)]))
         return self.fallbacks.watch(out, df.sparkSession)
 
+    @recorded("lookup_partitions")
     def lookup_partitions(self, rdd: Any, key: Callable[[Any], object] | None = None) -> Any:
         """``rdd`` mapped per partition to (element, value or None, timestamp or None), in batched multi-gets.
         Classic sessions only: Spark Connect has no RDDs (ConnectUnsupportedError names the alternative)."""
@@ -275,6 +297,7 @@ class GlobalTableView:
             self.fallbacks.accumulator = self.spark.sparkContext.accumulator(0)
         return rdd.mapPartitions(partitions_fn(self.settings, desc_bc, data_bc, self.fallbacks.accumulator, key))
 
+    @recorded("udf")
     def udf(self, as_of: str | None = None) -> Any:
         """A pandas UDF: key column -> struct<value: binary, timestamp: bigint> (null fields when absent).
 
@@ -326,6 +349,8 @@ class GlobalTableView:
             if due or self._desc is None:
                 self._refresh_or_keep()
                 state["last"] = time.monotonic()
+            self._current()  # this batch's descriptor, which its joins capture too (unless a timer refreshes)
+            self._record("foreach_batch", batch_id=batch_id)
             fn(batch_df, batch_id)
 
         return run

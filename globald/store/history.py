@@ -150,6 +150,25 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+def tailed_since(since: int, exported_ms: int, now: int, lag_ms: int | None) -> tuple[int, str | None]:
+    """``since`` of a store installed from an export (``export.bootstrap``) whose source store proved ``since`` at
+    the export's offsets, its snapshot taken at ``exported_ms``, then tailed from those offsets from ``now`` on; and
+    why it moved (None: kept). The records above the export's offsets were appended after its snapshot (a table
+    at its log end when snapshotted), and the log cleaner removes none of them before it is ``lag_ms`` old: read
+    before ``exported_ms + lag_ms``, the tail has no gap, and the export's ``since`` holds. Past that (or with the
+    lag unknown, taken as 0) a version of the tail may be gone, compacted by a later record of its key that is
+    itself older than ``now - lag``: ``since`` moves to what a replay begun ``now`` proves (``replay_since``), or
+    stays where the export's already is when that is later."""
+    if lag_ms is not None and now - max(0, lag_ms) <= exported_ms:
+        return since, None
+    moved = max(since, replay_since(now, lag_ms or 0))
+    if moved == since:
+        return since, None
+    lag = "unknown, taken as 0" if lag_ms is None else f"{lag_ms} ms"
+    return moved, (f"the export's snapshot is older than the topic's min.compaction.lag.ms ({lag}): versions after "
+                   "its offsets may have been compacted away, so since moves to the bootstrap's start less the lag")
+
+
 SWEEP_MIN = 1024  # entries the pruning walks at least per batch that adds versions (Sweep)
 # ``since`` of an empty store, until its first batch of versions sets it.
 SINCE_PENDING = b"pending"

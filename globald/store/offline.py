@@ -203,12 +203,14 @@ class StoreInfo:
     topic_id: str | None
     format: int
     typed: bool
+    history: HistoryMeta | None = None  # a versioned table's marks (store.history); None: it holds no versions
 
 
 def read_info(db: Path) -> StoreInfo:
     """What the database at ``db`` says about itself, opened read-only: offsets, fingerprint ladders, topic, topic
-    ID and format. The exporter reads a snapshot's to write its manifest; the bootstrap reads a downloaded one's
-    to check it holds what its manifest claims."""
+    ID, format and, for a versioned table's, its history's marks (``since``: read in one view with the offsets,
+    so the ``since`` proven at exactly those offsets). The exporter reads a snapshot's to write its manifest; the
+    bootstrap reads a downloaded one's to check it holds what its manifest claims."""
     try:
         families = layout.families(db)
         rd = Rdict(str(db), _READ_ONLY, column_families={cf: _READ_ONLY for cf in families if cf != DEFAULT_CF},
@@ -227,10 +229,21 @@ def read_info(db: Path) -> StoreInfo:
             raise StoreInfoError(f"{db}: damaged fingerprint ladders: {'; '.join(problems)}")
         topic, topic_id = meta.get(META_TOPIC), meta.get(META_TOPIC_ID)
         offsets = layout.offsets_in(rd.get_column_family(OFFSETS_CF).items())
+        marks = HistoryMeta.read(meta) if HISTORY_CF in families else None
         del meta
         return StoreInfo(offsets=offsets, ladders={p: lad.rungs for p, lad in found.items()},
                          topic=topic.decode(errors="replace") if isinstance(topic, bytes) else None,
                          topic_id=topic_id.decode(errors="replace") if isinstance(topic_id, bytes) else None,
-                         format=decode_format(raw_format), typed=ORIGINS_CF in families)
+                         format=decode_format(raw_format), typed=ORIGINS_CF in families, history=marks)
     finally:
         rd.close()
+
+
+def since_of(db: Path) -> int | None:
+    """``since`` (epoch ms) of the table database at ``db``, a snapshot's ``<snapshot dir>/db`` or a downloaded
+    export's, opened read-only: the one read of a snapshot's ``since`` (its manifest's ``since`` is this, read when
+    it was published; Spark's ``as_of=`` joins read either). None when the database holds no versions, or when no
+    ``since`` is proven there (pending, or a store that held data before it was versioned). Raises
+    ``StoreInfoError`` when the database does not open."""
+    marks = read_info(db).history
+    return None if marks is None else marks.since

@@ -160,6 +160,21 @@ def test_enrichment_job_sees_new_values_after_refresh(session: Any, broker: Brok
         assert offsets_to_json(built.offsets) == desc["offsets"], (built, desc)
     check_rows(old_rows, expected)
     assert view.fallbacks.value == 0
+
+    # Lineage: each call recorded the descriptor its DataFrame or UDF captured, newest last; a join's DataFrame
+    # carries it as a named observation; refresh(offsets=...) with a recorded read reads that version again.
+    reads = view.lineage()
+    assert [r.kind for r in reads] == ["join", "join", "udf", *([] if view.connect else ["lookup_partitions"]),
+                                       "join", "join"]
+    assert [r.seq for r in reads] == [desc["seq"]] * (len(reads) - 1) + [new_desc["seq"]]
+    first = {int(p): o for p, o in desc["offsets"].items()}
+    assert all(r.snapshot == desc["snapshot"] and r.offsets == first and r.table == "tbl" for r in reads[:-1])
+    assert reads[-1].snapshot == new_desc["snapshot"] and reads[-1].to_json()["offsets"] == new_desc["offsets"]
+    plan = plan_of(before)
+    assert f"CollectMetrics {reads[-2].observation}," in plan and desc["snapshot"] in plan, plan
+    again = view.refresh(offsets=reads[-2].offsets)
+    assert again["offsets"] == desc["offsets"] and again["exact"] is True
+    check_rows(view.join(keys_df(session, keys), "k").collect(), expected)
     view.close()
 
 
@@ -201,7 +216,9 @@ def test_streaming_batches_never_mix_snapshots(session: Any, broker: Broker, top
     # On Connect, foreachBatch runs on the Connect server, in a copy of the view: batches go to a file both see.
     def process(batch_df: Any, batch_id: int) -> None:
         rows = view.join(batch_df, "k", snapshot_col="snap").collect()
-        record = {"desc": view.descriptor, "rows": [
+        read_batch, read_join = (r.to_json() for r in view.lineage()[-2:])
+        assert read_batch["kind"] == "foreach_batch" and read_batch["batch_id"] == batch_id
+        record = {"desc": view.descriptor, "reads": [read_batch, read_join], "rows": [
             {"k": r["k"], "value": None if r["value"] is None else bytes(r["value"]).hex(),
              "timestamp": r["timestamp"], "snap": r["snap"]} for r in rows]}
         with open(out, "a") as f:
@@ -210,6 +227,10 @@ def test_streaming_batches_never_mix_snapshots(session: Any, broker: Broker, top
     def seen() -> list[tuple[dict[str, Any], list[dict[str, Any]]]]:
         lines = out.read_text().splitlines() if out.exists() else []
         batches = [json.loads(line) for line in lines if line.endswith("}")]
+        for b in batches:  # the batch's lineage: its micro-batch and its join read the descriptor it ran with
+            assert [r["kind"] for r in b["reads"]] == ["foreach_batch", "join"], b["reads"]
+            assert all((r["snapshot"], r["offsets"]) == (b["desc"]["snapshot"], b["desc"]["offsets"])
+                       for r in b["reads"]), b
         return [(b["desc"], [{**r, "value": None if r["value"] is None else bytes.fromhex(r["value"])}
                              for r in b["rows"]]) for b in batches]
 
