@@ -332,19 +332,10 @@ class AsOfHandle:
 def opener(settings: Settings, desc: dict[str, Any], data: Any) -> AsOfHandle:
     """``executor.handle``'s opener for as-of lookups: the shipped as-of table (small-table mode), else this host's
     snapshot of the descriptor, resolved as every lookup resolves it."""
-    from globald.spark.executor import MODE_BROADCAST, SnapshotHandle, _open
+    from globald.spark.executor import MODE_BROADCAST, SnapshotHandle, _open  # executor imports nothing of this
 
     if desc.get("mode") == MODE_BROADCAST:
         return AsOfHandle(AsOfIndex.of_table(ColumnarTable(data.value)), desc.get("snapshot"), True, None)
     raw = _open(dataclasses.replace(settings, memory_index_mb=0), desc, data)  # the snapshot, kept open
     assert isinstance(raw, SnapshotHandle) and raw.snap is not None
     return AsOfHandle(open_index(raw.snap), raw.snapshot, raw.exact, raw.note)
-
-
-def handle(settings: Settings, desc: dict[str, Any], data: Any) -> AsOfHandle:
-    """This worker's as-of handle for ``desc``, opened again only when the descriptor changed."""
-    from globald.spark import executor
-
-    h = executor.handle(settings, desc, data, opener=opener, key=(settings, "as_of"))
-    assert isinstance(h, AsOfHandle)
-    return h

@@ -11,10 +11,45 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from globald.spark import typed, versions
-from globald.spark.asof import AsOfRefusedError, refusal
-from globald.spark.executor import as_of_udf_fn
+import pyarrow as pa
+
+from globald.spark import executor, typed, versions
+from globald.spark.asof import AsOfHandle, AsOfRefusedError, opener, refusal
+from globald.spark.batch import binary_keys
+from globald.spark.executor import Settings
 from globald.spark.session import functions
+
+
+def handle(settings: Settings, desc: dict[str, Any], data: Any) -> AsOfHandle:
+    """A worker's as-of handle for ``desc``, cached as the other handles are, opened again only when the
+    descriptor changed."""
+    h = executor.handle(settings, desc, data, opener=opener, key=handle_key(settings))
+    assert isinstance(h, AsOfHandle)
+    return h
+
+
+def handle_key(settings: Settings) -> Any:
+    """Where a worker keeps a view's as-of handle (beside its latest-value one, under the view's settings)."""
+    return (settings, "as_of")
+
+
+def arrow_args(settings: Settings, as_of: str, error_col: str | None) -> dict[str, Any]:
+    """What ``executor.arrow_fn`` takes for an as-of join: the as-of handle (kept beside the latest-value one),
+    the time column and the reason's column."""
+    return {"opener": opener, "key": handle_key(settings), "as_of": as_of, "error_col": error_col}
+
+
+def as_of_udf_fn(settings: Settings, desc_bc: Any, data_bc: Any) -> Callable[[pa.Array, pa.Array], pa.Array]:
+    """Body of the as-of Arrow UDF: (keys, times) become struct<value, timestamp, error> (why a row got no
+    answer). An Arrow UDF, not a pandas one: pandas UDFs get timestamps as naive wall times of the session's zone,
+    which a change of daylight saving time makes ambiguous."""
+
+    # Spark picks the Arrow UDF's kind from these type hints: every parameter a pa.Array.
+    def run(keys: pa.Array, times: pa.Array) -> pa.Array:
+        value, ts, reason = handle(settings, desc_bc.value, data_bc).at(binary_keys(keys), times)
+        return pa.StructArray.from_arrays([value, ts, reason], names=["value", "timestamp", "error"])
+
+    return run
 
 
 def as_of_type_ok(kind: Any) -> bool:

@@ -238,16 +238,11 @@ def arrow_fn(settings: Settings, desc_bc: Any, data_bc: Any, on: str, value_col:
     (``count_fallbacks``) the hidden ``FALLBACK_COL``: 1 on the first row of a task that read another version than
     its descriptor asked for, else 0, which the driver's observation adds up (``globald.spark.session``).
     ``opener`` and ``key``: another kind of handle, as ``handle`` takes them (the benchmarks' per-worker index).
-    ``as_of``: each row's key as of the time in that column (``globald.spark.asof``), ``error_col`` the reason a
-    row got no answer (a time before the history's ``since``)."""
+    ``as_of``: each row's key as of the time in that column, from the handle ``opener`` makes
+    (``globald.spark.asof.opener``), ``error_col`` the reason a row got no answer (a time before ``since``)."""
 
     def run(batches: Batches) -> Batches:
-        if as_of is not None:
-            from globald.spark import asof
-
-            h: Any = asof.handle(settings, desc_bc.value, data_bc)
-        else:
-            h = handle(settings, desc_bc.value, data_bc, opener=opener, key=key)
+        h: Any = handle(settings, desc_bc.value, data_bc, opener=opener, key=key)
         unreported = not h.exact
         for batch in batches:
             reason = None
@@ -282,19 +277,5 @@ def pandas_fn(settings: Settings, desc_bc: Any, data_bc: Any) -> Callable[[pd.Se
     def run(keys: pd.Series) -> pd.DataFrame:
         h = handle(settings, desc_bc.value, data_bc)
         return lookup_pandas(h.columns, keys)  # pandas' NaN/NA for a null key looks nothing up
-
-    return run
-
-
-def as_of_udf_fn(settings: Settings, desc_bc: Any, data_bc: Any) -> Callable[[pa.Array, pa.Array], pa.Array]:
-    """Body of the as-of Arrow UDF: (keys, times) become struct<value, timestamp, error> (why a row got no
-    answer; ``globald.spark.asof``). An Arrow UDF, not a pandas one: pandas UDFs get timestamps as naive wall
-    times of the session's zone, which a change of daylight saving time makes ambiguous."""
-    from globald.spark import asof
-
-    def run(keys: pa.Array, times: pa.Array) -> pa.Array:
-        h = asof.handle(settings, desc_bc.value, data_bc)
-        value, ts, reason = h.at(binary_keys(keys), times)
-        return pa.StructArray.from_arrays([value, ts, reason], names=["value", "timestamp", "error"])
 
     return run

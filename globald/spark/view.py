@@ -277,8 +277,8 @@ class GlobalTableView:
             return small.join(df, table, on, value_col, timestamp_col, snapshot_col)  # no Python per row
         desc_bc, data_bc = self._broadcasts(as_of is not None)
         count = self.mode == MODE_SNAPSHOT  # shipped content is the version asked for: nothing to count
-        fn = arrow_fn(self.settings, desc_bc, data_bc, on, value_col, timestamp_col, snapshot_col, count,
-                      as_of=as_of, error_col=error_col)
+        extra = {} if as_of is None else asof_driver.arrow_args(self.settings, as_of, error_col)
+        fn = arrow_fn(self.settings, desc_bc, data_bc, on, value_col, timestamp_col, snapshot_col, count, **extra)
         if not count:
             return df.mapInArrow(fn, StructType(fields))
         out = df.mapInArrow(fn, StructType([*fields, StructField(FALLBACK_COL, LongType(), False)]))
