@@ -188,6 +188,10 @@ class Snapshot:
         """The version of ``key`` in force at record time ``t`` (see ``StoreReader.as_of``)."""
         return self._reader.as_of(key, t)
 
+    def history_entries(self, chunk: int) -> Iterator[tuple[list[bytes], list[bytes]]]:
+        """The history family's entries as stored, in chunks (``StoreReader.history_entries``)."""
+        return self._reader.history_entries(chunk)
+
     def items_as_of(self, t: int) -> Iterator[tuple[bytes, bytes, int]]:
         return self._reader.items_as_of(t)
 

@@ -28,7 +28,7 @@ from globald.common.errors import SnapshotError, SnapshotNotFoundError, Snapshot
 from globald.snapshot.manifest import offsets_from_json
 from globald.snapshot.reader import OpenOptions, Snapshot
 from globald.snapshot.resolve import Policy, Resolution, resolve
-from globald.spark.batch import MultiGet, encode_key, lookup_arrow, lookup_pandas
+from globald.spark.batch import MultiGet, binary_keys, encode_key, lookup_arrow, lookup_pandas
 from globald.spark.host import sidecar
 from globald.spark.mapped import open_raw, raw_columns
 from globald.spark.memindex import DEFAULT_MEMORY_INDEX_MB, MemoryIndex
@@ -232,19 +232,29 @@ def partitions_fn(settings: Settings, desc_bc: Any, data_bc: Any, fallbacks: Any
 def arrow_fn(settings: Settings, desc_bc: Any, data_bc: Any, on: str, value_col: str, timestamp_col: str,
              snapshot_col: str | None, count_fallbacks: bool = True,
              opener: Callable[[Settings, dict[str, Any], Any], Handle] | None = None,
-             key: Hashable = None) -> Callable[[Batches], Batches]:
+             key: Hashable = None, as_of: str | None = None,
+             error_col: str | None = None) -> Callable[[Batches], Batches]:
     """For ``df.mapInArrow``: appends the value, timestamp (and snapshot id) columns to every record batch, and
     (``count_fallbacks``) the hidden ``FALLBACK_COL``: 1 on the first row of a task that read another version than
     its descriptor asked for, else 0, which the driver's observation adds up (``globald.spark.session``).
-    ``opener`` and ``key``: another kind of handle, as ``handle`` takes them (the benchmarks' per-worker index)."""
+    ``opener`` and ``key``: another kind of handle, as ``handle`` takes them (the benchmarks' per-worker index).
+    ``as_of``: each row's key as of the time in that column, from the handle ``opener`` makes
+    (``globald.spark.asof.opener``), ``error_col`` the reason a row got no answer (a time before ``since``)."""
 
     def run(batches: Batches) -> Batches:
-        h = handle(settings, desc_bc.value, data_bc, opener=opener, key=key)
+        h: Any = handle(settings, desc_bc.value, data_bc, opener=opener, key=key)
         unreported = not h.exact
         for batch in batches:
-            value, timestamp = lookup_arrow(h.columns, batch.column(on))
+            reason = None
+            if as_of is None:
+                value, timestamp = lookup_arrow(h.columns, batch.column(on))
+            else:
+                value, timestamp, reason = h.at(binary_keys(batch.column(on)), batch.column(as_of))
             arrays = [*batch.columns, value, timestamp]
             names = [*batch.schema.names, value_col, timestamp_col]
+            if error_col is not None:
+                arrays.append(pa.nulls(batch.num_rows, pa.string()) if reason is None else reason)
+                names.append(error_col)
             if snapshot_col is not None:
                 arrays.append(pa.repeat(pa.scalar(h.snapshot, pa.string()), batch.num_rows))
                 names.append(snapshot_col)

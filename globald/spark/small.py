@@ -17,7 +17,7 @@ null key (a string key is looked up as its UTF-8 bytes). Two ways to join:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,7 +39,8 @@ class SmallTable:
     snapshot: str
     table: pa.Table  # key: binary, value: binary, timestamp: int64 (a typed table's: partition, offset too)
     _frames: dict[int, Any] = field(default_factory=dict, repr=False)  # per session: the content as a DataFrame
-    _carriers: dict[int, Any] = field(default_factory=dict, repr=False)  # per session: broadcast or Carried
+    _carriers: dict[Hashable, Any] = field(default_factory=dict, repr=False)  # per session: broadcast or Carried
+    versions: pa.Table | None = None  # the as-of table (globald.spark.asof), read when an as-of join first asks
 
     def carrier(self, spark: Any) -> Any:
         """The content as the lookup functions receive it: broadcast once (classic) or carried in the closure."""
@@ -47,6 +48,21 @@ class SmallTable:
         if got is None:
             got = Carried(self.table) if is_connect(spark) else spark.sparkContext.broadcast(self.table)
             self._carriers[id(spark)] = got
+        return got
+
+    def versions_carrier(self, spark: Any, state_dir: Path, table: str) -> Any:
+        """The snapshot's as-of table as the as-of lookups receive it, read from the snapshot the first time
+        (``globald.spark.asof.build``: its versions parsed once, on the driver) and shipped as ``carrier`` ships
+        the content."""
+        if self.versions is None:
+            from globald.spark import asof
+
+            with open_snapshot(state_dir, table, self.snapshot, lease_s=60.0) as snap:
+                self.versions = asof.build(snap)
+        got = self._carriers.get((id(spark), "versions"))
+        if got is None:
+            got = Carried(self.versions) if is_connect(spark) else spark.sparkContext.broadcast(self.versions)
+            self._carriers[(id(spark), "versions")] = got
         return got
 
     def frame(self, spark: Any) -> Any:
@@ -68,10 +84,11 @@ class SmallTable:
         self._carriers.clear()
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"snapshot": self.snapshot, "table": self.table}  # frames and broadcasts stay with their session
+        # Frames and broadcasts stay with their session.
+        return {"snapshot": self.snapshot, "table": self.table, "versions": self.versions}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["snapshot"], state["table"])  # type: ignore[misc]
+        self.__init__(state["snapshot"], state["table"], versions=state.get("versions"))  # type: ignore[misc]
 
 
 def load(state_dir: Path, table: str, snapshot: str, max_keys: int) -> SmallTable:

@@ -42,10 +42,11 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from globald.common.errors import GlobaldError
 from globald.settings.config import load
-from globald.spark import executor, versions
+from globald.spark import asof, executor, versions
 from globald.spark.batch import binary_keys
 from globald.spark.executor import MODE_BROADCAST, Settings, SnapshotHandle, _open
 from globald.spark.host import config_path
@@ -147,13 +148,15 @@ class Shape:
     timestamp_col: str | None
     flatten_prefix: str | None
     error_col: str | None
+    as_of: str | None = None  # the time column of an as-of join (globald.spark.asof)
 
 
 class TypedHandle:
     """One worker's decoded table for one descriptor: the snapshot's columnar file (snapshot mode), or the shipped
     content decoded in memory (small-table mode); a snapshot too large for a file is decoded per batch."""
 
-    def __init__(self, settings: Settings, desc: dict[str, Any], data: Any, fingerprint: str) -> None:
+    def __init__(self, settings: Settings, desc: dict[str, Any], data: Any, fingerprint: str,
+                 as_of: bool = False) -> None:
         path, source = config_path(settings.config_path)
         try:
             self.key_decoder, self.decoder = decoders(path, settings.table, fingerprint, desc.get(READERS_KEY))
@@ -164,6 +167,11 @@ class TypedHandle:
         self.table: ColumnarTable | None = None
         self.snapshot: str | None = desc.get("snapshot")
         self.exact, self.note = True, None
+        self.as_of: asof.AsOfHandle | None = None
+        if as_of:  # the versions' raw values, decoded per batch (data: the shipped versions in small-table mode)
+            self.as_of = asof.opener(settings, desc, data)
+            self.snapshot, self.exact, self.note = self.as_of.snapshot, self.as_of.exact, self.as_of.note
+            return
         if desc.get("mode") == MODE_BROADCAST:
             content: pa.Table = data.value
             items = zip(*(content.column(c).to_pylist() for c in ("key", "value", "timestamp")), strict=True)
@@ -190,14 +198,32 @@ class TypedHandle:
             return self.table.lookup(keys)
         assert self.raw is not None
         value, ts = self.raw.columns(keys)
-        snap, key_list = self.raw.snap, keys.to_pylist()
+        snap = self.raw.snap
         assert snap is not None
 
-        def origin(row: int) -> Origin | None:  # asked for the failing row only
+        def origin(row: int, key_list: list[Any]) -> Origin | None:  # asked for the failing row only
             return snap.origins([key_list[row]], [value[row].as_py()], [ts[row].as_py()])[0]
 
-        decoded = self.decoder.decode(value, RecordContext(keys=key_list, origin=origin))
+        return self._decode(keys, value, ts, origin)
+
+    def _decode(self, keys: pa.Array, value: pa.Array, ts: pa.Array,
+                origin: Callable[[int, list[Any]], Origin | None] | None) -> Lookup:
+        """The raw values a batch found, decoded."""
+        key_list = keys.to_pylist()
+        def where(row: int) -> Origin | None:
+            return None if origin is None else origin(row, key_list)
+
+        decoded = self.decoder.decode(value, RecordContext(keys=key_list, origin=where))
         return Lookup(decoded.values, ts, decoded.errors, len(value) - value.null_count, decoded.error_count)
+
+    def lookup_at(self, column: pa.Array | pa.ChunkedArray, times: pa.Array | pa.ChunkedArray) -> Lookup:
+        """``lookup`` as of each row's time (``globald.spark.asof``): a row with no answer (a time before the
+        history's ``since``) has its reason in the errors, not counted as a decode error."""
+        assert self.as_of is not None
+        keys = binary_keys(column)
+        value, ts, reason = self.as_of.at(keys, times)
+        found = self._decode(keys, value, ts, None)
+        return dataclasses.replace(found, errors=pc.coalesce(found.errors, reason.cast(found.errors.type)))
 
     def columns(self, keys: pa.Array) -> tuple[pa.Array, pa.Array]:
         """(decoded value, timestamp) of each key: ``lookup`` without the errors."""
@@ -207,13 +233,17 @@ class TypedHandle:
     def close(self) -> None:
         if self.raw is not None:
             self.raw.close()
+        if self.as_of is not None:
+            self.as_of.close()
 
 
-def handle(settings: Settings, desc: dict[str, Any], data: Any, fingerprint: str) -> TypedHandle:
+def handle(settings: Settings, desc: dict[str, Any], data: Any, fingerprint: str,
+           as_of: bool = False) -> TypedHandle:
     """This worker's typed handle for ``desc``, opened again only when the descriptor changed (its declaration's
-    fingerprint included: the handle decoded under the previous schema is closed, its snapshot released)."""
-    h = executor.handle(settings, desc, data, opener=partial(TypedHandle, fingerprint=fingerprint),
-                        key=(settings, "typed"))
+    fingerprint included: the handle decoded under the previous schema is closed, its snapshot released);
+    ``as_of``: the one that answers as of a time."""
+    h = executor.handle(settings, desc, data, opener=partial(TypedHandle, fingerprint=fingerprint, as_of=as_of),
+                        key=(settings, "typed", as_of))
     assert isinstance(h, TypedHandle)
     return h
 
@@ -246,10 +276,11 @@ def arrow_fn(settings: Settings, desc_bc: Any, data_bc: Any, on: str, shape: Sha
     the hidden decode-error count and (``count_fallbacks``) the hidden fallback flag."""
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        h = handle(settings, desc_bc.value, data_bc, shape.fingerprint)
+        h = handle(settings, desc_bc.value, data_bc, shape.fingerprint, shape.as_of is not None)
         unreported = not h.exact
         for batch in batches:
-            found = h.lookup(batch.column(on))
+            found = (h.lookup(batch.column(on)) if shape.as_of is None
+                     else h.lookup_at(batch.column(on), batch.column(shape.as_of)))
             added = typed_columns(found, shape.value_col, timestamp_col=shape.timestamp_col,
                                   flatten_prefix=shape.flatten_prefix, error_col=shape.error_col)
             # In the declared order (Spark reads the columns by position), as the types Spark expects.
@@ -274,14 +305,16 @@ def arrow_fn(settings: Settings, desc_bc: Any, data_bc: Any, on: str, shape: Sha
 
 
 def join(view: Any, df: Any, on: str, value_col: str, timestamp_col: str, snapshot_col: str | None,
-         flatten: bool | str, error_col: str | None) -> Any:
+         flatten: bool | str, error_col: str | None, as_of: str | None = None) -> Any:
     """``view.join`` of a typed table (see the module's contract)."""
     from pyspark.sql.types import LongType, StringType, StructField, StructType
 
     key_dec, val_dec = of_view(view)
     require_canonical(key_dec, view.table.name)
+    if as_of is not None:
+        require_raw_key(key_dec, view.table.name)
     prefix = (value_col + "_" if flatten is True else flatten) or None
-    shape = Shape(file_fingerprint(val_dec, key_dec), value_col, timestamp_col, prefix, error_col)
+    shape = Shape(file_fingerprint(val_dec, key_dec), value_col, timestamp_col, prefix, error_col, as_of)
     fields = _value_fields(val_dec, shape)
     fields.append(StructField(timestamp_col, LongType(), True))
     if error_col is not None:
@@ -293,7 +326,7 @@ def join(view: Any, df: Any, on: str, value_col: str, timestamp_col: str, snapsh
     if clash or len(set(names)) != len(names):
         raise ValueError(f"join: output columns {names} clash with each other or with {df.columns}")
     targets = {f.name: _arrow_of(f) for f in fields}
-    desc_bc, data_bc = view._broadcasts()
+    desc_bc, data_bc = view._broadcasts(as_of is not None)
     count = view.mode != MODE_BROADCAST
     fn = arrow_fn(view.settings, desc_bc, data_bc, on, shape, snapshot_col, count, targets)
     hidden = [StructField(ERRORS_COL, LongType(), False)]
@@ -307,19 +340,29 @@ def join(view: Any, df: Any, on: str, value_col: str, timestamp_col: str, snapsh
     return counter(view).watch(out.withColumnRenamed(ERRORS_COL, FALLBACK_COL), spark)
 
 
-def udf(view: Any) -> Any:
-    """``view.udf()`` of a typed table: an Arrow UDF, key -> struct<value, timestamp, error>."""
+def require_raw_key(key_decoder: Decoder, table: str) -> None:
+    """As-of lookups find a key by its stored bytes: a table with a typed key is refused, in one line."""
+    if key_decoder.typed:
+        raise GlobaldError(f"table {table} declares a typed key ([tables.key]): as-of lookups find keys by their "
+                           "stored bytes only; join on the key's bytes of a table whose key is declared raw")
+
+
+def udf(view: Any, as_of: bool = False) -> Any:
+    """``view.udf()`` of a typed table: an Arrow UDF, key -> struct<value, timestamp, error>; ``as_of``: of
+    (key, time), as of that time (``globald.spark.asof``)."""
     from pyspark.sql.types import LongType, StringType, StructField, StructType
 
     key_dec, val_dec = of_view(view)
     require_canonical(key_dec, view.table.name)
     versions.require(versions.ARROW_UDF, "view.udf() of a typed table (an Arrow UDF)",
                      "view.join(df, key_column) reads the same values on this PySpark")
+    if as_of:
+        require_raw_key(key_dec, view.table.name)
     shape = Shape(file_fingerprint(val_dec, key_dec), "value", None, None, None)
     kind = StructType([*_value_fields(val_dec, shape), StructField("timestamp", LongType(), True),
                        StructField("error", StringType(), True)])
     target = _arrow_of(StructField("r", kind))
-    settings, (desc_bc, data_bc) = view.settings, view._broadcasts()
+    settings, (desc_bc, data_bc) = view.settings, view._broadcasts(as_of)
     errors = counter(view)
     if errors.accumulator is None and not is_connect(view.spark):
         errors.accumulator = view.spark.sparkContext.accumulator(0)
@@ -327,14 +370,19 @@ def udf(view: Any) -> Any:
     # task adds again, as Spark's accumulators do in transformations); Connect has none, so its UDF counts nothing.
     acc = errors.accumulator
 
-    def run(keys: pa.Array) -> pa.Array:
-        h = handle(settings, desc_bc.value, data_bc, shape.fingerprint)
-        found = h.lookup(keys)
+    def answer(found: Lookup) -> pa.Array:
         if acc is not None and found.error_count:
             acc.add(found.error_count)
         return cast_for_spark(pa.StructArray.from_arrays([found.values, found.timestamps, found.errors],
                                                          names=["value", "timestamp", "error"]), target)
 
+    # Spark picks the Arrow UDF's kind from these type hints: every parameter a pa.Array.
+    def run(keys: pa.Array) -> pa.Array:
+        return answer(handle(settings, desc_bc.value, data_bc, shape.fingerprint).lookup(keys))
+
+    def run_at(keys: pa.Array, times: pa.Array) -> pa.Array:
+        return answer(handle(settings, desc_bc.value, data_bc, shape.fingerprint, True).lookup_at(keys, times))
+
     F = functions(view.spark)
-    return F.arrow_udf(run, kind)
+    return F.arrow_udf(run_at if as_of else run, kind)
 

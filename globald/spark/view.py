@@ -25,7 +25,7 @@ from globald.kafka.clients import TransientKafkaError, make_consumer, partitions
 from globald.settings.config import load
 from globald.snapshot.manifest import Offsets, offsets_to_json
 from globald.snapshot.resolve import Policy, resolve
-from globald.spark import small, typed, versions
+from globald.spark import asof_driver, small, typed, versions
 from globald.spark.executor import (
     MODE_BROADCAST,
     MODE_SNAPSHOT,
@@ -194,11 +194,16 @@ class GlobalTableView:
             self._captured.desc = self._desc
             return self._desc_bc, self._small
 
-    def _broadcasts(self) -> tuple[Any, Any]:
-        """Descriptor and content carriers for the Python lookup paths (content only in small-table mode)."""
+    def _broadcasts(self, as_of: bool = False) -> tuple[Any, Any]:
+        """Descriptor and content carriers for the Python lookup paths (content only in small-table mode; for
+        ``as_of`` lookups, the snapshot's versions)."""
         desc_bc, table = self._current()
         with self._lock:
-            return desc_bc, None if table is None else table.carrier(self.spark)
+            if table is None:
+                return desc_bc, None
+            if as_of:
+                return desc_bc, table.versions_carrier(self.spark, self.config.state_dir, self.table.name)
+            return desc_bc, table.carrier(self.spark)
 
     # -- lookups ------------------------------------------------------------------------------------------------
 
@@ -218,7 +223,8 @@ class GlobalTableView:
 
     @recorded("join", observe=True)
     def join(self, df: Any, on: str, value_col: str = "value", timestamp_col: str = "timestamp",
-             snapshot_col: str | None = None, *, flatten: bool | str = False, error_col: str | None = None) -> Any:
+             snapshot_col: str | None = None, *, flatten: bool | str = False, error_col: str | None = None,
+             as_of: str | None = None) -> Any:
         """``df`` left-joined with the table as of the current descriptor: ``value_col`` (binary) and
         ``timestamp_col`` (long) are null where the key is absent. ``on`` may be a binary or string column (or an
         integer one, on a table whose declared key decodes to integers).
@@ -229,7 +235,14 @@ class GlobalTableView:
 
         Snapshot mode: a mapInArrow looking each Arrow batch up at once in the executors' sidecar snapshots; its
         fallbacks are observed (``fallbacks``). Small-table mode: the same mapInArrow against the shipped content
-        (``small_join="index"``), or Spark's own broadcast hash join against it (``"spark"``; ``small``)."""
+        (``small_join="index"``), or Spark's own broadcast hash join against it (``"spark"``; ``small``).
+
+        ``as_of`` (a versioned table's, ``[[tables]] history``): a timestamp column, or a long column of epoch ms;
+        each row gets its key's value as of that time (the as-of fold) and the version's own timestamp, answered on
+        the executor from the host's snapshot (``globald.spark.asof``; small-table mode: from the shipped
+        versions). A row whose time is before the snapshot's ``since`` gets nulls, and a reason in ``error_col``
+        when one is named (a raw table takes ``error_col`` then too). A table without history, or whose history is
+        refused, raises AsOfRefusedError here, before any job."""
         from pyspark.sql.types import BinaryType, IntegralType, LongType, StringType, StructField, StructType
 
         if on not in df.columns:
@@ -241,25 +254,31 @@ class GlobalTableView:
         if not (isinstance(kind, BinaryType | StringType) or integral):
             raise TypeError(f"join: key column {on!r} must be binary or string (or an integer, for a table whose "
                             f"[tables.key] declares an integer key), not {kind.simpleString()}")
-        added = [c for c in (value_col, timestamp_col, snapshot_col) if c is not None]
+        if as_of is not None:
+            asof_driver.check_join(self, df, as_of)
+        added = [c for c in (value_col, timestamp_col, error_col if as_of else None, snapshot_col) if c is not None]
         clash = [c for c in added if c in df.columns]
         if typed.is_typed(self):
-            return typed.join(self, df, on, value_col, timestamp_col, snapshot_col, flatten, error_col)
-        if flatten or error_col is not None:
-            raise ValueError(f"join: flatten and error_col need a typed table; {self.table.name} is raw bytes")
+            return typed.join(self, df, on, value_col, timestamp_col, snapshot_col, flatten, error_col, as_of)
+        if flatten or (error_col is not None and as_of is None):
+            raise ValueError(f"join: flatten and error_col need a typed table (or error_col, an as_of join); "
+                             f"{self.table.name} is raw bytes")
         if clash or len(set(added)) != len(added):
             raise ValueError(f"join: output columns {added} clash with each other or with {df.columns}")
         fields = [*df.schema.fields, StructField(value_col, BinaryType(), True),
                   StructField(timestamp_col, LongType(), True)]
+        if as_of is not None and error_col is not None:
+            fields.append(StructField(error_col, StringType(), True))
         if snapshot_col is not None:
             fields.append(StructField(snapshot_col, StringType(), True))
-        if self.mode == MODE_BROADCAST and self.small_join == "spark":
+        if self.mode == MODE_BROADCAST and self.small_join == "spark" and as_of is None:
             _, table = self._current()
             assert table is not None
             return small.join(df, table, on, value_col, timestamp_col, snapshot_col)  # no Python per row
-        desc_bc, data_bc = self._broadcasts()
+        desc_bc, data_bc = self._broadcasts(as_of is not None)
         count = self.mode == MODE_SNAPSHOT  # shipped content is the version asked for: nothing to count
-        fn = arrow_fn(self.settings, desc_bc, data_bc, on, value_col, timestamp_col, snapshot_col, count)
+        extra = {} if as_of is None else asof_driver.arrow_args(self.settings, as_of, error_col)
+        fn = arrow_fn(self.settings, desc_bc, data_bc, on, value_col, timestamp_col, snapshot_col, count, **extra)
         if not count:
             return df.mapInArrow(fn, StructType(fields))
         out = df.mapInArrow(fn, StructType([*fields, StructField(FALLBACK_COL, LongType(), False)]))
@@ -279,14 +298,21 @@ class GlobalTableView:
         return rdd.mapPartitions(partitions_fn(self.settings, desc_bc, data_bc, self.fallbacks.accumulator, key))
 
     @recorded("udf")
-    def udf(self) -> Any:
+    def udf(self, as_of: str | None = None) -> Any:
         """A pandas UDF: key column -> struct<value: binary, timestamp: bigint> (null fields when absent).
 
         It reads the descriptor current when ``udf()`` is called: call it again after a refresh. On a typed table
         it is an Arrow UDF returning struct<value: the schema's struct, timestamp: bigint, error: string>.
+
+        ``as_of`` (a versioned table's): the name of the time column (timestamp, or long of epoch ms) of the
+        DataFrame the UDF is used on; the result is then a function of the key column giving
+        struct<value, timestamp, error>, each row's key as of its time, as ``join(..., as_of=...)`` answers it
+        (``error``: why a row got no answer). An Arrow UDF: PySpark 4.1 or newer.
         """
         from pyspark.sql.functions import pandas_udf
 
+        if as_of is not None:
+            return asof_driver.udf(self, as_of)
         if typed.is_typed(self):
             return typed.udf(self)
 

@@ -47,6 +47,11 @@ _END = b"\x00\x01"  # ends an escaped key
 _PAST_END = b"\x00\x02"  # sorts after every entry of the key, before the next key's
 TOMBSTONE = b"\x00"
 VALUE = b"\x01"
+# For readers that parse entries a column at a time (``entries``): the bytes after a key's escaped form, and the
+# number the timestamp and offset are complemented from.
+SUFFIX_BYTES = _SUFFIX.size
+KEY_END = _END
+MAX_I64 = _MAX_I64
 
 
 def escape(key: bytes) -> bytes:
@@ -109,6 +114,28 @@ def items_as_of(family: Rdict, t: int) -> Iterator[tuple[bytes, bytes, int]]:
                 if v.value is not None:
                     yield v.key, v.value, v.timestamp
             it.seek(prefix[:-len(_END)] + _PAST_END)
+    finally:
+        del it
+
+
+def entries(family: Rdict, chunk: int) -> Iterator[tuple[list[bytes], list[bytes]]]:
+    """Every entry of the history family as stored (keys, values), in family order (key order, each key's newest
+    (timestamp, offset) first), in lists of ``chunk``: for a reader that parses them a column at a time
+    (``globald.spark.asof``)."""
+    it = family.iter()
+    try:
+        it.seek_to_first()
+        keys: list[bytes] = []
+        values: list[bytes] = []
+        while it.valid():
+            keys.append(it.key())
+            values.append(it.value())
+            if len(keys) >= chunk:
+                yield keys, values
+                keys, values = [], []
+            it.next()
+        if keys:
+            yield keys, values
     finally:
         del it
 

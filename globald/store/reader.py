@@ -154,6 +154,10 @@ class StoreReader:
         offset) at or before ``t``, a tombstone included; None without one, or in a store without versions."""
         return None if self._history is None else history.as_of(self._history, key, t)
 
+    def history_entries(self, chunk: int) -> Iterator[tuple[list[bytes], list[bytes]]]:
+        """The history family's entries as stored, in chunks (``store.history.entries``); none without one."""
+        return iter(()) if self._history is None else history.entries(self._history, chunk)
+
     def items_as_of(self, t: int) -> Iterator[tuple[bytes, bytes, int]]:
         """(key, value, timestamp) of every key holding a value at record time ``t``, in key order."""
         return iter(()) if self._history is None else history.items_as_of(self._history, t)

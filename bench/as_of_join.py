@@ -1,0 +1,176 @@
+"""As-of join lookups per core against the latest-value join's (issue 45: "as-of join >= 0.5x today's latest-value
+join per core on 1M keys x 10 versions"), and the executor's mapped files of both, on one core, without Spark.
+
+What it times is the executor's whole per-batch work of each join (``view.join``'s mapInArrow body less Spark's
+Arrow transport, the same for both): the latest-value join's ``raw_columns`` on the snapshot's mapped columnar file
+(``globald.spark.mapped``) against the as-of join's ``AsOfIndex.at`` on the snapshot's as-of file
+(``globald.spark.asof``), both mapped from disk as the workers map them, on the same random keys, in Arrow batches
+of ``--batch`` rows; the as-of times are drawn over the versions' span. The history entries are made in their
+stored form (``store.history.version_key``) and parsed by the same code that parses a snapshot's; the snapshot's
+RocksDB iteration is left out of the build time. Rounds alternate the two joins so that a noisy neighbour favours
+neither.
+
+    PYTHONPATH=. python -m bench.as_of_join [--keys 1000000] [--versions 10] [--value-bytes 16] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from globald.spark.asof import CHUNK, FINGERPRINT, AsOfIndex, table_of
+from globald.spark.mapped import raw_columns, raw_decoder
+from globald.store.history import VALUE, HistoryMeta, version_key
+from globald.typed.columnar import ColumnarTable, build_table, write_columnar
+from globald.typed.keys import fingerprint
+
+BASE_TS = 1_700_000_000_000
+STEP_MS = 60_000
+
+
+def _key(i: int) -> bytes:
+    return b"key-%08d" % i
+
+
+def _entries(keys: int, versions: int, value: bytes) -> Iterator[tuple[list[bytes], list[bytes]]]:
+    """Each key's versions as the history family stores them: key order, newest first."""
+    ks: list[bytes] = []
+    vs: list[bytes] = []
+    stored = VALUE + value
+    for i in range(keys):
+        k = _key(i)
+        for v in range(versions - 1, -1, -1):
+            ks.append(version_key(k, BASE_TS + v * STEP_MS + i % 1000, i * versions + v, 0))
+            vs.append(stored)
+        if len(ks) >= CHUNK:
+            yield ks, vs
+            ks, vs = [], []
+    if ks:
+        yield ks, vs
+
+
+def _mapped(table: pa.Table, path: Path, fingerprint: str) -> ColumnarTable:
+    write_columnar(path, table)
+    return ColumnarTable.open(path, fingerprint)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--keys", type=int, default=1_000_000)
+    p.add_argument("--versions", type=int, default=10)
+    p.add_argument("--value-bytes", type=int, default=16)
+    p.add_argument("--batch", type=int, default=10_000)
+    p.add_argument("--lookups", type=int, default=1_000_000)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--spark", action="store_true", help="also through Spark's mapInArrow (local[1]: one core)")
+    a = p.parse_args()
+    value = os.urandom(a.value_bytes)
+    with tempfile.TemporaryDirectory(prefix="globald-asof-bench-") as tmp:
+        d = Path(tmp)
+        started = time.monotonic()
+        latest_items = ((_key(i), value, BASE_TS + (a.versions - 1) * STEP_MS + i % 1000) for i in range(a.keys))
+        latest_table = build_table(latest_items, raw_decoder(), {"table": "bench", "snapshot": "s"})
+        latest = _mapped(latest_table, d / "latest.arrow", fingerprint(raw_decoder(), None))
+        latest_s = time.monotonic() - started
+        del latest_table
+        started = time.monotonic()
+        marks = HistoryMeta(since=BASE_TS, clock=None, untimed=None)
+        as_of_table = table_of(_entries(a.keys, a.versions, value), {"table": "bench", "snapshot": "s"}, marks)
+        build_s = time.monotonic() - started
+        versioned = AsOfIndex.of_table(_mapped(as_of_table, d / "asof.arrow", FINGERPRINT))
+        del as_of_table
+        sizes = {name: (d / name).stat().st_size for name in ("latest.arrow", "asof.arrow")}
+        rng = random.Random(45)
+        ids = [rng.randrange(a.keys) for _ in range(a.lookups)]
+        keys = pa.array([_key(i) for i in ids], pa.binary())
+        span = (a.versions + 1) * STEP_MS
+        times = pa.array(np.array([BASE_TS - STEP_MS + rng.randrange(span) for _ in ids], np.int64))
+        batches = [(keys.slice(o, a.batch), times.slice(o, a.batch)) for o in range(0, a.lookups, a.batch)]
+        rates: dict[str, list[float]] = {"latest": [], "as_of": []}
+        for _ in range(a.rounds):
+            for name in rates:
+                c0 = time.process_time()
+                for k, t in batches:
+                    if name == "latest":
+                        raw_columns(latest, k)
+                    else:
+                        versioned.at(k, t)
+                cpu = time.process_time() - c0
+                rates[name].append(a.lookups / cpu)
+        print(f"{a.keys:,} keys x {a.versions} versions, {a.value_bytes}-byte values, batches of {a.batch:,}, "
+              f"{a.lookups:,} lookups a round, {a.rounds} rounds (CPU time, one core)")
+        print(f"  build: latest-value file {latest_s:.1f}s, as-of file {build_s:.1f}s (this bench making "
+              f"{a.keys * a.versions:,} stored entries in Python, then parsing them: about half each)")
+        for name, r in rates.items():
+            each = ", ".join(f"{x / 1e3:.0f}k" for x in r)
+            print(f"  {name:7s} {statistics.median(r) / 1e3:8.0f}k lookups/s (median; {each})")
+        print(f"  ratio as-of / latest: {statistics.median(rates['as_of']) / statistics.median(rates['latest']):.2f}"
+              " (goal >= 0.5)")
+        if a.spark:
+            _spark(a, d)
+        print(f"  mapped files: latest {sizes['latest.arrow'] / 2**20:.0f} MB, as-of {sizes['asof.arrow'] / 2**20:.0f} "
+              f"MB: {sizes['asof.arrow'] / sizes['latest.arrow']:.2f}x (goal <= 2x)")
+
+
+def _spark(a: argparse.Namespace, d: Path) -> None:
+    """Both joins' per-batch bodies in Spark's mapInArrow on local[1], over the same rows (a key and a time each,
+    made by Spark): Spark's Arrow transport included, as ``view.join`` pays it. Wall time, alternating."""
+    from pyspark.sql import SparkSession
+    from pyspark.sql import functions as F
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    spark = (SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false")
+             .config("spark.sql.execution.arrow.maxRecordsPerBatch", str(a.batch)).getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    span = (a.versions + 1) * STEP_MS
+    df = (spark.range(a.lookups, numPartitions=1)
+          .select(F.format_string("key-%08d", (F.hash("id") % a.keys + a.keys) % a.keys).cast("binary").alias("k"),
+                  (F.lit(BASE_TS - STEP_MS) + (F.hash(F.col("id") + 1) % span + span) % span).alias("ms")).cache())
+    df.count()
+    latest_path, as_of_path, fp = str(d / "latest.arrow"), str(d / "asof.arrow"), fingerprint(raw_decoder(), None)
+
+    def latest_fn(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        table = ColumnarTable.open(Path(latest_path), fp)
+        for b in batches:
+            v, t = raw_columns(table, b.column("k"))
+            yield pa.RecordBatch.from_arrays([*b.columns, v, t], names=[*b.schema.names, "value", "timestamp"])
+
+    def as_of_fn(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        index = AsOfIndex.of_table(ColumnarTable.open(Path(as_of_path), FINGERPRINT))
+        for b in batches:
+            v, t, e = index.at(b.column("k"), b.column("ms"))
+            yield pa.RecordBatch.from_arrays([*b.columns, v, t, e], names=[*b.schema.names, "value", "timestamp",
+                                                                            "error"])
+
+    schemas = {"latest": "k binary, ms long, value binary, timestamp long",
+               "as_of": "k binary, ms long, value binary, timestamp long, error string"}
+    fns = {"latest": latest_fn, "as_of": as_of_fn}
+    rates: dict[str, list[float]] = {"latest": [], "as_of": []}
+    for name in rates:  # a warm-up each: the Python worker and the mapping
+        df.mapInArrow(fns[name], schemas[name]).write.format("noop").mode("overwrite").save()
+    for _ in range(a.rounds):
+        for name in rates:
+            t0 = time.perf_counter()
+            df.mapInArrow(fns[name], schemas[name]).write.format("noop").mode("overwrite").save()
+            rates[name].append(a.lookups / (time.perf_counter() - t0))
+    spark.stop()
+    print("  through Spark (local[1], wall):")
+    for name, r in rates.items():
+        each = ", ".join(f"{x / 1e3:.0f}k" for x in r)
+        print(f"  {name:7s} {statistics.median(r) / 1e3:8.0f}k lookups/s (median; {each})")
+    print(f"  ratio as-of / latest: {statistics.median(rates['as_of']) / statistics.median(rates['latest']):.2f}"
+          " (goal >= 0.5)")
+
+
+if __name__ == "__main__":
+    main()
