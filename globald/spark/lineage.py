@@ -3,7 +3,8 @@
 Every ``join``, ``udf``, ``lookup_partitions`` and ``foreach_batch`` micro-batch of a view records a ``Read``: the
 table, the snapshot id and the offsets of the descriptor it captured (the one its executors are told to read), in
 the view's ``lineage()``, newest last. A ``join`` also carries its read on the DataFrame as a named observation
-(``globald:<table>:<n>``), which Spark's UI (the plan's CollectMetrics node), ``QueryExecutionListener``\\s and a
+(``globald:<table>:<id>``, unique: Spark refuses two observations of one name in a plan, and one query
+may join two views of a table), which Spark's UI (the plan's CollectMetrics node), ``QueryExecutionListener``\\s and a
 stream's ``lastProgress.observedMetrics`` show. ``view.refresh(offsets=read.offsets)`` reads that version again,
 built at exactly those offsets if no snapshot holds them any more (exact builds).
 
@@ -17,6 +18,7 @@ import functools
 import json
 import threading
 import time
+import uuid
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -64,7 +66,6 @@ class Lineage:
     def __init__(self) -> None:
         self._reads: deque[Read] = deque(maxlen=MAX_READS)
         self._lock = threading.Lock()
-        self._observed = 0
 
     def record(self, desc: dict[str, Any], kind: str, *, batch_id: int | None = None,
                observe: bool = False) -> Read:
@@ -74,8 +75,7 @@ class Lineage:
         with self._lock:
             name = None
             if observe:
-                self._observed += 1
-                name = f"globald:{desc['table']}:{self._observed}"
+                name = f"globald:{desc['table']}:{uuid.uuid4().hex[:16]}"
             read = Read(table=desc["table"], topic=desc["topic"], kind=kind, snapshot=desc.get("snapshot"),
                         offsets=offsets_from_json(desc["offsets"]), exact=desc.get("exact"), seq=desc["seq"],
                         at=time.time(), batch_id=batch_id, observation=name,
