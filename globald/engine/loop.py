@@ -145,7 +145,10 @@ class Loop:
         if not self.problems.has(KAFKA) and self._stores_ready():  # no point planning what cannot be fetched
             planned = self._plan_pending()
         # A table planned this turn may already be RUNNING (an empty or restored one): the daemon's state is told at
-        # the end of this turn, not after an idle poll.
+        # the end of this turn, not after an idle poll. Its first records are due within a fetch: the idle waits
+        # start again from the shortest, not from the longest an idle wait for the plan's answer grew to.
+        if planned:
+            self._idle_wait = _IDLE_WAIT_MIN_S
         result = self._poll(wait=not planned)
         if result is not None:
             self._account(result)
