@@ -135,16 +135,24 @@ class Loop:
         self._update_daemon_state()
 
     def _turn(self) -> None:
+        # Before any answer is taken: one that comes in from here on ends this turn's idle wait (``_poll_one``).
+        self.worker.wake.clear()
         for request in self.rebuilds.take():  # an operator's reset: its asker is answered once the wipe ran
             try:
                 request.settle(self.rebuild(request.table, OPERATOR_RESET, request.detail))
             except BaseException as e:
                 request.settle(f"{type(e).__name__}: {e}")
                 raise
+        planned = False
         if not self.problems.has(KAFKA) and self._stores_ready():  # no point planning what cannot be fetched
-            self._plan_pending()
+            planned = self._plan_pending()
+        # A table planned this turn may already be RUNNING (an empty or restored one): the daemon's state is told at
+        # the end of this turn, not after an idle poll. Its first records are due within a fetch: the idle waits
+        # start again from the shortest, not from the longest an idle wait for the plan's answer grew to.
+        if planned:
+            self._idle_wait = _IDLE_WAIT_MIN_S
         self.reading.turn(self.tables, self._reading)  # a gap moves since before a record past it is written
-        result = self._poll()
+        result = self._poll(wait=not planned)
         if result is not None:
             self._account(result)
         names = self.tables
@@ -157,15 +165,16 @@ class Loop:
             self._next_commit = now + self.config.commit_interval_ms / 1000
             self._commit()
 
-    def _poll(self) -> PollResult | None:
-        """One consume and its store writes; None when the writes failed (nothing of the poll is lost)."""
+    def _poll(self, wait: bool = True) -> PollResult | None:
+        """One consume and its store writes (``wait``: for up to ``poll_timeout_ms`` while nothing came); None when
+        the writes failed (nothing of the poll is lost)."""
         # A poll allocates thousands of Message objects, which the cyclic GC would otherwise traverse over and
         # over while they are alive (a tenth of a restore's time). They form no cycles: pausing the GC for the
         # poll defers nothing, since they are freed before it resumes.
         paused = gc.isenabled()
         gc.disable()
         try:
-            first = self._poll_one()
+            first = self._poll_one() if wait else self.consumer.poll(0)
             messages = [] if first is None else [first]
             if first is not None and self.config.consume_batch_size > 1:
                 messages += self.consumer.consume(self.config.consume_batch_size - 1, 0)
@@ -179,10 +188,12 @@ class Loop:
                 gc.enable()
 
     def _poll_one(self) -> Message | None:
-        """The first message within ``poll_timeout_ms``, or None; returns at once on ``stop()``.
+        """The first message within ``poll_timeout_ms``, or None; returns at once on ``stop()`` and when the cluster
+        worker answered a question (a plan's answer is applied at the next turn, not after an idle poll).
 
         Never a blocking librdkafka poll (see _IDLE_WAIT_MAX_S): non-blocking polls, with waits on the monotonic
-        clock between them that grow while the queue stays empty, so a restore's queue refilling costs little."""
+        clock between them that grow while the queue stays empty, so a restore's queue refilling costs little. The
+        waits are on the worker's ``wake``, which ``stop()`` sets too; the stop flag is read after each one."""
         deadline = time.monotonic() + self.config.poll_timeout_ms / 1000
         while True:
             first = self.consumer.poll(0)
@@ -190,9 +201,9 @@ class Loop:
                 self._idle_wait = _IDLE_WAIT_MIN_S
                 return first
             left = deadline - time.monotonic()
-            if left <= 0 or self.stop.is_set():
+            if left <= 0 or self.stop.is_set() or self.worker.wake.is_set():
                 return None
-            self.stop.wait(min(self._idle_wait, left))
+            self.worker.wake.wait(min(self._idle_wait, left))
             self._idle_wait = min(self._idle_wait * 2, _IDLE_WAIT_MAX_S)
 
     def _account(self, result: PollResult) -> None:
@@ -249,7 +260,9 @@ class Loop:
 
     # -- restores -----------------------------------------------------------------------------------------------
 
-    def _plan_pending(self) -> None:
+    def _plan_pending(self) -> bool:
+        """Plan and assign every pending table whose plan's answer is in; True if any was."""
+        planned = False
         for name in sorted(self.pending):
             if not self.problems.due(name):
                 continue
@@ -276,7 +289,9 @@ class Loop:
             rt.last_error = None
             self.problems.resolved(name)
             self.pending.discard(name)
+            planned = True
             self._restore_progress(rt, {})
+        return planned
 
     def _restore_progress(self, rt: TableRuntime, counts: dict[int, int]) -> None:
         def durable(seconds: float) -> None:  # the restore's end was committed: positions and disk are proven

@@ -168,6 +168,7 @@ class GlobalThread:
 
     def stop(self) -> None:
         self._stop.set()
+        self.worker.wake.set()  # ends the loop's idle wait at once (``Loop._poll_one``)
 
     @property
     def stopping(self) -> bool:

@@ -137,6 +137,10 @@ class ClusterWorker:
         self._runners: list[_Runner] = []
         self.replaced = 0  # runners left behind, stuck in a call (status and metrics)
         self._runner: _Runner | None = None  # started by the first question: a state manager in a test asks none
+        # Set when an answer comes in: the loop's idle wait between polls ends on it, so a plan's answer is applied
+        # at once rather than after the rest of a poll's timeout (the first plan waited a whole idle poll). The loop
+        # clears it before it takes answers (``Loop._turn``); ``GlobalThread.stop`` sets it too.
+        self.wake = threading.Event()
 
     def _make_clients(self, stopping: Callable[[], bool]) -> Clients:
         def wait(seconds: float) -> bool:
@@ -271,3 +275,4 @@ class ClusterWorker:
             if self._wanted.get(job.key) == job.serial:
                 del self._wanted[job.key]
                 self._answers[job.key] = answer
+                self.wake.set()

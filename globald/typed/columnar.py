@@ -221,6 +221,11 @@ def write_columnar(path: Path, table: pa.Table) -> None:
     replace_file(path, sink.getvalue().to_pybytes())
 
 
+# Queries left in a batch's probes (``ColumnarTable._probe``) at or below which the rest of their chains is read
+# in one round.
+_PROBE_TAIL = 64
+
+
 class ColumnarTable:
     """A decoded snapshot, looked up in vectorized form; its columns are views of the mapped file."""
 
@@ -298,12 +303,17 @@ class ColumnarTable:
 
     def _probe(self, wanted: np.ndarray, todo: np.ndarray, start: int) -> tuple[np.ndarray, np.ndarray]:
         """(query, row) of the first slot from ``start`` on whose row has the query's hash; an empty slot met
-        first means absent."""
+        first means absent. A slot a round while many queries are left (most end at their first slots); the few
+        left then (``_PROBE_TAIL``) read the rest of their chains in one round. A round per step of the batch's
+        longest chain cost each batch a dozen rounds of numpy calls whatever its size, which made small batches
+        no faster than a dict (issue 44.3)."""
         size = np.uint64(len(self._slots))
         found_at: list[np.ndarray] = []
         found_row: list[np.ndarray] = []
         for step in range(start, self._probes):
-            if not len(todo):
+            if len(todo) <= _PROBE_TAIL:
+                if len(todo):
+                    self._probe_tail(wanted, todo, step, found_at, found_row)
                 break
             rows = self._slots[((wanted[todo] + np.uint64(step)) % size).astype(np.int64)].astype(np.int64)
             todo, rows = todo[rows >= 0], rows[rows >= 0]
@@ -314,6 +324,22 @@ class ColumnarTable:
         if not found_at:
             return np.empty(0, np.int64), np.empty(0, np.int64)
         return np.concatenate(found_at), np.concatenate(found_row)
+
+    def _probe_tail(self, wanted: np.ndarray, todo: np.ndarray, step: int, found_at: list[np.ndarray],
+                    found_row: list[np.ndarray]) -> None:
+        """``_probe`` from ``step`` to the end of the chains, for a few queries (``todo``): every slot left of each,
+        in one round; appends what it found."""
+        hashes = wanted[todo]
+        at = (hashes[:, None] + np.arange(step, self._probes, dtype=np.uint64)) % np.uint64(len(self._slots))
+        rows = self._slots[at.astype(np.int64)].astype(np.int64)
+        empty = rows < 0
+        hit = ~empty & (self._hash[np.maximum(rows, 0)] == hashes[:, None])
+        ended = empty | hit
+        first = ended.argmax(axis=1)  # the slot that ends each query's probe (0 when none does: absent)
+        line = np.arange(len(todo))
+        found = hit[line, first]  # ended by its hash, not by an empty slot
+        found_at.append(todo[found])
+        found_row.append(rows[line, first][found])
 
     def _probe_one(self, key: bytes, h: int) -> int:
         size = len(self._slots)

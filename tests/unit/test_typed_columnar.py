@@ -58,6 +58,21 @@ def test_keys_sharing_a_hash_are_still_told_apart(monkeypatch: pytest.MonkeyPatc
     assert table.lookup(pa.array(asked, pa.binary())).values.to_pylist() == [v for _, v, _ in content] + [None]
 
 
+
+@pytest.mark.parametrize("asked_n", [1, columnar._PROBE_TAIL, columnar._PROBE_TAIL + 1, 700])
+def test_long_chains_are_probed_to_their_ends_in_batches_of_any_size(monkeypatch: pytest.MonkeyPatch,
+                                                                     asked_n: int) -> None:
+    # Four hashes for every key: chains as long as the index allows, ended a slot a round and then in one round
+    # (the tail), or in one round from the start; absent keys end at an empty slot or at the chain's end.
+    monkeypatch.setattr(columnar, "key_hashes",
+                        lambda keys: np.array([len(k or b"") % 4 for k in keys.to_pylist()], np.uint64))
+    content = items(300, seed=3)
+    table = ColumnarTable(build_table(content, typed.load(None, "t"), {}))
+    row = {k: i for i, (k, _, _) in enumerate(content)}
+    rnd = random.Random(asked_n)
+    asked = [rnd.choice(content)[0] if rnd.random() < 0.8 else b"absent-%d" % i for i in range(asked_n)]
+    assert table.positions(pa.array(asked, pa.binary())).tolist() == [row.get(k, -1) for k in asked]
+
 def test_the_hash_spreads_keys_of_one_and_of_many_lengths() -> None:
     fixed = pa.array([b"%016d" % i for i in range(20000)], pa.binary())
     mixed = pa.array([b"k" * (i % 7) + b"%d" % i for i in range(20000)], pa.binary())
