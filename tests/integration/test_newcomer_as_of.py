@@ -6,8 +6,8 @@ As the tutorial's test (whose terminal, matching and PySpark helpers this reuses
 lines run in bash after ``source .venv/bin/activate``, and what they print (stdout and stderr, as a terminal shows
 both) must match the page's once normalised; a command is asked again for up to ``SETTLE_S`` while it does not
 match yet (the daemon restores the rates a moment after it starts). ``globald dev`` and ``globald run`` stay up in
-terminals of their own until the page's Ctrl-Cs; a block with a ``title`` is a file the reader saves under that
-name; the untitled ``python`` block is fed to the real ``pyspark`` shell.
+terminals of their own until the page's Ctrl-Cs (``background``); a block with a ``title`` is a file the reader
+saves under that name; the untitled ``python`` block is fed to the real ``pyspark`` shell.
 """
 
 from __future__ import annotations
@@ -18,15 +18,14 @@ from pathlib import Path
 
 import pytest
 
-from globald.cli.dev import READY_LINE
 from tests.harness import REPO
 from tests.integration.test_newcomer_reload import clone
 from tests.integration.test_newcomer_tutorial import (
     SETTLE_S,
     Block,
     Terminal,
+    background,
     commands,
-    in_order,
     pyspark,
     same,
     shell,
@@ -60,30 +59,18 @@ def test_the_exchange_rates_example_runs_as_written(tmp_path: Path) -> None:
     terminals: dict[str, Terminal] = {}
     ran: list[str] = []
     try:
-        pending_shell = False
         for block, title in page_blocks():
-            if title is not None:
+            if title is not None:  # a file the page asks to save
                 (cwd / title).write_text("\n".join(block.lines) + "\n")
                 ran.append(f"saved {title}")
-            elif block.kind == "python":
-                assert pending_shell, "a python block must follow `$ pyspark`"
-                pending_shell = False
+            elif block.kind == "python":  # what the reader pastes into the shell `$ pyspark` just started
+                assert ran[-1:] == ["pyspark"], f"a python block must follow `$ pyspark`, not {ran[-1:]}"
                 pyspark(cwd, env, block)
                 ran.append("pyspark < python block")
             elif block.kind == "console":
                 for cmd in commands(block):
                     ran.append(cmd.command)
-                    if cmd.command.startswith("globald dev "):
-                        t = terminals["dev"] = Terminal(cwd, env, cmd.command, "dev")
-                        lines = t.wait_for(lambda lines: any(READY_LINE in line for line in lines), "out",
-                                           "globald dev ready", timeout=180)
-                        assert same(cmd.expected, lines), "\n".join(lines)
-                    elif cmd.command.startswith("globald run "):
-                        t = terminals["run"] = Terminal(cwd, env, cmd.command, "run")
-                        t.wait_for(lambda lines, c=cmd: in_order(c.expected, lines), "err", "globald run output")
-                    elif cmd.command == "pyspark":
-                        pending_shell = True
-                    else:
+                    if cmd.command != "pyspark" and not background(cwd, env, cmd, terminals):
                         settle(cwd, env, cmd.command, cmd.expected)
         # The page's last step: Ctrl-C in terminal 2, then in terminal 1.
         assert terminals["run"].ctrl_c() == 0

@@ -139,6 +139,22 @@ def shell(cwd: Path, env: dict[str, str], command: str, stdin: str | None = None
                           capture_output=True, text=True, timeout=timeout)
 
 
+def background(cwd: Path, env: dict[str, str], cmd: Command, terminals: dict[str, Terminal]) -> bool:
+    """``globald dev ...`` and ``globald run ...`` start in a terminal of their own (``terminals["dev"]``,
+    ``terminals["run"]``), once they show the page's output: True; any other command: False."""
+    if cmd.command == "globald dev" or cmd.command.startswith("globald dev "):
+        t = terminals["dev"] = Terminal(cwd, env, cmd.command, "dev")
+        lines = t.wait_for(lambda lines: any(READY_LINE in line for line in lines), "out", "globald dev ready",
+                           timeout=180)
+        assert same(cmd.expected, lines), "\n".join(lines)
+        return True
+    if cmd.command.startswith("globald run "):
+        t = terminals["run"] = Terminal(cwd, env, cmd.command, "run")
+        t.wait_for(lambda lines: in_order(cmd.expected, lines), "err", "globald run output")
+        return True
+    return False
+
+
 def pyspark(cwd: Path, env: dict[str, str], block: Block) -> None:
     """``$ pyspark``, the real PySpark shell, fed a ``python`` block: it must print the block's ``# `` lines, in order,
     and no error."""
@@ -188,15 +204,9 @@ def test_the_tutorial_runs_as_written(tmp_path: Path) -> None:
                 continue
             for cmd in commands(block):
                 ran.append(cmd.command)
-                if cmd.command == "globald dev":
-                    t = terminals["dev"] = Terminal(cwd, env, cmd.command, "dev")
-                    lines = t.wait_for(lambda lines: any(READY_LINE in line for line in lines), "out",
-                                       "globald dev ready", timeout=180)
-                    assert same(cmd.expected, lines), "\n".join(lines)
-                elif cmd.command.startswith("globald run "):
-                    t = terminals["run"] = Terminal(cwd, env, cmd.command, "run")
-                    t.wait_for(lambda lines, c=cmd: in_order(c.expected, lines), "err", "globald run output")
-                elif cmd.command == "pyspark":
+                if background(cwd, env, cmd, terminals):
+                    continue
+                if cmd.command == "pyspark":
                     pending_shell = True
                 else:
                     deadline = time.monotonic() + SETTLE_S
