@@ -121,8 +121,8 @@ def restore_from_broker(state_dir: Path, settings: dict[str, str], topic: str, h
 def _fill_tansu(run_dir: Path, records: list[_Record]) -> tuple[Any, str]:
     from confluent_kafka import Producer
 
+    from globald.embedded.tansu import EmbeddedTansu
     from tests.support.admin import TansuAdmin
-    from tests.support.tansu import EmbeddedTansu
 
     tansu = EmbeddedTansu(run_dir).start()
     topic = "bench-history"

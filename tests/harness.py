@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING, Any, cast
 
 from globald.embedded.broker import stop_process
 from globald.embedded.oracle import Table, fold
+from globald.embedded.tansu import EmbeddedTansu
 from tests.support.admin import ModernAdmin, Record, TansuAdmin, TopicAdmin
 from tests.support.broker import EmbeddedKafka
-from tests.support.tansu import EmbeddedTansu
 
 if TYPE_CHECKING:
     from globald.settings.config import Config

@@ -3,6 +3,10 @@
 It starts the bundled Kafka 0.9 broker (and ZooKeeper) on free loopback ports, creates and seeds a compacted
 ``customers`` topic, creates the empty compacted topics that ``--topic`` names (a 0.9 broker has no CreateTopics
 API and its auto-creation is off, so a producer to a missing topic only times out: this is the way to get one),
+with the topic configs ``--topic-config`` gives. ``--broker tansu`` starts the Tansu broker instead
+(``globald.embedded.tansu``: the modern protocol, record timestamps and topic configs, in memory, no compaction),
+which versioned tables and as-of lookups need: 0.9 records carry no timestamp. Without Tansu installed it is
+refused in one line, exit 2, naming the pip command.
 writes ``<dir>/globald.toml`` (state_dir ``state``, relative to that file) and prints the commands to try next.
 With ``--registry`` it also serves a local Schema Registry on 127.0.0.1, in this process, with the typed page's
 schema registered under ``<topic>-value`` for each ``--topic``, and writes its ``[registry]`` table into the config
@@ -29,12 +33,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from globald.common import exitcodes
-from globald.common.errors import RefusedError
+from globald.common.errors import RefusedError, UsageError
 from globald.embedded.broker import stop_process
 from globald.embedded.interrupts import Interrupts
 
 if TYPE_CHECKING:
+    from globald.embedded.broker import EmbeddedKafka
     from globald.embedded.registry import LocalRegistry
+    from globald.embedded.tansu import EmbeddedTansu
 
 TOPIC = TABLE = "customers"
 PARTITIONS = 3
@@ -42,13 +48,16 @@ TOPIC_NAME = re.compile(r"[a-zA-Z0-9._-]{1,249}")  # Kafka's rule (it becomes a 
 READY_LINE = "Stop with Ctrl-C"  # the last line of the set-up: scripts (and the tutorial's test) wait for it
 EXPORTS, SECOND_CONFIG, SECOND_STATE = "exports", "globald-2.toml", "state-2"  # --export's, beside globald.toml
 EXPORT_INTERVAL_S = 60  # --export: the first daemon exports this often on its own, not only at `globald export`
+KAFKA09, TANSU = "kafka-0.9", "tansu"  # --broker's choices
+BROKER_NAMES = {KAFKA09: "Kafka 0.9", TANSU: "Tansu"}
 
 
-def write_config(directory: Path, bootstrap_settings: dict[str, str], http_port: int) -> Path:
+def write_config(directory: Path, bootstrap_settings: dict[str, str], http_port: int, broker: str = KAFKA09) -> Path:
     path = directory / "globald.toml"
     kafka = "\n".join(f"{json.dumps(k)} = {json.dumps(v)}" for k, v in bootstrap_settings.items())
     path.write_text(
-        "# Written by `globald dev` for its local Kafka 0.9 broker; every key is documented in config/globald.toml.\n"
+        f"# Written by `globald dev` for its local {BROKER_NAMES[broker]} broker; every key is documented in "
+        "config/globald.toml.\n"
         "# A relative state_dir resolves against this file's directory, not the working directory.\n"
         'state_dir = "state"\n'
         "commit_interval_ms = 200\n"
@@ -100,14 +109,20 @@ def main(args: argparse.Namespace) -> int:
     if work.exists() and (not work.is_dir() or any(work.iterdir())):
         raise RefusedError(f"{work} exists and is not an empty directory (another `globald dev`, or one stopped "
                            "with --keep?): remove it, or pass --dir")
-    from globald.common.errors import UsageError
-
     if args.customers < 1:
         raise UsageError(f"--customers must be at least 1, not {args.customers}")
     for topic in args.topic:
         if not TOPIC_NAME.fullmatch(topic) or topic in (".", "..", TOPIC):
             raise UsageError(f"--topic {topic!r}: a topic name is 1 to 249 of a-z, A-Z, 0-9, '.', '_', '-' (not "
                              f"'.', '..' or {TOPIC!r}, which globald dev seeds itself)")
+    topic_config(args.topic_config)  # a malformed one is refused before anything starts
+    if args.broker == TANSU:
+        from globald.embedded.tansu import TansuMissingError, tansu_binary
+
+        try:
+            tansu_binary()
+        except TansuMissingError as e:
+            raise UsageError(f"--broker tansu: {e}") from None
     # librdkafka's lines (the set-up's own clients) go through globald's filters: harmless 0.9 lines at DEBUG,
     # a repeated problem once and then counted.
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
@@ -135,14 +150,32 @@ def main(args: argparse.Namespace) -> int:
     return code
 
 
+def topic_config(items: list[str]) -> dict[str, str]:
+    """``--topic-config KEY=VALUE``s as a dict, refused with ``UsageError`` when one is not KEY=VALUE."""
+    out: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not re.fullmatch(r"[a-z0-9.]+", key) or not value:
+            raise UsageError(f"--topic-config {item!r}: expected KEY=VALUE, a Kafka topic config such as "
+                             "min.compaction.lag.ms=604800000")
+        out[key] = value
+    return out
+
+
 class _Session:
     def __init__(self, work: Path, args: argparse.Namespace) -> None:
-        from globald.embedded.broker import EmbeddedKafka
-
         self.work = work
         self.args = args
         self.created_dir = not work.exists()
-        self.kafka = EmbeddedKafka(work / "kafka")
+        self.kafka: EmbeddedKafka | EmbeddedTansu
+        if args.broker == TANSU:
+            from globald.embedded.tansu import EmbeddedTansu
+
+            self.kafka = EmbeddedTansu(work / "tansu")
+        else:
+            from globald.embedded.broker import EmbeddedKafka
+
+            self.kafka = EmbeddedKafka(work / "kafka")
         self.daemon: subprocess.Popen[bytes] | None = None
         self.registry: LocalRegistry | None = None
         self.config: Path | None = None
@@ -151,31 +184,41 @@ class _Session:
         print(text, flush=True)
 
     def start(self) -> None:
-        from globald.embedded.admin import JavaToolsAdmin
-        from globald.embedded.broker import free_port
+        from globald.embedded.admin import JavaToolsAdmin, ModernAdmin, TopicAdmin
+        from globald.embedded.broker import EmbeddedKafka, free_port
         from globald.embedded.demo import customer_records
 
         t0 = time.monotonic()
-        self.say(f"globald dev: starting a local Kafka 0.9 broker and ZooKeeper in {self.work}/kafka (127.0.0.1)")
-        self.kafka.start()
-        admin = JavaToolsAdmin(self.kafka.client_settings, self.kafka.zookeeper)
+        admin: TopicAdmin
+        if isinstance(self.kafka, EmbeddedKafka):
+            self.say(f"globald dev: starting a local Kafka 0.9 broker and ZooKeeper in {self.work}/kafka (127.0.0.1)")
+            self.kafka.start()
+            admin = JavaToolsAdmin(self.kafka.client_settings, self.kafka.zookeeper)
+            where = f"Kafka {self.kafka.bootstrap} (ZooKeeper {self.kafka.zookeeper})"
+        else:
+            self.say(f"globald dev: starting a local Tansu broker (Kafka protocol, in memory) in {self.work}/tansu "
+                     "(127.0.0.1)")
+            self.kafka.start()
+            admin = ModernAdmin(self.kafka.client_settings)
+            where = f"Tansu {self.kafka.bootstrap}"
+        configs = topic_config(self.args.topic_config)
         try:
             admin.create(TOPIC, partitions=PARTITIONS, compact=True)
             records = customer_records(self.args.customers, 2, seed=1)
             admin.produce(TOPIC, records)
             for topic in self.args.topic:
-                admin.create(topic, partitions=PARTITIONS, compact=True)
+                admin.create(topic, partitions=PARTITIONS, compact=True, config=configs)
         finally:
             admin.close()
-        self.config = config = write_config(self.work, self.kafka.client_settings, free_port())
+        self.config = config = write_config(self.work, self.kafka.client_settings, free_port(), self.args.broker)
         last = dict(records)  # the table a daemon will hold: the last value per key, tombstones delete
         keys = sorted(k for k, v in last.items() if k is not None and v is not None)
-        self.say(f"  Kafka {self.kafka.bootstrap} (ZooKeeper {self.kafka.zookeeper}), topic seeded in "
-                 f"{time.monotonic() - t0:.1f}s")
+        self.say(f"  {where}, topic seeded in {time.monotonic() - t0:.1f}s")
         self.say(f"  topic {TOPIC}: compacted, {PARTITIONS} partitions, {len(records):,} records "
                  f"({self.args.customers:,} customers, updates and tombstones)")
+        extra = "".join(f", {k}={v}" for k, v in configs.items())
         for topic in self.args.topic:
-            self.say(f"  topic {topic}: compacted, {PARTITIONS} partitions, empty")
+            self.say(f"  topic {topic}: compacted{extra}, {PARTITIONS} partitions, empty")
         self.say(f"  config: {config} (state_dir {self.work / 'state'})")
         if self.args.registry:  # before the second daemon's config, which copies the [registry] table too
             from globald.embedded.dev_registry import serve_for_dev
@@ -220,7 +263,7 @@ class _Session:
         for state in (self.work / "state", self.work / SECOND_STATE):
             holder = lock_holder(state)
             if holder is not None:
-                shutil.rmtree(self.work / "kafka", ignore_errors=True)
+                shutil.rmtree(self.kafka.run_dir, ignore_errors=True)
                 return (f"globald dev: stopped; {state} kept: a globald (pid {holder}) still uses it, "
                         "stop it, then remove the directory")
         shutil.rmtree(self.work, ignore_errors=True)

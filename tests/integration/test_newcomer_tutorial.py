@@ -139,6 +139,35 @@ def shell(cwd: Path, env: dict[str, str], command: str, stdin: str | None = None
                           capture_output=True, text=True, timeout=timeout)
 
 
+def background(cwd: Path, env: dict[str, str], cmd: Command, terminals: dict[str, Terminal]) -> bool:
+    """``globald dev ...`` and ``globald run ...`` start in a terminal of their own (``terminals["dev"]``,
+    ``terminals["run"]``), once they show the page's output: True; any other command: False."""
+    if cmd.command == "globald dev" or cmd.command.startswith("globald dev "):
+        t = terminals["dev"] = Terminal(cwd, env, cmd.command, "dev")
+        lines = t.wait_for(lambda lines: any(READY_LINE in line for line in lines), "out", "globald dev ready",
+                           timeout=180)
+        assert same(cmd.expected, lines), "\n".join(lines)
+        return True
+    if cmd.command.startswith("globald run "):
+        t = terminals["run"] = Terminal(cwd, env, cmd.command, "run")
+        t.wait_for(lambda lines: in_order(cmd.expected, lines), "err", "globald run output")
+        return True
+    return False
+
+
+def pyspark(cwd: Path, env: dict[str, str], block: Block) -> None:
+    """``$ pyspark``, the real PySpark shell, fed a ``python`` block: it must print the block's ``# `` lines, in order,
+    and no error."""
+    r = shell(cwd, {**env, "PYSPARK_DRIVER_PYTHON_OPTS": "-i"},
+              "pyspark --master 'local[1]' --conf spark.ui.enabled=false --conf spark.ui.showConsoleProgress=false",
+              stdin="\n".join(block.lines) + "\n", timeout=240)
+    output = r.stdout + r.stderr
+    assert r.returncode == 0 and "Traceback" not in output and "Error" not in r.stdout, output[-3000:]
+    shown = [line[2:] for line in block.lines if line.startswith("# ")]
+    got = [line.lstrip(">. ") for line in output.splitlines()]
+    assert in_order(shown, got), output[-3000:]
+
+
 @pytest.mark.long  # over 15 s on an idle 2-core machine: the long lane (make test-long)
 def test_the_tutorial_runs_as_written(tmp_path: Path) -> None:
     blocks = tutorial_blocks()
@@ -164,15 +193,7 @@ def test_the_tutorial_runs_as_written(tmp_path: Path) -> None:
             if block.kind == "python":
                 assert pending_shell, "a python block must follow `$ pyspark`"
                 pending_shell = False
-                r = shell(cwd, {**env, "PYSPARK_DRIVER_PYTHON_OPTS": "-i"},
-                          "pyspark --master 'local[1]' --conf spark.ui.enabled=false "
-                          "--conf spark.ui.showConsoleProgress=false",
-                          stdin="\n".join(block.lines) + "\n", timeout=240)
-                output = r.stdout + r.stderr
-                assert r.returncode == 0 and "Traceback" not in output and "Error" not in r.stdout, output[-3000:]
-                shown = [line[2:] for line in block.lines if line.startswith("# ")]
-                got = [line.lstrip(">. ") for line in output.splitlines()]
-                assert in_order(shown, got), output[-3000:]
+                pyspark(cwd, env, block)
                 ran.append("pyspark < python block")
                 continue
             if block.kind == "text":  # more of what terminal 2 (the daemon) shows
@@ -183,15 +204,9 @@ def test_the_tutorial_runs_as_written(tmp_path: Path) -> None:
                 continue
             for cmd in commands(block):
                 ran.append(cmd.command)
-                if cmd.command == "globald dev":
-                    t = terminals["dev"] = Terminal(cwd, env, cmd.command, "dev")
-                    lines = t.wait_for(lambda lines: any(READY_LINE in line for line in lines), "out",
-                                       "globald dev ready", timeout=180)
-                    assert same(cmd.expected, lines), "\n".join(lines)
-                elif cmd.command.startswith("globald run "):
-                    t = terminals["run"] = Terminal(cwd, env, cmd.command, "run")
-                    t.wait_for(lambda lines, c=cmd: in_order(c.expected, lines), "err", "globald run output")
-                elif cmd.command == "pyspark":
+                if background(cwd, env, cmd, terminals):
+                    continue
+                if cmd.command == "pyspark":
                     pending_shell = True
                 else:
                     deadline = time.monotonic() + SETTLE_S

@@ -118,37 +118,9 @@ class ZooKeeperAdmin(JavaToolsAdmin, TopicAdmin):
                 raise TimeoutError(f"{topic}: the broker still applies retention.ms=1 after the change back: {marks}")
 
 
-class ModernAdmin(TopicAdmin):
-    """Brokers with the CreateTopics/DeleteTopics/DeleteRecords APIs (Kafka ≥ 1.1)."""
-
-    def __init__(self, client_settings: dict[str, Any]) -> None:
-        super().__init__(client_settings)
-        self._admin_client: Any = None
-
-    def _admin(self) -> Any:
-        """One AdminClient for this admin's life: a client destroyed while its futures are pending fails them
-        (_DESTROY), so a temporary one per call would lose every answer."""
-        if self._admin_client is None:
-            from confluent_kafka.admin import AdminClient
-
-            self._admin_client = AdminClient({**self.settings, "log_level": 3})
-        return self._admin_client
-
-    def create(self, topic: str, partitions: int = 3, compact: bool = True,
-               config: dict[str, str] | None = None) -> None:
-        from confluent_kafka.admin import NewTopic
-
-        configs = {**(config or {}), "cleanup.policy": "compact" if compact else "delete"}
-        fs = self._admin().create_topics([NewTopic(topic, partitions, 1, config=configs)])
-        fs[topic].result(30)
-        self.wait_for_topic(topic, partitions)
-
-    def delete(self, topic: str, wait: bool = True) -> None:
-        self.close()  # a producer that knows the topic would name it in its metadata refreshes
-        self._admin().delete_topics([topic])[topic].result(30)
-        deadline = time.monotonic() + (60 if wait else 0)
-        while time.monotonic() < deadline and topic in self._admin().list_topics(timeout=10).topics:
-            time.sleep(0.2)
+class ModernAdmin(product.ModernAdmin, TopicAdmin):
+    """Brokers with the CreateTopics/DeleteTopics/DeleteRecords APIs (Kafka ≥ 1.1): the product's create and delete,
+    and the topology changes tests make."""
 
     def add_partitions(self, topic: str, total: int) -> None:
         from confluent_kafka.admin import NewPartitions

