@@ -157,13 +157,20 @@ class Drive(SeedBase):
             assert self.evidence is not None
             evidence = self.evidence
             seen = self._watch(duration)
-            self.release(out)
             how = evidence.met(d, seen)
+            once = k == plan.IO_ERROR and p["mode"] == "once"
+            asked = False  # the probe spends a point still armed: asked twice, the second answer is "fired"
+            if how is None and once and f.phase == plan.STOP and d.alive():
+                # Asked while the stop is still held: released, the daemon exits, and no one is left to ask
+                # (the stores' files were closed in the held phase, where RocksDB trims them with ftruncate).
+                how, asked = reach.once_fired(d, self.arm_path, FIU_SITES[p["site"]], evidence.log_mark), True
+            self.release(out)
+            how = how or evidence.met(d, seen)
             if how is None and d.alive():  # not met yet: the point stays armed, the disk full, until it is (bounded)
                 started = time.monotonic()
                 seen += self._watch(reach.GRACE_S, stop_when=lambda texts: evidence.met(d, texts) is not None)
                 how = evidence.met(d, seen)
-                if how is None and k == plan.IO_ERROR and p["mode"] == "once" and d.alive():
+                if how is None and once and not asked and d.alive():
                     how = reach.once_fired(d, self.arm_path, FIU_SITES[p["site"]], evidence.log_mark)
                 out.notes.append(f"held {time.monotonic() - started:.1f}s beyond its duration for the daemon to meet")
             out.hit = how is not None

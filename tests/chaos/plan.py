@@ -53,6 +53,11 @@ RELOAD_PHASES = (RESTORE, BULK_END, STEADY, COMMIT, PUBLISH, EXACT)
 LIVE_KEYS: dict[str, tuple[int, ...]] = {"commit_interval_ms": (500, 300, 800, 1200),
                                          "snapshots.interval_ms": (1000, 700, 1500, 2500),
                                          "snapshots.retain": (3, 4, 5)}
+# Failure points whose failures nothing reports: RocksDB calls ftruncate only as it closes a file it preallocated,
+# to trim it, and ignores the result (PosixWritableFile::Close); globald only when it takes its lock at start. A
+# fault there shows only as a once-armed point that is spent (``reach.once_fired``), so it is planned only so: an
+# "always" or "random" one could not be told from a fault that never met the daemon.
+ONCE_ONLY_SITES = ("ftruncate",)
 BULK, SMALL = "bulk", "small"  # the campaign's two tables: one restored as a bulk load, one small
 CLOCK_STEPS = (-86_400, -3_600, -600, -30, 30, 600, 3_600, 86_400, 31_536_000)
 _CYCLE_SEED = 20_260_508  # fixes the order of the (kind, phase) cycle; never derived from a campaign seed
@@ -121,6 +126,8 @@ def params(seed: int, index: int, kind: str, phase: str) -> dict[str, Any]:
         out.update(site=rnd.choice(sorted(FIU_SITES)), errno=rnd.choice(sorted(ERRNOS)),
                    mode=rnd.choice(("once", "always", "random")), probability=round(rnd.uniform(0.05, 0.5), 2),
                    duration=round(rnd.uniform(1.0, 6.0), 1))
+        if out["site"] in ONCE_ONLY_SITES:
+            out["mode"] = "once"
     elif kind == DISK_FULL:
         out["duration"] = round(rnd.uniform(2.0, 10.0), 1)
     elif kind == PAUSE:
