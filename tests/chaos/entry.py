@@ -106,9 +106,18 @@ class UnwrappedFile:
     def __init__(self, path: str) -> None:
         self.path = path
         self.name = os.path.basename(path)
-        self._dir = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY | os.O_DIRECTORY)
+        self._dir: int | None = None
+        self._open_dir()
+
+    def _open_dir(self) -> None:
+        with contextlib.suppress(OSError):  # not there yet: opened at the first read that finds it
+            self._dir = os.open(os.path.dirname(os.path.abspath(self.path)), os.O_RDONLY | os.O_DIRECTORY)
 
     def read(self) -> bytes:
+        if self._dir is None:
+            self._open_dir()
+        if self._dir is None:
+            raise FileNotFoundError(self.path)
         fd = os.open(self.name, os.O_RDONLY, dir_fd=self._dir)  # openat: never a libfiu failure point
         try:
             chunks = []
