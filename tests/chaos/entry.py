@@ -41,7 +41,8 @@ allocating threads instead.
 
 ``PROBE_SIGNAL`` asks whether a failure point armed ``once`` has fired: the campaign names it in ``<arm>.probe``
 and the answer goes to ``<arm>.probe-<id>``. libfiu disables a onetime point when it fails a call, so a point still
-enabled has not: ``fiu_fail`` on it says which (and spends it, which is harmless: the fault is being healed). Every
+enabled has not: ``fiu_fail`` on it says which (and spends it, which is harmless: the fault is being healed; or,
+asked with ``keep``, the point is armed again once answered, so that the campaign can ask while it waits). Every
 point the campaign arms is asked so before the request is read: a point still armed on ``open`` would otherwise
 fail that very read, and be spent by the probe instead of answering it. The signal is a real-time one: globald's
 ``run`` takes SIGUSR2 for its stack dumps (faulthandler, installed after this entry's handler, which it replaced:
@@ -379,6 +380,9 @@ def probe_once(path: str) -> None:
             armed |= {name} if lib.fiu_fail(name.encode()) != 0 else set()
         with open(f"{path}.probe-{req['id']}", "w") as f:
             f.write(json.dumps({"fired": name not in armed}))
+        if name in armed and req.get("keep") is not None:  # asked without spending it: armed again, as it was
+            lib.fiu_enable.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_uint]
+            lib.fiu_enable(name.encode(), 1, ctypes.c_void_p(int(req["keep"])), FIU_ONETIME)
     except Exception as e:
         sys.stderr.write(f"CHAOS-PROBE failed: {e!r}\n")
 

@@ -248,6 +248,19 @@ for probe_id, call in ((1, False), (2, True)):
         except OSError:
             pass
     probe_once(arm)
+# Asked with "keep": not fired, and still armed afterwards (the next call fails, then no longer).
+with open(arm + ".probe", "w") as f:
+    f.write(json.dumps({"id": 3, "name": name.decode(), "keep": 5}))
+assert lib.fiu_enable(name, 1, ctypes.c_void_p(5), 1) == 0
+probe_once(arm)
+call = (lambda: os.unlink(arm + ".absent")) if name.endswith(b"unlink") else (lambda: os.open(arm + ".absent", 0))
+errnos = []
+for _ in range(2):
+    try:
+        call()
+    except OSError as e:
+        errnos.append(e.errno)
+print(errnos)
 """
 
 
@@ -255,7 +268,8 @@ for probe_id, call in ((1, False), (2, True)):
 def test_the_once_probe_tells_a_point_that_failed_a_call_from_one_still_armed(tmp_path: Path, point: str) -> None:
     """What reach.once_fired relies on, in a real process under fiu-run: a onetime point that failed a call is no
     longer armed, one that did not still is. On ``open`` too: the probe's own read of its request must not be the
-    call that spends the point (seed 10's "io-error open EIO once @ restore" went unanswered so)."""
+    call that spends the point (seed 10's "io-error open EIO once @ restore" went unanswered so). Asked with
+    ``keep`` (the campaign asking while it waits), a point not fired yet stays armed."""
     why = tools.missing()
     if why is not None:
         unavailable(why)
@@ -263,8 +277,9 @@ def test_the_once_probe_tells_a_point_that_failed_a_call_from_one_still_armed(tm
     r = subprocess.run(["fiu-run", "-x", sys.executable, "-c", ONCE_PROBE, str(arm), point], cwd=REPO,
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
-    answers = [json.loads(arm.with_name(f"arm.json.probe-{i}").read_text()) for i in (1, 2)]
-    assert answers == [{"fired": False}, {"fired": True}], r.stderr
+    answers = [json.loads(arm.with_name(f"arm.json.probe-{i}").read_text()) for i in (1, 2, 3)]
+    assert answers == [{"fired": False}, {"fired": True}, {"fired": False}], r.stderr
+    assert r.stdout.split("\n")[0] == "[5, 2]", r.stdout  # EIO from the point kept armed, then ENOENT
 
 
 CLOCK_UNDER_FIU = """
