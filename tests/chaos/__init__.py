@@ -6,4 +6,7 @@ entry.py     the daemon's entry point with phase hooks (freeze, or arm a failure
 daemon.py    the harness's DaemonProcess under those tools, status over HTTP
 campaign.py  one seed: topics, load, daemon; drive each fault to its phase, inject, heal, check
 runner.py    seeds, probes, the table (build/chaos/report.md, report.json), the exit status
+reach.py     whether an I/O fault met the daemon (status, log, caught errors, RocksDB LOG, a spent once-point)
+reloads.py   reload events; exports.py export events (file:// and the S3 emulator, s3_faults.py); registry_faults.py
+             Schema Registry events in a restore, steady state, a reload, a rebuild, an export and a bootstrap
 """

@@ -22,6 +22,8 @@ from tests.chaos.plan import Fault
 from tests.chaos.tools import ERRNOS, FIU_SITES, Fiu
 from tests.reliability.disk import fill
 
+ONCE_POLL_S = 2.0  # how often a once-armed point is asked whether it fired, while the campaign waits for a sign
+
 
 class Drive(SeedBase):
     """Drive a fault to its phase, inject it, hold it."""
@@ -150,6 +152,25 @@ class Drive(SeedBase):
         or retention's roll records and the load fail on a topic that exists again."""
         self.admin.producer().list_topics(topic, timeout=10)
 
+    def _spent_poll(self, f: Fault) -> Callable[[], str | None]:
+        """Whether the once-armed point of ``f`` failed a call yet, asked at most every ``ONCE_POLL_S`` without
+        spending it (a caller that ignores the error says nothing: the grace would otherwise run out in full)."""
+        d, p = self.daemon, f.params
+        assert self.evidence is not None
+        mark = self.evidence.log_mark
+        asked_at = [time.monotonic()]
+        found: list[str] = []
+
+        def poll() -> str | None:
+            if not found and time.monotonic() - asked_at[0] >= ONCE_POLL_S and d.alive():
+                how = reach.once_fired(d, self.arm_path, FIU_SITES[p["site"]], mark, timeout=5.0,
+                                       keep=ERRNOS[p["errno"]])
+                asked_at[0] = time.monotonic()
+                found.extend([how] if how is not None else [])
+            return found[0] if found else None
+
+        return poll
+
     def _hold(self, f: Fault, out: Outcome) -> None:
         d, k, p = self.daemon, f.kind, f.params
         duration = float(p.get("duration", 0.0))
@@ -157,13 +178,22 @@ class Drive(SeedBase):
             assert self.evidence is not None
             evidence = self.evidence
             seen = self._watch(duration)
-            self.release(out)
             how = evidence.met(d, seen)
+            once = k == plan.IO_ERROR and p["mode"] == "once"
+            asked = False  # the probe spends a point still armed: asked twice, the second answer is "fired"
+            if how is None and once and f.phase == plan.STOP and d.alive():
+                # Asked while the stop is still held: released, the daemon exits, and no one is left to ask
+                # (the stores' files were closed in the held phase, where RocksDB trims them with ftruncate).
+                how, asked = reach.once_fired(d, self.arm_path, FIU_SITES[p["site"]], evidence.log_mark), True
+            self.release(out)
+            how = how or evidence.met(d, seen)
             if how is None and d.alive():  # not met yet: the point stays armed, the disk full, until it is (bounded)
                 started = time.monotonic()
-                seen += self._watch(reach.GRACE_S, stop_when=lambda texts: evidence.met(d, texts) is not None)
-                how = evidence.met(d, seen)
-                if how is None and k == plan.IO_ERROR and p["mode"] == "once" and d.alive():
+                spent = self._spent_poll(f) if once and not asked else (lambda: None)
+                seen += self._watch(reach.GRACE_S,
+                                    stop_when=lambda texts: evidence.met(d, texts) is not None or spent() is not None)
+                how = evidence.met(d, seen) or spent()
+                if how is None and once and not asked and d.alive():
                     how = reach.once_fired(d, self.arm_path, FIU_SITES[p["site"]], evidence.log_mark)
                 out.notes.append(f"held {time.monotonic() - started:.1f}s beyond its duration for the daemon to meet")
             out.hit = how is not None

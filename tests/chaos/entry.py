@@ -39,9 +39,14 @@ new ``jemalloc_bg_thd`` inside libfiu's ``malloc`` waiting on the loader's lock)
 therefore runs its jemalloc without the background thread (``JE_ARROW_MALLOC_CONF``); it purges on the
 allocating threads instead.
 
-SIGUSR2 asks whether a failure point armed ``once`` has fired: the campaign names it in ``<arm>.probe`` and the
-answer goes to ``<arm>.probe-<id>``. libfiu disables a onetime point when it fails a call, so a point still
-enabled has not: ``fiu_fail`` on it says which (and spends it, which is harmless: the fault is being healed).
+``PROBE_SIGNAL`` asks whether a failure point armed ``once`` has fired: the campaign names it in ``<arm>.probe``
+and the answer goes to ``<arm>.probe-<id>``. libfiu disables a onetime point when it fails a call, so a point still
+enabled has not: ``fiu_fail`` on it says which (and spends it, which is harmless: the fault is being healed; or,
+asked with ``keep``, the point is armed again once answered, so that the campaign can ask while it waits). Every
+point the campaign arms is asked so before the request is read: a point still armed on ``open`` would otherwise
+fail that very read, and be spent by the probe instead of answering it. The signal is a real-time one: globald's
+``run`` takes SIGUSR2 for its stack dumps (faulthandler, installed after this entry's handler, which it replaced:
+the probe then dumped stacks and never answered, and every once-armed fault nothing reported counted as unmet).
 """
 
 from __future__ import annotations
@@ -50,7 +55,6 @@ import contextlib
 import ctypes
 import importlib
 import json
-import math
 import os
 import signal
 import sys
@@ -59,16 +63,31 @@ import time
 from collections.abc import Callable
 from typing import Any, SupportsIndex
 
+from tests.chaos.unwrapped import SteppedClock, UnwrappedFile  # SteppedClock: also for tests/reliability
+
 ARM_ENV = "GLOBALD_CHAOS_ARM"
-PROBE_SIGNAL = signal.SIGUSR2
+PROBE_SIGNAL = signal.SIGRTMIN + 5  # not SIGUSR2, globald's stack dump (module docstring)
 SLEEP_FIX_ENV = "GLOBALD_CHAOS_SLEEP_FIX"
 CLOCK_ENV = "GLOBALD_CHAOS_CLOCK"  # a file holding the wall clock's offset in seconds, e.g. "+3600"
 IMPORT_PYARROW_ENV = "GLOBALD_CHAOS_IMPORT_PYARROW"  # "1": the config has [export], whose storage is pyarrow's
 ARROW_JEMALLOC_CONF_ENV = "JE_ARROW_MALLOC_CONF"  # the MALLOC_CONF of the jemalloc bundled in pyarrow's libarrow
 TOOL_ENV = ("LD_PRELOAD", "FIU_CTRL_FIFO", "FIU_ENABLE")  # what the daemon's children are started without
 FIU_ONETIME = 1
+# How libfiu names the POSIX functions the daemon's own file I/O goes through (RocksDB's WAL and SST appends,
+# syncs and renames, globald's .checkpoint, manifests, status.json). Under strace, RocksDB's buffered I/O calls
+# write, fdatasync, fsync, ftruncate, rename, unlink and open, never pwrite (direct I/O only, which globald does
+# not enable): a pwrite failure point would never fire. Socket calls are left alone: they are the broker's
+# faults, injected at the broker. Here, not in tools.py (which imports this module), for ``probe_once``.
+FIU_SITES = {
+    "write": "posix/io/rw/write",
+    "fsync": "posix/io/sync/fsync",
+    "fdatasync": "posix/io/sync/fdatasync",
+    "rename": "posix/io/dir/rename",
+    "open": "posix/io/oc/open",
+    "unlink": "posix/io/dir/unlink",
+    "ftruncate": "posix/io/rw/ftruncate",
+}
 HOLD_MAX_S = 300.0  # a hold the campaign never released (it died) ends by itself
-CLOCK_REREAD_S = 1.0  # the Python-level clock re-reads its offset file at most this often
 
 # The points of a bootstrap from the export storage: a file's download begins (the others before it may be whole,
 # it and those after it are not on disk); the checked stage is about to be renamed into place; it just was.
@@ -183,6 +202,7 @@ class Arm:
 
     def __init__(self, path: str, clock: SteppedClock | None = None) -> None:
         self.path = path
+        self._file = UnwrappedFile(path)
         self.clock = clock  # the Python-level clock, if the daemon runs on it: an arm with "clock" waits for it
         self._lock = threading.Lock()
         self._mtime: tuple[int, int] = (-1, -1)  # inode and mtime: each write is a new file (os.replace)
@@ -200,8 +220,7 @@ class Arm:
         if mtime != self._mtime:
             self._mtime = mtime
             try:
-                with open(self.path, "rb") as f:
-                    self._arm = json.loads(f.read())
+                self._arm = json.loads(self._file.read())
             except (OSError, ValueError):  # a failure point may be armed on open/read right now: keep the last one
                 return self._arm
             self._seen = 0
@@ -346,69 +365,24 @@ def _wrap(original: Callable[..., Any], arm: Arm, phase: str, predicate: Predica
     return wrapped
 
 
-class SteppedClock:
-    """``time.time`` and ``time.time_ns`` shifted by the offset in a file, re-read at most once a second (as
-    libfaketime does with FAKETIME_CACHE_DURATION=1). Every wall-clock read of globald goes through these two;
-    the monotonic clock, native libraries and the kernel keep the real time (see tools.py for why not libfaketime).
-    """
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self._real_ns = time.time_ns
-        self._monotonic = time.monotonic
-        self._offset_ns = 0
-        self._next_read = 0.0
-        self._read_at = -math.inf  # when the file was last read (monotonic), for ``in_force_after``
-
-    def offset_ns(self) -> int:
-        now = self._monotonic()
-        if now >= self._next_read:
-            self._next_read = now + CLOCK_REREAD_S
-            try:
-                with open(self.path) as f:
-                    self._offset_ns = int(float(f.read().strip() or "0") * 1_000_000_000)
-                self._read_at = now
-            except (OSError, ValueError):  # a failure point may be armed on open: keep the last offset
-                pass
-        return self._offset_ns
-
-    def in_force_after(self, since: float) -> int:
-        """The offset in force once the file has been read at or after ``since`` (a monotonic time). Waits out the
-        cache rather than cutting it short, so the daemon's other threads see the clock as they would have; at most
-        two re-read intervals (a file that cannot be read: the last offset)."""
-        deadline = since + 2 * CLOCK_REREAD_S
-        pause = threading.Event()  # as the hold waits: the daemon's own sleeps are left alone
-        while self._read_at < since:
-            now = self._monotonic()
-            if now >= deadline:
-                break
-            pause.wait(min(max(self._next_read - now, 0.0), deadline - now))
-            self.offset_ns()
-        return self._offset_ns
-
-    def time(self) -> float:
-        return (self._real_ns() + self.offset_ns()) / 1e9
-
-    def time_ns(self) -> int:
-        return self._real_ns() + self.offset_ns()
-
-    def install(self) -> None:
-        time.time = self.time
-        time.time_ns = self.time_ns
-
-
 def probe_once(path: str) -> None:
     """Answer the campaign's ``<path>.probe`` (see the module docstring); never raises into the daemon."""
     try:
-        with open(f"{path}.probe", "rb") as f:
-            req = json.loads(f.read())
         lib = ctypes.CDLL(None)  # libfiu, loaded by fiu-run's preload library
         lib.fiu_fail.argtypes = [ctypes.c_char_p]
         lib.fiu_fail.restype = ctypes.c_int
-        # First, before any file call of ours: a onetime point still armed on open or write fails it otherwise.
-        still_armed = lib.fiu_fail(str(req["name"]).encode()) != 0
+        # First, before any file call of ours: a onetime point still armed on open or read fails it otherwise.
+        armed = {name for name in FIU_SITES.values() if lib.fiu_fail(name.encode()) != 0}
+        with open(f"{path}.probe", "rb") as f:
+            req = json.loads(f.read())
+        name = str(req["name"])
+        if name not in FIU_SITES.values():  # not one the campaign arms: asked now (no file call of ours is next)
+            armed |= {name} if lib.fiu_fail(name.encode()) != 0 else set()
         with open(f"{path}.probe-{req['id']}", "w") as f:
-            f.write(json.dumps({"fired": not still_armed}))
+            f.write(json.dumps({"fired": name not in armed}))
+        if name in armed and req.get("keep") is not None:  # asked without spending it: armed again, as it was
+            lib.fiu_enable.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_uint]
+            lib.fiu_enable(name.encode(), 1, ctypes.c_void_p(int(req["keep"])), FIU_ONETIME)
     except Exception as e:
         sys.stderr.write(f"CHAOS-PROBE failed: {e!r}\n")
 

@@ -18,6 +18,13 @@ first file's download (``entry.BOOTSTRAP_DOWNLOAD``, the largest file, the first
 file`` (that file cut to half its size), a ``missing file`` (that file deleted, the manifest still naming it) or a
 ``silent file`` (a FIFO in its place: an open for reading waits forever, as on storage that never answers; the
 second daemon's ``bootstrap_timeout_s`` is ``SILENT_BOUND_S``).
+On the S3 emulator (``plan.S3_STORAGE``, ``tests.chaos.s3_faults``) the export is copied into a bucket of the
+event's own, and the second daemon downloads it through the campaign's front, which at the freeze answers that file
+with ``503 Slow Down`` (``s3 5xx``) or never (``s3 silent``), or the file is deleted (``s3 missing file``), or a
+newer export is made and copied in and retention runs with no grace (``s3 retention``: the export being downloaded
+is retired and its files no newer export shares deleted, the cut ``grace_s`` exists to prevent). A 5xx or a silence
+must be met by the download (the front counts the requests it failed) and the export refused unless the file had
+been read whole before.
 A damaged export must be refused, never installed: the origin is the topic, or an older export that does not hold
 the damaged file, and the store equals the fold either way (nothing claims more than it holds). With ``reload``, the
 config is changed (a live key) and a SIGHUP sent at the same freeze: the reload lands during the bootstrap and must
@@ -38,9 +45,10 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from globald.export import retention
 from globald.export.manifest import blob_name
-from globald.export.target import FILES_DIR
-from tests.chaos import entry
+from globald.export.target import FILES_DIR, Target
+from tests.chaos import entry, plan, s3_faults
 from tests.chaos.daemon import ChaosDaemon, stopped_at_hook
 from tests.harness import REPO, DaemonProcess, write_config
 from tests.reliability.checks import check_store
@@ -69,6 +77,10 @@ class ExportEvent:
         self.d = run.daemon
         self.ask: subprocess.Popen[str] | None = None
         self.fifo: Path | None = None  # a silent file put in the storage: removed once the bootstrap is over
+        self.uri: str | None = None  # the second daemon's storage when not the seed's file:// one (S3)
+        self.bucket: str | None = None  # the event's bucket on the S3 emulator, for the campaign's own calls
+        self.front: s3_faults.S3Front | None = None
+        self.export_id = ""  # the export the second daemon downloads
 
     def prepare(self) -> None:
         """Nothing before the phase: the storage is the seed's, the table one of its own."""
@@ -111,10 +123,13 @@ class ExportEvent:
 
     def _config(self, root: Path, interval_ms: int) -> Path:
         table = self.f.table
+        storage = {**section(self.run.root, bootstrap=True), "bootstrap_timeout_s": SILENT_BOUND_S}
+        if self.uri is not None:
+            storage["uri"] = self.uri
         tmp = write_config(root / "globald.toml.tmp", root / "state", self.run.broker.settings,
                            {table: self.run.topics[table]}, commit_interval_ms=500, metadata_refresh_ms=2000,
                            log_level="INFO", http={"enabled": False}, snapshots={"interval_ms": interval_ms},
-                           export={**section(self.run.root, bootstrap=True), "bootstrap_timeout_s": SILENT_BOUND_S})
+                           export=storage)
         os.replace(tmp, root / "globald.toml")  # whole: a reload reads one version
         return root / "globald.toml"
 
@@ -126,10 +141,14 @@ class ExportEvent:
         root = run.root / "bootstrap"
         shutil.rmtree(root, ignore_errors=True)
         root.mkdir()
+        s3 = p["storage"] in plan.S3_STORAGE
+        if s3:
+            self._to_bucket(export_id)
         cfg = self._config(root, 1000)
         arm = root / "arm.json"
         arm.write_text(json.dumps({"id": 1, "phase": entry.BOOTSTRAP_DOWNLOAD, "action": "freeze", "table": table}))
-        second = ChaosDaemon(cfg, root / "daemon.log", env={entry.ARM_ENV: str(arm)}, state=root / "state").start()
+        env = {entry.ARM_ENV: str(arm), **(s3_faults.CREDENTIALS if s3 else {})}
+        second = ChaosDaemon(cfg, root / "daemon.log", env=env, state=root / "state").start()
         run.pause_loads()  # a fixed log end to reach; the recovery after this event resumes them
         ends = run.admin.end_offsets(topic)
         damaged = None
@@ -180,6 +199,8 @@ class ExportEvent:
         doc = json.loads((base / "exports" / f"{export_id}.json").read_text())
         biggest = max(doc["files"], key=lambda f: int(f["size"]))
         blob = base / FILES_DIR / blob_name(biggest["sha256"], int(biggest["size"]))
+        if storage in plan.S3_STORAGE:
+            return self._damage_s3(storage, blob.name, biggest)
         if storage == "torn file":
             with open(blob, "r+b") as f:
                 f.truncate(int(biggest["size"]) // 2)
@@ -191,9 +212,64 @@ class ExportEvent:
         self.out.notes.append(f"storage: {storage} {blob.name} ({biggest['name']}, {biggest['size']} bytes)")
         return blob.name
 
+    def _to_bucket(self, export_id: str) -> None:
+        """The export copied into a new bucket on the S3 emulator; the second daemon's storage is that bucket,
+        through the campaign's front."""
+        if self.run.c.s3 is None:
+            self.run.c.s3 = s3_faults.S3Front().start()
+        self.front = self.run.c.s3
+        self.bucket = self.front.new_bucket()
+        copied = s3_faults.mirror(self.run.root / "exports", self.front.uri(self.bucket, direct=True), self.f.table,
+                                  [export_id])
+        self.uri = self.front.uri(self.bucket)
+        self.export_id = export_id
+        self.out.notes.append(f"export {export_id} copied into bucket {self.bucket} on the S3 emulator ({copied} "
+                              "files)")
+
+    def _damage_s3(self, storage: str, blob: str, biggest: dict[str, Any]) -> str | None:
+        assert self.front is not None and self.bucket is not None
+        direct, table = self.front.uri(self.bucket, direct=True), self.f.table
+        what = f"{blob} ({biggest['name']}, {biggest['size']} bytes)"
+        if storage == "s3 intact":
+            return None
+        if storage in ("s3 5xx", "s3 silent"):
+            self.front.fail("5xx" if storage == "s3 5xx" else "silent", blob)
+        elif storage == "s3 missing file":
+            s3_faults.delete(direct, table, FILES_DIR, blob)
+        else:  # retention while the download stands: a newer export, then retention with no grace
+            newer = self._export_again()
+            s3_faults.mirror(self.run.root / "exports", direct, table, [newer])
+            swept = retention.apply(Target(direct), table, keep=1, grace_s=0)
+            gone = [b for b in self._blobs(self.export_id) if Target(direct).size(table, FILES_DIR, b) is None]
+            self.out.notes.append(f"storage: s3 retention after newer export {newer}: {swept}; of export "
+                                  f"{self.export_id}'s files {len(gone)} deleted" + (", the largest kept (the newer "
+                                  "export shares it)" if blob not in gone else ""))
+            return (blob if blob in gone else gone[0]) if gone else None
+        self.out.notes.append(f"storage: {storage} {what}")
+        return blob
+
+    def _blobs(self, export_id: str) -> list[str]:
+        doc = json.loads((self.run.root / "exports" / self.f.table / "exports" / f"{export_id}.json").read_text())
+        return [blob_name(f["sha256"], int(f["size"])) for f in doc["files"]]
+
+    def _export_again(self) -> str:
+        """A newer export of the table by the campaign's daemon (its file:// storage), for retention to keep."""
+        r = subprocess.run([sys.executable, "-m", "globald", "export", "--config", str(self.run.config.path),
+                            "--table", self.f.table, "--json", "--timeout", "120"], cwd=REPO, capture_output=True,
+                           text=True, timeout=180)
+        if r.returncode != 0:
+            raise RuntimeError(f"the newer export for retention failed ({r.returncode}): {r.stderr.strip()[-300:]}")
+        return str(json.loads(r.stdout)["export"])
+
     def _origin_ok(self, origin: dict[str, Any], export_id: str, damaged: str | None) -> bool:
         """Intact: that very export installed (none newer was made). Damaged: never an export holding the file."""
         out, table = self.out, self.f.table
+        if self.front is not None and self.f.params["storage"] in ("s3 5xx", "s3 silent"):
+            if self.front.failed == 0:
+                out.problems.append(f"the storage fault ({self.f.params['storage']}) never met the download: the "
+                                    "front failed no request for the file")
+                return False
+            out.notes.append(f"the front failed {self.front.failed} requests for {damaged}")
         if damaged is None:
             if origin.get("kind") != "export" or str(origin.get("export")) != export_id:
                 out.problems.append(f"a daemon bootstrapping {table} did not start from export {export_id}, the "
@@ -234,6 +310,8 @@ class ExportEvent:
         return True
 
     def close(self) -> None:
+        if self.front is not None:
+            self.front.heal()
         if self.fifo is not None:  # the exporter must not find it: its upload's open would wait forever too
             self.fifo.unlink(missing_ok=True)
             self.fifo = None

@@ -94,7 +94,8 @@ def summarize(outcomes: list[Outcome]) -> list[dict[str, Any]]:
             r["hit_of"] += 1
             r["hits"] += o.hit
     out = []
-    for key in [(k, p) for k in (*plan.KINDS, *EVENT_KINDS) for p in (*plan.PHASES, plan.RELOADING) if (k, p) in rows]:
+    phases = (*plan.PHASES, *plan.EXTRA_PHASES)
+    for key in [(k, p) for k in (*plan.KINDS, *EVENT_KINDS) for p in phases if (k, p) in rows]:
         row = rows[key]
         times = row.pop("times")
         row["median_recover_s"] = round(statistics.median(times), 1) if times else None

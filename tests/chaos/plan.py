@@ -38,13 +38,22 @@ EXPORT = "export requested"
 EXPORT_KINDS = (EXPORT,)
 # The export's storage while a second daemon bootstraps from it (tests.chaos.exports): as written, a file torn
 # (truncated), a file the manifest names gone, a file that never answers (a FIFO: its open blocks).
-EXPORT_STORAGE = ("intact", "torn file", "missing file", "silent file")
+# The same on the S3 emulator (tests.chaos.s3_faults), the export copied into a bucket: intact, answered 503 Slow
+# Down, never answered, a file the manifest names gone, and retention (a newer export, then retention with no grace)
+# while the download stands.
+S3_STORAGE = ("s3 intact", "s3 5xx", "s3 silent", "s3 missing file", "s3 retention")
+EXPORT_STORAGE = ("intact", "torn file", "missing file", "silent file", *S3_STORAGE)
 # Schema Registry faults (tests.chaos.registry_faults), met by a registry-typed table while it restores, runs, or
 # reloads: the double's modes (tests/support/registry.py), each a cell with each phase.
 REGISTRY = "registry fault"
 REGISTRY_KINDS = (REGISTRY,)
 RELOADING = "reload"  # a phase of the registry events only: the fault met by a reload taking the reader schema
-REGISTRY_PHASES = (RESTORE, STEADY, RELOADING)
+# Phases of the registry events only (tests.chaos.registry_faults): the table rebuilt by `globald reset`, exported by
+# `globald export`, bootstrapped from an export into an empty state_dir, each with the registry in trouble.
+REBUILD, EXPORTING, BOOTSTRAP = "rebuild", "export", "bootstrap"
+LIFECYCLE_PHASES = (REBUILD, EXPORTING, BOOTSTRAP)
+REGISTRY_PHASES = (RESTORE, STEADY, RELOADING, *LIFECYCLE_PHASES)
+EXTRA_PHASES = (RELOADING, *LIFECYCLE_PHASES)  # phases beside PHASES that only events have
 REGISTRY_MODES = ("silent", "503", "429", "401", "slow")
 # Where a reload or an export lands: every phase whose daemon has its reload thread and goes on to apply it, or
 # its loop to export (at start neither runs yet, and a stop applies and exports nothing: proves nothing).
@@ -53,6 +62,11 @@ RELOAD_PHASES = (RESTORE, BULK_END, STEADY, COMMIT, PUBLISH, EXACT)
 LIVE_KEYS: dict[str, tuple[int, ...]] = {"commit_interval_ms": (500, 300, 800, 1200),
                                          "snapshots.interval_ms": (1000, 700, 1500, 2500),
                                          "snapshots.retain": (3, 4, 5)}
+# Failure points whose failures nothing reports: RocksDB calls ftruncate only as it closes a file it preallocated,
+# to trim it, and ignores the result (PosixWritableFile::Close); globald only when it takes its lock at start. A
+# fault there shows only as a once-armed point that is spent (``reach.once_fired``), so it is planned only so: an
+# "always" or "random" one could not be told from a fault that never met the daemon.
+ONCE_ONLY_SITES = ("ftruncate",)
 BULK, SMALL = "bulk", "small"  # the campaign's two tables: one restored as a bulk load, one small
 CLOCK_STEPS = (-86_400, -3_600, -600, -30, 30, 600, 3_600, 86_400, 31_536_000)
 _CYCLE_SEED = 20_260_508  # fixes the order of the (kind, phase) cycle; never derived from a campaign seed
@@ -121,6 +135,8 @@ def params(seed: int, index: int, kind: str, phase: str) -> dict[str, Any]:
         out.update(site=rnd.choice(sorted(FIU_SITES)), errno=rnd.choice(sorted(ERRNOS)),
                    mode=rnd.choice(("once", "always", "random")), probability=round(rnd.uniform(0.05, 0.5), 2),
                    duration=round(rnd.uniform(1.0, 6.0), 1))
+        if out["site"] in ONCE_ONLY_SITES:
+            out["mode"] = "once"
     elif kind == DISK_FULL:
         out["duration"] = round(rnd.uniform(2.0, 10.0), 1)
     elif kind == PAUSE:
@@ -139,8 +155,6 @@ def params(seed: int, index: int, kind: str, phase: str) -> dict[str, Any]:
             out["via"] = "SIGHUP"
     elif kind == REGISTRY:
         out.update(retry_after=rnd.choice((1, 3, 8)))
-    elif kind == EXPORT:  # what the storage does while a second daemon downloads it, and a reload landing then
-        out.update(storage=rnd.choice(EXPORT_STORAGE), reload=rnd.random() < 0.5)
     return out
 
 
@@ -182,14 +196,25 @@ def reloads(seed: int, n: int, first: int) -> list[Fault]:
 
 
 def exports(seed: int, n: int, first: int) -> list[Fault]:
-    """The seed's ``n`` export events, numbered from ``first`` (after its faults and reload events)."""
-    return _take(export_cycle(), seed, n, first)
+    """The seed's ``n`` export events, numbered from ``first`` (after its faults and reload events). What the storage
+    does while a second daemon downloads, and whether a reload lands then, go round in turn from the same position
+    as the phase: consecutive seeds meet every storage fault with and without a reload."""
+    out = []
+    for i, event in enumerate(_take(export_cycle(), seed, n, first)):
+        at = seed * n + i
+        extra = {"storage": EXPORT_STORAGE[at % len(EXPORT_STORAGE)], "reload": (at // len(EXPORT_STORAGE)) % 2 == 1}
+        out.append(Fault(event.seed, event.index, event.kind, event.phase, {**event.params, **extra}))
+    return out
 
 
 def registry_cycle() -> list[tuple[str, str]]:
-    cells = [(m, p) for m in REGISTRY_MODES for p in REGISTRY_PHASES]
+    """The first phases' cells in the order they always had (each seed's event there stays the same: the CI form's is
+    seed 10's), then the lifecycle phases', shuffled apart."""
+    cells = [(m, p) for m in REGISTRY_MODES for p in (RESTORE, STEADY, RELOADING)]
     random.Random(_REGISTRY_CYCLE_SEED).shuffle(cells)
-    return cells
+    later = [(m, p) for m in REGISTRY_MODES for p in LIFECYCLE_PHASES]
+    random.Random(_REGISTRY_CYCLE_SEED + 1).shuffle(later)
+    return cells + later
 
 
 def registry_events(seed: int, n: int, first: int) -> list[Fault]:

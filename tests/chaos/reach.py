@@ -104,14 +104,16 @@ class Evidence:
         return None
 
 
-def once_fired(daemon: ChaosDaemon, arm_path: Path, point: str, log_mark: int, timeout: float = 10.0) -> str | None:
+def once_fired(daemon: ChaosDaemon, arm_path: Path, point: str, log_mark: int, timeout: float = 10.0,
+               keep: int | None = None) -> str | None:
     """Whether the once-armed libfiu ``point`` failed a call in the daemon (``tests.chaos.entry.probe_once``): one
-    line saying so, or None (not fired, not armed at all, or no answer)."""
+    line saying so, or None (not fired, not armed at all, or no answer). With ``keep`` (its errno), a point not
+    fired yet is armed again after the answer, as it was."""
     if "CHAOS-FIU not armed" in daemon.log_since(log_mark, 5000):
         return None  # the hook could not arm it: a disabled point would look like a fired one
     probe_id = time.monotonic_ns()
     tmp = arm_path.with_name(arm_path.name + ".probe.tmp")
-    tmp.write_text(json.dumps({"id": probe_id, "name": point}))
+    tmp.write_text(json.dumps({"id": probe_id, "name": point, **({"keep": keep} if keep is not None else {})}))
     tmp.replace(arm_path.with_name(arm_path.name + ".probe"))
     answer = arm_path.with_name(f"{arm_path.name}.probe-{probe_id}")
     with contextlib.suppress(ProcessLookupError):

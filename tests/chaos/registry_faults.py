@@ -9,7 +9,14 @@ Confluent framing whose writer ids come from the registry, in the campaign's pro
 - **restore**: the fault is in place before that daemon starts, so its start, restore and first decode meet it;
 - **steady state**: the daemon runs, its snapshot decoded with the registry answering, then the fault;
 - **reload**: as steady, with the reader schema a subject's version; the fault, then a SIGHUP, whose reload asks
-  the registry for the subject again: it must apply, keeping the version taken before.
+  the registry for the subject again: it must apply, keeping the version taken before;
+- **rebuild**: as steady, then the fault, then ``globald reset`` of the table: it is rebuilt from the topic while
+  the registry is in trouble (what the daemon already had of it stays: only the new id waits);
+- **export**: as steady (with an ``[export]`` section), then the fault, then ``globald export`` of the table: the
+  export is made and its manifest is in the storage, the registry in trouble all along;
+- **bootstrap**: as steady, exported with the registry answering, stopped; then the fault, the state_dir emptied
+  and the daemon started again with ``bootstrap = true``: it installs that export (its status ``origin``) and
+  decodes nothing it cannot, since nothing of the registry's is left on its disk (every value waits).
 
 Then, with the fault still in place, records written with a writer id the daemon never met. What must hold:
 - values pending, not dropped nor guessed: the snapshot at the log end decoded with ``pending`` equal to the
@@ -26,6 +33,7 @@ that held.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -34,8 +42,8 @@ import subprocess
 import time
 from typing import TYPE_CHECKING, Any
 
-from tests.chaos import plan
-from tests.harness import DaemonProcess, write_config
+from tests.chaos import exports, plan
+from tests.harness import DaemonProcess, globald, write_config
 from tests.integration.test_registry_daemon import (
     READER,
     SECTION,
@@ -90,7 +98,9 @@ class RegistryEvent:
         cfg = write_config(self.root / "globald.toml", self.root / "state", self.run.broker.settings,
                            {TABLE: self.topic}, commit_interval_ms=500, metadata_refresh_ms=2000, log_level="INFO",
                            http={"enabled": False}, snapshots={"interval_ms": 1000, "decode_interval_ms": 500},
-                           registry={"url": self.registry.url, "timeout": CLIENT_TIMEOUT_S})
+                           registry={"url": self.registry.url, "timeout": CLIENT_TIMEOUT_S},
+                           **({"export": exports.section(self.root, bootstrap=self.f.phase == plan.BOOTSTRAP)}
+                              if self.f.phase in (plan.EXPORTING, plan.BOOTSTRAP) else {}))
         section = subject_section(self.subject) if self.f.phase == plan.RELOADING else SECTION
         # No retry within a request (write_config cannot spell the dotted key): a silent registry costs one timeout
         # per request, which keeps the CI form's event within its budget.
@@ -132,14 +142,22 @@ class RegistryEvent:
             self._wait(lambda s: s.get("state") == "RUNNING", "RUNNING")
             if self._decoded_again("before the fault") is None:  # nothing pending yet: the count below is the fault's
                 return
-            self.inject()
-            out.reached = out.injected = True
+            if f.phase == plan.BOOTSTRAP and not self._bootstrap_in_trouble():
+                return
+            if f.phase != plan.BOOTSTRAP:
+                self.inject()
+                out.reached = out.injected = True
             if f.phase == plan.RELOADING:
                 self._reload()
+            elif f.phase == plan.REBUILD:
+                self._rebuild()
+            elif f.phase == plan.EXPORTING and self._export() is None:
+                return
+        assert self.second is not None
         pid = self.second.pid
         new = self.registry.register(self.subject, {**V2, "doc": f"event {f.seed}:{f.index}"})  # an id never met
         self.run.admin.produce(self.topic, produced(new, V2, NEW_RECORDS, keys=KEYS, seed=f.index + 100))
-        ok = self._pending(new if f.phase != plan.RESTORE else None)
+        ok = self._pending(new if f.phase not in (plan.RESTORE, plan.BOOTSTRAP) else None)
         ok = self._same_pid(pid) and ok
         ok = self._stop("the registry still in trouble") and ok
         self.heal()
@@ -197,6 +215,53 @@ class RegistryEvent:
                                      f"{last.get('error')}")
         kept = [x for x in self.second.tail(200).splitlines() if "reader schema" in x and "keeping version" in x]
         self.out.notes.append(f"reload during the fault: {kept[-1][-200:] if kept else 'no keeping line logged'}")
+
+    def _rebuild(self) -> None:
+        """``globald reset`` of the table, the registry in trouble: rebuilt from the topic, RUNNING again."""
+        assert self.second is not None
+        r = globald("reset", "--config", str(self.config), "--table", TABLE, "--yes", timeout=90)
+        if r.returncode != 0:
+            self.out.problems.append(f"globald reset exited {r.returncode}: {r.stderr.strip()[-300:]}")
+        ends = self.run.admin.end_offsets(self.topic)
+        self.second.wait_running({TABLE: ends}, timeout=RUNNING_S)
+        doc = self.second.status()["tables"][TABLE]
+        self.out.notes.append(f"rebuilt by globald reset with the registry in trouble: wipes {doc.get('wipes')}")
+
+    def _export(self) -> str | None:
+        """``globald export`` of the table: made, its manifest in the storage (the registry's state is none of its
+        business). The export id, or None (a problem said why)."""
+        r = globald("export", "--config", str(self.config), "--table", TABLE, "--json", "--timeout", "120",
+                    timeout=180)
+        export_id = None
+        if r.returncode == 0:
+            with contextlib.suppress(ValueError, KeyError, TypeError):
+                export_id = str(json.loads(r.stdout)["export"])
+        manifest = self.root / "exports" / TABLE / "exports" / f"{export_id}.json"
+        if export_id is None or not manifest.is_file():
+            self.out.problems.append(f"globald export of the typed table exited {r.returncode} (manifest there: "
+                                     f"{manifest.is_file()}): {(r.stdout + r.stderr).strip()[-400:]}")
+            self.out.hit = False
+            return None
+        self.out.notes.append(f"exported {TABLE} as {export_id}")
+        return export_id
+
+    def _bootstrap_in_trouble(self) -> bool:
+        """Exported with the registry answering, stopped; the fault; an empty state_dir bootstrapped from that
+        export. Whether it went so (else a problem says why)."""
+        export_id = self._export()
+        if export_id is None or not self._stop("before the bootstrap, the registry answering"):
+            return False
+        shutil.rmtree(self.root / "state")
+        self.inject()
+        self.out.reached = self.out.injected = True
+        self.second = self._start()
+        doc = self._wait(lambda s: s.get("state") == "RUNNING", "RUNNING, bootstrapped")
+        origin = doc["tables"][TABLE].get("origin") or {}
+        self.out.notes.append(f"bootstrapped with the registry in trouble: origin {origin}"[:300])
+        if origin.get("kind") != "export" or str(origin.get("export")) != export_id:
+            self.out.problems.append(f"the typed table did not start from export {export_id}: origin {origin}")
+            return False
+        return True
 
     def _pending(self, new: int | None) -> bool:
         """The snapshot at the log end decoded, its values of ids the daemon could not have pending, nothing else

@@ -22,6 +22,7 @@ from typing import Any
 
 from tests.chaos import plan, powerloss, tools
 from tests.chaos.campaign import Outcome, Probe, SeedRun, Unrecoverable, summarize
+from tests.chaos.s3_faults import S3Front
 from tests.harness import REPO, Broker
 from tests.reliability.disk import mount_tmpfs, unmount
 from tests.soak import _quiet
@@ -48,6 +49,7 @@ class Campaign:
     aborted: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     started: float = field(default_factory=time.monotonic)
+    s3: S3Front | None = None  # the S3 emulator and its front, from the first export event on S3
 
     def seeds(self) -> list[int]:
         n = 1 if self.args.only_fault is not None else self.args.seeds
@@ -65,6 +67,8 @@ class Campaign:
             self.notes.append(f"no tmpfs for the state_dir ({why}): disk-full faults fail as not injectable")
 
     def stop(self) -> None:
+        if self.s3 is not None:
+            self.s3.stop()
         self.broker.admin.close()
         self.kafka.stop()
         if self.disk is not None:
@@ -232,13 +236,13 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                    help="reload events per seed, after its faults (default 3; see tests/chaos/reloads.py)")
     p.add_argument("--exports-per-seed", type=int, default=2,
                    help="export events per seed, after its reload events (default 2; see tests/chaos/exports.py)")
-    p.add_argument("--registry-per-seed", type=int, default=2,
-                   help="Schema Registry fault events per seed, after its export events (default 2; see "
+    p.add_argument("--registry-per-seed", type=int, default=3,
+                   help="Schema Registry fault events per seed, after its export events (default 3; see "
                         "tests/chaos/registry_faults.py)")
     p.add_argument("--only-kind", action="append",
                    choices=(*plan.KINDS, *plan.RELOAD_KINDS, *plan.EXPORT_KINDS, *plan.REGISTRY_KINDS),
                    help="run only faults (or events) of this kind")
-    p.add_argument("--only-phase", action="append", choices=(*plan.PHASES, plan.RELOADING),
+    p.add_argument("--only-phase", action="append", choices=(*plan.PHASES, *plan.EXTRA_PHASES),
                    help="run only faults in this phase")
     p.add_argument("--recover-timeout", type=float, default=180.0,
                    help="seconds a healed fault may take to RUNNING at the log end (default 180)")

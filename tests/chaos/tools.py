@@ -25,25 +25,11 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.chaos.entry import CLOCK_ENV, SLEEP_FIX_ENV
+from tests.chaos.entry import CLOCK_ENV, FIU_SITES, SLEEP_FIX_ENV
 
 FAKETIME_GLOBS = ("/usr/lib/*/faketime/libfaketime.so.1", "/usr/lib/faketime/libfaketime.so.1",
                   "/usr/local/lib/faketime/libfaketime.so.1")
 ERRNOS = {"ENOSPC": errno.ENOSPC, "EIO": errno.EIO}
-# How libfiu names the POSIX functions the daemon's own file I/O goes through (RocksDB's WAL and SST appends,
-# syncs and renames, globald's .checkpoint, manifests, status.json). Under strace, RocksDB's buffered I/O calls
-# write, fdatasync, fsync, ftruncate, rename, unlink and open, never pwrite (direct I/O only, which globald does
-# not enable): a pwrite failure point would never fire. Socket calls are left alone: they are the broker's
-# faults, injected at the broker.
-FIU_SITES = {
-    "write": "posix/io/rw/write",
-    "fsync": "posix/io/sync/fsync",
-    "fdatasync": "posix/io/sync/fdatasync",
-    "rename": "posix/io/dir/rename",
-    "open": "posix/io/oc/open",
-    "unlink": "posix/io/dir/unlink",
-    "ftruncate": "posix/io/rw/ftruncate",
-}
 
 
 def faketime_lib() -> str | None:
