@@ -181,8 +181,8 @@ def test_a_reload_adds_changes_and_removes_history(broker: Broker, daemon: Daemo
     _check_as_of(d, every, hist["since"], rng)
 
 
-def test_an_exact_build_of_a_versioned_table_holds_the_as_of_fold_at_its_offsets(
-        broker: Broker, topic: Callable[..., str], tmp_path: Path) -> None:
+def test_an_exact_build_of_a_versioned_table_holds_the_as_of_fold_at_its_offsets(broker: Broker,
+                                                                                 tmp_path: Path) -> None:
     """An exact-offset snapshot build (``view.refresh(offsets=...)``'s) of a versioned table folds the records below
     its target into versions as the live store does: its history answers as the as-of fold of exactly those
     records, none past the target, from its since on. Built from the log start, its since is a replay's: the
