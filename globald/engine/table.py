@@ -55,7 +55,7 @@ class TableRuntime:
     def view(self) -> TableView:
         """What code outside the engine may know of the table (see ``engine.view``)."""
         return TableView(self.name, self.topic, self.machine.state, self.machine.reason, tuple(self.partitions),
-                         self.last_error)
+                         self.last_error, self.store.compaction_lag_ms if self.config.versioned else None)
 
     def assignment(self) -> list[TopicPartition]:
         return [TopicPartition(self.topic, p) for p in self.partitions]

@@ -28,6 +28,9 @@ class TableView:
     reason: str | None
     partitions: tuple[int, ...]
     last_error: str | None
+    # A versioned table's topic's min.compaction.lag.ms as its last plan read it (None: unknown, or not versioned):
+    # what an exact build from the log start sets its since from (``snapshot.exact_builds``), with no broker call.
+    compaction_lag_ms: int | None = None
 
 
 @dataclass(frozen=True)

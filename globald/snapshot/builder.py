@@ -158,9 +158,14 @@ class Builder:
             delay = min(delay * 2, 2.0)
 
     def build(self, table: TableConfig, target: Offsets, base: Offsets | None, base_dir: Path | None,
-              work: Path, deadline: float, verified: Mapping[int, Sequence[Fingerprint]] | None = None) -> Built:
+              work: Path, deadline: float, verified: Mapping[int, Sequence[Fingerprint]] | None = None,
+              lag_ms: int | None = None) -> Built:
         """Write the snapshot database into ``work/db``, durably; raises BuildRefused. ``verified``: the fingerprints
-        the engine's last identity check found (``engine.events.Verified``), read back before the base's own."""
+        the engine's last identity check found (``engine.events.Verified``), read back before the base's own.
+        ``lag_ms``: the topic's min.compaction.lag.ms (None: unknown, taken as 0); a versioned build from the log
+        start proves ``since`` = the time its first versions are written less it, as a live replay does
+        (``store.history.replay_since``). A build on a base keeps the base's ``since``: it reads every offset in
+        [base, target) or is refused (``_one``), so no version of the tail is missing."""
         self._in_force()
         marks = self._marks(table.topic, deadline)
         start = check_target(target, marks, base)
@@ -183,7 +188,7 @@ class Builder:
                 store.put_meta(stamp, "exact snapshot build: metadata", rebuild=False)
             else:
                 self._check_same_topic(table.topic, store.ladders()[0], deadline, verified or {})
-            consumed = self._apply(store, table.topic, start, target, deadline, table.typed, table.history)
+            consumed = self._apply(store, table.topic, start, target, deadline, table.typed, table.history, lag_ms)
             store.put_offsets(target, "exact snapshot build: offsets")
             with store_io("exact snapshot build: flush"):
                 store.flush()
@@ -215,7 +220,7 @@ class Builder:
                                             f"{'; '.join(verdict.unreachable.values())}")
 
     def _apply(self, store: OfflineStore, topic: str, start: Offsets, target: Offsets, deadline: float,
-               typed: bool, window_ms: int | None) -> int:
+               typed: bool, window_ms: int | None, lag_ms: int | None = None) -> int:
         todo = {p: s for p, s in start.items() if s < target[p]}  # partition -> next offset expected
         if not todo:
             return 0
@@ -241,7 +246,7 @@ class Builder:
 
                 def batch(applied: list[Message] = applied) -> Batch:
                     b = store.values_batch()
-                    versions = None if window_ms is None else store.history_writer(b, window_ms)
+                    versions = None if window_ms is None else store.history_writer(b, window_ms, lag_ms)
                     fold(applied, b.put, b.delete, store.origin_writer(b) if typed else None,  # the live store's fold
                          versions)
                     if versions is not None:

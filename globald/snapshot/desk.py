@@ -114,7 +114,7 @@ class RequestDesk:
             self.answer(tab, Response(req.id, Code.NO_ROOM, short))
             return
         timeout = self.config.snapshots.build_timeout_ms / 1000
-        self._builds.submit(tab.name, req, tab.generation, time.monotonic() + timeout)
+        self._builds.submit(tab.name, req, tab.generation, time.monotonic() + timeout, rt.compaction_lag_ms)
 
     def _room_for_build(self, tab: SnapshotTable, req: Request) -> str | None:
         """None when the state_dir has room for building ``req`` (``snapshot.space.BuildNeed``), after freeing what

@@ -50,6 +50,9 @@ class Job:
     request: Request
     generation: int
     deadline: float
+    # The topic's min.compaction.lag.ms as the live table's last plan read it (None: unknown, taken as 0): a build
+    # from the log start sets its since from it as a replay does (``store.history.replay_since``).
+    lag_ms: int | None = None
 
 
 class BuildHost(Protocol):
@@ -119,9 +122,11 @@ class ExactBuilds:
             w = self._worker
         return None if w is None else w.builder.generation
 
-    def submit(self, table: str, request: Request, generation: int, deadline: float) -> None:
-        """Build ``request`` of ``table`` (wiped ``generation`` times when admitted) before ``deadline``."""
-        self._jobs.put(Job(table, request, generation, deadline))
+    def submit(self, table: str, request: Request, generation: int, deadline: float,
+               lag_ms: int | None = None) -> None:
+        """Build ``request`` of ``table`` (wiped ``generation`` times when admitted) before ``deadline``; ``lag_ms``:
+        its topic's min.compaction.lag.ms as the live table's last plan read it (``Job.lag_ms``)."""
+        self._jobs.put(Job(table, request, generation, deadline, lag_ms))
 
     def watch(self, now: float) -> None:
         """Loop thread, every tick: a build stuck inside a client for ``STUCK_S`` leaves its worker behind (it
@@ -224,7 +229,7 @@ class ExactBuilds:
                 raise BuildRefused(Code.NO_ROOM, no_room(name, target, need, free, 0))
             started = time.perf_counter()
             built = w.builder.build(tab.config, target, base.offsets if base else None,
-                                  tab.dir / base.id if base else None, work, job.deadline, verified)
+                                  tab.dir / base.id if base else None, work, job.deadline, verified, job.lag_ms)
             with tab.locked():
                 if job.generation != tab.generation:
                     raise BuildRefused(Code.REBUILDING, f"table {name} was wiped during the build; it is rebuilding")

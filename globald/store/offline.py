@@ -117,15 +117,16 @@ class OfflineStore:
         """What adds the origins of the values ``batch`` writes (the database was opened with ``ORIGINS_CF``)."""
         return OriginWriter(batch, self._handle(ORIGINS_CF))
 
-    def history_writer(self, batch: Batch, window_ms: int) -> HistoryWriter:
-        """What adds the versions of the records ``batch`` folds (the database was opened with ``HISTORY_CF``)."""
+    def history_writer(self, batch: Batch, window_ms: int, lag_ms: int | None = None) -> HistoryWriter:
+        """What adds the versions of the records ``batch`` folds (the database was opened with ``HISTORY_CF``);
+        ``lag_ms``: the topic's min.compaction.lag.ms, which a pending ``since`` is set from (None: taken as 0)."""
         meta = self._db.get_column_family(META_CF)
         try:
             marks = HistoryMeta.read(meta)
         finally:
             del meta
         return HistoryWriter(batch, self._handle(HISTORY_CF), self._db.get_column_family(HISTORY_CF),
-                             self._handle(META_CF), marks, window_ms)
+                             self._handle(META_CF), marks, window_ms, lag_ms=lag_ms)
 
     def drop_family(self, cf: str) -> None:
         self._handles.pop(cf, None)
