@@ -35,6 +35,7 @@ import pyarrow.compute as pc
 
 from globald.common.errors import GlobaldError
 from globald.store.history import KEY_END, MAX_I64, SUFFIX_BYTES, VALUE, HistoryMeta
+from globald.store.names import ASOF_HISTORY_FILE, ASOF_HISTORY_LAYOUT
 from globald.typed.arrow import ERROR_TYPE
 from globald.typed.columnar import (
     META,
@@ -52,8 +53,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-FINGERPRINT = "asof-history-v1"  # the file's layout; a file of another is rebuilt
-FILE = f"{FINGERPRINT}.arrow"
+FINGERPRINT, FILE = ASOF_HISTORY_LAYOUT, ASOF_HISTORY_FILE  # declared in store/names.py
 CHUNK = 1 << 20  # history entries parsed at once while building
 _TO_END = 2**31 - 1
 VERSION_TYPE = pa.struct([pa.field("timestamp", pa.int64(), False), pa.field("value", pa.binary())])

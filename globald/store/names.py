@@ -132,6 +132,10 @@ SNAPSHOT_DROPPED_PREFIX = ".dropped-"
 # A typed table's snapshot, decoded once per host: ``<id>/columnar-<fingerprint of the decoders>.arrow`` beside db/.
 COLUMNAR_PREFIX = "columnar-"
 COLUMNAR_SUFFIX = ".arrow"
+# A versioned table's snapshot: its history, read once per host for as-of joins (globald.spark.asof), beside db/;
+# the name carries the file's layout version, so a file of another layout is rebuilt.
+ASOF_HISTORY_LAYOUT = "asof-history-v1"
+ASOF_HISTORY_FILE = ASOF_HISTORY_LAYOUT + COLUMNAR_SUFFIX
 
 
 def snapshots_dir(state_dir: Path, table: str) -> Path:
