@@ -14,6 +14,7 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,6 +66,20 @@ class _Job:
     table: str
     snapshot: Manifest
     requests: list[ExportRequest]
+
+
+def exportable(found: Iterable[Manifest], shown: dict[int, int], wiped_at: float) -> Manifest | None:
+    """The newest of ``found`` (newest first) an export may take: fresh, taken after the last wipe, at offsets last
+    shown to be of the topic. Never an exact build of a versioned table: built on request at past offsets, its
+    ``created`` is not when those offsets were the log end, and a bootstrap dates the export's tail from it
+    (``history.tailed_since``): it would keep a ``since`` the tail cannot prove."""
+    for m in found:
+        if m.stale or m.created <= wiped_at or not set(m.offsets) <= set(shown) or not within(m.offsets, shown):
+            continue
+        if m.kind == "exact" and m.history_ms is not None:
+            continue
+        return m
+    return None
 
 
 @dataclass
@@ -207,11 +222,7 @@ class ExportService:
     def _verified_snapshot(self, name: str, tab: _Table) -> Manifest | None:
         if tab.shown is None:
             return None
-        for m in manifests_of(self.state_dir, name):  # newest first
-            if not m.stale and m.created > tab.wiped_at and set(m.offsets) <= set(tab.shown) \
-                    and within(m.offsets, tab.shown):
-                return m
-        return None
+        return exportable(manifests_of(self.state_dir, name), tab.shown, tab.wiped_at)
 
     @staticmethod
     def _lease_holder(table: str) -> str:

@@ -120,3 +120,23 @@ def test_a_snapshot_manifest_reports_its_since() -> None:
     assert (Manifest.from_json(older).since, Manifest.from_json(older).history_ms) == (None, None)
     with pytest.raises(ManifestError, match="since"):
         Manifest.from_json({**m.to_json(), "since": "soon"})
+
+
+def test_an_exact_build_of_a_versioned_table_is_never_exported() -> None:
+    """An exact build sits at past offsets with a recent ``created``: exported, a bootstrap would date its tail from
+    that time and keep a ``since`` the tail cannot prove (found in review). A plain table's is exported as before."""
+    from globald.export.service import exportable
+    from globald.snapshot.manifest import Manifest
+
+    def snap(sid: str, kind: str, history_ms: int | None, created: float = 100.0) -> Manifest:
+        return Manifest(table="t", topic="t", id=sid, offsets={0: 5}, created=created, daemon_state="RUNNING",
+                        table_state="RUNNING", records=5, kind=kind, history_ms=history_ms,
+                        since=None if history_ms is None else 1)
+
+    shown = {0: 9}
+    versioned = [snap("b", "exact", 7_000), snap("a", "periodic", 7_000, created=50.0)]
+    assert exportable(versioned, shown, wiped_at=0.0) is versioned[1]
+    plain = [snap("b", "exact", None), snap("a", "periodic", None)]
+    assert exportable(plain, shown, wiped_at=0.0) is plain[0]
+    assert exportable(versioned, shown, wiped_at=60.0) is None  # the periodic one predates the last wipe
+    assert exportable([snap("c", "periodic", None)], {0: 4}, wiped_at=0.0) is None  # beyond what was shown
