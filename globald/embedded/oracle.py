@@ -18,6 +18,10 @@ from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaError, Messa
 Table = dict[bytes, bytes]
 Timed = dict[bytes, tuple[bytes, int]]  # key -> (value, timestamp)
 T = TypeVar("T")
+# The longest one consume() call waits for its batch to fill: it returns at once when the batch is full, and a fold
+# always ends with a partial one, so a longer wait is paid once per fold (0.5 s was half of a small test's fold).
+# The fold's own deadline, not this, bounds how long a slow broker may take.
+CONSUME_WAIT_S = 0.05
 
 
 def fold(settings: dict[str, Any], topic: str, upto: dict[int, int], timeout: float = 120.0) -> Table:
@@ -101,7 +105,7 @@ def _read(settings: dict[str, Any], topic: str, upto: dict[int, int], each: Call
         while todo:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"oracle fold of {topic} did not reach {upto}; left {todo}")
-            for m in c.consume(10000, 0.5):
+            for m in c.consume(10000, CONSUME_WAIT_S):
                 p, offset = m.partition(), m.offset()
                 # Only errors not about one partition's position lack these: none of them ends a partition.
                 if p is None or offset is None or p not in todo:

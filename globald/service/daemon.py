@@ -104,6 +104,7 @@ class Daemon:
         self.ops.decodes.in_force = lambda: (self.reloader.status.path, self.reloader.status.sha256)
         self._last_status = 0.0
         self._last_degraded: str | None = None
+        self._last_publications = 0
         self._status_failing = False
 
     @property
@@ -119,8 +120,10 @@ class Daemon:
 
     def tick(self) -> None:
         self.reloader.tick()  # a checked reload is applied between two turns, here
-        # A fault starting or ending is news at once; the rest (offsets, lag) at most once a second.
-        if time.monotonic() - self._last_status >= _STATUS_EVERY_S or self.thread.degraded != self._last_degraded:
+        # A fault starting or ending, and a snapshot made CURRENT (readiness, what readers are served) are news at
+        # once; the rest (offsets, lag) at most once a second.
+        if time.monotonic() - self._last_status >= _STATUS_EVERY_S or self.thread.degraded != self._last_degraded \
+                or self.snapshots.publications() != self._last_publications:
             self.publish_status()
 
     def status(self) -> DaemonStatus:
@@ -150,6 +153,7 @@ class Daemon:
 
     def publish_status(self) -> None:
         self._last_status = time.monotonic()
+        self._last_publications = self.snapshots.publications()
         doc = self.status()
         self._last_degraded = doc.degraded
         try:

@@ -173,6 +173,10 @@ class SnapshotPublisher:
 
     # -- operations (globald.ops.health.SnapshotSource) and status ------------------------------------------------
 
+    def publications(self) -> int:
+        """Snapshots made CURRENT in this run, every table's: the daemon writes its status when this moves."""
+        return sum(tab.publications for tab in self._tables.values())
+
     def servable(self, table: str) -> bool:
         return self._tables[table].servable(self.config.snapshots.serve_stale)
 

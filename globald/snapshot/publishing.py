@@ -63,12 +63,15 @@ class Publishing:
         self._vouched.pop(table, None)
 
     def tick(self, now: float) -> None:
-        """Publish every RUNNING table, once per interval, unless the stores are being recovered."""
+        """Publish every RUNNING table, once per interval, unless the stores are being recovered. The interval runs
+        from a publish tried: with no table RUNNING (a start's restore) none is, and the first table to get there is
+        published at the next turn instead of up to an interval later (what a start's readiness waited for)."""
         if now >= self._next_publish and not self.engine.store_fault:
-            self._next_publish = now + self.interval
-            for table in self.engine.table_views():
-                if table.state == State.RUNNING:
-                    self._try_publish(table, self._tables[table.name])
+            running = [t for t in self.engine.table_views() if t.state == State.RUNNING]
+            if running:
+                self._next_publish = now + self.interval
+            for table in running:
+                self._try_publish(table, self._tables[table.name])
 
     def _try_publish(self, rt: TableView, tab: SnapshotTable) -> None:
         try:

@@ -101,6 +101,12 @@ class SnapshotTable:
         return self._published_offsets
 
     @property
+    def publications(self) -> int:
+        """How many publishes made a snapshot CURRENT in this run."""
+        with self._lock:
+            return self._published
+
+    @property
     def generation(self) -> int:
         return self._generation
 

@@ -7,22 +7,31 @@ import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from globald.embedded.oracle import Table
 from globald.settings.config import load
 from globald.snapshot import manifest as manifests
 from globald.snapshot.manifest import Manifest
+from globald.snapshot.reader import listing
 from globald.store.names import snapshots_dir
-from tests.harness import Broker, DaemonProcess, globald, random_records
+from tests.harness import POLL_INTERVAL, Broker, DaemonProcess, globald, random_records
 
 
 def snapshots_json(d: DaemonProcess, table: str) -> list[dict[str, Any]]:
+    """``globald snapshots --json`` run as a process, for the tests of the command itself; waits use
+    ``snapshots_listed``."""
     r = globald("snapshots", "--config", str(d.config), "--table", table, "--json")
     assert r.returncode in (0, 1), r.stderr
     doc = json.loads(r.stdout)
     assert isinstance(doc, list) and (r.returncode == 1) == (doc == []), (r.returncode, doc)  # 1: none (yet)
     return doc
+
+
+def snapshots_listed(d: DaemonProcess, table: str) -> list[dict[str, Any]]:
+    """The document ``globald snapshots --json`` prints, made in this process by the function the command prints
+    (as ``DaemonProcess.status``): a subprocess per poll cost ~0.2-0.5 s of CPU, taken from the daemon waited for."""
+    return cast(list[dict[str, Any]], json.loads(json.dumps(listing(d.state_dir, table))))
 
 
 def manifest_of(d: DaemonProcess, table: str, sid: str) -> Manifest:
@@ -35,11 +44,11 @@ def wait_snapshot_at(d: DaemonProcess, table: str, ends: dict[int, int], timeout
     deadline = time.monotonic() + timeout
     last: list[dict[str, Any]] = []
     while time.monotonic() < deadline:
-        last = snapshots_json(d, table)
+        last = snapshots_listed(d, table)
         cur = [s for s in last if s["current"]]
         if cur and cur[0]["offsets"] == want and not cur[0]["stale"]:
             return cur[0]
-        time.sleep(0.2)
+        time.sleep(POLL_INTERVAL)
     raise AssertionError(f"no fresh CURRENT snapshot at {want}; snapshots {last}; log:\n{d.tail()}")
 
 

@@ -15,12 +15,22 @@ from globald.snapshot import exact_requests, leases, open_snapshot
 from globald.snapshot.exact_requests import Code
 from globald.store.names import snapshots_dir
 from tests import midway
-from tests.harness import SLOW_FETCH, Broker, DaemonProcess, globald, oracle_at, random_records, write_config
+from tests.harness import (
+    POLL_INTERVAL,
+    SLOW_FETCH,
+    Broker,
+    DaemonProcess,
+    globald,
+    oracle_at,
+    random_records,
+    write_config,
+)
 from tests.integration.snapshot_helpers import (
     manifest_of,
     recreate_smaller_while_paused,
     snapshot_values,
     snapshots_json,
+    snapshots_listed,
     stale,
     wait_snapshot_at,
     wait_status,
@@ -71,18 +81,18 @@ def test_periodic_snapshots_equal_oracle_and_are_listed(broker: Broker, topic: C
     # Retention trims to `retain` plus the leased one (a sweep a publish or so after the last): wait for the trim,
     # the leased snapshot present in every listing on the way.
     deadline = time.monotonic() + 60
-    ids = [s["id"] for s in snapshots_json(d, "tbl")]
+    ids = [s["id"] for s in snapshots_listed(d, "tbl")]
     while len(ids) > FAST["retain"] + 1:
         assert first["id"] in ids, ids
         assert time.monotonic() < deadline, f"retention never trimmed to retain + the leased one: {ids}"
-        time.sleep(0.2)
-        ids = [s["id"] for s in snapshots_json(d, "tbl")]
+        time.sleep(POLL_INTERVAL)
+        ids = [s["id"] for s in snapshots_listed(d, "tbl")]
     assert first["id"] in ids, ids
     assert snapshot_values(d, "tbl", first["id"]) == expected
     leases.release(snapshots_dir(state, "tbl"), "test-holder")
     deadline = time.monotonic() + 10
-    while first["id"] in [s["id"] for s in snapshots_json(d, "tbl")] and time.monotonic() < deadline:
-        time.sleep(0.2)
+    while first["id"] in [s["id"] for s in snapshots_listed(d, "tbl")] and time.monotonic() < deadline:
+        time.sleep(POLL_INTERVAL)
     assert first["id"] not in [s["id"] for s in snapshots_json(d, "tbl")]
 
 

@@ -37,7 +37,7 @@ from tests.integration.snapshot_helpers import (
     wait_snapshot_at,
 )
 from tests.support.spark_connect import connect_mode, connect_server, connect_session
-from tests.support.spark_local import stop_with_jvm
+from tests.support.spark_local import TEST_JVM_OPTIONS, stop_with_jvm
 
 __all__ = ["connect_server", "connect_session"]  # fixtures, used by name
 
@@ -58,6 +58,7 @@ def spark() -> Iterator[Any]:
                .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
                .config("spark.sql.shuffle.partitions", "2")
                .config("spark.sql.execution.arrow.maxRecordsPerBatch", "200")
+               .config("spark.driver.extraJavaOptions", TEST_JVM_OPTIONS)
                .getOrCreate())
     session.sparkContext.setLogLevel("ERROR")
     yield session

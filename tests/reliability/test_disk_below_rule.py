@@ -38,7 +38,7 @@ from tests.reliability.checks import read_store
 from tests.reliability.disk import resize, tmpfs
 from tests.reliability.ledger import FaultRow
 from tests.reliability.test_disk_space import RECORDS, VALUE_SIZE, equals_oracle, running_at, settled_live
-from tests.support.spark_local import stop_with_jvm
+from tests.support.spark_local import TEST_JVM_OPTIONS, stop_with_jvm
 
 Daemon = Callable[..., DaemonProcess]
 Topic = Callable[..., str]
@@ -60,6 +60,7 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
                .config("spark.ui.enabled", "false")
                .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
                .config("spark.sql.shuffle.partitions", "2")
+               .config("spark.driver.extraJavaOptions", TEST_JVM_OPTIONS)
                .config("spark.local.dir", str(tmp_path_factory.mktemp("spark-local"))).getOrCreate())
     session.sparkContext.setLogLevel("ERROR")
     yield session

@@ -25,7 +25,7 @@ from globald.store.names import snapshots_dir
 from tests.chaos.entry import SLEEP_FIX_ENV
 from tests.chaos.tools import Clock
 from tests.harness import Broker, DaemonProcess, oracle_at, random_records
-from tests.integration.snapshot_helpers import snapshots_json, wait_status
+from tests.integration.snapshot_helpers import snapshots_json, snapshots_listed, wait_status
 from tests.reliability.checks import diff
 from tests.reliability.ledger import FaultRow
 from tests.reliability.test_clock_steps import faketime_env
@@ -63,7 +63,7 @@ def publish_stepped(broker: Broker, d: DaemonProcess, t: str, seed: int, offset:
     want = {str(p): o for p, o in broker.admin.end_offsets(t).items()}
 
     def published() -> dict[str, Any] | None:
-        cur = [s for s in snapshots_json(d, "tbl") if s["current"] and s["offsets"] == want and not s["stale"]]
+        cur = [s for s in snapshots_listed(d, "tbl") if s["current"] and s["offsets"] == want and not s["stale"]]
         return cur[0] if cur and abs(cur[0]["created"] - (time.time() + offset)) < 600 else None
 
     return until(f"a snapshot at {want} published on the daemon's clock {offset:+d} s", d, published)

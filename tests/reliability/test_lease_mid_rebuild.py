@@ -30,7 +30,7 @@ from globald.store.names import SNAPSHOT_LEASES_DIR, snapshots_dir
 from tests.chaos import entry, plan
 from tests.chaos.daemon import stopped_at_hook
 from tests.harness import SLOW_FETCH, Broker, DaemonProcess, globald, oracle_at, random_records
-from tests.integration.snapshot_helpers import snapshots_json, wait_snapshot_at
+from tests.integration.snapshot_helpers import snapshots_json, snapshots_listed, wait_snapshot_at
 from tests.reliability.checks import diff
 from tests.reliability.ledger import FaultRow
 
@@ -141,7 +141,7 @@ def test_a_lease_renewed_mid_rebuild_keeps_its_snapshot(broker: Broker, topic: T
         renewing(reader, d, "the rebuild restores on", rebuilt)
         # Newer snapshots after the rebuild: with retain = 1 the held one is kept by its renewed lease alone.
         def published(want: dict[str, int]) -> list[dict[str, Any]]:
-            return [s for s in snapshots_json(d, "tbl") if s["current"] and s["offsets"] == want and not s["stale"]]
+            return [s for s in snapshots_listed(d, "tbl") if s["current"] and s["offsets"] == want and not s["stale"]]
 
         for seed in (121, 122):
             broker.admin.produce(t, random_records(200, keys=20_000, seed=seed))

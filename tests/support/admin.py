@@ -15,6 +15,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartiti
 
 from globald.embedded import admin as product
 from globald.embedded.admin import JavaToolsAdmin, Record, TimedRecord
+from globald.embedded.oracle import CONSUME_WAIT_S
 from tests.support.topic_server import TopicServer, TopicServerUnavailable
 
 # The embedded broker's log.retention.check.interval.ms (globald.embedded.broker), in seconds.
@@ -157,7 +158,7 @@ class TansuAdmin(ModernAdmin):
             while len(ends) < len(parts):
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"{topic}: no end of partition for {sorted(set(parts) - set(ends))}")
-                for m in c.consume(10000, 0.5):
+                for m in c.consume(10000, CONSUME_WAIT_S):
                     err = m.error()
                     p, offset = m.partition(), m.offset()
                     if err is not None and err.code() == KafkaError._PARTITION_EOF and p is not None \

@@ -30,6 +30,7 @@ import pytest
 from globald.embedded.broker import free_port
 from tests.ci import require_module
 from tests.support.spark_cluster import spark_home
+from tests.support.spark_local import TEST_JVM_OPTIONS
 
 CONNECT_ENV = "SPARK_CONNECT_MODE_ENABLED"
 START_TIMEOUT_S = 180.0  # ~20 s on an idle 2-core machine; the suite may share it with a broker and daemons
@@ -183,7 +184,7 @@ class ConnectServer:
 # -- pytest fixtures (import them into a test module to use them) ------------------------------------------------
 
 REUSE_ENV = "GLOBALD_TEST_CONNECT_URL"  # a developer's already running server: sc://host:port (not stopped)
-TEST_CONF = {"spark.sql.execution.arrow.maxRecordsPerBatch": "200"}
+TEST_CONF = {"spark.sql.execution.arrow.maxRecordsPerBatch": "200", "spark.driver.extraJavaOptions": TEST_JVM_OPTIONS}
 
 
 # Module-scoped: the server is a daemon (spark-daemon.sh, parent PID 1) of ~650 MB; held for the session, it stood
