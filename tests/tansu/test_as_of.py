@@ -6,6 +6,7 @@ with out-of-order timestamps, ties and tombstones; a time before the table's ``s
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import random
 import re
@@ -103,11 +104,11 @@ def _table_state(doc: dict[str, Any]) -> dict[str, Any]:
     return cast("dict[str, Any]", doc["tables"].get("rates") or {})
 
 
-def _published_since(d: DaemonProcess) -> int | None:
-    """The ``since`` of the table's published version, as readers see it."""
+def _published(d: DaemonProcess, since: int, _: object) -> bool:
+    """The table's published version, as readers see it, has this ``since``."""
     with readview.open_view(configmod.load(d.config), "rates") as view:
         marks = view._reader.history
-        return None if marks is None else marks.since
+        return marks is not None and marks.since == since
 
 
 def _check_as_of(d: DaemonProcess, every: list[Record], since: int, rng: random.Random) -> None:
@@ -176,7 +177,7 @@ def test_a_reload_adds_changes_and_removes_history(broker: Broker, daemon: Daemo
         state = reload_to(window, 3 if window == "2m" else 4)
         assert d.pid == pid and (state["records"], state["wipes"]) == applied, state
         assert state["history"]["since"] == since and state["history"]["window_ms"] == window_ms, state
-        d.wait_for(lambda _, want=since: _published_since(d) == want, timeout=120, what=f"a version with since {since}")
+        d.wait_for(functools.partial(_published, d, since), timeout=120, what=f"a version with since {since}")
         _check_as_of(d, every, since, rng)
     said = d.log_since(mark, 400)
     assert "RESTORING" not in said and "WIPE" not in said, said
