@@ -163,7 +163,7 @@ def parse_key(text: str, fmt: str) -> bytes:
 
 
 def _timestamp_text(ts: int) -> str:
-    from globald.cli.readview import time_text
+    from globald.store.history import time_text
 
     return "none (the record carried no timestamp)" if ts < 0 else time_text(ts)
 

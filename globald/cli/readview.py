@@ -29,6 +29,7 @@ from globald.settings.config import Config
 from globald.snapshot.manifest import offsets_to_json
 from globald.snapshot.reader import Snapshot, current_id, open_snapshot
 from globald.status import statusfile
+from globald.store.history import time_text
 from globald.store.names import db_dir
 from globald.store.reader import StoreReader
 
@@ -120,11 +121,6 @@ class ReadView:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def time_text(ms: int) -> str:
-    """An epoch-ms record time as ISO 8601 UTC, with the number."""
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ms / 1000)) + f".{ms % 1000:03d}Z ({ms})"
 
 
 def _ago(created: float | None) -> str:

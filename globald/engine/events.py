@@ -118,8 +118,9 @@ class TableDropped:
 
 @dataclass(frozen=True)
 class TableRedeclared:
-    """A reload changed a typed table's declaration in place (same topic, typed still): nothing is replayed; what
-    decodes the table takes ``config`` from its next snapshot version on."""
+    """A reload changed a table's declaration in place (a typed table's, same topic, typed still; or a versioned
+    table's history window, which its store took already): nothing is replayed; what decodes or publishes the
+    table takes ``config`` from its next snapshot version on."""
 
     config: TableConfig
 

@@ -16,6 +16,10 @@ follows the set through its events (see ``docs/architecture.md``, "Where to chan
 A reload's changes:
 
 - **Redeclared**: the table takes its new declaration; ``TableRedeclared`` (nothing is replayed).
+- **Windowed**: a versioned table's new ``history`` window, taken by its store in place (``rewindow``): every
+  version it holds stays, the pruning takes the new window from the next batch, ``since`` moves forward at once
+  when the window shrinks and stays when it grows (``store.history.windowed_since``); then ``TableRedeclared``
+  (the next publish carries the new window and since). Nothing is replayed.
 - **Added**: ``TableAdded`` first (every part makes its entry for the table, before its store opens and before its
   first ``StateChanged``); then its store is opened (empty the first time; a name dropped earlier had its directory
   deleted then), its topic is routed to it, and it is planned like a table at start: RESTORING, restored from its
@@ -36,6 +40,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
+from globald.common.errors import StoreUnavailableError
 from globald.common.states import State
 from globald.engine.events import Emit, TableAdded, TableDropped, TableRedeclared
 from globald.engine.identity import TopicIdentity
@@ -44,6 +49,7 @@ from globald.engine.refill import Refiller
 from globald.engine.table import TableRuntime
 from globald.settings.config import Config, TableConfig
 from globald.store import durable
+from globald.store.history import time_text, window_text
 from globald.store.names import table_dir
 
 log = logging.getLogger(__name__)
@@ -149,6 +155,28 @@ class TableSet(Mapping[str, TableRuntime]):
     def redeclare(self, tc: TableConfig) -> None:
         self._tables[tc.name].config = tc  # same topic: its route stands
         self._loop.emit(TableRedeclared(tc))
+
+    def rewindow(self, tc: TableConfig) -> None:
+        """Take ``tc``'s new ``history`` window in place (the module docstring); its ``redeclare`` follows."""
+        rt = self._tables[tc.name]
+        before_ms, window_ms = rt.config.history, tc.history
+        assert before_ms is not None and window_ms is not None
+        rt.config = tc
+        try:
+            was, since = rt.store.history_window(window_ms)
+        except StoreUnavailableError as e:
+            # Nothing is pruned but by a batch, which moves since in the same write: the since stored stays exact.
+            log.warning("table %s: the new history window could not be marked in its store (%s); since moves "
+                        "with its next batch", tc.name, e)
+            was = since = None
+        if since is None or was is None:
+            what = "no since to move yet"
+        elif since == was:
+            what = f"since kept at {time_text(since)}"
+        else:
+            what = f"since moved to {time_text(since)} (was {time_text(was)})"
+        log.info("history window of %s changed %s -> %s in place; %s", tc.name, window_text(before_ms),
+                 window_text(window_ms), what)
 
     def add(self, tc: TableConfig) -> None:
         loop = self._loop

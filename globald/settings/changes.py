@@ -10,16 +10,19 @@ Tables (``tables.<name>``): one added or dropped, typed or not, is live (``engin
 place, same topic, typed before and after (its reader schema, writer schemas, ``subject_version``, ``on_error``,
 ``max_items``, its format or its key's format: the store holds the bytes as they came, so nothing is replayed) is
 live too (``redeclared``): the daemon decodes from the next published snapshot version on with the new declaration.
-A table whose topic changes, or that becomes typed or raw (its store records origins only when typed), or whose
-``history`` is added, changed or removed (its store keeps versions only when versioned, and a ``since`` is proven
-only by a replay), is live as a replacement (``replaced``): dropped and added again under its name in the same
-reload, so it replays its topic (or bootstraps from an export) with the new declaration, while its old snapshots
-stay for their readers' leases.
+A versioned table whose ``history`` window changes (7d to 30d, 30d to 1d), and nothing else but what a
+redeclaration takes, is live in place too (``windowed``): its store and every version it holds stay, the pruning
+takes the new window from the next batch, and ``since`` moves forward at once to what the new window bounds
+(``store.history.windowed_since``), never back. A table whose topic changes, or that becomes typed or raw (its
+store records origins only when typed), or whose ``history`` is added or removed (its store keeps versions only
+when versioned, and a ``since`` is proven only by a replay), is live as a replacement (``replaced``): dropped and
+added again under its name in the same reload, so it replays its topic (or bootstraps from an export) with the new
+declaration, while its old snapshots stay for their readers' leases.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, is_dataclass
+from dataclasses import dataclass, fields, is_dataclass, replace
 from typing import Any
 
 from globald.settings.config import Config, TableConfig
@@ -72,18 +75,30 @@ class Change:
 
     @property
     def replaced(self) -> bool:
-        """A table changed in a way its store cannot follow (another topic, typed or not, history): dropped and
-        added."""
+        """A table changed in a way its store cannot follow (another topic, typed or not, history added or
+        removed): dropped and added."""
         return self.key.startswith("tables.") and self.old is not None and self.new is not None and \
-            self.redeclared is None
+            self.redeclared is None and self.windowed is None
 
     @property
     def redeclared(self) -> TableConfig | None:
-        """The new declaration of a typed table changed in place, same topic and typed still: no replay needed."""
+        """The new declaration of a typed table changed in place, same topic, typed still and versioned or not as
+        before: no replay needed."""
         old, new = self.old, self.new
         if not self.key.startswith("tables.") or old is None or new is None:
             return None
-        return new if old.topic == new.topic and old.typed and new.typed and old.history == new.history else None
+        return new if old.topic == new.topic and old.typed and new.typed and old.versioned == new.versioned else None
+
+    @property
+    def windowed(self) -> TableConfig | None:
+        """The new declaration of a versioned table whose ``history`` window changed, versioned still, its store
+        kept (``engine.tables.TableSet.rewindow``): nothing else changed but what a redeclaration takes."""
+        old, new = self.old, self.new
+        if not self.key.startswith("tables.") or old is None or new is None:
+            return None
+        if not (old.versioned and new.versioned) or old.history == new.history:
+            return None
+        return new if self.redeclared is not None or replace(old, history=new.history) == new else None
 
     def refusal(self) -> str:
         """The one line refusing a reload that changes this key."""
@@ -101,8 +116,9 @@ class Delta:
     """What one reload changes, computed once (``delta``) from the config in force and the one read again.
 
     Each table changed is in exactly one of ``added``, ``dropped``, ``replaced`` (dropped and added again under its
-    name: another topic, or typed became raw or raw typed) and ``redeclared`` (a typed table's new declaration,
-    taken in place), each in the config's order."""
+    name: another topic, typed became raw or raw typed, history added or removed) and the in-place changes,
+    ``redeclared`` (a typed table's new declaration) and ``windowed`` (a versioned table's new window; a typed one
+    whose window changed is in both), each in the config's order."""
 
     config: Config  # the config read again, in force once applied
     changes: tuple[Change, ...]  # every key that differs (the reload's log line, its refusal)
@@ -111,6 +127,7 @@ class Delta:
     dropped: tuple[str, ...]  # tables gone
     replaced: tuple[TableConfig, ...]  # the new declarations of tables replaced
     redeclared: tuple[TableConfig, ...]  # the new declarations of typed tables changed in place
+    windowed: tuple[TableConfig, ...] = ()  # the new declarations of versioned tables whose window changed in place
 
     @classmethod
     def of(cls, new: Config, found: list[Change]) -> Delta:
@@ -122,7 +139,8 @@ class Delta:
             added=tuple(c.new for c in tables if c.old is None),
             dropped=tuple(c.old.name for c in tables if c.new is None),
             replaced=tuple(c.new for c in tables if c.replaced),
-            redeclared=tuple(c.redeclared for c in tables if c.redeclared is not None))
+            redeclared=tuple(c.redeclared for c in tables if c.redeclared is not None),
+            windowed=tuple(c.windowed for c in tables if c.windowed is not None))
 
     @property
     def refusal(self) -> str | None:

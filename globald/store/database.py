@@ -281,6 +281,23 @@ class Database:
         self._put_meta(entries)
         return moved
 
+    def history_window(self, window_ms: int) -> tuple[int | None, int | None]:
+        """A reload set the window of this versioned table to ``window_ms`` in place (``settings.changes``,
+        windowed): the pruning takes it from the next batch, and ``since`` moves as ``history.windowed_since``
+        says, stored at once (a later since is never wrong). Returns (since before, since now); both None when
+        there is no since to move (pending, unproven)."""
+        assert self.history_ms is not None, "only a versioned table's window changes in place"
+        self.history_ms = window_ms
+        if self._meta is None:  # closed (a store fault, rewinding): it reopens with the new window and marks
+            return None, None
+        marks = HistoryMeta.read(self._meta)
+        if marks.since is None:
+            return None, None
+        since = history.windowed_since(marks.since, marks.clock, window_ms)
+        if since != marks.since:
+            self._put_meta({META_HISTORY_SINCE: str(since).encode()})
+        return marks.since, since
+
     def history_status(self) -> dict[str, Any] | None:
         """A versioned table's ``tables.<t>.history`` status: since (epoch ms, or null when unproven), versions and
         bytes (RocksDB's estimates), and why as-of lookups are refused when they are; None for another table."""

@@ -13,7 +13,8 @@ An empty store is marked ``SINCE_PENDING``; the first batch of versions it write
 time of that batch (at or after the replay's start) less the topic's ``min.compaction.lag.ms`` as the cluster
 worker read it at the plan (unknown, as on a Kafka 0.9 broker: taken as 0, a later ``since``, never an earlier
 one). The window moves it forward (``since >= clock - history``, ``clock`` being the newest record timestamp
-applied: record time, not the wall clock); a store that tails without a gap keeps it; it goes with the store (a
+applied: record time, not the wall clock), and so does a reload that shortens the window (``windowed_since``:
+never back when it grows); a store that tails without a gap keeps it; it goes with the store (a
 KIP-406 wipe, a recreated topic, a reset). A store that held data before it was versioned has no ``since``
 (``unproven``): nothing proves what it saw, so the state manager rebuilds it from the topic at its plan.
 
@@ -196,6 +197,28 @@ def resumed_since(since: int, read_ms: int | None, now: int, lag_ms: int | None,
         what = f"the table did not read its topic for {gap} ms"
     return moved, (f"{what}, longer than the topic's min.compaction.lag.ms ({lag_text}): versions appended "
                    "meanwhile may have been compacted away, so since moves to the resume less the lag")
+
+
+def time_text(ms: int) -> str:
+    """An epoch-ms record time as ISO 8601 UTC, with the number."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ms / 1000)) + f".{ms % 1000:03d}Z ({ms})"
+
+
+def window_text(ms: int) -> str:
+    """A window as the config writes it: ``30d``, ``12h``, ``5m``, ``90s``, else milliseconds."""
+    for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000)):
+        if ms % size == 0:
+            return f"{ms // size}{unit}"
+    return f"{ms}ms"
+
+
+def windowed_since(since: int, clock: int | None, window_ms: int) -> int:
+    """``since`` of a store whose window a reload set to ``window_ms`` in place (``settings.changes``, windowed),
+    its newest record time applied being ``clock`` (None: none yet). A shorter window moves it forward at once to
+    what the window bounds (``since >= clock - window``, as a batch would); a longer one keeps it: versions older
+    than the old window may have been pruned already, so it never moves back, and later batches bound it by the
+    new window as they go."""
+    return since if clock is None else max(since, clock - window_ms)
 
 
 SWEEP_MIN = 1024  # entries the pruning walks at least per batch that adds versions (Sweep)

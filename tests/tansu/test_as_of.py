@@ -6,6 +6,7 @@ with out-of-order timestamps, ties and tombstones; a time before the table's ``s
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import random
 import re
@@ -103,6 +104,13 @@ def _table_state(doc: dict[str, Any]) -> dict[str, Any]:
     return cast("dict[str, Any]", doc["tables"].get("rates") or {})
 
 
+def _published(d: DaemonProcess, since: int, _: object) -> bool:
+    """The table's published version, as readers see it, has this ``since``."""
+    with readview.open_view(configmod.load(d.config), "rates") as view:
+        marks = view._reader.history
+        return marks is not None and marks.since == since
+
+
 def _check_as_of(d: DaemonProcess, every: list[Record], since: int, rng: random.Random) -> None:
     """As-of answers of the published version, read as ``get --as-of`` reads them (in this process: a CLI call per
     ask would cost ~0.5 s of CPU each): the as-of fold's at random keys and times from ``since`` on; refused
@@ -120,9 +128,11 @@ def _check_as_of(d: DaemonProcess, every: list[Record], since: int, rng: random.
 def test_a_reload_adds_changes_and_removes_history(broker: Broker, daemon: Daemon) -> None:
     """A table with data gains ``history`` by a reload: it is replayed (no operator step), with since = the
     replay's start less the topic's min.compaction.lag.ms (read from the topic's config); as-of answers are the
-    as-of fold's from since on and refused before. A reload changing the window replays it again, the window moving
-    since forward; one removing history drops the family, the latest values unchanged. Added again at a restart,
-    over the store with data, it is rebuilt in-process (wipe ``history_added``), with no operator step."""
+    as-of fold's from since on and refused before. A reload changing the window takes it in place, in the same
+    process and with nothing replayed: shrunk, since moves forward at once to the newest record time less the
+    window; grown, since stays. One removing history drops the family, the latest values unchanged. Added again at
+    a restart, over the store with data, it is rebuilt in-process (wipe ``history_added``), with no operator
+    step."""
     lag = 600_000
     t = f"lag{time.monotonic_ns()}"
     broker.admin.create(t, config={"min.compaction.lag.ms": str(lag)})
@@ -158,13 +168,23 @@ def test_a_reload_adds_changes_and_removes_history(broker: Broker, daemon: Daemo
     assert before - lag <= hist["since"] <= after - lag, (before, hist, after)
     _check_as_of(d, every, hist["since"], rng)
 
-    # A window of 2 minutes: replayed again, and since is at least the newest record time less the window.
-    hist = reload_to("2m", 3)["history"]
+    # A window of 2 minutes, then of an hour: in place (same process, nothing restored or replayed, the records
+    # applied unchanged). Shrunk, since is the newest record time less the window at once; grown, it stays.
+    d.wait_for(lambda s: s["state"] == "RUNNING", timeout=120, what="the daemon RUNNING")  # its restore logged
+    pid, applied, mark = d.pid, (state["records"], state["wipes"]), d.log_size()
     newest = max(r.timestamp for r in every)
-    assert hist["since"] >= newest - 120_000 and hist["window_ms"] == 120_000, hist
-    _check_as_of(d, every, hist["since"], rng)
+    for window, window_ms, since in (("2m", 120_000, newest - 120_000), ("1h", 3_600_000, newest - 120_000)):
+        state = reload_to(window, 3 if window == "2m" else 4)
+        assert d.pid == pid and (state["records"], state["wipes"]) == applied, state
+        assert state["history"]["since"] == since and state["history"]["window_ms"] == window_ms, state
+        d.wait_for(functools.partial(_published, d, since), timeout=120, what=f"a version with since {since}")
+        _check_as_of(d, every, since, rng)
+    said = d.log_since(mark, 400)
+    assert "RESTORING" not in said and "WIPE" not in said, said
+    assert "history window of rates changed 30d -> 2m in place; since moved to" in said, said
+    assert "history window of rates changed 2m -> 1h in place; since kept at" in said, said
 
-    reload_to(None, 4)
+    reload_to(None, 5)
     assert HISTORY_CF not in layout.families(db_dir(d.state_dir, "rates"))
     wait_for_table(d, "rates", expected_table(produced))
 

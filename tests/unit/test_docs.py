@@ -153,8 +153,9 @@ def test_where_to_change_what_names_what_the_code_has() -> None:
     # Every kind is reached from the engine's apply, directly or through the Delta's stores_added/stores_dropped
     engine = inspect.getsource(tables_change.apply) + inspect.getsource(changes.Delta.stores_added.fget) + \
         inspect.getsource(changes.Delta.stores_dropped.fget)
-    kinds = [f.name for f in fields(changes.Delta) if f.name in ("added", "dropped", "replaced", "redeclared")]
-    assert len(kinds) == 4, kinds
+    kinds = [f.name for f in fields(changes.Delta)
+             if f.name in ("added", "dropped", "replaced", "redeclared", "windowed")]
+    assert len(kinds) == 5, kinds
     for kind in kinds:
         assert f".{kind}" in engine, f"engine.tables_change.apply does not handle Delta.{kind}"
     table_fields = {f.name for f in fields(changes.Delta)} - {"config", "changes", "kafka_changed"}

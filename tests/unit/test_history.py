@@ -316,17 +316,74 @@ def test_an_unknown_compaction_lag_gives_no_earlier_since(tmp_path: Path) -> Non
     assert status is not None and status["since"] >= before and status["compaction_lag_ms"] is None
 
 
-def test_a_reload_adding_changing_or_removing_history_replaces_the_table() -> None:
+def test_a_reload_adding_or_removing_history_replaces_the_table_and_a_new_window_is_taken_in_place() -> None:
     from globald.settings.changes import changes, delta
 
     base = {"state_dir": "/srv/state", "kafka": {"bootstrap.servers": "127.0.0.1:9092"}}
     v1 = {"format": "avro", "schema": "/schemas/v1.avsc"}
     for table in ({"name": "b", "topic": "tb"}, {"name": "b", "topic": "tb", "value": v1}):  # raw, typed
+        typed = "value" in table
         plain, week, day = ({**base, "tables": [{**table, **h}]} for h in ({}, {"history": "7d"}, {"history": "1d"}))
-        for old, new in ((plain, week), (week, day), (week, plain)):
+        for old, new in ((plain, week), (week, plain)):  # history added or removed: replaced, replayed
             found = changes(parse(old), parse(new))
             assert [c.key for c in found] == ["tables.b"] and found[0].replaced and found[0].redeclared is None
-            assert delta(parse(old), parse(new)).replaced == (parse(new).table("b"),)
+            assert found[0].windowed is None
+            d = delta(parse(old), parse(new))
+            assert d.replaced == (parse(new).table("b"),) and d.windowed == ()
+        for old, new in ((week, day), (day, week)):  # the window shrinks or grows: in place, nothing replayed
+            found = changes(parse(old), parse(new))
+            assert found[0].windowed == parse(new).table("b") and not found[0].replaced
+            d = delta(parse(old), parse(new))
+            assert d.windowed == (parse(new).table("b"),) and d.replaced == d.added == d.dropped == ()
+            assert d.stores_dropped == () and d.stores_added == ()
+            assert d.redeclared == ((parse(new).table("b"),) if typed else ())  # a typed one is redeclared too
+        # A new window with another topic, or a raw table made typed, is still a replacement.
+        moved = {**base, "tables": [{**table, "topic": "tc", "history": "1d"}]}
+        other = {} if typed else {"value": v1}
+        retyped = {**base, "tables": [{"name": "b", "topic": "tb", "history": "1d", **other}]}
+        for new in (moved, retyped):
+            found = changes(parse(week), parse(new))
+            assert found[0].replaced and found[0].windowed is None, new
+
+
+@pytest.mark.parametrize(("since", "clock", "window", "expected"), [
+    (1_000, 50_000, 10_000, 40_000),  # shrunk: forward at once to clock - window
+    (45_000, 50_000, 10_000, 45_000),  # already later than the window bounds: kept
+    (40_000, 50_000, 30_000, 40_000),  # grown: kept, never back (older versions may be pruned already)
+    (40_000, None, 1, 40_000),  # no record time yet: nothing to bound it by
+])
+def test_a_new_window_moves_since_forward_only(since: int, clock: int | None, window: int, expected: int) -> None:
+    assert history.windowed_since(since, clock, window) == expected
+
+
+def test_a_store_takes_a_new_window_in_place_keeping_its_versions(tmp_path: Path) -> None:
+    rng = random.Random(30)
+    keys = [b"k%d" % i for i in range(10)]
+    base = history.now_ms() + 10**7  # after the replay's start: the window, not the replay, sets since
+    records = _random_records(rng, 1000, keys, base=base)
+    store, task = _versioned(tmp_path, window_ms=10**9)
+    _apply(task, records, polls=10, rng=rng)
+    family = store._history_cf
+    assert family is not None
+    held = len(list(family.keys()))
+    clock = max(r.timestamp for r in records)
+    first = store.history_status()
+    assert first is not None and first["since"] is not None and first["since"] < clock - 4_000
+    was, since = store.history_window(10**10)  # grown: since and every version kept
+    assert was == since == first["since"] and len(list(family.keys())) == held
+    was, since = store.history_window(4_000)  # shrunk: since forward at once, nothing deleted by the change itself
+    assert was == first["since"] and since == clock - 4_000 and len(list(family.keys())) == held
+    more = [Record(r.key, r.value, r.timestamp + 5, r.partition, r.offset + 1000) for r in records[-50:]]
+    _apply(task, more, polls=1, rng=rng)  # the next batch prunes by the new window
+    assert len(list(family.keys())) < held
+    store.close()
+    with StoreReader(db_dir(tmp_path, "tbl")) as reader:  # persisted with the store's metadata
+        assert reader.history is not None and reader.history.since == clock + 5 - 4_000
+        for t in [rng.randint(reader.history.since, clock + 10) for _ in range(200)]:
+            key = rng.choice(keys)
+            v = reader.as_of(key, t)
+            got = None if v is None or v.value is None else (v.value, v.timestamp)
+            assert got == as_of(records + more, key, t), (key, t)
 
 
 def test_a_bulk_load_keeps_its_own_compaction_shape(tmp_path: Path) -> None:

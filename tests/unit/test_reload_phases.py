@@ -55,13 +55,16 @@ class Consumer:
         return lambda *_, **__: None
 
 
-def config(tmp_path: Path, tables: dict[str, str], typed: tuple[str, ...] = (), client_id: str = "a") -> Config:
+def config(tmp_path: Path, tables: dict[str, str], typed: tuple[str, ...] = (), client_id: str = "a",
+           history: dict[str, str] | None = None) -> Config:
     schema = tmp_path / "v.avsc"
     schema.write_text(AVRO)
     return parse({"state_dir": str(tmp_path / "state"),
                   "kafka": {"bootstrap.servers": "127.0.0.1:9", "client.id": client_id},
                   "tables": [{"name": n, "topic": t, **({"value": {"format": "avro", "schema": str(schema)}}
-                                                        if n in typed else {})} for n, t in tables.items()]})
+                                                        if n in typed else {}),
+                              **({"history": (history or {})[n]} if n in (history or {}) else {})}
+                             for n, t in tables.items()]})
 
 
 @dataclass
@@ -86,9 +89,11 @@ class Engine:
 
 
 @pytest.fixture
-def engine(tmp_path: Path) -> Iterator[Engine]:
+def engine(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Engine]:
+    """``request.param``: the tables' ``history`` (none unless a test asks, indirectly)."""
     Consumer.made = []
-    ref = ConfigRef(config(tmp_path, {"a": "ta", "b": "tb", "c": "tc", "r": "tr"}, typed=("r",)))
+    ref = ConfigRef(config(tmp_path, {"a": "ta", "b": "tb", "c": "tc", "r": "tr"}, typed=("r",),
+                           history=getattr(request, "param", None)))
     bus = EventBus()
     manager = StateManager(ref, bus.emit)
     thread = GlobalThread(ref, manager, bus.emit, consumer_factory=Consumer)
@@ -156,6 +161,22 @@ def test_a_reload_s_tables_are_events_each_before_or_after_the_table_s_state(eng
     assert engine.thread.manager.tables["r"].config.value == next(t for t in d.config.tables if t.name == "r").value
     assert len(Consumer.made) == 2 and engine.thread._loop is not None and \
         engine.thread._loop.consumer is Consumer.made[1]  # [kafka] changed: the prepared consumer took over
+
+
+@pytest.mark.parametrize("engine", [{"b": "30d", "r": "7d"}], indirect=True)
+def test_a_new_history_window_is_taken_in_place_and_redeclared_once(engine: Engine, tmp_path: Path) -> None:
+    """Raw "b" and typed "r" (its schema changed too) get new windows: each store takes its window in place and
+    each table is redeclared once; nothing is dropped, added or restored."""
+    new = config(tmp_path, {"a": "ta", "b": "tb", "c": "tc", "r": "tr"}, typed=("r",), history={"b": "1d", "r": "30d"})
+    d = delta(engine.ref.now, new)
+    assert [t.name for t in d.windowed] == ["b", "r"] and [t.name for t in d.redeclared] == ["r"]
+    assert d.replaced == d.added == () and d.dropped == ()
+    two_phase.apply(d, engine.ref, (engine.snapshots, engine.thread))
+    assert table_events(engine.heard, "b") == table_events(engine.heard, "r") == ["TableRedeclared"]
+    tables = engine.thread.manager.tables
+    windows = [(tables[n].store.history_status() or {}).get("window_ms") for n in ("b", "r")]  # the stores'
+    assert windows == [86_400_000, 30 * 86_400_000], windows
+    assert (tables["b"].config.history, tables["r"].config.history) == (86_400_000, 30 * 86_400_000)
 
 
 class Refuses:
