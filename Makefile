@@ -77,9 +77,12 @@ test-matrix: build/matrix/$(MATRIX_OLDEST)/.installed build/matrix/$(MATRIX_NEWE
 # 2-core machine (2.5 min on a loaded one), after the venv's 33 s (1:53 loaded).
 MATRIX_SMOKE := tests/integration/test_spark_typed.py::test_typed_join_udf_flatten_and_small_equal_the_reference_decode
 
+# The last line: issue 45's globald as-of join against Spark's own ASOF JOIN, small form (the 1M figures are in
+# docs/as-of.md); about 45 s on the loaded 2-core machine.
 bench: $(BIN)/.installed
 	$(BIN)/python -m bench
 	$(BIN)/python -m bench.export_bootstrap --records 1000000
+	$(BIN)/python -m bench.spark_as_of --keys 100000 --rows 1000000 --rounds 3
 
 # The 10M column of docs/benchmarks.md (restore at scale and peak RSS): 10M records, not part of `make test`; ~15 minutes.
 BENCH_10M_ARGS ?= --records 10000000 --benches restore,rss --repeats 3 --pipelines globald,consume_only,store_only,raw_batch

@@ -22,8 +22,9 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
@@ -33,6 +34,9 @@ from globald.spark.mapped import raw_columns, raw_decoder
 from globald.store.history import VALUE, HistoryMeta, version_key
 from globald.typed.columnar import ColumnarTable, build_table, write_columnar
 from globald.typed.keys import fingerprint
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
 
 BASE_TS = 1_700_000_000_000
 STEP_MS = 60_000
@@ -59,6 +63,41 @@ def _entries(keys: int, versions: int, value: bytes) -> Iterator[tuple[list[byte
         yield ks, vs
 
 
+def as_of_file(path: Path, keys: int, versions: int, value: bytes) -> float:
+    """Write the as-of file of ``keys`` x ``versions`` (``_entries``) at ``path``, as a snapshot's is written; the
+    seconds it took (the bench's own making of the stored entries included)."""
+    started = time.monotonic()
+    marks = HistoryMeta(since=BASE_TS, clock=None, untimed=None)
+    write_columnar(path, table_of(_entries(keys, versions, value), {"table": "bench", "snapshot": "s"}, marks))
+    return time.monotonic() - started
+
+
+def stream(spark: SparkSession, rows: int, keys: int, versions: int, partitions: int = 1) -> DataFrame:
+    """The stream side, made by Spark: ``rows`` rows (``id``, a binary key ``k`` of the ``keys`` and an as-of time
+    ``ms`` over the versions' span, both hashed from ``id``); the first n rows of any size are the same."""
+    from pyspark.sql import functions as F
+
+    span = (versions + 1) * STEP_MS
+    return (spark.range(rows, numPartitions=partitions)
+            .select("id", F.format_string("key-%08d", (F.hash("id") % keys + keys) % keys).cast("binary").alias("k"),
+                    (F.lit(BASE_TS - STEP_MS) + (F.hash(F.col("id") + 1) % span + span) % span).alias("ms")))
+
+
+AS_OF_SCHEMA = "id long, k binary, ms long, value binary, timestamp long, error string"
+
+
+def as_of_join_fn(path: str) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """``view.join(stream, "k", as_of="ms")``'s per-batch body (mapInArrow) over the as-of file at ``path``."""
+
+    def join(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        index = AsOfIndex.of_table(ColumnarTable.open(Path(path), FINGERPRINT))
+        for b in batches:
+            v, t, e = index.at(b.column("k"), b.column("ms"))
+            yield pa.RecordBatch.from_arrays([*b.columns, v, t, e], names=[*b.schema.names, "value", "timestamp",
+                                                                            "error"])
+    return join
+
+
 def _mapped(table: pa.Table, path: Path, fingerprint: str) -> ColumnarTable:
     write_columnar(path, table)
     return ColumnarTable.open(path, fingerprint)
@@ -83,12 +122,8 @@ def main() -> None:
         latest = _mapped(latest_table, d / "latest.arrow", fingerprint(raw_decoder(), None))
         latest_s = time.monotonic() - started
         del latest_table
-        started = time.monotonic()
-        marks = HistoryMeta(since=BASE_TS, clock=None, untimed=None)
-        as_of_table = table_of(_entries(a.keys, a.versions, value), {"table": "bench", "snapshot": "s"}, marks)
-        build_s = time.monotonic() - started
-        versioned = AsOfIndex.of_table(_mapped(as_of_table, d / "asof.arrow", FINGERPRINT))
-        del as_of_table
+        build_s = as_of_file(d / "asof.arrow", a.keys, a.versions, value)
+        versioned = AsOfIndex.of_table(ColumnarTable.open(d / "asof.arrow", FINGERPRINT))
         sizes = {name: (d / name).stat().st_size for name in ("latest.arrow", "asof.arrow")}
         rng = random.Random(45)
         ids = [rng.randrange(a.keys) for _ in range(a.lookups)]
@@ -126,18 +161,14 @@ def _spark(a: argparse.Namespace, d: Path) -> None:
     """Both joins' per-batch bodies in Spark's mapInArrow on local[1], over the same rows (a key and a time each,
     made by Spark): Spark's Arrow transport included, as ``view.join`` pays it. Wall time, alternating."""
     from pyspark.sql import SparkSession
-    from pyspark.sql import functions as F
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     spark = (SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false")
              .config("spark.sql.execution.arrow.maxRecordsPerBatch", str(a.batch)).getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
-    span = (a.versions + 1) * STEP_MS
-    df = (spark.range(a.lookups, numPartitions=1)
-          .select(F.format_string("key-%08d", (F.hash("id") % a.keys + a.keys) % a.keys).cast("binary").alias("k"),
-                  (F.lit(BASE_TS - STEP_MS) + (F.hash(F.col("id") + 1) % span + span) % span).alias("ms")).cache())
+    df = stream(spark, a.lookups, a.keys, a.versions).cache()
     df.count()
-    latest_path, as_of_path, fp = str(d / "latest.arrow"), str(d / "asof.arrow"), fingerprint(raw_decoder(), None)
+    latest_path, fp = str(d / "latest.arrow"), fingerprint(raw_decoder(), None)
 
     def latest_fn(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         table = ColumnarTable.open(Path(latest_path), fp)
@@ -145,16 +176,8 @@ def _spark(a: argparse.Namespace, d: Path) -> None:
             v, t = raw_columns(table, b.column("k"))
             yield pa.RecordBatch.from_arrays([*b.columns, v, t], names=[*b.schema.names, "value", "timestamp"])
 
-    def as_of_fn(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        index = AsOfIndex.of_table(ColumnarTable.open(Path(as_of_path), FINGERPRINT))
-        for b in batches:
-            v, t, e = index.at(b.column("k"), b.column("ms"))
-            yield pa.RecordBatch.from_arrays([*b.columns, v, t, e], names=[*b.schema.names, "value", "timestamp",
-                                                                            "error"])
-
-    schemas = {"latest": "k binary, ms long, value binary, timestamp long",
-               "as_of": "k binary, ms long, value binary, timestamp long, error string"}
-    fns = {"latest": latest_fn, "as_of": as_of_fn}
+    schemas = {"latest": "id long, k binary, ms long, value binary, timestamp long", "as_of": AS_OF_SCHEMA}
+    fns = {"latest": latest_fn, "as_of": as_of_join_fn(str(d / "asof.arrow"))}
     rates: dict[str, list[float]] = {"latest": [], "as_of": []}
     for name in rates:  # a warm-up each: the Python worker and the mapping
         df.mapInArrow(fns[name], schemas[name]).write.format("noop").mode("overwrite").save()
