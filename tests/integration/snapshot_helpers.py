@@ -14,7 +14,7 @@ from globald.settings.config import load
 from globald.snapshot import manifest as manifests
 from globald.snapshot.manifest import Manifest
 from globald.snapshot.reader import listing
-from globald.store.names import snapshots_dir
+from globald.store.names import SNAPSHOT_CURRENT, SNAPSHOT_VERIFIED, snapshots_dir
 from tests.harness import POLL_INTERVAL, Broker, DaemonProcess, globald, random_records
 
 
@@ -56,12 +56,33 @@ def snapshot_values(d: DaemonProcess, table: str, sid: str) -> Table:
     return {k: v for k, (v, _) in d.dump(table, snapshot=sid).items()}
 
 
+def wait_vouched(d: DaemonProcess, sid: str | None = None, table: str = "tbl", timeout: float = 120.0) -> str:
+    """Wait until the daemon's identity check has vouched for snapshot ``sid`` (default: CURRENT), i.e.
+    ``snapshots/<t>/VERIFIED`` names it, and return its id. Once a topic is found recreated only a vouched snapshot
+    is served (``snapshot.recreated``), and the first snapshot is published at the turn its table reaches RUNNING,
+    which can be before any check: a test that recreates the topic and expects the old snapshot served waits here
+    first."""
+    where = snapshots_dir(d.state_dir, table)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            want = sid or (where / SNAPSHOT_CURRENT).read_text().strip()
+            if want in json.loads((where / SNAPSHOT_VERIFIED).read_text())["snapshots"]:
+                return want
+        except (OSError, ValueError, KeyError):
+            pass
+        assert time.monotonic() < deadline, f"no identity check vouched for snapshot {sid or 'CURRENT'} of {table}"
+        time.sleep(POLL_INTERVAL)
+
+
 def recreate_smaller_while_paused(broker: Broker, d: DaemonProcess, topic: str, records: int, seed: int) -> None:
     """Delete and recreate ``topic`` with fewer records while the daemon is frozen, then let it go on.
 
     Freezing makes the daemon find the whole new topic at once, so its rebuild takes long enough to be observed.
+    The snapshot CURRENT before is vouched for first, so that it is the one served during the rebuild.
     """
     assert d.proc is not None
+    wait_vouched(d)
     d.proc.send_signal(signal.SIGSTOP)
     try:
         broker.admin.delete(topic)

@@ -20,7 +20,7 @@ import pytest
 from globald.embedded.oracle import Table
 from tests import midway
 from tests.harness import SLOW_FETCH, Broker, DaemonProcess, globald, oracle_at, random_records
-from tests.integration.snapshot_helpers import stale, wait_snapshot_at, wait_status
+from tests.integration.snapshot_helpers import stale, wait_snapshot_at, wait_status, wait_vouched
 
 pytestmark = pytest.mark.kafka
 
@@ -109,6 +109,7 @@ def test_get_and_dump_never_answer_from_a_half_rebuilt_table(broker: Broker, top
     d.start()
     v1_ends = broker.admin.end_offsets(t)
     before = wait_snapshot_at(d, "tbl", v1_ends, timeout=120)
+    wait_vouched(d, before["id"])  # only a vouched snapshot is served once the topic is found recreated
     old = oracle_at(broker, t, before["offsets"])
     assert old[PROBE] == V1
 
