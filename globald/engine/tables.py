@@ -48,8 +48,9 @@ from globald.engine.problems import Problems
 from globald.engine.refill import Refiller
 from globald.engine.table import TableRuntime
 from globald.settings.config import Config, TableConfig
+from globald.settings.spec import duration_text
 from globald.store import durable
-from globald.store.history import time_text, window_text
+from globald.store.history import time_text
 from globald.store.names import table_dir
 
 log = logging.getLogger(__name__)
@@ -175,8 +176,8 @@ class TableSet(Mapping[str, TableRuntime]):
             what = f"since kept at {time_text(since)}"
         else:
             what = f"since moved to {time_text(since)} (was {time_text(was)})"
-        log.info("history window of %s changed %s -> %s in place; %s", tc.name, window_text(before_ms),
-                 window_text(window_ms), what)
+        log.info("history window of %s changed %s -> %s in place; %s", tc.name, duration_text(before_ms),
+                 duration_text(window_ms), what)
 
     def add(self, tc: TableConfig) -> None:
         loop = self._loop

@@ -78,6 +78,15 @@ _DURATION_UNITS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 _DURATION_RE = re.compile(r"^([0-9]{1,15})([smhd])$")
 
 
+def duration_text(ms: int) -> str:
+    """A duration as the config writes it (``Duration``'s units, the largest that divides it: ``30d``, ``12h``,
+    ``5m``, ``90s``), else milliseconds (``250ms``)."""
+    for unit, size in sorted(_DURATION_UNITS.items(), key=lambda u: -u[1]):
+        if ms % size == 0:
+            return f"{ms // size}{unit}"
+    return f"{ms}ms"
+
+
 @dataclass(frozen=True)
 class Duration(Spec):
     """A length of time: an integer of milliseconds, or a string of digits and one unit (s, m, h, d). Held in ms."""

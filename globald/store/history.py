@@ -204,14 +204,6 @@ def time_text(ms: int) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ms / 1000)) + f".{ms % 1000:03d}Z ({ms})"
 
 
-def window_text(ms: int) -> str:
-    """A window as the config writes it: ``30d``, ``12h``, ``5m``, ``90s``, else milliseconds."""
-    for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000)):
-        if ms % size == 0:
-            return f"{ms // size}{unit}"
-    return f"{ms}ms"
-
-
 def windowed_since(since: int, clock: int | None, window_ms: int) -> int:
     """``since`` of a store whose window a reload set to ``window_ms`` in place (``settings.changes``, windowed),
     its newest record time applied being ``clock`` (None: none yet). A shorter window moves it forward at once to
