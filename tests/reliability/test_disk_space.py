@@ -43,6 +43,7 @@ Topic = Callable[..., str]
 RECORDS = 150_000  # above BULK_LOAD_MIN_RECORDS: the restore is a bulk load (WAL off, L0 pile)
 DISK_MB = 64
 UPDATES, UPDATE_BATCHES = 2_000, 6  # after the restart at the documented minimum: new keys, the table grows 8 %
+NEW_RECORDS = 2_000  # produced after the restart on the full disk
 VALUE_SIZE = 150  # ~27 MB live (values do not compress): the disk is ~2.4x the live store
 # What the daemon says when it meets a disk without room: a write refused, compactions held back, the guard's line.
 MET_FULL_DISK = ("No space left", "compactions paused", "disk: table tbl needs")
@@ -227,10 +228,14 @@ def test_a_full_disk_is_relieved_by_freeing_globalds_own_snapshots(broker: Broke
         manifests.write(root / older, dataclasses.replace(m, id=older,
                                                           offsets={p: o - 1 for p, o in m.offsets.items()}))
         assert copy_what_fits(root / cur / "db", root / older / "db") > 0
-        fill(disk, leave=0)
+        # Full but for the room of the records produced below (twice their values): the live store grows by them
+        # after the restart, past what the older snapshot's copy frees, and with none left the compaction stayed
+        # 0.3 MB short whenever the space check ran after they were applied (a CI run). The daemon still needs
+        # the live store's size free (~27 MB), which only freeing the older snapshot gives.
+        fill(disk, leave=2 * NEW_RECORDS * VALUE_SIZE)
         row.injected += 1
         d.start()
-        broker.admin.produce(t, random_records(2_000, keys=RECORDS * 50, seed=2122, value_size=VALUE_SIZE))
+        broker.admin.produce(t, random_records(NEW_RECORDS, keys=RECORDS * 50, seed=2122, value_size=VALUE_SIZE))
         ends = broker.admin.end_offsets(t)
         running_at(d, ends, timeout=120)
         wait_snapshot_at(d, "tbl", ends, timeout=60)
