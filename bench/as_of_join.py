@@ -46,16 +46,23 @@ def _key(i: int) -> bytes:
     return b"key-%08d" % i
 
 
-def _entries(keys: int, versions: int, value: bytes) -> Iterator[tuple[list[bytes], list[bytes]]]:
-    """Each key's versions as the history family stores them: key order, newest first."""
+def distinct_value(i: int, versions: int, v: int, width: int) -> bytes:
+    """Key i's version v's own value of ``width`` (>= 8) bytes, distinct from every other version's: a table whose
+    values never repeat, so that no encoding of repeated values makes its file smaller than the data."""
+    return (i * versions + v).to_bytes(8, "big") + b"v" * (width - 8)
+
+
+def _entries(keys: int, versions: int, value: bytes | int) -> Iterator[tuple[list[bytes], list[bytes]]]:
+    """Each key's versions as the history family stores them: key order, newest first. ``value``: the one value of
+    every version, or a width: each version its own value (``distinct_value``)."""
     ks: list[bytes] = []
     vs: list[bytes] = []
-    stored = VALUE + value
+    stored = VALUE + value if isinstance(value, bytes) else b""
     for i in range(keys):
         k = _key(i)
         for v in range(versions - 1, -1, -1):
             ks.append(version_key(k, BASE_TS + v * STEP_MS + i % 1000, i * versions + v, 0))
-            vs.append(stored)
+            vs.append(stored or VALUE + distinct_value(i, versions, v, int(value)))
         if len(ks) >= CHUNK:
             yield ks, vs
             ks, vs = [], []
@@ -63,7 +70,7 @@ def _entries(keys: int, versions: int, value: bytes) -> Iterator[tuple[list[byte
         yield ks, vs
 
 
-def as_of_file(path: Path, keys: int, versions: int, value: bytes) -> float:
+def as_of_file(path: Path, keys: int, versions: int, value: bytes | int) -> float:
     """Write the as-of file of ``keys`` x ``versions`` (``_entries``) at ``path``, as a snapshot's is written; the
     seconds it took (the bench's own making of the stored entries included)."""
     started = time.monotonic()
@@ -98,9 +105,37 @@ def as_of_join_fn(path: str) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa
     return join
 
 
-def _mapped(table: pa.Table, path: Path, fingerprint: str) -> ColumnarTable:
-    write_columnar(path, table)
-    return ColumnarTable.open(path, fingerprint)
+LATEST_SCHEMA = "id long, k binary, ms long, value binary, timestamp long"
+
+
+def latest_join_fn(path: str) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """``view.join(stream, "k")``'s per-batch body (mapInArrow) over the latest-value file at ``path``."""
+    fp = fingerprint(raw_decoder(), None)
+
+    def join(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        table = ColumnarTable.open(Path(path), fp)
+        for b in batches:
+            v, t = raw_columns(table, b.column("k"))
+            yield pa.RecordBatch.from_arrays([*b.columns, v, t], names=[*b.schema.names, "value", "timestamp"])
+    return join
+
+
+def passthrough_as_of(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """``bench.spark_memory``'s ``imports`` phase of a versioned table: a mapInArrow body of this module, so that its
+    workers import what the two joins' workers import (this module: ``globald.spark.asof`` and ``.mapped``), and
+    nothing more; nothing looked up."""
+    for b in batches:
+        yield pa.RecordBatch.from_arrays([b.column(0), pa.nulls(b.num_rows, pa.int64())], ["k", "value"])
+
+
+def latest_file(path: Path, keys: int, versions: int, value: bytes | int) -> float:
+    """Write the latest-value file of the same versions as ``as_of_file`` (each key's newest), as a snapshot's raw
+    columnar file is written; the seconds it took."""
+    started = time.monotonic()
+    items = ((_key(i), value if isinstance(value, bytes) else distinct_value(i, versions, versions - 1, value),
+              BASE_TS + (versions - 1) * STEP_MS + i % 1000) for i in range(keys))
+    write_columnar(path, build_table(items, raw_decoder(), {"table": "bench", "snapshot": "s"}))
+    return time.monotonic() - started
 
 
 def main() -> None:
@@ -111,17 +146,15 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=10_000)
     p.add_argument("--lookups", type=int, default=1_000_000)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--distinct", action="store_true",
+                   help="each version its own value (by default every version has the same random value)")
     p.add_argument("--spark", action="store_true", help="also through Spark's mapInArrow (local[1]: one core)")
     a = p.parse_args()
-    value = os.urandom(a.value_bytes)
+    value: bytes | int = a.value_bytes if a.distinct else os.urandom(a.value_bytes)
     with tempfile.TemporaryDirectory(prefix="globald-asof-bench-") as tmp:
         d = Path(tmp)
-        started = time.monotonic()
-        latest_items = ((_key(i), value, BASE_TS + (a.versions - 1) * STEP_MS + i % 1000) for i in range(a.keys))
-        latest_table = build_table(latest_items, raw_decoder(), {"table": "bench", "snapshot": "s"})
-        latest = _mapped(latest_table, d / "latest.arrow", fingerprint(raw_decoder(), None))
-        latest_s = time.monotonic() - started
-        del latest_table
+        latest_s = latest_file(d / "latest.arrow", a.keys, a.versions, value)
+        latest = ColumnarTable.open(d / "latest.arrow", fingerprint(raw_decoder(), None))
         build_s = as_of_file(d / "asof.arrow", a.keys, a.versions, value)
         versioned = AsOfIndex.of_table(ColumnarTable.open(d / "asof.arrow", FINGERPRINT))
         sizes = {name: (d / name).stat().st_size for name in ("latest.arrow", "asof.arrow")}
@@ -168,16 +201,8 @@ def _spark(a: argparse.Namespace, d: Path) -> None:
     spark.sparkContext.setLogLevel("ERROR")
     df = stream(spark, a.lookups, a.keys, a.versions).cache()
     df.count()
-    latest_path, fp = str(d / "latest.arrow"), fingerprint(raw_decoder(), None)
-
-    def latest_fn(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        table = ColumnarTable.open(Path(latest_path), fp)
-        for b in batches:
-            v, t = raw_columns(table, b.column("k"))
-            yield pa.RecordBatch.from_arrays([*b.columns, v, t], names=[*b.schema.names, "value", "timestamp"])
-
-    schemas = {"latest": "id long, k binary, ms long, value binary, timestamp long", "as_of": AS_OF_SCHEMA}
-    fns = {"latest": latest_fn, "as_of": as_of_join_fn(str(d / "asof.arrow"))}
+    schemas = {"latest": LATEST_SCHEMA, "as_of": AS_OF_SCHEMA}
+    fns = {"latest": latest_join_fn(str(d / "latest.arrow")), "as_of": as_of_join_fn(str(d / "asof.arrow"))}
     rates: dict[str, list[float]] = {"latest": [], "as_of": []}
     for name in rates:  # a warm-up each: the Python worker and the mapping
         df.mapInArrow(fns[name], schemas[name]).write.format("noop").mode("overwrite").save()

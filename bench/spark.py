@@ -293,6 +293,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--executor-memory", action="store_true", help="add the executor's workers' memory")
     ap.add_argument("--memory-phases", default=",".join(PHASES),
                     help="the executor-memory phases to run, among " + ", ".join(PHASES))
+    ap.add_argument("--as-of", action="store_true",
+                    help="executor-memory on a versioned table instead (--keys x --versions, distinct values, no "
+                         "broker): the latest-value join against the as-of join (issue 45)")
+    ap.add_argument("--versions", type=int, default=10, help="versions a key, with --as-of")
     ap.add_argument("--before-tree", default=None,
                     help="a checkout of globald from before issue 34, whose workers make the 'before' phase")
     args = ap.parse_args(argv)
@@ -302,6 +306,8 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(benches) - set(BENCHES)
     if unknown:
         ap.error(f"--benches: unknown {sorted(unknown)}; choose among {', '.join(BENCHES)}")
+    if args.as_of:
+        return _as_of_memory(ap, args, benches)
     work = Path(tempfile.mkdtemp(prefix="globald-bench-"))
     kafka = EmbeddedKafka(work / "kafka").start()
     admin = TopicAdmin.for_broker(kafka.client_settings, kafka.zookeeper)
@@ -346,6 +352,24 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         stop_all(procs, admin, kafka)
         shutil.rmtree(work, ignore_errors=True)  # the broker's log and the state_dirs: gigabytes at 1M keys
+    result["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+def _as_of_memory(ap: argparse.ArgumentParser, args: argparse.Namespace, benches: list[str]) -> int:
+    """``--as-of``: the executor-memory bench on a versioned table (``bench.spark_memory.measure_as_of_memory``)."""
+    from bench.spark_memory import measure_as_of_memory
+
+    if benches != ["executor-memory"]:
+        ap.error("--as-of measures only --benches executor-memory")
+    work = Path(tempfile.mkdtemp(prefix="globald-bench-"))
+    result: dict[str, Any] = {"benches": benches, "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
+                              "cores": os.cpu_count()}
+    try:
+        result["executor_memory_as_of"] = measure_as_of_memory(work, args.keys, args.versions)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     result["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
     print(json.dumps(result, indent=2))
     return 0

@@ -233,3 +233,88 @@ def measure_executor_memory(admin: TopicAdmin, kafka: dict[str, str], work: Path
                 out["before"]["pss_mb_above_imports"] / max(out[after]["pss_mb_above_imports"], 0.1), 2)
             out[f"before_vs_{after}_pss_held"] = round(out["before"]["pss_mb_sum"] / out[after]["pss_mb_sum"], 2)
     return out
+
+
+# -- a versioned table: the latest-value join against the as-of join (issue 45) -----------------------------------
+
+AS_OF_PHASES = ("imports", "as_of_latest", "as_of")
+
+
+def _as_of_phase(name: str, files: dict[str, Path], keys: int, versions: int) -> dict[str, Any]:
+    """One phase of ``measure_as_of_memory`` in a fresh local[4] session: every key once (at a time drawn over its
+    versions' span, as ``bench.as_of_join.stream`` draws them), then the workers' memory while they hold their
+    mappings."""
+    from pyspark.sql import functions as F
+
+    from bench.as_of_join import (
+        AS_OF_SCHEMA,
+        BASE_TS,
+        LATEST_SCHEMA,
+        STEP_MS,
+        as_of_join_fn,
+        latest_join_fn,
+        passthrough_as_of,
+    )
+
+    spark = spark_session("local[4]", {"spark.python.worker.reuse": "true"})
+    try:
+        span = (versions + 1) * STEP_MS
+        df = (spark.range(keys).select("id", F.format_string("key-%08d", "id").cast("binary").alias("k"),
+                                       (F.lit(BASE_TS - STEP_MS) + (F.hash(F.col("id") + 1) % span + span) % span)
+                                       .alias("ms"))
+              .repartition(4).cache())
+        df.count()
+        if name == "imports":
+            joined = df.select("k").mapInArrow(passthrough_as_of, "k binary, value long")
+        elif name == "as_of_latest":
+            joined = df.mapInArrow(latest_join_fn(str(files["latest"])), LATEST_SCHEMA)
+        else:
+            joined = df.mapInArrow(as_of_join_fn(str(files["as_of"])), AS_OF_SCHEMA)
+        log(f"executor memory: {name}")
+        started = time.perf_counter()
+        with Sampler() as sampler:
+            rows = joined.agg(F.count("k"), F.count("value")).collect()
+        took = time.perf_counter() - started
+        held = workers_memory()
+        peak = {k: sampler.peak.get(k) for k in ("rss_mb_sum", "pss_mb_sum")}
+        return {**held, "query_s": round(took, 2), "rows": int(rows[0][0]), "found": int(rows[0][1]),
+                "peak_during_query": peak}
+    finally:
+        spark.stop()
+        wait(lambda: not any(pyspark_workers()), 60, "the pyspark daemon and workers to exit")
+
+
+def measure_as_of_memory(work: Path, keys: int, versions: int, value_bytes: int = 16,
+                         phases: tuple[str, ...] = AS_OF_PHASES) -> dict[str, Any]:
+    """Executor memory of a versioned table of ``keys`` x ``versions`` distinct values of ``value_bytes``: the
+    latest-value join (``as_of_latest``: the latest-value file of the same table, each key's newest version) against
+    the as-of join (``as_of``: the as-of file), each in fresh workers with the file already there, above what the
+    workers import (``imports``). The files are written by the bench as a snapshot's are (``bench.as_of_join``'s
+    ``latest_file`` and ``as_of_file``: no broker, no daemon), and the joins are ``view.join``'s mapInArrow bodies."""
+    from bench.as_of_join import as_of_file, latest_file
+
+    files = {"latest": work / "latest.arrow", "as_of": work / "asof.arrow"}
+    log(f"writing the latest-value and as-of files of {keys} keys x {versions} versions")
+    build = {"latest_file_s": round(latest_file(files["latest"], keys, versions, value_bytes), 1),
+             "as_of_file_s": round(as_of_file(files["as_of"], keys, versions, value_bytes), 1)}
+    out: dict[str, Any] = {"keys": keys, "versions": versions, "value_bytes": value_bytes, "distinct_values": True,
+                           "key_bytes": 12, "executor": "local[4]", "python_workers": 4, **build,
+                           "latest_file_mb": round(files["latest"].stat().st_size / MB, 1),
+                           "as_of_file_mb": round(files["as_of"].stat().st_size / MB, 1)}
+    out["file_ratio"] = round(out["as_of_file_mb"] / out["latest_file_mb"], 2)
+    for name in phases:
+        out[name] = _as_of_phase(name, files, keys, versions)
+        assert out[name]["workers"] == 4, f"{name}: {out[name]['workers']} Python workers, not 4"
+        assert out[name]["rows"] == keys, out[name]
+        log(f"executor memory: {name}: RSS {out[name]['rss_mb_sum']} MB, PSS {out[name]['pss_mb_sum']} MB")
+    assert out.get("as_of_latest", {}).get("found", keys) == keys
+    base = out.get("imports")
+    for name in phases:
+        if base is not None and name != "imports":
+            for m in ("pss", "rss"):
+                out[name][f"{m}_mb_above_imports"] = round(out[name][f"{m}_mb_sum"] - base[f"{m}_mb_sum"], 1)
+    if base is not None and {"as_of", "as_of_latest"} <= set(phases):
+        for m in ("pss", "rss"):
+            out[f"as_of_vs_latest_{m}_above_imports"] = round(
+                out["as_of"][f"{m}_mb_above_imports"] / max(out["as_of_latest"][f"{m}_mb_above_imports"], 0.1), 2)
+    return out
