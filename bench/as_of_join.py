@@ -93,11 +93,22 @@ def stream(spark: SparkSession, rows: int, keys: int, versions: int, partitions:
 AS_OF_SCHEMA = "id long, k binary, ms long, value binary, timestamp long, error string"
 
 
+_MAPPED: dict[str, ColumnarTable] = {}
+
+
+def mapped(path: str, fp: str) -> ColumnarTable:
+    """The file at ``path``, mapped once per worker and kept, as ``view.join``'s workers keep their handles
+    (``globald.spark.executor.handle``): a reused worker's later tasks, and its memory between them, hold it."""
+    if path not in _MAPPED:
+        _MAPPED[path] = ColumnarTable.open(Path(path), fp)
+    return _MAPPED[path]
+
+
 def as_of_join_fn(path: str) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """``view.join(stream, "k", as_of="ms")``'s per-batch body (mapInArrow) over the as-of file at ``path``."""
 
     def join(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        index = AsOfIndex.of_table(ColumnarTable.open(Path(path), FINGERPRINT))
+        index = AsOfIndex.of_table(mapped(path, FINGERPRINT))
         for b in batches:
             v, t, e = index.at(b.column("k"), b.column("ms"))
             yield pa.RecordBatch.from_arrays([*b.columns, v, t, e], names=[*b.schema.names, "value", "timestamp",
@@ -113,7 +124,7 @@ def latest_join_fn(path: str) -> Callable[[Iterator[pa.RecordBatch]], Iterator[p
     fp = fingerprint(raw_decoder(), None)
 
     def join(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        table = ColumnarTable.open(Path(path), fp)
+        table = mapped(path, fp)
         for b in batches:
             v, t = raw_columns(table, b.column("k"))
             yield pa.RecordBatch.from_arrays([*b.columns, v, t], names=[*b.schema.names, "value", "timestamp"])
