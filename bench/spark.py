@@ -45,7 +45,7 @@ from bench.spark_harness import (
     stop_all,
     wait,
 )
-from bench.spark_memory import PHASES
+from bench.spark_memory import AS_OF_PHASES, PHASES
 from globald.snapshot import exact_requests, open_snapshot
 from globald.snapshot.reader import Snapshot, current_id
 from tests.support.admin import TopicAdmin
@@ -292,7 +292,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--formats", default="avro,protobuf", help="the typed join's formats, measured in this order")
     ap.add_argument("--executor-memory", action="store_true", help="add the executor's workers' memory")
     ap.add_argument("--memory-phases", default=",".join(PHASES),
-                    help="the executor-memory phases to run, among " + ", ".join(PHASES))
+                    help="the executor-memory phases to run, among " + ", ".join(PHASES) + " (with --as-of: "
+                         + ", ".join(AS_OF_PHASES) + ", all by default)")
     ap.add_argument("--as-of", action="store_true",
                     help="executor-memory on a versioned table instead (--keys x --versions, distinct values, no "
                          "broker): the latest-value join against the as-of join (issue 45)")
@@ -363,11 +364,14 @@ def _as_of_memory(ap: argparse.ArgumentParser, args: argparse.Namespace, benches
 
     if benches != ["executor-memory"]:
         ap.error("--as-of measures only --benches executor-memory")
+    phases = AS_OF_PHASES if args.memory_phases == ",".join(PHASES) else tuple(args.memory_phases.split(","))
+    if set(phases) - set(AS_OF_PHASES):
+        ap.error(f"--memory-phases with --as-of: among {', '.join(AS_OF_PHASES)}")
     work = Path(tempfile.mkdtemp(prefix="globald-bench-"))
     result: dict[str, Any] = {"benches": benches, "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
                               "cores": os.cpu_count()}
     try:
-        result["executor_memory_as_of"] = measure_as_of_memory(work, args.keys, args.versions)
+        result["executor_memory_as_of"] = measure_as_of_memory(work, args.keys, args.versions, phases=phases)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     result["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]

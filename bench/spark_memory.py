@@ -237,12 +237,13 @@ def measure_executor_memory(admin: TopicAdmin, kafka: dict[str, str], work: Path
 
 # -- a versioned table: the latest-value join against the as-of join (issue 45) -----------------------------------
 
-AS_OF_PHASES = ("imports", "as_of_latest", "as_of")
+AS_OF_PHASES = ("imports", "as_of_latest", "as_of", "as_of_recent")
 
 
 def _as_of_phase(name: str, files: dict[str, Path], keys: int, versions: int) -> dict[str, Any]:
     """One phase of ``measure_as_of_memory`` in a fresh local[4] session: every key once (at a time drawn over its
-    versions' span, as ``bench.as_of_join.stream`` draws them), then the workers' memory while they hold their
+    versions' span, as ``bench.as_of_join.stream`` draws them: a replay; ``as_of_recent``: at a time after its
+    newest version, as a stream of current events asks), then the workers' memory while they hold their
     mappings."""
     from pyspark.sql import functions as F
 
@@ -259,9 +260,10 @@ def _as_of_phase(name: str, files: dict[str, Path], keys: int, versions: int) ->
     spark = spark_session("local[4]", {"spark.python.worker.reuse": "true"})
     try:
         span = (versions + 1) * STEP_MS
+        at = (F.lit(BASE_TS - STEP_MS) + (F.hash(F.col("id") + 1) % span + span) % span if name != "as_of_recent"
+              else F.lit(BASE_TS + versions * STEP_MS))  # after every key's newest version: "now"
         df = (spark.range(keys).select("id", F.format_string("key-%08d", "id").cast("binary").alias("k"),
-                                       (F.lit(BASE_TS - STEP_MS) + (F.hash(F.col("id") + 1) % span + span) % span)
-                                       .alias("ms"))
+                                       at.alias("ms"))
               .repartition(4).cache())
         df.count()
         if name == "imports":
@@ -269,7 +271,7 @@ def _as_of_phase(name: str, files: dict[str, Path], keys: int, versions: int) ->
         elif name == "as_of_latest":
             joined = df.mapInArrow(latest_join_fn(str(files["latest"])), LATEST_SCHEMA)
         else:
-            joined = df.mapInArrow(as_of_join_fn(str(files["as_of"])), AS_OF_SCHEMA)
+            joined = df.mapInArrow(as_of_join_fn(str(files["as_of"])), AS_OF_SCHEMA)  # as_of, as_of_recent
         log(f"executor memory: {name}")
         started = time.perf_counter()
         with Sampler() as sampler:
@@ -288,9 +290,10 @@ def measure_as_of_memory(work: Path, keys: int, versions: int, value_bytes: int 
                          phases: tuple[str, ...] = AS_OF_PHASES) -> dict[str, Any]:
     """Executor memory of a versioned table of ``keys`` x ``versions`` distinct values of ``value_bytes``: the
     latest-value join (``as_of_latest``: the latest-value file of the same table, each key's newest version) against
-    the as-of join (``as_of``: the as-of file), each in fresh workers with the file already there, above what the
-    workers import (``imports``). The files are written by the bench as a snapshot's are (``bench.as_of_join``'s
-    ``latest_file`` and ``as_of_file``: no broker, no daemon), and the joins are ``view.join``'s mapInArrow bodies."""
+    the as-of join (``as_of``, ``as_of_recent``: the as-of file), each in fresh workers with the file already there,
+    above what the workers import (``imports``). The files are written by the bench as a snapshot's are
+    (``bench.as_of_join``'s ``latest_file`` and ``as_of_file``: no broker, no daemon), and the joins are
+    ``view.join``'s mapInArrow bodies."""
     from bench.as_of_join import as_of_file, latest_file
 
     files = {"latest": work / "latest.arrow", "as_of": work / "asof.arrow"}
@@ -313,8 +316,9 @@ def measure_as_of_memory(work: Path, keys: int, versions: int, value_bytes: int 
         if base is not None and name != "imports":
             for m in ("pss", "rss"):
                 out[name][f"{m}_mb_above_imports"] = round(out[name][f"{m}_mb_sum"] - base[f"{m}_mb_sum"], 1)
-    if base is not None and {"as_of", "as_of_latest"} <= set(phases):
-        for m in ("pss", "rss"):
-            out[f"as_of_vs_latest_{m}_above_imports"] = round(
-                out["as_of"][f"{m}_mb_above_imports"] / max(out["as_of_latest"][f"{m}_mb_above_imports"], 0.1), 2)
+    for name in ("as_of", "as_of_recent"):
+        if base is not None and {name, "as_of_latest"} <= set(phases):
+            for m in ("pss", "rss"):
+                out[f"{name}_vs_latest_{m}_above_imports"] = round(
+                    out[name][f"{m}_mb_above_imports"] / max(out["as_of_latest"][f"{m}_mb_above_imports"], 0.1), 2)
     return out
