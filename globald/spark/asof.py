@@ -9,14 +9,22 @@ guess); a null time gets a reason too. A history that is refused (``HistoryMeta.
 that line (the driver says it before any job when it can see the snapshot: ``check``).
 
 How: the snapshot's history family is parsed once per snapshot and host into an Arrow file beside it
-(``asof-history-v1.arrow``, written under the host lock by the first worker, atomically, mapped read-only by
+(``asof-history-v2.arrow``, written under the host lock by the first worker, atomically, mapped read-only by
 every worker: the columnar file's machinery, ``globald.typed.columnar``): one row per key with the key, its hash,
-the open-addressing slots, and its versions as a list of (timestamp, value) newest first, exactly the family's
-order. A batch's keys are found by the columnar file's probe (``ColumnarTable.positions``); each row's version by a
-binary search over its key's list, run for the whole batch at once in numpy (a step per halving: four for ten
-versions), then one Arrow ``take``. No RocksDB seek per row. Small-table mode ships the same table from the
-driver (``globald.spark.small``), indexed in memory. A history too large for one file (over 2 GB of values) is
-read by one seek per row instead (slow, logged).
+the open-addressing slots, its newest version (by (timestamp, offset)) in ``timestamp`` and ``value``, and its
+older versions in ``older``, a list of (timestamp, value) newest first, the family's order. Layout v2 holds only
+what a lookup reads, each in the narrowest type that holds it, since the file is mapped by every worker and the
+versions' values make most of it: timestamps are int32 milliseconds after the file's oldest (``stamp_base`` in
+the metadata) when the versions span at most 2**31 - 1 ms (24.8 days), else int64; values are
+``fixed_size_binary`` (no offsets) when every version present has one width, else ``binary``; ``error`` is of
+the null type (no bytes). The newest versions are apart from the older ones so that a row asking a time after its
+key's newest version (current events: most rows) reads only the newest columns' pages, not the history's.
+
+A batch's keys are found by the columnar file's probe (``ColumnarTable.positions``); each row's newest version is
+tried first, then the older ones by a binary search over its key's list, run for the whole batch at once in numpy
+(a step per halving: four for ten versions), then an Arrow ``take``. No RocksDB seek per row. Small-table mode
+ships the same table from the driver (``globald.spark.small``), indexed in memory. A history too large for one
+file (over 2 GB of values) is read by one seek per row instead (slow, logged).
 """
 
 from __future__ import annotations
@@ -36,7 +44,6 @@ import pyarrow.compute as pc
 from globald.common.errors import GlobaldError
 from globald.store.history import KEY_END, MAX_I64, SUFFIX_BYTES, VALUE, HistoryMeta
 from globald.store.names import ASOF_HISTORY_FILE, ASOF_HISTORY_LAYOUT
-from globald.typed.arrow import ERROR_TYPE
 from globald.typed.columnar import (
     META,
     ColumnarInvalid,
@@ -56,7 +63,7 @@ log = logging.getLogger(__name__)
 FINGERPRINT, FILE = ASOF_HISTORY_LAYOUT, ASOF_HISTORY_FILE  # declared in store/names.py
 CHUNK = 1 << 20  # history entries parsed at once while building
 _TO_END = 2**31 - 1
-VERSION_TYPE = pa.struct([pa.field("timestamp", pa.int64(), False), pa.field("value", pa.binary())])
+_I32_MAX = 2**31 - 1
 
 
 class AsOfRefusedError(GlobaldError):
@@ -127,21 +134,50 @@ def table_of(entries: Iterable[tuple[list[bytes], list[bytes]]], about: dict[str
     unique = key_column.take(pa.array(starts))
     hashes = key_hashes(unique)
     slots, probes = slot_table(hashes)
-    list_offsets = pa.array(np.append(starts, n).astype(np.int32))
-    versions = pa.ListArray.from_arrays(list_offsets, pa.StructArray.from_arrays(
-        [pa.array(ts_column), value_column], fields=list(VERSION_TYPE)))
+    base, narrow_stamps = _narrow_stamps(ts_column)
+    narrow = _narrow_values(value_column)
+    older = np.ones(n, bool)
+    older[starts] = False
+    # Key r's older versions are entries starts[r] + 1 .. starts[r + 1] - 1; with the r newest versions before
+    # them taken out, they start at starts[r] - r of the older ones.
+    older_offsets = pa.array(np.append(starts - np.arange(len(starts)), n - len(starts)).astype(np.int32))
+    version = [pa.field("timestamp", pa.from_numpy_dtype(narrow_stamps.dtype), False), pa.field("value", narrow.type)]
+    older_index = pa.array(np.flatnonzero(older))
+    versions = pa.ListArray.from_arrays(older_offsets, pa.StructArray.from_arrays(
+        [pa.array(narrow_stamps[older]), narrow.take(older_index)], fields=version))
     meta = {**about, "fingerprint": FINGERPRINT, "hash": HASH, "probes": probes, "rows": len(starts),
-            "versions": n, "since": None if marks is None else marks.since,
+            "versions": n, "stamp_base": base, "since": None if marks is None else marks.since,
             "refused": refusal(about["table"], marks)}
     return pa.table({
         "key": unique,
-        "timestamp": pa.array(ts_column[starts] if n else np.empty(0, np.int64)),  # each key's newest version
-        "value": versions,
-        "error": pa.nulls(len(starts), ERROR_TYPE),
+        "timestamp": pa.array(narrow_stamps[starts]),  # each key's newest version, (timestamp, offset) the greatest
+        "value": narrow.take(pa.array(starts)),
+        "older": versions,
+        "error": pa.nulls(len(starts)),
         "hash": pa.array(hashes),
         "slots": pa.FixedSizeListArray.from_arrays(pa.array(slots, pa.int32() if slots.dtype == np.int32
                                                             else pa.int64()), 2),
     }).replace_schema_metadata({META: json.dumps(meta)})
+
+
+def _narrow_stamps(stamps: np.ndarray) -> tuple[int, np.ndarray]:
+    """(base, stamps - base as int32) when the versions span at most 2**31 - 1 ms; else (0, the int64 stamps)."""
+    if not len(stamps):
+        return 0, stamps.astype(np.int32)
+    base = int(stamps.min())
+    if int(stamps.max()) - base <= _I32_MAX:
+        return base, (stamps - base).astype(np.int32)
+    return 0, stamps
+
+
+def _narrow_values(values: pa.Array) -> pa.Array:
+    """``values`` as ``fixed_size_binary`` when every one present has the same width: no offsets (4 bytes a version);
+    else as they are. A tombstone (null) takes the width in zeros."""
+    widths = pc.binary_length(values)
+    low, high = pc.min_max(widths).values()
+    if low.as_py() is None or low.as_py() != high.as_py() or not low.as_py():
+        return values
+    return values.cast(pa.binary(low.as_py()))
 
 
 def ensure(snapshot: Snapshot) -> ColumnarTable:
@@ -157,9 +193,9 @@ def ensure(snapshot: Snapshot) -> ColumnarTable:
                 return ColumnarTable.open(path, FINGERPRINT)  # another worker built it meanwhile
             table = build(snapshot)
             write_columnar(path, table)
-            log.info("as-of table of snapshot %s of %s: %d keys, %d versions", snapshot.id,
-                     snapshot.manifest.table, table.num_rows, len(table.column("value").chunk(0).values)
-                     if table.num_rows else 0)
+            log.info("as-of table of snapshot %s of %s: %d keys, %d versions", snapshot.id, snapshot.manifest.table,
+                     table.num_rows, table.num_rows + (len(table.column("older").chunk(0).values) if table.num_rows
+                                                       else 0))
     except OSError as e:
         log.warning("cannot write the as-of file of snapshot %s (%s): building it in this worker's memory",
                     snapshot.id, e)
@@ -203,7 +239,7 @@ class AsOfIndex:
     since: int | None
     refused: str | None
     name: str
-    _cols: tuple[np.ndarray, np.ndarray, pa.Array] | None = None
+    _cols: tuple[np.ndarray, np.ndarray, pa.Array, np.ndarray, pa.Array, int] | None = None
 
     @classmethod
     def of_table(cls, table: ColumnarTable) -> AsOfIndex:
@@ -242,14 +278,18 @@ class AsOfIndex:
             return pa.nulls(n, pa.binary()), pa.nulls(n, pa.int64())
         pos = self.table.positions(keys)
         ask = ask & (pos >= 0)
-        offsets, stamps, values = self._columns()
+        offsets, stamps, values, newest_stamps, newest_values, base = self._columns()
         sel = np.flatnonzero(ask)
-        lo = offsets[pos[sel]].astype(np.int64)
-        end = offsets[pos[sel] + 1].astype(np.int64)
+        row = pos[sel]
         at = t[sel]
-        # The newest version first (a recent time: most rows), then a binary search of the rest's lists, the rows
-        # still searching a step at a time.
-        hi = np.where(stamps[lo] <= at, lo, end)
+        if stamps.dtype == np.int32:  # stamps after base: a time before every one is -1, after every one the top
+            at = (np.clip(at, base - 1, base + _I32_MAX) - base).astype(np.int32)
+        # The newest version first (a recent time: most rows, and only the newest columns' pages are read), then a
+        # binary search of the rest's older lists, the rows still searching a step at a time.
+        newest = newest_stamps[row] <= at
+        lo = offsets[row].astype(np.int64)
+        end = offsets[row + 1].astype(np.int64)
+        hi = np.where(newest, lo, end)
         todo = np.flatnonzero(lo < hi)
         while len(todo):
             lo_t, hi_t = lo[todo], hi[todo]
@@ -259,24 +299,34 @@ class AsOfIndex:
             lo_t = np.where(at_or_before, lo_t, mid + 1)
             lo[todo], hi[todo] = lo_t, hi_t
             todo = todo[lo_t < hi_t]
-        found = np.zeros(n, bool)
-        found[sel] = lo < end
-        index = np.zeros(n, np.int64)
-        index[sel] = np.where(lo < end, lo, 0)
-        value = values.take(pa.array(index, mask=~found))
-        present = found & np.asarray(value.is_valid().to_numpy(zero_copy_only=False), bool)
-        stamp = pa.array(stamps[index], mask=~present)
-        return value, stamp
+        is_newest = np.zeros(n, bool)
+        is_newest[sel] = newest
+        is_older = np.zeros(n, bool)
+        is_older[sel] = ~newest & (lo < end)
+        at_newest = np.zeros(n, np.int64)
+        at_newest[sel] = row
+        at_older = np.zeros(n, np.int64)
+        at_older[sel] = np.where(is_older[sel], lo, 0)
+        value = newest_values.take(pa.array(at_newest, mask=~is_newest))
+        if is_older.any():
+            value = pc.if_else(pa.array(is_newest), value, values.take(pa.array(at_older, mask=~is_older)))
+        if value.type != pa.binary():
+            value = value.cast(pa.binary())
+        present = (is_newest | is_older) & np.asarray(value.is_valid().to_numpy(zero_copy_only=False), bool)
+        stamp = np.where(is_newest, newest_stamps[at_newest], stamps[at_older]).astype(np.int64) + base
+        return value, pa.array(stamp, mask=~present)
 
-    def _columns(self) -> tuple[np.ndarray, np.ndarray, pa.Array]:
-        """(list offsets, version timestamps, version values) of the table: views of the mapping, once."""
+    def _columns(self) -> tuple[np.ndarray, np.ndarray, pa.Array, np.ndarray, pa.Array, int]:
+        """(older lists' offsets, their timestamps as stored, their values, the newest versions' timestamps as
+        stored, their values, the stamps' base) of the table: views of the mapping, once."""
         if self._cols is None:
             assert self.table is not None
-            versions: pa.ListArray = self.table.values
-            child = versions.values
-            self._cols = (np.asarray(versions.offsets.to_numpy(zero_copy_only=False)),
-                          np.asarray(child.field("timestamp").to_numpy(zero_copy_only=False), np.int64),
-                          child.field("value"))
+            older: pa.ListArray = self.table.arrow.column("older").chunk(0)
+            child = older.values
+            self._cols = (np.asarray(older.offsets.to_numpy(zero_copy_only=False)),
+                          np.asarray(child.field("timestamp").to_numpy(zero_copy_only=False)), child.field("value"),
+                          np.asarray(self.table.timestamps.to_numpy(zero_copy_only=False)), self.table.values,
+                          int(self.table.meta.get("stamp_base", 0)))
         return self._cols
 
     def _seek(self, keys: pa.Array, t: np.ndarray, ask: np.ndarray) -> tuple[pa.Array, pa.Array]:

@@ -133,8 +133,8 @@ SNAPSHOT_DROPPED_PREFIX = ".dropped-"
 COLUMNAR_PREFIX = "columnar-"
 COLUMNAR_SUFFIX = ".arrow"
 # A versioned table's snapshot: its history, read once per host for as-of joins (globald.spark.asof), beside db/;
-# the name carries the file's layout version, so a file of another layout is rebuilt.
-ASOF_HISTORY_LAYOUT = "asof-history-v1"
+# the name carries the file's layout version, so a file of another layout is never read (v2: narrowed columns).
+ASOF_HISTORY_LAYOUT = "asof-history-v2"
 ASOF_HISTORY_FILE = ASOF_HISTORY_LAYOUT + COLUMNAR_SUFFIX
 
 

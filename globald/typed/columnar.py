@@ -233,6 +233,7 @@ class ColumnarTable:
         self.path = path
         self.meta: dict[str, Any] = json.loads((table.schema.metadata or {}).get(META.encode(), b"{}"))
         single = table.combine_chunks()  # a one-batch file: no copy
+        self.arrow = single  # every column, those of other layouts too (globald.spark.asof's older versions)
         self.keys = single.column("key").chunk(0) if single.num_rows else pa.array([], pa.binary())
         self.timestamps = _one(single, "timestamp")
         self.values = _one(single, "value")

@@ -19,15 +19,17 @@ from globald.typed.columnar import ColumnarTable
 BASE = 1_800_000_000_000
 
 
-def _records(rng: random.Random) -> list[Record]:
+def _records(rng: random.Random, fixed: bool = False, step: int = 100) -> list[Record]:
+    """Versions of 25 keys; ``fixed``: every value of one width; ``step``: ms between versions (1M: a span of 35
+    days, too wide for int32 stamps)."""
     keys = [b"k%d" % i for i in range(20)] + [b"\x00", b"\x00\xff\x00", b"a\x00b", b"\xff" * 3, b""]
     out: list[Record] = []
     offsets = [0, 0]
     for i in range(3_000):
         key = rng.choice(keys)
         partition = hash(key) % 2
-        value = None if rng.random() < 0.15 else b"v%d" % i
-        ts = BASE + i * 100 + rng.randrange(-2_000, 2_000)  # wanders back and forth: placed by time
+        value = None if rng.random() < 0.15 else (b"v%05d" % i if fixed else b"v%d" % i)
+        ts = BASE + i * step + rng.randrange(-2_000, 2_000)  # wanders back and forth: placed by time
         if i % 97 == 0 and out:  # a tie: another version of a key at a time it already has
             key, ts, partition = out[-1].key, out[-1].timestamp, out[-1].partition
         out.append(Record(key, value, ts, partition, offsets[partition]))
@@ -44,14 +46,25 @@ def _index(records: list[Record], since: int | None, chunk: int = 700) -> AsOfIn
     return AsOfIndex.of_table(ColumnarTable(table_of(chunks, {"table": "t", "snapshot": "s"}, marks)))
 
 
-def test_the_index_answers_as_the_as_of_fold() -> None:
+@pytest.mark.parametrize(("fixed", "step", "layout"), [
+    (False, 100, (pa.int32(), pa.binary())),
+    (True, 100, (pa.int32(), pa.binary(6))),  # one width: no value offsets
+    (True, 1_000_000, (pa.int64(), pa.binary(6))),  # a span past int32 milliseconds: int64 stamps
+])
+def test_the_index_answers_as_the_as_of_fold(fixed: bool, step: int, layout: tuple[pa.DataType, pa.DataType]
+                                             ) -> None:
     rng = random.Random(45)
-    records = _records(rng)
-    since = BASE + 50_000
+    records = _records(rng, fixed, step)
+    since = BASE + 500 * step
     index = _index(records, since)
+    assert index.table is not None
+    version = index.table.arrow.column("older").type.value_type
+    assert (version.field("timestamp").type, version.field("value").type) == layout
+    assert (index.table.timestamps.type, index.table.values.type) == layout  # each key's newest version
     keys = sorted({r.key for r in records})
     stamps = [r.timestamp for r in records]
-    asks: list[tuple[bytes | None, int | None]] = [(None, stamps[0]), (keys[0], None), (b"absent", stamps[-1])]
+    asks: list[tuple[bytes | None, int | None]] = [(None, stamps[0]), (keys[0], None), (b"absent", stamps[-1]),
+                                                   (keys[1], 2**62), (keys[2], max(stamps) + 2**31)]
     for _ in range(4_000):
         t = rng.choice(stamps) if rng.random() < 0.5 else rng.randint(since - 5_000, max(stamps) + 5_000)
         asks.append((rng.choice(keys), t))
@@ -108,3 +121,16 @@ def test_a_history_read_by_seeks_answers_alike() -> None:
     keys = pa.array([rng.choice(records).key for _ in range(300)] + [None], pa.binary())
     times = pa.array([rng.randint(BASE - 3_000, BASE + 70_000) for _ in range(300)] + [BASE], pa.int64())
     assert [c.to_pylist() for c in seeks.at(keys, times)] == [c.to_pylist() for c in mapped.at(keys, times)]
+
+
+def test_times_before_every_version_or_far_past_the_narrowed_stamps_answer_as_the_fold() -> None:
+    records = _records(random.Random(7), fixed=True)
+    index = _index(records, -2**62 - 1)  # every time asked is from since on
+    newest = max(records, key=lambda r: (r.timestamp, r.offset))
+    keys = [newest.key] * 4
+    times = [-2**62, BASE - 10**7, newest.timestamp, 2**62]
+    value, stamp, reason = index.at(pa.array(keys, pa.binary()), pa.array(times, pa.int64()))
+    for at, v, ts in zip(times, value.to_pylist(), stamp.to_pylist(), strict=True):
+        want = as_of(records, newest.key, at)
+        assert (v, ts) == ((None, None) if want is None else want), at
+    assert reason.null_count == 4
