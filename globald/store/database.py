@@ -298,6 +298,26 @@ class Database:
             self._put_meta({META_HISTORY_SINCE: str(since).encode()})
         return marks.since, since
 
+    def history_removed(self) -> None:
+        """A reload removed ``history`` from this versioned table in place (``settings.changes``, unversioned): the
+        latest values and offsets stay as they are; the history goes as a restart drops it (``history.forget``:
+        its marks, then its family), so status, snapshots and exports from now on are a plain table's. Closed (a
+        store fault, rewinding), it goes when the store reopens without history. Raises StoreIOError when the disk
+        refuses: the history then goes at the store's next open."""
+        assert self.history_ms is not None, "only a versioned table's history is removed in place"
+        self.history_ms = None
+        self.history_read_at = self.history_moved = None
+        self._history = self._history_cf = None  # no handle left on the family dropped
+        self._sweep = Sweep()
+        if self._db is None:
+            return
+        history.forget(self._put_history_marks, lambda: self.db.drop_column_family(HISTORY_CF), self.table,
+                       "history was removed by a reload, in place")
+
+    def _put_history_marks(self, entries: dict[bytes, bytes | None]) -> None:
+        """Durable before the family is dropped (``history.forget``): a crash never leaves its marks over nothing."""
+        self._put_meta(entries, sync=True)
+
     def history_status(self) -> dict[str, Any] | None:
         """A versioned table's ``tables.<t>.history`` status: since (epoch ms, or null when unproven), versions and
         bytes (RocksDB's estimates), and why as-of lookups are refused when they are; None for another table."""

@@ -36,7 +36,13 @@ from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Message
 from rocksdict import Rdict
 
 from globald.store.failures import store_io
-from globald.store.names import HISTORY_CF, META_HISTORY_CLOCK, META_HISTORY_SINCE, META_HISTORY_UNTIMED
+from globald.store.names import (
+    HISTORY_CF,
+    META_HISTORY_CLOCK,
+    META_HISTORY_READ,
+    META_HISTORY_SINCE,
+    META_HISTORY_UNTIMED,
+)
 
 log = logging.getLogger(__name__)
 
@@ -373,22 +379,38 @@ def status(family: Rdict, meta: HistoryMeta, window_ms: int | None, table: str,
             "compaction_lag_ms": lag_ms, "refused": meta.refusal(table), "moved": moved}
 
 
-_MARKS = (META_HISTORY_SINCE, META_HISTORY_CLOCK, META_HISTORY_UNTIMED)
+# Every mark of a history (``names.META_HISTORY_*``): dropped with its family (``forget``).
+MARKS = (META_HISTORY_SINCE, META_HISTORY_CLOCK, META_HISTORY_UNTIMED, META_HISTORY_READ)
 
 
-def adopt(db: Rdict, meta: Rdict, table: str, window_ms: int | None, stale: bool,
-          empty: Callable[[], bool]) -> dict[bytes, bytes | None]:
+def forget(put_meta: Callable[[dict[bytes, bytes | None]], None], drop: Callable[[], None], table: str,
+           why: str) -> None:
+    """Drop the history of a table no longer versioned: its marks first (``put_meta`` deletes them, durably), then
+    its family (``drop``). The one way a history goes: at a store's open (``adopt``: removed at a restart, or a
+    drop cut short), by a reload that removes it in place (``Database.history_removed``) and in an exact build on
+    a base that had it (``snapshot.builder``). In this order a crash between the two leaves a family without
+    ``since``, which no reader takes for a history (``HistoryMeta.unproven``: as-of lookups refused) and which the
+    next open resolves: dropped again when the table is not versioned, rebuilt from the topic at its plan when a
+    restart declares history again. The other order could leave a ``since`` over an empty family made anew."""
+    with store_io(f"table {table}: drop the history of a table no longer versioned"):
+        put_meta(dict.fromkeys(MARKS))
+        drop()
+    log.info("table %s: %s; dropped its history", table, why)
+
+
+def adopt(db: Rdict, meta: Rdict, table: str, window_ms: int | None, stale: bool, empty: Callable[[], bool],
+          put_meta: Callable[[dict[bytes, bytes | None]], None]) -> dict[bytes, bytes | None]:
     """What a store just opened does with its history (``TableStore``): the history family of a table no longer
-    versioned (``stale``) is dropped here; the metadata to put is returned (None: a key to delete): the marks of
-    that history gone, or ``since`` pending for a versioned store that is ``empty()``. A versioned store holding
-    data without ``since`` gets none (``unproven``): nothing proves what it saw, and the state manager rebuilds it
-    from the topic at its plan."""
+    versioned (``stale``) is dropped here (``forget``); the metadata to put is returned (None: a key to delete):
+    any mark a table without history still holds, or ``since`` pending for a versioned store that is ``empty()``.
+    A versioned store holding data without ``since`` gets none (``unproven``): nothing proves what it saw, and the
+    state manager rebuilds it from the topic at its plan."""
     if stale:  # no longer kept up to date, so not kept at all
-        with store_io(f"table {table}: drop the history of a table no longer versioned"):
-            db.drop_column_family(HISTORY_CF)
-        log.info("table %s: the table is no longer versioned; dropped its history", table)
-        return dict.fromkeys(_MARKS)
-    if window_ms is None or meta.get(META_HISTORY_SINCE) is not None:
+        forget(put_meta, lambda: db.drop_column_family(HISTORY_CF), table, "the table is no longer versioned")
+        return {}
+    if window_ms is None:  # marks without their family (a drop cut short by an older globald): gone too
+        return {k: None for k in MARKS if meta.get(k) is not None}
+    if meta.get(META_HISTORY_SINCE) is not None:
         return {}
     if empty():
         return {META_HISTORY_SINCE: SINCE_PENDING}

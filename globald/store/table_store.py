@@ -140,7 +140,7 @@ class TableStore(Database):
             self.stale_origins = False
             log.info("table %s: the table is no longer typed; dropped the origins recorded for its values", self.table)
         marks = history.adopt(self.db, self._meta, self.table, self.history_ms, self.stale_history,
-                              lambda: fresh or not (self.offsets() or self._holds_data()))
+                              lambda: fresh or not (self.offsets() or self._holds_data()), self._put_history_marks)
         self.stale_history = False
         crashed = status == STATUS_OPEN
         if crashed:
