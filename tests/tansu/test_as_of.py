@@ -130,7 +130,7 @@ def test_a_reload_adds_changes_and_removes_history(broker: Broker, daemon: Daemo
     replay's start less the topic's min.compaction.lag.ms (read from the topic's config); as-of answers are the
     as-of fold's from since on and refused before. A reload changing the window takes it in place, in the same
     process and with nothing replayed: shrunk, since moves forward at once to the newest record time less the
-    window; grown, since stays. One removing history drops the family, the latest values unchanged. Added again at
+    window; grown, since stays. One removing history drops the family in place, the latest values unchanged. Added again at
     a restart, over the store with data, it is rebuilt in-process (wipe ``history_added``), with no operator
     step."""
     lag = 600_000
