@@ -6,6 +6,8 @@ resolved by the next open, whatever the table is declared then."""
 from __future__ import annotations
 
 import random
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -157,3 +159,35 @@ def test_marks_left_without_their_family_go_at_the_next_open(tmp_path: Path) -> 
     again = TableStore.open(tmp_path, "tbl", "t", StoreOptions(), history_ms=10**12).store
     assert again.history_unproven
     again.close()
+
+
+def test_an_exact_build_on_a_versioned_base_of_a_table_no_longer_versioned_is_plain(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A base snapshot published before the removal (kept for its readers, or by retention) holds a history and a
+    since; a build on it after the removal drops them as the live store did, so no snapshot published after the
+    removal answers as of a time with versions its tail never added."""
+    from globald.settings.ref import ConfigRef
+    from globald.snapshot.builder import Builder
+    from globald.store.names import COLUMN_FAMILIES, FORMAT_VERSION, META_HISTORY_SINCE
+    from globald.store.offline import open_offline, since_of
+    from tests.unit.test_exact_build_since import _Consumer
+    from tests.unit.test_update_task import Event
+
+    base = tmp_path / "base" / "db"
+    with open_offline(base, StoreOptions(), [*COLUMN_FAMILIES, HISTORY_CF]) as store:
+        store.put_meta({**layout.stamp(FORMAT_VERSION, "t"), META_HISTORY_SINCE: b"5"}, "stamp", rebuild=False)
+        store.put_all(HISTORY_CF, [(history.version_key(b"a", 5, 0, 0), history.VALUE + b"1")], "a version")
+        store.put_offsets({0: 1}, "offsets")
+    assert since_of(base) == 5
+    config = parse({**BASE, "state_dir": str(tmp_path / "state"), "tables": [{"name": "rates", "topic": "t"}]})
+    builder = Builder(ConfigRef(config), threading.Event())
+    builder._consumer = _Consumer([Event(0, 1, _key=b"a", _value=b"2", _ts=7)])  # type: ignore[assignment]
+    monkeypatch.setattr(builder, "_marks", lambda topic, until: {0: (0, 2)})
+    monkeypatch.setattr(builder, "_check_same_topic", lambda *a: None)
+    work = tmp_path / "work"
+    built = builder.build(config.table("rates"), {0: 2}, {0: 1}, base.parent, work, time.monotonic() + 60)
+    builder._consumer = None
+    db = work / "db"
+    assert built.records == 1 and HISTORY_CF not in layout.families(db) and since_of(db) is None
+    with StoreReader(db) as reader:
+        assert reader.history is None and [(k, v) for k, v, _ in reader.items()] == [(b"a", b"2")]
