@@ -6,13 +6,12 @@ On the modern-protocol lane: only its records carry the timestamps a history nee
 
 from __future__ import annotations
 
+import functools
 import random
-import re
 import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -24,7 +23,7 @@ from globald.store import layout
 from globald.store.names import HISTORY_CF, SNAPSHOT_DB_DIR, db_dir, snapshots_dir
 from tests.harness import Broker, DaemonProcess, globald
 from tests.tansu.data import expected_table, timed_records, wait_for_table
-from tests.tansu.test_as_of import _check_as_of, _table_state
+from tests.tansu.test_as_of import _check_as_of, _table_state, reload_history
 
 pytestmark = [pytest.mark.kafka, pytest.mark.tansu]
 
@@ -75,17 +74,7 @@ def test_a_reload_removes_history_in_place_and_adding_it_back_starts_since_then(
     before = d.dump("rates")
     assert before == expected_table(produced)
 
-    def reload_to(history: str | None, generation: int) -> dict[str, Any]:
-        text = re.sub(r'^history = .*\n', "", d.config.read_text(), flags=re.M)
-        d.config.write_text(text + (f'history = "{history}"\n' if history else ""))
-        r = globald("reload", "--config", str(d.config), timeout=300)
-        assert r.returncode == 0, r.stderr
-        return _table_state(d.wait_for(
-            lambda s: s["config"]["generation"] == generation and _table_state(s).get("state") == "RUNNING"
-            and (history is None) == ("history" not in _table_state(s))
-            and (history is None or _table_state(s)["history"]["since"] is not None),
-            timeout=120, what=f"the reload to history {history}"))
-
+    reload_to = functools.partial(reload_history, d)
     pid, applied, mark, heard = d.pid, (state["records"], state["wipes"]), d.log_size(), len(_hooked(events))
     removed_at = int(time.time() * 1000)
     state = reload_to(None, 2)
