@@ -16,7 +16,7 @@ from typing import Any
 from rocksdict import Checkpoint, ColumnFamily, Rdict, WriteBatch
 
 from globald.common.errors import StoreIOError, StoreUnavailableError
-from globald.store import history, layout, memory, space
+from globald.store import gaps, history, layout, memory, space
 from globald.store.compaction_gate import CompactionGate
 from globald.store.failures import store_io
 from globald.store.history import HistoryMeta, HistoryWriter, Sweep
@@ -264,7 +264,7 @@ class Database:
 
     def history_resumed(self, now: int, last_read: int | None, tolerance_ms: int) -> str | None:
         """The table resumes reading at ``now`` (epoch ms), last known reading at ``last_read``: move its since as
-        ``history.since_after_gap`` says (stored at once, with the new read mark: a later since is never wrong, and
+        ``gaps.since_after_gap`` says (stored at once, with the new read mark: a later since is never wrong, and
         it is durable before any record read past the gap); returns why it moved (None: kept, or no since to
         move: pending, unproven, not versioned)."""
         if self._history is None or self._meta is None:
@@ -273,8 +273,8 @@ class Database:
         self.history_read_at = now
         if marks.since is None:
             return None
-        since, moved = history.since_after_gap(marks.since, last_read, now, self.compaction_lag_ms, history.RESUME,
-                                               tolerance_ms)
+        since, moved = gaps.since_after_gap(marks.since, last_read, now, self.compaction_lag_ms, gaps.RESUME,
+                                            tolerance_ms)
         entries = {META_HISTORY_READ: str(now).encode()}
         if moved is not None:
             entries[META_HISTORY_SINCE] = str(since).encode()

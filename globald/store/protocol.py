@@ -71,7 +71,7 @@ class Store(Protocol):
     def put_offsets(self, batch: Batch, offsets: Mapping[int, int],
                     ladders: Mapping[int, Ladder] | None = None) -> None: ...
 
-    # A versioned table's reading marks (store.history.since_after_gap): when the loop last knew it reading, why a
+    # A versioned table's reading marks (store.gaps.since_after_gap): when the loop last knew it reading, why a
     # resume last moved its since.
     history_read_at: int | None
     history_moved: str | None

@@ -279,7 +279,7 @@ class TableStore(Database):
 
     def put_read_mark(self, batch: Batch) -> None:
         """Add to ``batch`` (one that moves offsets) when the loop last knew a versioned table reading its topic
-        (``history_read_at``): the mark a restart measures its gap from (``history.since_after_gap``). The loop's
+        (``history_read_at``): the mark a restart measures its gap from (``store.gaps.since_after_gap``). The loop's
         mark, not the write's time: records fetched after a gap, written before the loop saw it, must not make
         the gap look closed."""
         if self._history is not None and self.history_read_at is not None:

@@ -19,7 +19,7 @@ from globald.export.manifest import ExportHistory, ExportManifest, ExportManifes
 from globald.export.target import Target
 from globald.settings.config import TableConfig
 from globald.snapshot.manifest import Manifest, snapshot_since
-from globald.store.history import BOOTSTRAP, since_after_gap
+from globald.store.gaps import BOOTSTRAP, since_after_gap
 from globald.store.names import META_HISTORY_SINCE
 from globald.store.offline import open_offline, since_of
 from globald.store.options import StoreOptions

@@ -1,5 +1,5 @@
 """A versioned table's since after a gap in reading (issue 45: never a since earlier than provable): the rule
-(``history.since_after_gap``), and the loop's marks (``engine.reading``) on a real store: a restart after downtime
+(``store.gaps.since_after_gap``), and the loop's marks (``engine.reading``) on a real store: a restart after downtime
 longer than the topic's min.compaction.lag.ms, or a stall while running, moves since to the resume less the lag;
 a table that tails without a gap keeps it. The wall clock is the module's ``now_ms``, set by the tests."""
 
@@ -14,8 +14,8 @@ from globald.engine.reading import STALL_TOLERANCE_MS, ReadingMarks
 from globald.engine.table import TableRuntime
 from globald.engine.update_task import UpdateTask
 from globald.settings.config import TableConfig
-from globald.store import history
-from globald.store.history import since_after_gap
+from globald.store import gaps, history
+from globald.store.gaps import since_after_gap
 from globald.store.options import StoreOptions
 from globald.store.table_store import TableStore
 from tests.unit.test_update_task import Event
@@ -24,21 +24,21 @@ LAG = 60_000
 SINCE = 1_000_000
 
 
-GAPS = [history.RESUME, history.BOOTSTRAP]
+GAPS = [gaps.RESUME, gaps.BOOTSTRAP]
 
 
-# The one rule of a gap in reading (``history.since_after_gap``), each edge for both gaps: a resume after a restart,
+# The one rule of a gap in reading (``store.gaps.since_after_gap``), each edge for both gaps: a resume after a restart,
 # an outage, a pause or a stall (from the read mark), and a bootstrap from an export (from its snapshot's time).
 
 @pytest.mark.parametrize("gap", GAPS)
-def test_a_gap_within_the_lag_keeps_since(gap: history.Gap) -> None:
+def test_a_gap_within_the_lag_keeps_since(gap: gaps.Gap) -> None:
     start = SINCE + 500_000
     assert since_after_gap(SINCE, start, start, LAG, gap) == (SINCE, None)
     assert since_after_gap(SINCE, start, start + LAG, LAG, gap) == (SINCE, None)  # every record appended is there
 
 
 @pytest.mark.parametrize("gap", GAPS)
-def test_a_gap_longer_than_the_lag_moves_since_to_the_end_less_the_lag(gap: history.Gap) -> None:
+def test_a_gap_longer_than_the_lag_moves_since_to_the_end_less_the_lag(gap: gaps.Gap) -> None:
     start = SINCE + 500_000
     now = start + LAG + 1
     moved, why = since_after_gap(SINCE, start, now, LAG, gap)
@@ -49,7 +49,7 @@ def test_a_gap_longer_than_the_lag_moves_since_to_the_end_less_the_lag(gap: hist
 
 
 @pytest.mark.parametrize("gap", GAPS)
-def test_an_unknown_lag_is_0_so_any_gap_moves_since_to_the_end(gap: history.Gap) -> None:
+def test_an_unknown_lag_is_0_so_any_gap_moves_since_to_the_end(gap: gaps.Gap) -> None:
     start = SINCE + 500_000
     moved, why = since_after_gap(SINCE, start, start + 1, None, gap)
     assert moved == start + 1 and why is not None and "unknown, taken as 0" in why
@@ -59,7 +59,7 @@ def test_an_unknown_lag_is_0_so_any_gap_moves_since_to_the_end(gap: history.Gap)
 
 
 @pytest.mark.parametrize("gap", GAPS)
-def test_no_start_recorded_or_a_start_after_the_end_moves_since(gap: history.Gap) -> None:
+def test_no_start_recorded_or_a_start_after_the_end_moves_since(gap: gaps.Gap) -> None:
     now = SINCE + 500_000
     moved, why = since_after_gap(SINCE, None, now, LAG, gap)
     assert moved == now - LAG and why is not None and f"nothing records {gap.start}" in why
@@ -71,7 +71,7 @@ def test_no_start_recorded_or_a_start_after_the_end_moves_since(gap: history.Gap
 
 
 @pytest.mark.parametrize("gap", GAPS)
-def test_a_gap_within_the_tolerance_is_no_gap(gap: history.Gap) -> None:
+def test_a_gap_within_the_tolerance_is_no_gap(gap: gaps.Gap) -> None:
     start = SINCE + 500_000
     assert since_after_gap(SINCE, start, start + 5_000, None, gap, tolerance_ms=10_000) == (SINCE, None)
     assert since_after_gap(SINCE, start, start + 10_001, None, gap, tolerance_ms=10_000)[0] == start + 10_001
@@ -80,9 +80,9 @@ def test_a_gap_within_the_tolerance_is_no_gap(gap: history.Gap) -> None:
 
 def test_a_resume_says_how_long_the_table_did_not_read() -> None:
     read = SINCE + 500_000
-    why = since_after_gap(SINCE, read, read + LAG + 1, LAG, history.RESUME)[1]
+    why = since_after_gap(SINCE, read, read + LAG + 1, LAG, gaps.RESUME)[1]
     assert why is not None and "the table did not read its topic for 60001 ms" in why
-    why = since_after_gap(SINCE, read + 5, read, LAG, history.RESUME)[1]
+    why = since_after_gap(SINCE, read + 5, read, LAG, gaps.RESUME)[1]
     assert why is not None and "stepped back" in why
 
 
