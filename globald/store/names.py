@@ -59,7 +59,7 @@ META_FINGERPRINT_PREFIX = b"fingerprint/"
 META_HISTORY_SINCE = b"history/since"
 META_HISTORY_CLOCK = b"history/clock"
 META_HISTORY_UNTIMED = b"history/untimed"
-# The wall-clock time (epoch ms, ASCII) the table was last known reading its topic (``history.resumed_since``):
+# The wall-clock time (epoch ms, ASCII) the table was last known reading its topic (``store.gaps.since_after_gap``):
 # written with the offsets of every batch a running loop applies, and at a clean stop.
 META_HISTORY_READ = b"history/read"
 
