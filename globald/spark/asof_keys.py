@@ -12,20 +12,31 @@ the same way), within one encoding the later offset, as the fold. Times before `
 raw search's reasons. A history too large for one file (read by seeks) has no key list to translate against: it is
 refused with ColumnarTooLarge, as the latest-value typed join refuses a snapshot too large for its file.
 
-Cost: every worker decodes the history's distinct stored keys once per snapshot (``KeyGroups``), in memory.
+Cost: the history's distinct stored keys are decoded once per snapshot and host, by the first worker that needs
+them, into a file beside the snapshot (``asof-keys-<fingerprint>.arrow``: ``globald.typed.keygroups``), written
+under the host lock and mapped by every worker, as the as-of file is; small-table mode (and a directory this user
+may not write) builds it in the worker's memory.
 """
 
 from __future__ import annotations
+
+import contextlib
+import logging
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from globald.spark.asof import AsOfHandle
+from globald.store.names import ASOF_KEYS_PREFIX, COLUMNAR_SUFFIX
 from globald.typed.arrow import Decoder
-from globald.typed.columnar import ColumnarTooLarge
-from globald.typed.keygroups import KeyGroups
+from globald.typed.columnar import ColumnarInvalid, ColumnarTable, ColumnarTooLarge, _host_lock, write_columnar
+from globald.typed.keygroups import KeyGroups, fingerprint, groups_table
 from globald.typed.keys import canonical
+
+log = logging.getLogger(__name__)
 
 
 class TypedAsOf:
@@ -38,7 +49,10 @@ class TypedAsOf:
                                    "its key is typed ([tables.key]), which only the file's key list can translate: "
                                    "declare the key raw to look it up as of a time")
         self.handle = handle
-        self.groups = KeyGroups(stored, key_decoder, table)
+        about = {"table": table, "snapshot": handle.snapshot}
+        directory = getattr(handle.index.table, "path", None)  # the mapped as-of file's: beside its snapshot
+        self.groups = KeyGroups(ColumnarTable(groups_table(stored, key_decoder, about)) if directory is None
+                                else _ensure(Path(directory).parent, stored, key_decoder, about))
 
     def at(self, column: pa.Array | pa.ChunkedArray, times: pa.Array | pa.ChunkedArray
            ) -> tuple[pa.Array, pa.Array, pa.Array]:
@@ -75,6 +89,24 @@ class TypedAsOf:
         pick = pa.array(starts[sources] + rows)
         merged = pa.concat_arrays(candidates).take(pick)
         return merged, pa.array(best, mask=~known)
+
+
+def _ensure(directory: Path, stored: pa.Array, key_decoder: Decoder, about: dict[str, Any]) -> ColumnarTable:
+    """The snapshot's groups file, mapped; built and written first when there is none (one builder per host)."""
+    fp = fingerprint(key_decoder)
+    path = directory / f"{ASOF_KEYS_PREFIX}{fp[:24]}{COLUMNAR_SUFFIX}"
+    with contextlib.suppress(FileNotFoundError, ColumnarInvalid):
+        return ColumnarTable.open(path, fp)
+    try:
+        with _host_lock(directory):
+            with contextlib.suppress(FileNotFoundError, ColumnarInvalid):
+                return ColumnarTable.open(path, fp)  # another worker built it meanwhile
+            write_columnar(path, groups_table(stored, key_decoder, about))
+    except OSError as e:
+        log.warning("cannot write the as-of key file of snapshot %s of %s (%s): building it in this worker's "
+                    "memory", about.get("snapshot"), about.get("table"), e)
+        return ColumnarTable(groups_table(stored, key_decoder, about))
+    return ColumnarTable.open(path, fp)
 
 
 def _stamps(stamp: pa.Array) -> tuple[np.ndarray, np.ndarray]:

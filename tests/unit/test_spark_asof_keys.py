@@ -8,6 +8,7 @@ such ties that is ``globald.embedded.oracle.as_of`` over canonical keys exactly,
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -15,9 +16,11 @@ import pytest
 from globald import typed
 from globald.embedded.oracle import Record, as_of
 from globald.settings.typed_spec import ValueFormat
-from globald.spark.asof import AsOfHandle, AsOfIndex
+from globald.spark.asof import FILE, FINGERPRINT, AsOfHandle, AsOfIndex, table_of
 from globald.spark.asof_keys import TypedAsOf
-from globald.typed.columnar import ColumnarTooLarge
+from globald.store.history import VALUE, HistoryMeta, version_key
+from globald.store.names import ASOF_KEYS_PREFIX
+from globald.typed.columnar import ColumnarTable, ColumnarTooLarge, write_columnar
 from globald.typed.keys import canonical
 from tests.unit.test_spark_asof import _index
 from tests.unit.typed_fixtures import FIXTURES
@@ -124,3 +127,23 @@ def test_a_history_read_by_seeks_is_refused_for_a_typed_key() -> None:
     index = AsOfIndex(None, None, None, None, "t")
     with pytest.raises(ColumnarTooLarge, match=r"\[tables.key\]"):
         TypedAsOf(AsOfHandle(index, "s", True, None), LONGS, "t")
+
+
+def test_the_key_groups_are_written_once_beside_the_mapped_as_of_file(tmp_path: Path) -> None:
+    """A mapped as-of file's snapshot directory gets the groups file; a second worker maps it, same answers."""
+    plain, overlong = encodings(-2)
+    records = [Record(plain, b"a", BASE, 0, 0), Record(overlong, b"b", BASE + 5, 0, 1)]
+    path = tmp_path / FILE
+    stored = sorted((version_key(r.key, r.timestamp, r.offset, r.partition), VALUE + (r.value or b""))
+                    for r in records)
+    marks = HistoryMeta(since=BASE, clock=None, untimed=None)
+    write_columnar(path, table_of([([k for k, _ in stored], [v for _, v in stored])], {"table": "t", "snapshot": "s"},
+                                  marks))
+    answers = []
+    for _ in range(2):
+        handle = AsOfHandle(AsOfIndex.of_table(ColumnarTable.open(path, FINGERPRINT)), "s", True, None)
+        typed_as_of = TypedAsOf(handle, LONGS, "t")
+        answers.append(typed_as_of.at(pa.array([-2, -2, 3]), pa.array([BASE, BASE + 9, BASE])))
+    [written] = tmp_path.glob(f"{ASOF_KEYS_PREFIX}*")
+    assert typed_as_of.groups.table.path == written
+    assert answers[0] == answers[1] and answers[0][0].to_pylist() == [b"a", b"b", None]
