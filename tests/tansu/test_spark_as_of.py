@@ -269,8 +269,35 @@ def _check(rows: list[Any], v: Versioned) -> None:
             assert "tie-second" in (r["value"] or ""), r  # a tie: the later offset (of a typed key: key too)
 
 
+def _check_get(v: Versioned, capsys: pytest.CaptureFixture[str]) -> None:
+    """``globald get --decode KEY --as-of TIME`` of the typed key answers the same fold: once by the command, then
+    at the first 30 asks from since on (the tie among them) as it reads. In this process: a CLI process costs
+    ~0.5 s of CPU to start, and each ask decodes every stored key."""
+    from globald.cli.main import main
+    from globald.cli.read import _find_decoded
+    from globald.cli.readview import open_view
+    from globald.settings.config import load
+    from globald.spark.typed import decoders
+
+    since = v.since["ktrates"]
+    asks = [(str(number(k)).encode(), at) for _, k, at in v.asks if k is not None and at is not None and at >= since]
+    text, at = next((t, at) for t, at in asks if as_of(v.keyed, t, at) is not None)
+    capsys.readouterr()
+    code = main(["get", "--config", str(v.d.config), "--table", "ktrates", "--decode", "--as-of", str(at), "--json",
+                 text.decode()])
+    out, err = capsys.readouterr()
+    want = as_of(v.keyed, text, at)
+    assert code == 0 and want is not None, err
+    assert (json.loads(out)["value"], json.loads(out)["timestamp"]) == (json.loads(want[0]), want[1])
+    key_decoder = decoders(str(v.d.config), "ktrates")[0]
+    with open_view(load(v.d.config), "ktrates") as view:
+        for text, at in asks[:30]:
+            assert _find_decoded(view, text, key_decoder, at)[1] == as_of(v.keyed, text, at), (text, at)
+
+
 def test_as_of_joins_answer_as_the_as_of_fold_in_every_mode(spark: Any, broker: Broker,  # noqa: F811
-                                                           versioned: Versioned) -> None:
+                                                           versioned: Versioned,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
     df = _frame(spark, versioned.asks)
     union, views = _union(spark, versioned, df)
     # The plan: every form is a map over df's own partitions, no Exchange (no shuffle of df, nothing collected).
@@ -278,6 +305,7 @@ def test_as_of_joins_answer_as_the_as_of_fold_in_every_mode(spark: Any, broker: 
     assert "Exchange" not in plan and "MapInArrow" in plan, plan
     _check(union.collect(), versioned)
     assert all(v.fallbacks.value == 0 for v in views)
+    _check_get(versioned, capsys)
     with pytest.raises(AsOfRefusedError, match="keeps no versions"):
         GlobalTableView(spark, versioned.d.config, "plain").join(df, "k", as_of="ts")
     with pytest.raises(TypeError, match="timestamp or a long"):
