@@ -20,8 +20,6 @@ may not write) builds it in the worker's memory.
 
 from __future__ import annotations
 
-import contextlib
-import logging
 from pathlib import Path
 from typing import Any
 
@@ -32,11 +30,9 @@ import pyarrow.compute as pc
 from globald.spark.asof import AsOfHandle
 from globald.store.names import ASOF_KEYS_PREFIX, COLUMNAR_SUFFIX
 from globald.typed.arrow import Decoder
-from globald.typed.columnar import ColumnarInvalid, ColumnarTable, ColumnarTooLarge, _host_lock, write_columnar
+from globald.typed.columnar import ColumnarTable, ColumnarTooLarge, mapped_or_built
 from globald.typed.keygroups import KeyGroups, fingerprint, groups_table
 from globald.typed.keys import canonical
-
-log = logging.getLogger(__name__)
 
 
 class TypedAsOf:
@@ -94,19 +90,9 @@ class TypedAsOf:
 def _ensure(directory: Path, stored: pa.Array, key_decoder: Decoder, about: dict[str, Any]) -> ColumnarTable:
     """The snapshot's groups file, mapped; built and written first when there is none (one builder per host)."""
     fp = fingerprint(key_decoder)
-    path = directory / f"{ASOF_KEYS_PREFIX}{fp[:24]}{COLUMNAR_SUFFIX}"
-    with contextlib.suppress(FileNotFoundError, ColumnarInvalid):
-        return ColumnarTable.open(path, fp)
-    try:
-        with _host_lock(directory):
-            with contextlib.suppress(FileNotFoundError, ColumnarInvalid):
-                return ColumnarTable.open(path, fp)  # another worker built it meanwhile
-            write_columnar(path, groups_table(stored, key_decoder, about))
-    except OSError as e:
-        log.warning("cannot write the as-of key file of snapshot %s of %s (%s): building it in this worker's "
-                    "memory", about.get("snapshot"), about.get("table"), e)
-        return ColumnarTable(groups_table(stored, key_decoder, about))
-    return ColumnarTable.open(path, fp)
+    return mapped_or_built(directory / f"{ASOF_KEYS_PREFIX}{fp[:24]}{COLUMNAR_SUFFIX}", fp,
+                           lambda: groups_table(stored, key_decoder, about),
+                           f"the as-of key file of snapshot {about.get('snapshot')} of {about.get('table')}")
 
 
 def _stamps(stamp: pa.Array) -> tuple[np.ndarray, np.ndarray]:
