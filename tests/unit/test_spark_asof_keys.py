@@ -81,8 +81,12 @@ def test_a_typed_key_is_answered_by_the_as_of_fold_over_its_decoded_form() -> No
     assert typed_as_of.groups.key_errors == 1  # every integer stored both ways (7 only through a tie):
     assert typed_as_of.groups.shadowed == 7
     canon = {r.key: _decoded(r.key) for r in records}
-    canonical_records = [Record(c, r.value, r.timestamp, r.partition, r.offset)
-                         for r in records if (c := canon[r.key]) is not None]
+    of_key: dict[bytes, list[Record]] = {}  # each decoded key's records, as stored: the folds read only those
+    for r in records:
+        if (c := canon[r.key]) is not None:
+            of_key.setdefault(c, []).append(r)
+    canonical_records = {c: [Record(c, r.value, r.timestamp, r.partition, r.offset) for r in rs]
+                         for c, rs in of_key.items()}  # the oracle's input: the records under their decoded keys
     stamps = [r.timestamp for r in records]
     asks: list[tuple[int | None, int | None]] = [(None, stamps[-1]), (1, None), (999, stamps[-1])]
     asks += [(int(c), r.timestamp) for r in records[::53] if (c := canon[r.key]) is not None]  # the ties
@@ -101,15 +105,15 @@ def test_a_typed_key_is_answered_by_the_as_of_fold_over_its_decoded_form() -> No
             continue
         assert why is None
         key = None if n is None else str(n).encode()
-        want = None if key is None else _rule(records, canon, key, at)
+        want = None if key is None else _rule(of_key.get(key, []), canon, key, at)
         assert (v, ts) == ((None, None) if want is None else want), (n, at)
         if key is None:
             continue
-        top = max((r.timestamp for r in records if canon[r.key] == key and r.timestamp <= at), default=None)
-        if len({r.key for r in records if canon[r.key] == key and r.timestamp == top}) > 1:
+        top = max((r.timestamp for r in of_key.get(key, []) if r.timestamp <= at), default=None)
+        if len({r.key for r in of_key.get(key, []) if r.timestamp == top}) > 1:
             crossed += 1  # two encodings at that millisecond: the rule above, not the offsets, decides
         else:
-            assert as_of(canonical_records, key, at) == want, (n, at)
+            assert as_of(canonical_records.get(key, []), key, at) == want, (n, at)
     assert 0 < crossed < len(asks) // 10
 
 
