@@ -109,6 +109,12 @@ def as_of(family: Rdict, key: bytes, t: int) -> Version | None:
 
 def items_as_of(family: Rdict, t: int) -> Iterator[tuple[bytes, bytes, int]]:
     """(key, value, timestamp) of every key whose as-of answer at ``t`` is a value, in key order: two seeks a key."""
+    return ((v.key, v.value, v.timestamp) for v in versions_as_of(family, t) if v.value is not None)
+
+
+def versions_as_of(family: Rdict, t: int) -> Iterator[Version]:
+    """The version in force at ``t`` of every key that has one, tombstones included, in key order: two seeks a key
+    (what ``get --decode --as-of`` merges over the stored keys of one decoded key)."""
     it = family.iter()
     try:
         it.seek_to_first()
@@ -117,9 +123,7 @@ def items_as_of(family: Rdict, t: int) -> Iterator[tuple[bytes, bytes, int]]:
             prefix = _prefix_of(it.key())
             it.seek(prefix + desc_t)
             if it.valid() and _prefix_of(it.key()) == prefix:
-                v = decode(it.key(), it.value())
-                if v.value is not None:
-                    yield v.key, v.value, v.timestamp
+                yield decode(it.key(), it.value())
             it.seek(prefix[:-len(_END)] + _PAST_END)
     finally:
         del it
