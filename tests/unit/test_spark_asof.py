@@ -134,3 +134,14 @@ def test_times_before_every_version_or_far_past_the_narrowed_stamps_answer_as_th
         want = as_of(records, newest.key, at)
         assert (v, ts) == ((None, None) if want is None else want), at
     assert reason.null_count == 4
+
+
+def test_a_history_of_one_version_a_key_has_no_older_list_and_answers_as_the_fold() -> None:
+    records = [Record(b"k%d" % i, None if i % 5 == 0 else b"v%d" % i, BASE + i, 0, i) for i in range(50)]
+    index = _index(records, BASE - 10)
+    keys = [r.key for r in records] * 2
+    times = [BASE - 1] * 50 + [BASE + 100] * 50
+    value, stamp, _ = index.at(pa.array(keys, pa.binary()), pa.array(times, pa.int64()))
+    for key, at, v, ts in zip(keys, times, value.to_pylist(), stamp.to_pylist(), strict=True):
+        want = as_of(records, key, at)
+        assert (v, ts) == ((None, None) if want is None else want), (key, at)
