@@ -18,7 +18,7 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from tests.chaos import plan, powerloss, tools
 from tests.chaos.campaign import Outcome, Probe, SeedRun, Unrecoverable, summarize
@@ -50,6 +50,7 @@ class Campaign:
     notes: list[str] = field(default_factory=list)
     started: float = field(default_factory=time.monotonic)
     s3: S3Front | None = None  # the S3 emulator and its front, from the first export event on S3
+    seed_run: ClassVar[type[SeedRun]] = SeedRun  # one seed's world and faults (tests/chaos/versioned.py's too)
 
     def seeds(self) -> list[int]:
         n = 1 if self.args.only_fault is not None else self.args.seeds
@@ -76,10 +77,9 @@ class Campaign:
 
     def run(self) -> None:
         for seed in self.seeds():
-            run = SeedRun(self, seed)
+            run = self.seed_run(self, seed)
             a = self.args
-            faults = plan.events(seed, a.faults_per_seed, a.reloads_per_seed, a.exports_per_seed,
-                                 a.registry_per_seed)
+            faults = self.events(seed)
             say(f"seed {seed}: {a.faults_per_seed} faults, {a.reloads_per_seed} reload, {a.exports_per_seed} "
                 f"export and {a.registry_per_seed} registry events planned; working in {run.root}")
             try:
@@ -102,6 +102,10 @@ class Campaign:
                 say(f"seed {seed}: ABORTED by a campaign error: {e!r}")
             finally:
                 run.teardown()
+
+    def events(self, seed: int) -> list[plan.Fault]:
+        a = self.args
+        return plan.events(seed, a.faults_per_seed, a.reloads_per_seed, a.exports_per_seed, a.registry_per_seed)
 
     def _selected(self, fault: plan.Fault) -> bool:
         a = self.args
@@ -254,10 +258,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def run(args: argparse.Namespace) -> Campaign:
-    """The whole campaign; the caller decides what a failure means (exit status, assert)."""
+def run(args: argparse.Namespace, kind: type[Campaign] = Campaign) -> Campaign:
+    """The whole campaign (``kind``: the versioned lane's, tests/chaos/versioned.py); the caller decides what a
+    failure means (exit status, assert)."""
     root = Path(tempfile.mkdtemp(prefix="globald-chaos-"))
-    campaign = Campaign(args, root)
+    campaign = kind(args, root)
     say(f"{campaign.command()}; working in {root}")
     try:
         campaign.start()
