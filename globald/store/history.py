@@ -151,6 +151,16 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+_ELAPSED_CLOCK = getattr(time, "CLOCK_BOOTTIME", time.CLOCK_MONOTONIC)
+
+
+def elapsed_ms() -> int:
+    """A clock that only time passing moves, in ms: wall-clock steps (NTP, a resumed VM's) do not, while a frozen
+    process or a suspended machine does (CLOCK_BOOTTIME where there is one): what a gap in reading is measured on
+    while the loop runs (``engine.reading``)."""
+    return time.clock_gettime_ns(_ELAPSED_CLOCK) // 1_000_000
+
+
 def tailed_since(since: int, exported_ms: int, now: int, lag_ms: int | None) -> tuple[int, str | None]:
     """``since`` of a store installed from an export (``export.bootstrap``) whose source store proved ``since`` at
     the export's offsets, its snapshot taken at ``exported_ms``, then tailed from those offsets from ``now`` on; and
