@@ -11,7 +11,9 @@ time just before ``since`` must be refused. Its ``since`` must be:
   the topic's ``min.compaction.lag.ms``, as the daemon itself derives it), nor than its newest record time less
   the window;
 - no earlier than the served version's ``since`` at the last check, unless the table was reset or its history
-  added since (the only ways back the contract allows: a wipe, a recreated topic, a reset).
+  added since (the only ways back the contract allows: a wipe, a recreated topic, a reset);
+- no later than the wall clock (the lane's records are stamped at most 5 s ahead): a ``since`` in the future
+  refuses every lookup up to it, though nothing was missed (a +1 day clock step once did that).
 Tansu compacts nothing, so the fold of every record is the truth at any time: only the ``floor`` can show a
 ``since`` claimed earlier than proven.
 """
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import random
+import time
 from collections import defaultdict
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
@@ -36,6 +39,7 @@ if TYPE_CHECKING:
 
 KEYS_ASKED, TIMES_ASKED = 25, 4  # per version checked: ~100 point lookups, and one whole table as of a time
 MAX_PROBLEMS = 5  # per version: the first few differences say enough
+FUTURE_SLACK_MS = 10_000  # the lane stamps records up to 5 s ahead of its clock
 
 
 def _views(run: VersionedSeed, table: str) -> Iterator[tuple[str, readview.ReadView]]:
@@ -98,6 +102,10 @@ def _since_problems(run: VersionedSeed, table: str, what: str, view: readview.Re
     if floor is not None and since < floor:
         out.append(f"since {since} is earlier than can be proven: the table's last replay began after {floor} "
                    f"(wall time less the topic's min.compaction.lag.ms)")
+    now = int(time.time() * 1000)
+    if since > now + FUTURE_SLACK_MS:  # the lane's records are stamped at most 5 s ahead: nothing proves a later one
+        out.append(f"since {since} is {since - now} ms past the wall clock: every as-of lookup up to it is refused, "
+                   "though nothing was missed")
     window = run.window_ms(table)
     if clock is not None and window is not None and since < clock - window:
         out.append(f"since {since} is older than the newest record time {clock} less the window {window} ms")
