@@ -13,7 +13,9 @@ time just before ``since`` must be refused. Its ``since`` must be:
 - no earlier than the served version's ``since`` at the last check, unless the table was reset or its history
   added since (the only ways back the contract allows: a wipe, a recreated topic, a reset);
 - no later than the wall clock (the lane's records are stamped at most 5 s ahead): a ``since`` in the future
-  refuses every lookup up to it, though nothing was missed (a +1 day clock step once did that).
+  refuses every lookup up to it, though nothing was missed (a +1 day clock step once did that). Only a restart
+  under a clock stepped forward explains one (``VersionedSeed.ahead_ok``): it measures its downtime on the wall
+  clock.
 Tansu compacts nothing, so the fold of every record is the truth at any time: only the ``floor`` can show a
 ``since`` claimed earlier than proven.
 """
@@ -103,7 +105,7 @@ def _since_problems(run: VersionedSeed, table: str, what: str, view: readview.Re
         out.append(f"since {since} is earlier than can be proven: the table's last replay began after {floor} "
                    f"(wall time less the topic's min.compaction.lag.ms)")
     now = int(time.time() * 1000)
-    if since > now + FUTURE_SLACK_MS:  # the lane's records are stamped at most 5 s ahead: nothing proves a later one
+    if since > max(now + FUTURE_SLACK_MS, run.ahead_ok):  # the lane stamps records at most 5 s ahead
         out.append(f"since {since} is {since - now} ms past the wall clock: every as-of lookup up to it is refused, "
                    "though nothing was missed")
     window = run.window_ms(table)

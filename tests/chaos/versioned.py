@@ -170,6 +170,9 @@ class VersionedSeed(SeedRun):
         self.last_since: dict[str, int] = {}  # table -> the served version's since at the last check
         self.steps = seed  # the next of HISTORY_STEPS
         self.replaced: str | None = None  # the table the current event's reload replaces (history added, removed)
+        # A since up to this (epoch ms) is explained: a restart under a clock stepped forward measures its downtime
+        # on the wall clock, the only one that spans it, and moves since by the step (docs/limitations.md)
+        self.ahead_ok = 0
 
     def window_ms(self, table: str) -> int | None:
         window = self.config.history.get(table)
@@ -189,6 +192,8 @@ class VersionedSeed(SeedRun):
         if fault.phase in (plan.RESTORE, plan.BULK_END) or fault.kind == plan.RECREATE:
             self._replay_begins(fault.table)  # the drive resets the table, or the topic is new: a replay
         self.replaced = None
+        if fault.kind == plan.CLOCK and fault.phase in (plan.START, plan.STOP) and fault.params["step"] > 0:
+            self.ahead_ok = max(self.ahead_ok, int(time.time() * 1000) + fault.params["step"] * 1000)
         if fault.kind in plan.RELOAD_KINDS:
             self._history_step()
         out = super().run(fault)
