@@ -283,6 +283,9 @@ def main(argv: list[str] | None = None) -> int:
     args = runner.parse(argv)
     args.exports_per_seed = args.registry_per_seed = args.powerloss_seeds = 0  # the 0.9 campaign's events
     args.report_dir = args.report_dir or str(runner.report_dir() / "versioned")
+    if args.seeds <= 0:
+        runner.say("versioned lane: --seeds 0, nothing to run")
+        return 0
     why = tools.missing(args.clock)
     if why is not None:
         runner.say(f"cannot run: {why}")
