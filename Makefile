@@ -132,7 +132,7 @@ sysdeps:
 CHAOS_ARGS ?= --seeds 10 --faults-per-seed 22
 # The versioned lane (tests/chaos/versioned.py, on Tansu: as-of lookups need record timestamps), after the campaign
 # whatever its result; either failing fails the target. Its report: build/chaos/versioned/report.md.
-CHAOS_VERSIONED_ARGS ?= --seeds 2 --faults-per-seed 7 --reloads-per-seed 3
+CHAOS_VERSIONED_ARGS ?= --seeds 2 --faults-per-seed 5 --reloads-per-seed 3
 chaos: $(BIN)/.installed sysdeps
 	@rc=0; $(BIN)/python -m tests.chaos $(CHAOS_ARGS) || rc=1; \
 	$(BIN)/python -m tests.chaos.versioned $(CHAOS_VERSIONED_ARGS) || rc=1; exit $$rc
