@@ -101,6 +101,8 @@ def _since_problems(run: VersionedSeed, table: str, what: str, view: readview.Re
                     clock: int | None) -> list[str]:
     out = []
     floor = run.floor.get(table)
+    if view.source == readview.SNAPSHOT and (view.snapshot_created or 0) * 1000 < run.replayed_at.get(table, 0):
+        floor = None  # published before the table's last replay began: that replay's floor is not its own
     if floor is not None and since < floor:
         out.append(f"since {since} is earlier than can be proven: the table's last replay began after {floor} "
                    f"(wall time less the topic's min.compaction.lag.ms)")

@@ -167,6 +167,7 @@ class VersionedSeed(SeedRun):
     def __init__(self, campaign: runner.Campaign, seed: int) -> None:
         super().__init__(campaign, seed)
         self.floor: dict[str, int] = {}  # table -> the earliest since the lane can prove (see asof_checks)
+        self.replayed_at: dict[str, int] = {}  # table -> the wall time (ms) before its last replay began
         self.last_since: dict[str, int] = {}  # table -> the served version's since at the last check
         self.steps = seed  # the next of HISTORY_STEPS
         self.replaced: str | None = None  # the table the current event's reload replaces (history added, removed)
@@ -185,7 +186,8 @@ class VersionedSeed(SeedRun):
     def _replay_begins(self, table: str) -> None:
         """The table replays from its log start from now on (a start, a reset, history added): since may move back
         to the wall time now less the lag, and never earlier."""
-        self.floor[table] = int(time.time() * 1000) - LAG_MS
+        self.replayed_at[table] = int(time.time() * 1000)
+        self.floor[table] = self.replayed_at[table] - LAG_MS
         self.last_since.pop(table, None)
 
     def run(self, fault: Fault) -> Outcome:
