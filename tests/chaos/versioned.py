@@ -6,7 +6,7 @@ and ``campaign.SeedRun``, not a copy) on an embedded Tansu, whose records keep t
 whose topics have configs. Per seed the ``bulk`` table (110k records, a bulk load) is versioned (``history``), the
 ``small`` one plain until a reload gives it history. Every record produced in the lane (the preload, the steady
 load, the tables reload events add) is stamped here (``TimedAdmin``): near the wall clock, out of order by up to
-±5 s, one in twenty minutes back (before ``since``), some a tie (the same key and time twice: the later offset
+±5 s, one in twenty 1–30 minutes back (before ``since``), some a tie (the same key and time twice: the later offset
 answers), with the load's tombstones. Every topic has ``min.compaction.lag.ms`` = ``LAG_MS``, from which the daemon
 derives ``since``.
 
@@ -54,9 +54,9 @@ SKIPPED = {
                          "campaign has it)",
     plan.RETENTION: "Tansu has no retention, and DeleteRecords crashes it (the 0.9 campaign has it)",
 }
-# With librdkafka 2.16 a consumer assigned a Tansu topic that is deleted dies (SIGSEGV in librdkafka's main thread,
-# globald or not): the lane recreates a topic only while the daemon is stopped (``lane_plan``), which it must find
-# by the topic's new ID at its start (KIP-516) and wipe (KIP-406): since moved to the replay's.
+RECREATED = ("with librdkafka 2.16 a consumer assigned a Tansu topic that is deleted dies (SIGSEGV in librdkafka's "
+             "main thread, globald or not): the lane recreates one topic per seed only while the daemon is stopped "
+             "(lane_plan), which must find it by its new topic ID at its start (KIP-516) and wipe it (KIP-406)")
 # What each reload event does to ``history`` besides its own change, in turn from the seed's number: the plain
 # table gains history (a replay: since = its start less the lag) or loses it; the versioned one's window shrinks
 # (since moves forward at once) or grows back (since stays).
@@ -264,6 +264,7 @@ class VersionedCampaign(runner.Campaign):
         else:
             self.notes.append(f"no tmpfs for the state_dir ({why}): disk-full faults fail as not injectable")
         self.notes += [f"{kind} skipped in this lane: {why}" for kind, why in SKIPPED.items()]
+        self.notes.append(f"{plan.RECREATE} only at start, before it: {RECREATED}")
 
     def stop(self) -> None:
         self.broker.admin.close()
