@@ -6,7 +6,7 @@ and ``campaign.SeedRun``, not a copy) on an embedded Tansu, whose records keep t
 whose topics have configs. Per seed the ``bulk`` table (110k records, a bulk load) is versioned (``history``), the
 ``small`` one plain until a reload gives it history. Every record produced in the lane (the preload, the steady
 load, the tables reload events add) is stamped here (``TimedAdmin``): near the wall clock, out of order by up to
-±5 s, one in twenty 1–30 minutes back (before ``since``), some a tie (the same key and time twice: the later offset
+±5 s, one in twenty 1 to 30 minutes back (before ``since``), some a tie (the same key and time twice: the later offset
 answers), with the load's tombstones. Every topic has ``min.compaction.lag.ms`` = ``LAG_MS``, from which the daemon
 derives ``since``.
 
