@@ -66,7 +66,7 @@ def _views(run: VersionedSeed, table: str) -> Iterator[tuple[str, readview.ReadV
 def check_versions(run: VersionedSeed, out: Outcome, table: str, topic: str, when: str) -> None:
     """The as-of fold and the rules of ``since`` for ``table``'s served version and CURRENT snapshot."""
     rng = random.Random(f"{run.seed}:{out.fault.index}:{table}:{when}")
-    cache: dict[str, list[Record]] = {}
+    cache: dict[str, tuple[dict[int, int], list[Record]]] = {}
     for what, view in _views(run, table):
         marks = view._reader.history
         if marks is None:
@@ -90,11 +90,14 @@ def check_versions(run: VersionedSeed, out: Outcome, table: str, topic: str, whe
             run.last_since[table] = marks.since
 
 
-def _records(run: VersionedSeed, topic: str, offsets: dict[int, int], cache: dict[str, list[Record]]) -> list[Record]:
-    """The topic's keyed records below ``offsets``: read once per check up to the log end, then cut."""
-    if "all" not in cache:
-        cache["all"] = records(run.broker.settings, topic, run.admin.end_offsets(topic))
-    return [r for r in cache["all"] if r.offset < offsets.get(r.partition, 0)]
+def _records(run: VersionedSeed, topic: str, offsets: dict[int, int],
+             cache: dict[str, tuple[dict[int, int], list[Record]]]) -> list[Record]:
+    """The topic's keyed records below ``offsets``: read once per check (the served version comes first, and the
+    live store's offsets are above any snapshot's), then cut."""
+    held = cache.get(topic)
+    if held is None or any(o > held[0].get(p, 0) for p, o in offsets.items()):
+        held = cache[topic] = (dict(offsets), records(run.broker.settings, topic, offsets))
+    return [r for r in held[1] if r.offset < offsets.get(r.partition, 0)]
 
 
 def _since_problems(run: VersionedSeed, table: str, what: str, view: readview.ReadView, since: int,
