@@ -51,6 +51,7 @@ class Campaign:
     started: float = field(default_factory=time.monotonic)
     s3: S3Front | None = None  # the S3 emulator and its front, from the first export event on S3
     seed_run: ClassVar[type[SeedRun]] = SeedRun  # one seed's world and faults (tests/chaos/versioned.py's too)
+    module: ClassVar[str] = "tests.chaos"  # what replays a fault (python -m …)
 
     def seeds(self) -> list[int]:
         n = 1 if self.args.only_fault is not None else self.args.seeds
@@ -194,7 +195,7 @@ class Campaign:
         for o in failed:
             f = o.fault
             a = self.args
-            lines += [f"- **seed {f.seed}, fault {f.index}**: {f.describe()} — replay: `python -m tests.chaos "
+            lines += [f"- **seed {f.seed}, fault {f.index}**: {f.describe()} — replay: `python -m {self.module} "
                       f"--seed {f.seed} --faults-per-seed {a.faults_per_seed} --reloads-per-seed "
                       f"{a.reloads_per_seed} --exports-per-seed {a.exports_per_seed} --registry-per-seed "
                       f"{a.registry_per_seed} --only-fault {f.index}`"]

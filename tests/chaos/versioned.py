@@ -251,6 +251,7 @@ class VersionedCampaign(runner.Campaign):
     """The campaign on Tansu, its seeds ``VersionedSeed``s, its events ``lane_plan``'s."""
 
     seed_run = VersionedSeed
+    module = "tests.chaos.versioned"
 
     def start(self) -> None:
         tansu = TansuKafka(self.root / "tansu")
