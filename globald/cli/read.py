@@ -31,7 +31,8 @@ DECODE_HELP = ("decode the value (and the key) by the table's [tables.value] / [
                "JSON: timestamps and dates ISO 8601, decimals as strings, bytes base64; a value that does not decode "
                "is null with an \"error\" saying why (on_error = \"fail\": exit 5 naming the key). get --decode on a "
                "table whose [tables.key] is typed takes KEY as the decoded key (its text; an integer key its decimal "
-               "text) and finds it by decoding every key of the table")
+               "text) and finds it by decoding every key of the table (with --as-of: every stored key's version "
+               "then, tombstones included, merged: the as-of fold over the decoded key)")
 DECODE_BATCH = 4096  # records decoded per Arrow batch by dump --decode
 AS_OF_HELP = ("answer as of this record time, from a versioned table's history ([[tables]] history; docs/as-of.md): "
               "ISO 8601 (2026-11-29T17:00:00Z; without a zone, UTC) or epoch milliseconds. The answer is the record "
@@ -199,9 +200,6 @@ def cmd_get(args: argparse.Namespace) -> int:
     key = parse_key(args.key, args.key_format)
     decoders = _decoders(cfg, table.name, args.decode)
     at = parse_time(args.as_of)
-    if at is not None and decoders is not None and decoders[0].typed:
-        raise UsageError("--as-of finds a key by its stored bytes: give KEY as stored (--key-format) without "
-                         "--decode's typed key lookup")
     view = _consistent_view(cfg, table.name)
     if view is None:
         return exitcodes.UNAVAILABLE
@@ -209,7 +207,7 @@ def cmd_get(args: argparse.Namespace) -> int:
         if _as_of_refused(view, at):
             return exitcodes.UNAVAILABLE
         if decoders is not None and decoders[0].typed:
-            key, found = _find_decoded(view, key, decoders[0])
+            key, found = _find_decoded(view, key, decoders[0], at)
         else:
             found = view.get(key) if at is None else view.as_of(key, at)
         if decoders is not None and found is not None:  # inside: an error's origin is read from the same view
@@ -245,15 +243,17 @@ def cmd_get(args: argparse.Namespace) -> int:
     return exitcodes.OK if found is not None else exitcodes.NOT_FOUND
 
 
-def _find_decoded(view: ReadView, wanted: bytes, keys: Decoder) -> tuple[bytes, tuple[bytes, int] | None]:
+def _find_decoded(view: ReadView, wanted: bytes, keys: Decoder, at: int | None = None
+                  ) -> tuple[bytes, tuple[bytes, int] | None]:
     """(stored key, (value, timestamp)) of the record whose decoded key is ``wanted``: the store is keyed by the raw
-    bytes, so every key is decoded (a scan). Of stored keys decoding alike the latest is answered, as in Spark."""
+    bytes, so every key is decoded (a scan). Of stored keys decoding alike the latest is answered, as in Spark;
+    ``at``: of their versions in force then, tombstones included (the as-of fold over the decoded key)."""
     from globald.typed.keys import find_decoded, require_canonical
 
     require_canonical(keys, view.table)
-    record, shadowed = find_decoded(view.items(), keys, wanted)
-    if record is None:
-        return wanted, None
+    record, shadowed = find_decoded(view.items() if at is None else view.versions_as_of(at), keys, wanted)
+    if record is None or record[1] is None:  # absent, or (as of a time) deleted then
+        return wanted if record is None else record[0], None
     if shadowed:
         print(f"globald: {shadowed} other stored key(s) of {view.table} decode to the same key; answering the one "
               "with the latest timestamp", file=sys.stderr)

@@ -94,6 +94,10 @@ class ReadView:
         """Every (key, value, timestamp) in force at record time ``at``, in key order."""
         return self._reader.items_as_of(at)
 
+    def versions_as_of(self, at: int) -> Iterator[tuple[bytes, bytes | None, int]]:
+        """(key, value or None for a tombstone, timestamp) of every key's version in force at ``at``, in key order."""
+        return ((v.key, v.value, v.timestamp) for v in self._reader.versions_as_of(at))
+
     def origin(self, key: bytes, value: bytes, timestamp: int) -> tuple[int, int] | None:
         """(partition, offset) of the record a value read here came from, where a typed table's store recorded it."""
         return self._reader.origins([key], [value], [timestamp])[0]

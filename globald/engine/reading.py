@@ -1,5 +1,5 @@
 """When each versioned table was last known reading its topic, and what resuming after a gap does to its ``since``
-(``store.history.resumed_since``): issue 45's "never a since earlier than provable" across a restart after
+(``store.gaps.since_after_gap``): issue 45's "never a since earlier than provable" across a restart after
 downtime, a broker outage, a paused topic, a frozen daemon.
 
 A table counts as reading at a turn when it is assigned, its topic is not paused (vanished), the cluster answers

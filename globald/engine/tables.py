@@ -20,6 +20,9 @@ A reload's changes:
   version it holds stays, the pruning takes the new window from the next batch, ``since`` moves forward at once
   when the window shrinks and stays when it grows (``store.history.windowed_since``); then ``TableRedeclared``
   (the next publish carries the new window and since). Nothing is replayed.
+- **Unversioned**: a versioned table's ``history`` removed, in place (``unversion``): its latest values, offsets and
+  state stay (RUNNING stays RUNNING, nothing is replayed), its store drops the history as a restart does
+  (``store.history.forget``: the marks, then the family); then ``TableRedeclared`` (the next publish is plain).
 - **Added**: ``TableAdded`` first (every part makes its entry for the table, before its store opens and before its
   first ``StateChanged``); then its store is opened (empty the first time; a name dropped earlier had its directory
   deleted then), its topic is routed to it, and it is planned like a table at start: RESTORING, restored from its
@@ -50,6 +53,7 @@ from globald.engine.table import TableRuntime
 from globald.settings.config import Config, TableConfig
 from globald.settings.spec import duration_text
 from globald.store import durable
+from globald.store.failures import STORE_FAULTS
 from globald.store.history import time_text
 from globald.store.names import table_dir
 
@@ -178,6 +182,27 @@ class TableSet(Mapping[str, TableRuntime]):
             what = f"since moved to {time_text(since)} (was {time_text(was)})"
         log.info("history window of %s changed %s -> %s in place; %s", tc.name, duration_text(before_ms),
                  duration_text(window_ms), what)
+
+    def unversion(self, tc: TableConfig) -> None:
+        """Take ``tc``, a versioned table's declaration without ``history``, in place (the module docstring); its
+        ``redeclare`` follows."""
+        rt = self._tables[tc.name]
+        before_ms = rt.config.history
+        assert before_ms is not None and tc.history is None
+        rt.config = tc
+        try:
+            rt.store.history_removed()
+        except STORE_FAULTS as e:
+            # Marks or family not dropped: closed, the store is reopened by the recovery (as after a failed write),
+            # without history, which drops the rest at its open (store.history.adopt); nothing publishes it before.
+            try:
+                rt.store.close(clean=False)
+            except Exception as closing:  # released all the same
+                log.warning("table %s: close reported: %s", tc.name, closing)
+            self._loop.rewind_all(f"table {tc.name}: dropping its history: {e}")
+            return
+        log.info("history (%s) of %s removed in place: its latest values kept, its versions dropped",
+                 duration_text(before_ms), tc.name)
 
     def add(self, tc: TableConfig) -> None:
         loop = self._loop

@@ -11,7 +11,7 @@ line saying why, and the next older export is tried; with none left, the table r
 A versioned table (``history``) uses only an export that carries history kept under the same window, with a
 ``since`` its source store proved at the export's offsets (``manifest.ExportHistory``); any other would have it
 claim a ``since`` nothing proves. The installed store keeps the export's ``since`` when its tail, from the export's
-offsets on, cannot have lost a version to compaction yet (``history.tailed_since``: read from the topic's
+offsets on, cannot have lost a version to compaction yet (``store.gaps.since_after_gap``: read from the topic's
 ``min.compaction.lag.ms``); otherwise ``since`` moves to what a replay begun now proves, and the log says why.
 
 The download goes into ``tables/.bootstrap-<table>/`` (inside the state_dir, so the final move is a rename),
@@ -44,7 +44,7 @@ from globald.export.target import FILES_DIR, Target, TargetError
 from globald.kafka.clients import TransientKafkaError, make_consumer, partitions, watermarks
 from globald.kafka.identity import VERIFY_TIMEOUT_S, RecordReader, TopicIds, verify
 from globald.settings.config import Config, TableConfig
-from globald.store import durable, history
+from globald.store import durable, gaps, history
 from globald.store.layout import offsets_to_json
 from globald.store.names import (
     BOOTSTRAP_PREFIX,
@@ -342,7 +342,7 @@ class Bootstrap:
     def _stamp_closed(self, m: ExportManifest, db: Path) -> None:
         """The exporting host's store was open when its snapshot was taken: marked closed here, so the daemon that
         opens it does not report a crash that never happened on this host; a versioned table's ``since`` is set to
-        what its tail keeps of the export's (``history.tailed_since``). Writes of our own, after the checks."""
+        what its tail keeps of the export's (``store.gaps.since_after_gap``). Writes of our own, after the checks."""
         options = StoreOptions.from_config(self.config.store)
         try:
             store = open_offline(db, options, create=False)
@@ -351,7 +351,7 @@ class Bootstrap:
         with store:
             if self.table.versioned and m.history is not None and m.history.since is not None:
                 exported, now = int(m.created * 1000), history.now_ms()
-                since, moved = history.tailed_since(m.history.since, exported, now, self.lag_ms)
+                since, moved = gaps.since_after_gap(m.history.since, exported, now, self.lag_ms, gaps.BOOTSTRAP)
                 if moved is not None:
                     log.warning("table %s: export %s: since %d, not the export's %d: %s", self.table.name, m.id,
                                 since, m.history.since, moved)

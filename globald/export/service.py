@@ -72,7 +72,7 @@ def exportable(found: Iterable[Manifest], shown: dict[int, int], wiped_at: float
     """The newest of ``found`` (newest first) an export may take: fresh, taken after the last wipe, at offsets last
     shown to be of the topic. Never an exact build of a versioned table: built on request at past offsets, its
     ``created`` is not when those offsets were the log end, and a bootstrap dates the export's tail from it
-    (``history.tailed_since``): it would keep a ``since`` the tail cannot prove."""
+    (``store.gaps.since_after_gap``): it would keep a ``since`` the tail cannot prove."""
     for m in found:
         if m.stale or m.created <= wiped_at or not set(m.offsets) <= set(shown) or not within(m.offsets, shown):
             continue

@@ -13,11 +13,13 @@ live too (``redeclared``): the daemon decodes from the next published snapshot v
 A versioned table whose ``history`` window changes (7d to 30d, 30d to 1d), and nothing else but what a
 redeclaration takes, is live in place too (``windowed``): its store and every version it holds stay, the pruning
 takes the new window from the next batch, and ``since`` moves forward at once to what the new window bounds
-(``store.history.windowed_since``), never back. A table whose topic changes, or that becomes typed or raw (its
-store records origins only when typed), or whose ``history`` is added or removed (its store keeps versions only
-when versioned, and a ``since`` is proven only by a replay), is live as a replacement (``replaced``): dropped and
-added again under its name in the same reload, so it replays its topic (or bootstraps from an export) with the new
-declaration, while its old snapshots stay for their readers' leases.
+(``store.history.windowed_since``), never back. A versioned table whose ``history`` is removed, and nothing else
+but what a redeclaration takes, is live in place too (``unversioned``): its latest values stay, its history is
+dropped as a restart drops it (``store.history.forget``). A table whose topic changes, or that becomes typed or raw
+(its store records origins only when typed), or whose ``history`` is added (a ``since`` is proven only by a replay),
+is live as a replacement (``replaced``): dropped and added again under its name in the same reload, so it replays
+its topic (or bootstraps from an export) with the new declaration, while its old snapshots stay for their readers'
+leases.
 """
 
 from __future__ import annotations
@@ -75,10 +77,10 @@ class Change:
 
     @property
     def replaced(self) -> bool:
-        """A table changed in a way its store cannot follow (another topic, typed or not, history added or
-        removed): dropped and added."""
+        """A table changed in a way its store cannot follow (another topic, typed or not, history added): dropped
+        and added."""
         return self.key.startswith("tables.") and self.old is not None and self.new is not None and \
-            self.redeclared is None and self.windowed is None
+            self.redeclared is None and self.windowed is None and self.unversioned is None
 
     @property
     def redeclared(self) -> TableConfig | None:
@@ -100,6 +102,17 @@ class Change:
             return None
         return new if self.redeclared is not None or replace(old, history=new.history) == new else None
 
+    @property
+    def unversioned(self) -> TableConfig | None:
+        """The new declaration of a versioned table whose ``history`` is removed, its store kept and its history
+        dropped (``engine.tables.TableSet.unversion``): nothing else changed but what a redeclaration takes (same
+        topic, typed before and after)."""
+        old, new = self.old, self.new
+        if not self.key.startswith("tables.") or old is None or new is None or not old.versioned or new.versioned:
+            return None
+        typed = old.topic == new.topic and old.typed and new.typed
+        return new if typed or replace(old, history=None) == new else None
+
     def refusal(self) -> str:
         """The one line refusing a reload that changes this key."""
         top = self.key.split(".", 1)[0]
@@ -116,9 +129,9 @@ class Delta:
     """What one reload changes, computed once (``delta``) from the config in force and the one read again.
 
     Each table changed is in exactly one of ``added``, ``dropped``, ``replaced`` (dropped and added again under its
-    name: another topic, typed became raw or raw typed, history added or removed) and the in-place changes,
-    ``redeclared`` (a typed table's new declaration) and ``windowed`` (a versioned table's new window; a typed one
-    whose window changed is in both), each in the config's order."""
+    name: another topic, typed became raw or raw typed, history added) and the in-place changes, ``redeclared`` (a
+    typed table's new declaration), ``windowed`` (a versioned table's new window; a typed one whose window changed
+    is in both) and ``unversioned`` (a versioned table's history removed), each in the config's order."""
 
     config: Config  # the config read again, in force once applied
     changes: tuple[Change, ...]  # every key that differs (the reload's log line, its refusal)
@@ -128,6 +141,7 @@ class Delta:
     replaced: tuple[TableConfig, ...]  # the new declarations of tables replaced
     redeclared: tuple[TableConfig, ...]  # the new declarations of typed tables changed in place
     windowed: tuple[TableConfig, ...] = ()  # the new declarations of versioned tables whose window changed in place
+    unversioned: tuple[TableConfig, ...] = ()  # the new declarations of tables whose history is removed in place
 
     @classmethod
     def of(cls, new: Config, found: list[Change]) -> Delta:
@@ -140,7 +154,8 @@ class Delta:
             dropped=tuple(c.old.name for c in tables if c.new is None),
             replaced=tuple(c.new for c in tables if c.replaced),
             redeclared=tuple(c.redeclared for c in tables if c.redeclared is not None),
-            windowed=tuple(c.windowed for c in tables if c.windowed is not None))
+            windowed=tuple(c.windowed for c in tables if c.windowed is not None),
+            unversioned=tuple(c.unversioned for c in tables if c.unversioned is not None))
 
     @property
     def refusal(self) -> str | None:

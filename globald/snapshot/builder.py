@@ -188,6 +188,10 @@ class Builder:
                 store.put_meta(stamp, "exact snapshot build: metadata", rebuild=False)
             else:
                 self._check_same_topic(table.topic, store.ladders()[0], deadline, verified or {})
+                if versioned and not table.versioned:  # a base from before a reload or restart removed history
+                    history.forget(lambda marks: store.put_meta(marks, "exact snapshot build: metadata", False),
+                                   lambda: store.drop_family(HISTORY_CF), table.name,
+                                   "an exact build of a table no longer versioned, on a base that had history")
             consumed = self._apply(store, table.topic, start, target, deadline, table.typed, table.history, lag_ms)
             store.put_offsets(target, "exact snapshot build: offsets")
             with store_io("exact snapshot build: flush"):

@@ -228,11 +228,15 @@ class ExactBuilds:
             if free is not None and free < need.total:
                 raise BuildRefused(Code.NO_ROOM, no_room(name, target, need, free, 0))
             started = time.perf_counter()
-            built = w.builder.build(tab.config, target, base.offsets if base else None,
+            declared = tab.config
+            built = w.builder.build(declared, target, base.offsets if base else None,
                                   tab.dir / base.id if base else None, work, job.deadline, verified, job.lag_ms)
             with tab.locked():
                 if job.generation != tab.generation:
                     raise BuildRefused(Code.REBUILDING, f"table {name} was wiped during the build; it is rebuilding")
+                if declared.versioned and not tab.config.versioned:  # its history would outlive the live table's
+                    raise BuildRefused(Code.REBUILDING, f"a reload removed history from table {name} during the "
+                                                        "build; ask again")
                 if self._worker is not w:  # left behind (watch): the new worker adds it
                     raise BuildRefused(Code.STOPPING, "this build's worker was left behind; a new one builds it")
                 sid = self._host.next_id()

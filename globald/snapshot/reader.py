@@ -195,6 +195,9 @@ class Snapshot:
     def items_as_of(self, t: int) -> Iterator[tuple[bytes, bytes, int]]:
         return self._reader.items_as_of(t)
 
+    def versions_as_of(self, t: int) -> Iterator[Version]:
+        return self._reader.versions_as_of(t)
+
     def __iter__(self) -> Iterator[tuple[bytes, bytes, int]]:
         return self._reader.items()
 

@@ -209,9 +209,11 @@ class AsOfIndex:
     def of_table(cls, table: ColumnarTable) -> AsOfIndex:
         return cls(table, None, table.meta.get("since"), table.meta.get("refused"), str(table.meta.get("table")))
 
-    def at(self, keys: pa.Array, times: pa.Array | pa.ChunkedArray) -> tuple[pa.Array, pa.Array, pa.Array]:
+    def at(self, keys: pa.Array, times: pa.Array | pa.ChunkedArray, tombstones: bool = False
+           ) -> tuple[pa.Array, pa.Array, pa.Array]:
         """(value: binary, timestamp: int64, reason: string) of each binary key at each row's time (module
-        docstring). AsOfRefusedError when the history is refused."""
+        docstring). ``tombstones``: a tombstone's timestamp is given too (its value stays null), for a caller
+        merging several stored keys (``globald.spark.asof_keys``). AsOfRefusedError when the history is refused."""
         if self.refused is not None:
             raise AsOfRefusedError(self.refused)
         t = times_ms(times)
@@ -221,9 +223,9 @@ class AsOfIndex:
         early = ~no_time & (t_np < self.since) if self.since is not None else np.zeros(n, bool)
         ask = ~no_time & ~early
         if self.table is not None:
-            value, stamp = self._search(keys, t_np, ask)
+            value, stamp = self._search(keys, t_np, ask, tombstones)
         else:
-            value, stamp = self._seek(keys, t_np, ask)
+            value, stamp = self._seek(keys, t_np, ask, tombstones)
         reason = pa.nulls(n, pa.string())
         if early.any():
             why = (f"before since: table {self.name}'s history is exact from {self.since} (epoch ms) on; versions "
@@ -233,7 +235,8 @@ class AsOfIndex:
             reason = pc.if_else(pa.array(no_time), pa.scalar("the as-of time is null"), reason)
         return value, stamp, reason
 
-    def _search(self, keys: pa.Array, t: np.ndarray, ask: np.ndarray) -> tuple[pa.Array, pa.Array]:
+    def _search(self, keys: pa.Array, t: np.ndarray, ask: np.ndarray,
+                tombstones: bool = False) -> tuple[pa.Array, pa.Array]:
         """The vectorized as-of fold: each key's list is newest first, so the answer is its first version whose
         timestamp is at or before t, found by one binary search per row, all rows a step at a time."""
         assert self.table is not None
@@ -265,7 +268,7 @@ class AsOfIndex:
         index[sel] = np.where(lo < end, lo, 0)
         value = values.take(pa.array(index, mask=~found))
         present = found & np.asarray(value.is_valid().to_numpy(zero_copy_only=False), bool)
-        stamp = pa.array(stamps[index], mask=~present)
+        stamp = pa.array(stamps[index], mask=~(found if tombstones else present))
         return value, stamp
 
     def _columns(self) -> tuple[np.ndarray, np.ndarray, pa.Array]:
@@ -279,16 +282,22 @@ class AsOfIndex:
                           child.field("value"))
         return self._cols
 
-    def _seek(self, keys: pa.Array, t: np.ndarray, ask: np.ndarray) -> tuple[pa.Array, pa.Array]:
+    def _seek(self, keys: pa.Array, t: np.ndarray, ask: np.ndarray,
+              tombstones: bool = False) -> tuple[pa.Array, pa.Array]:
         """One RocksDB seek a row (``Snapshot.as_of``): a history too large for one file."""
         assert self.snap is not None
         self.snap.renew()
-        out: list[tuple[bytes, int] | None] = []
+        out: list[tuple[bytes | None, int] | None] = []
         for key, at, asked in zip(keys.to_pylist(), t.tolist(), ask.tolist(), strict=True):
             v = self.snap.as_of(key, at) if asked and key is not None else None
-            out.append(None if v is None or v.value is None else (v.value, v.timestamp))
+            out.append(None if v is None or (v.value is None and not tombstones) else (v.value, v.timestamp))
         return (pa.array([None if o is None else o[0] for o in out], pa.binary()),
                 pa.array([None if o is None else o[1] for o in out], pa.int64()))
+
+    def stored_keys(self) -> pa.Array | None:
+        """The history's distinct stored keys, in key order (what a typed key is translated to); None when it is
+        read by seeks (too large for one file)."""
+        return None if self.table is None else self.table.keys
 
     def close(self) -> None:
         if self.snap is not None:
@@ -322,8 +331,9 @@ class AsOfHandle:
     def columns(self, keys: pa.Array) -> tuple[pa.Array, pa.Array]:
         raise TypeError("an as-of handle answers at a time: use at(keys, times)")
 
-    def at(self, keys: pa.Array, times: pa.Array | pa.ChunkedArray) -> tuple[pa.Array, pa.Array, pa.Array]:
-        return self.index.at(keys, times)
+    def at(self, keys: pa.Array, times: pa.Array | pa.ChunkedArray, tombstones: bool = False
+           ) -> tuple[pa.Array, pa.Array, pa.Array]:
+        return self.index.at(keys, times, tombstones)
 
     def close(self) -> None:
         self.index.close()

@@ -13,6 +13,8 @@ Contract, on classic and Spark Connect sessions alike:
   lookup structure (``small_join="spark"`` has no typed form: a typed view always joins through the index).
 - A typed key (``[tables.key]``): the join column is matched against the decoded keys by canonical form
   (``globald.typed.keys``: strings by UTF-8, integers by decimal text); a record key is refused before any job.
+  As-of lookups too: the row's decoded key is translated to the stored keys it stands for, and their versions
+  merged (``globald.spark.asof_keys``).
 - ``on_error = "fail"``: a looked-up value that does not decode fails the task with ``DecodeFailure`` naming the
   key and the reason (partition and offset "unknown": a snapshot keeps neither per key).
 
@@ -47,6 +49,7 @@ import pyarrow.compute as pc
 from globald.common.errors import GlobaldError
 from globald.settings.config import load
 from globald.spark import asof, executor, versions
+from globald.spark.asof_keys import TypedAsOf
 from globald.spark.batch import binary_keys
 from globald.spark.executor import MODE_BROADCAST, Settings, SnapshotHandle, _open
 from globald.spark.host import config_path
@@ -168,9 +171,16 @@ class TypedHandle:
         self.snapshot: str | None = desc.get("snapshot")
         self.exact, self.note = True, None
         self.as_of: asof.AsOfHandle | None = None
+        self.as_of_keys: TypedAsOf | None = None  # a typed key: the join column's decoded keys -> stored bytes
         if as_of:  # the versions' raw values, decoded per batch (data: the shipped versions in small-table mode)
             self.as_of = asof.opener(settings, desc, data)
             self.snapshot, self.exact, self.note = self.as_of.snapshot, self.as_of.exact, self.as_of.note
+            if self.key_decoder.typed:
+                try:
+                    self.as_of_keys = TypedAsOf(self.as_of, self.key_decoder, settings.table)
+                except BaseException:
+                    self.as_of.close()
+                    raise
             return
         if desc.get("mode") == MODE_BROADCAST:
             content: pa.Table = data.value
@@ -217,11 +227,16 @@ class TypedHandle:
         return Lookup(decoded.values, ts, decoded.errors, len(value) - value.null_count, decoded.error_count)
 
     def lookup_at(self, column: pa.Array | pa.ChunkedArray, times: pa.Array | pa.ChunkedArray) -> Lookup:
-        """``lookup`` as of each row's time (``globald.spark.asof``): a row with no answer (a time before the
-        history's ``since``) has its reason in the errors, not counted as a decode error."""
+        """``lookup`` as of each row's time (``globald.spark.asof``; a typed key by its decoded form,
+        ``globald.spark.asof_keys``): a row with no answer (a time before the history's ``since``) has its reason in
+        the errors, not counted as a decode error."""
         assert self.as_of is not None
-        keys = binary_keys(column)
-        value, ts, reason = self.as_of.at(keys, times)
+        if self.as_of_keys is not None:  # matched by decoded key, as lookup matches it (globald.spark.asof_keys)
+            keys = canonical(column)
+            value, ts, reason = self.as_of_keys.at(keys, times)
+        else:
+            keys = binary_keys(column)
+            value, ts, reason = self.as_of.at(keys, times)
         found = self._decode(keys, value, ts, None)
         return dataclasses.replace(found, errors=pc.coalesce(found.errors, reason.cast(found.errors.type)))
 
@@ -311,8 +326,6 @@ def join(view: Any, df: Any, on: str, value_col: str, timestamp_col: str, snapsh
 
     key_dec, val_dec = of_view(view)
     require_canonical(key_dec, view.table.name)
-    if as_of is not None:
-        require_raw_key(key_dec, view.table.name)
     prefix = (value_col + "_" if flatten is True else flatten) or None
     shape = Shape(file_fingerprint(val_dec, key_dec), value_col, timestamp_col, prefix, error_col, as_of)
     fields = _value_fields(val_dec, shape)
@@ -340,13 +353,6 @@ def join(view: Any, df: Any, on: str, value_col: str, timestamp_col: str, snapsh
     return counter(view).watch(out.withColumnRenamed(ERRORS_COL, FALLBACK_COL), spark)
 
 
-def require_raw_key(key_decoder: Decoder, table: str) -> None:
-    """As-of lookups find a key by its stored bytes: a table with a typed key is refused, in one line."""
-    if key_decoder.typed:
-        raise GlobaldError(f"table {table} declares a typed key ([tables.key]): as-of lookups find keys by their "
-                           "stored bytes only; join on the key's bytes of a table whose key is declared raw")
-
-
 def udf(view: Any, as_of: bool = False) -> Any:
     """``view.udf()`` of a typed table: an Arrow UDF, key -> struct<value, timestamp, error>; ``as_of``: of
     (key, time), as of that time (``globald.spark.asof``)."""
@@ -356,8 +362,6 @@ def udf(view: Any, as_of: bool = False) -> Any:
     require_canonical(key_dec, view.table.name)
     versions.require(versions.ARROW_UDF, "view.udf() of a typed table (an Arrow UDF)",
                      "view.join(df, key_column) reads the same values on this PySpark")
-    if as_of:
-        require_raw_key(key_dec, view.table.name)
     shape = Shape(file_fingerprint(val_dec, key_dec), "value", None, None, None)
     kind = StructType([*_value_fields(val_dec, shape), StructField("timestamp", LongType(), True),
                        StructField("error", StringType(), True)])

@@ -241,8 +241,9 @@ class GlobalTableView:
         each row gets its key's value as of that time (the as-of fold) and the version's own timestamp, answered on
         the executor from the host's snapshot (``globald.spark.asof``; small-table mode: from the shipped
         versions). A row whose time is before the snapshot's ``since`` gets nulls, and a reason in ``error_col``
-        when one is named (a raw table takes ``error_col`` then too). A table without history, or whose history is
-        refused, raises AsOfRefusedError here, before any job."""
+        when one is named (a raw table takes ``error_col`` then too); a typed key by its decoded form (the fold
+        over it: ``globald.spark.asof_keys``). A table without history, or whose history is refused, raises
+        AsOfRefusedError here, before any job."""
         from pyspark.sql.types import BinaryType, IntegralType, LongType, StringType, StructField, StructType
 
         if on not in df.columns:

@@ -16,7 +16,7 @@ from typing import Any
 from rocksdict import Checkpoint, ColumnFamily, Rdict, WriteBatch
 
 from globald.common.errors import StoreIOError, StoreUnavailableError
-from globald.store import history, layout, memory, space
+from globald.store import gaps, history, layout, memory, space
 from globald.store.compaction_gate import CompactionGate
 from globald.store.failures import store_io
 from globald.store.history import HistoryMeta, HistoryWriter, Sweep
@@ -264,7 +264,7 @@ class Database:
 
     def history_resumed(self, now: int, last_read: int | None, tolerance_ms: int) -> str | None:
         """The table resumes reading at ``now`` (epoch ms), last known reading at ``last_read``: move its since as
-        ``history.resumed_since`` says (stored at once, with the new read mark: a later since is never wrong, and
+        ``gaps.since_after_gap`` says (stored at once, with the new read mark: a later since is never wrong, and
         it is durable before any record read past the gap); returns why it moved (None: kept, or no since to
         move: pending, unproven, not versioned)."""
         if self._history is None or self._meta is None:
@@ -273,7 +273,8 @@ class Database:
         self.history_read_at = now
         if marks.since is None:
             return None
-        since, moved = history.resumed_since(marks.since, last_read, now, self.compaction_lag_ms, tolerance_ms)
+        since, moved = gaps.since_after_gap(marks.since, last_read, now, self.compaction_lag_ms, gaps.RESUME,
+                                            tolerance_ms)
         entries = {META_HISTORY_READ: str(now).encode()}
         if moved is not None:
             entries[META_HISTORY_SINCE] = str(since).encode()
@@ -297,6 +298,26 @@ class Database:
         if since != marks.since:
             self._put_meta({META_HISTORY_SINCE: str(since).encode()})
         return marks.since, since
+
+    def history_removed(self) -> None:
+        """A reload removed ``history`` from this versioned table in place (``settings.changes``, unversioned): the
+        latest values and offsets stay as they are; the history goes as a restart drops it (``history.forget``:
+        its marks, then its family), so status, snapshots and exports from now on are a plain table's. Closed (a
+        store fault, rewinding), it goes when the store reopens without history. Raises StoreIOError when the disk
+        refuses: the history then goes at the store's next open."""
+        assert self.history_ms is not None, "only a versioned table's history is removed in place"
+        self.history_ms = None
+        self.history_read_at = self.history_moved = None
+        self._history = self._history_cf = None  # no handle left on the family dropped
+        self._sweep = Sweep()
+        if self._db is None:
+            return
+        history.forget(self._put_history_marks, lambda: self.db.drop_column_family(HISTORY_CF), self.table,
+                       "history was removed by a reload, in place")
+
+    def _put_history_marks(self, entries: dict[bytes, bytes | None]) -> None:
+        """Durable before the family is dropped (``history.forget``): a crash never leaves its marks over nothing."""
+        self._put_meta(entries, sync=True)
 
     def history_status(self) -> dict[str, Any] | None:
         """A versioned table's ``tables.<t>.history`` status: since (epoch ms, or null when unproven), versions and

@@ -36,7 +36,13 @@ from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Message
 from rocksdict import Rdict
 
 from globald.store.failures import store_io
-from globald.store.names import HISTORY_CF, META_HISTORY_CLOCK, META_HISTORY_SINCE, META_HISTORY_UNTIMED
+from globald.store.names import (
+    HISTORY_CF,
+    META_HISTORY_CLOCK,
+    META_HISTORY_READ,
+    META_HISTORY_SINCE,
+    META_HISTORY_UNTIMED,
+)
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +109,12 @@ def as_of(family: Rdict, key: bytes, t: int) -> Version | None:
 
 def items_as_of(family: Rdict, t: int) -> Iterator[tuple[bytes, bytes, int]]:
     """(key, value, timestamp) of every key whose as-of answer at ``t`` is a value, in key order: two seeks a key."""
+    return ((v.key, v.value, v.timestamp) for v in versions_as_of(family, t) if v.value is not None)
+
+
+def versions_as_of(family: Rdict, t: int) -> Iterator[Version]:
+    """The version in force at ``t`` of every key that has one, tombstones included, in key order: two seeks a key
+    (what ``get --decode --as-of`` merges over the stored keys of one decoded key)."""
     it = family.iter()
     try:
         it.seek_to_first()
@@ -111,9 +123,7 @@ def items_as_of(family: Rdict, t: int) -> Iterator[tuple[bytes, bytes, int]]:
             prefix = _prefix_of(it.key())
             it.seek(prefix + desc_t)
             if it.valid() and _prefix_of(it.key()) == prefix:
-                v = decode(it.key(), it.value())
-                if v.value is not None:
-                    yield v.key, v.value, v.timestamp
+                yield decode(it.key(), it.value())
             it.seek(prefix[:-len(_END)] + _PAST_END)
     finally:
         del it
@@ -159,54 +169,6 @@ def elapsed_ms() -> int:
     process or a suspended machine does (CLOCK_BOOTTIME where there is one): what a gap in reading is measured on
     while the loop runs (``engine.reading``)."""
     return time.clock_gettime_ns(_ELAPSED_CLOCK) // 1_000_000
-
-
-def tailed_since(since: int, exported_ms: int, now: int, lag_ms: int | None) -> tuple[int, str | None]:
-    """``since`` of a store installed from an export (``export.bootstrap``) whose source store proved ``since`` at
-    the export's offsets, its snapshot taken at ``exported_ms``, then tailed from those offsets from ``now`` on; and
-    why it moved (None: kept). The records above the export's offsets were appended after its snapshot (a table
-    at its log end when snapshotted), and the log cleaner removes none of them before it is ``lag_ms`` old: read
-    before ``exported_ms + lag_ms``, the tail has no gap, and the export's ``since`` holds. Past that (or with the
-    lag unknown, taken as 0) a version of the tail may be gone, compacted by a later record of its key that is
-    itself older than ``now - lag``: ``since`` moves to what a replay begun ``now`` proves (``replay_since``), or
-    stays where the export's already is when that is later."""
-    if lag_ms is not None and now - max(0, lag_ms) <= exported_ms:
-        return since, None
-    moved = max(since, replay_since(now, lag_ms or 0))
-    if moved == since:
-        return since, None
-    lag = "unknown, taken as 0" if lag_ms is None else f"{lag_ms} ms"
-    return moved, (f"the export's snapshot is older than the topic's min.compaction.lag.ms ({lag}): versions after "
-                   "its offsets may have been compacted away, so since moves to the bootstrap's start less the lag")
-
-
-def resumed_since(since: int, read_ms: int | None, now: int, lag_ms: int | None,
-                  tolerance_ms: int = 0) -> tuple[int, str | None]:
-    """``since`` of a table that resumes reading its topic at ``now`` (a restart, the end of a broker outage, of a
-    pause, of a stall), having last been known reading at ``read_ms`` (``names.META_HISTORY_READ``; None: no
-    record of it); and why it moved (None: kept). A record appended while the table did not read is removed by
-    the log cleaner only once it is ``lag_ms`` old, and only for a later record of its key that is as old: a gap
-    of at most the lag loses nothing, and a longer one may have lost the versions in force up to ``now - lag``,
-    so ``since`` moves there (``replay_since``, the rule of a replay begun ``now``), or stays where it is when that
-    is later. ``tolerance_ms`` is the gap a running loop's own turns make, which is taken as tailing (0 at a
-    restart: the downtime is measured against the lag alone). The lag unknown is 0: any restart moves ``since``
-    to the restart. A ``read_ms`` after ``now`` (the wall clock stepped back since) proves nothing: it moves."""
-    lag = max(0, lag_ms or 0)
-    gap = None if read_ms is None else now - read_ms
-    if gap is not None and 0 <= gap <= max(lag, tolerance_ms):
-        return since, None
-    moved = max(since, replay_since(now, lag))
-    if moved == since:
-        return since, None
-    lag_text = "unknown, taken as 0" if lag_ms is None else f"{lag_ms} ms"
-    if gap is None:
-        what = "nothing records when the table last read its topic"
-    elif gap < 0:
-        what = f"the wall clock is {-gap} ms behind the time the table last read its topic (stepped back)"
-    else:
-        what = f"the table did not read its topic for {gap} ms"
-    return moved, (f"{what}, longer than the topic's min.compaction.lag.ms ({lag_text}): versions appended "
-                   "meanwhile may have been compacted away, so since moves to the resume less the lag")
 
 
 def time_text(ms: int) -> str:
@@ -376,29 +338,45 @@ def status(family: Rdict, meta: HistoryMeta, window_ms: int | None, table: str,
     """``tables.<t>.history`` of the status: since (epoch ms, null when unproven), versions and bytes (RocksDB's
     estimates for the history family), the window, the topic's ``min.compaction.lag.ms`` as last read (null:
     unknown, taken as 0), why as-of lookups are refused (null when answered), and why a resume after a gap in
-    reading last moved since (``resumed_since``; null when none did since the daemon started)."""
+    reading last moved since (``store.gaps.since_after_gap``; null when none did since the daemon started)."""
     sizes = ("rocksdb.total-sst-files-size", "rocksdb.cur-size-all-mem-tables")
     return {"since": meta.since, "versions": int(family.property_int_value("rocksdb.estimate-num-keys") or 0),
             "bytes": sum(int(family.property_int_value(p) or 0) for p in sizes), "window_ms": window_ms,
             "compaction_lag_ms": lag_ms, "refused": meta.refusal(table), "moved": moved}
 
 
-_MARKS = (META_HISTORY_SINCE, META_HISTORY_CLOCK, META_HISTORY_UNTIMED)
+# Every mark of a history (``names.META_HISTORY_*``): dropped with its family (``forget``).
+MARKS = (META_HISTORY_SINCE, META_HISTORY_CLOCK, META_HISTORY_UNTIMED, META_HISTORY_READ)
 
 
-def adopt(db: Rdict, meta: Rdict, table: str, window_ms: int | None, stale: bool,
-          empty: Callable[[], bool]) -> dict[bytes, bytes | None]:
+def forget(put_meta: Callable[[dict[bytes, bytes | None]], None], drop: Callable[[], None], table: str,
+           why: str) -> None:
+    """Drop the history of a table no longer versioned: its marks first (``put_meta`` deletes them, durably), then
+    its family (``drop``). The one way a history goes: at a store's open (``adopt``: removed at a restart, or a
+    drop cut short), by a reload that removes it in place (``Database.history_removed``) and in an exact build on
+    a base that had it (``snapshot.builder``). In this order a crash between the two leaves a family without
+    ``since``, which no reader takes for a history (``HistoryMeta.unproven``: as-of lookups refused) and which the
+    next open resolves: dropped again when the table is not versioned, rebuilt from the topic at its plan when a
+    restart declares history again. The other order could leave a ``since`` over an empty family made anew."""
+    with store_io(f"table {table}: drop the history of a table no longer versioned"):
+        put_meta(dict.fromkeys(MARKS))
+        drop()
+    log.info("table %s: %s; dropped its history", table, why)
+
+
+def adopt(db: Rdict, meta: Rdict, table: str, window_ms: int | None, stale: bool, empty: Callable[[], bool],
+          put_meta: Callable[[dict[bytes, bytes | None]], None]) -> dict[bytes, bytes | None]:
     """What a store just opened does with its history (``TableStore``): the history family of a table no longer
-    versioned (``stale``) is dropped here; the metadata to put is returned (None: a key to delete): the marks of
-    that history gone, or ``since`` pending for a versioned store that is ``empty()``. A versioned store holding
-    data without ``since`` gets none (``unproven``): nothing proves what it saw, and the state manager rebuilds it
-    from the topic at its plan."""
+    versioned (``stale``) is dropped here (``forget``); the metadata to put is returned (None: a key to delete):
+    any mark a table without history still holds, or ``since`` pending for a versioned store that is ``empty()``.
+    A versioned store holding data without ``since`` gets none (``unproven``): nothing proves what it saw, and the
+    state manager rebuilds it from the topic at its plan."""
     if stale:  # no longer kept up to date, so not kept at all
-        with store_io(f"table {table}: drop the history of a table no longer versioned"):
-            db.drop_column_family(HISTORY_CF)
-        log.info("table %s: the table is no longer versioned; dropped its history", table)
-        return dict.fromkeys(_MARKS)
-    if window_ms is None or meta.get(META_HISTORY_SINCE) is not None:
+        forget(put_meta, lambda: db.drop_column_family(HISTORY_CF), table, "the table is no longer versioned")
+        return {}
+    if window_ms is None:  # marks without their family (a drop cut short by an older globald): gone too
+        return {k: None for k in MARKS if meta.get(k) is not None}
+    if meta.get(META_HISTORY_SINCE) is not None:
         return {}
     if empty():
         return {META_HISTORY_SINCE: SINCE_PENDING}

@@ -59,7 +59,7 @@ META_FINGERPRINT_PREFIX = b"fingerprint/"
 META_HISTORY_SINCE = b"history/since"
 META_HISTORY_CLOCK = b"history/clock"
 META_HISTORY_UNTIMED = b"history/untimed"
-# The wall-clock time (epoch ms, ASCII) the table was last known reading its topic (``history.resumed_since``):
+# The wall-clock time (epoch ms, ASCII) the table was last known reading its topic (``store.gaps.since_after_gap``):
 # written with the offsets of every batch a running loop applies, and at a clean stop.
 META_HISTORY_READ = b"history/read"
 
@@ -136,6 +136,9 @@ COLUMNAR_SUFFIX = ".arrow"
 # the name carries the file's layout version, so a file of another layout is rebuilt.
 ASOF_HISTORY_LAYOUT = "asof-history-v1"
 ASOF_HISTORY_FILE = ASOF_HISTORY_LAYOUT + COLUMNAR_SUFFIX
+# A versioned table's snapshot whose key is typed: each decoded key's stored keys, for as-of joins by decoded key
+# (globald.spark.asof_keys), ``<id>/asof-keys-<fingerprint of the key declaration>.arrow`` beside db/.
+ASOF_KEYS_PREFIX = "asof-keys-"
 
 
 def snapshots_dir(state_dir: Path, table: str) -> Path:

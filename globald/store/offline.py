@@ -79,7 +79,8 @@ class OfflineStore:
         ``make`` (``writes.write``), without it the write fails then."""
         write(self._db, make(), write_options(), context, rebuild=make if rebuild else None)
 
-    def put_meta(self, entries: Mapping[bytes, bytes], context: str, rebuild: bool = True) -> None:
+    def put_meta(self, entries: Mapping[bytes, bytes | None], context: str, rebuild: bool = True) -> None:
+        """Write ``entries`` to the metadata in one batch; a None value deletes its key."""
         def batch() -> WriteBatch:
             b = WriteBatch(raw_mode=True)
             layout.put_meta(b, self._db, entries)

@@ -71,7 +71,7 @@ class Store(Protocol):
     def put_offsets(self, batch: Batch, offsets: Mapping[int, int],
                     ladders: Mapping[int, Ladder] | None = None) -> None: ...
 
-    # A versioned table's reading marks (store.history.resumed_since): when the loop last knew it reading, why a
+    # A versioned table's reading marks (store.gaps.since_after_gap): when the loop last knew it reading, why a
     # resume last moved its since.
     history_read_at: int | None
     history_moved: str | None
@@ -84,6 +84,9 @@ class Store(Protocol):
 
     # A reload's new window of a versioned table, in place (store.history.windowed_since): (since before, now).
     def history_window(self, window_ms: int) -> tuple[int | None, int | None]: ...
+
+    # A reload's removal of a versioned table's history, in place (store.history.forget): a plain table from then on.
+    def history_removed(self) -> None: ...
 
     def write(self, batch: Batch, rebuild: Callable[[], Batch]) -> None: ...
 

@@ -162,6 +162,10 @@ class StoreReader:
         """(key, value, timestamp) of every key holding a value at record time ``t``, in key order."""
         return iter(()) if self._history is None else history.items_as_of(self._history, t)
 
+    def versions_as_of(self, t: int) -> Iterator[history.Version]:
+        """The version in force at record time ``t`` of every key that has one, tombstones included, in key order."""
+        return iter(()) if self._history is None else history.versions_as_of(self._history, t)
+
     def prefix(self, prefix: bytes) -> Iterator[tuple[bytes, bytes, int]]:
         for item in self.items(start=prefix):
             if not item[0].startswith(prefix):

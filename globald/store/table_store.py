@@ -140,7 +140,7 @@ class TableStore(Database):
             self.stale_origins = False
             log.info("table %s: the table is no longer typed; dropped the origins recorded for its values", self.table)
         marks = history.adopt(self.db, self._meta, self.table, self.history_ms, self.stale_history,
-                              lambda: fresh or not (self.offsets() or self._holds_data()))
+                              lambda: fresh or not (self.offsets() or self._holds_data()), self._put_history_marks)
         self.stale_history = False
         crashed = status == STATUS_OPEN
         if crashed:
@@ -279,7 +279,7 @@ class TableStore(Database):
 
     def put_read_mark(self, batch: Batch) -> None:
         """Add to ``batch`` (one that moves offsets) when the loop last knew a versioned table reading its topic
-        (``history_read_at``): the mark a restart measures its gap from (``history.resumed_since``). The loop's
+        (``history_read_at``): the mark a restart measures its gap from (``store.gaps.since_after_gap``). The loop's
         mark, not the write's time: records fetched after a gap, written before the loop saw it, must not make
         the gap look closed."""
         if self._history is not None and self.history_read_at is not None:

@@ -405,6 +405,24 @@ def _bounded(items: Iterable[tuple[bytes, bytes, int]], limit: int | None, about
         yield k, v, ts
 
 
+def mapped_or_built(path: Path, fp: str, build: Callable[[], pa.Table], what: str) -> ColumnarTable:
+    """The file at ``path`` (of fingerprint ``fp``), mapped; built by ``build`` and written first when there is
+    none, under the host lock of its directory (one builder per host, the others then map it). A directory this
+    user may not write (or a full disk) gets the table in this worker's memory, logged naming ``what``."""
+    with contextlib.suppress(FileNotFoundError, ColumnarInvalid):
+        return ColumnarTable.open(path, fp)
+    try:
+        with _host_lock(path.parent):
+            try:
+                return ColumnarTable.open(path, fp)  # another worker built it meanwhile
+            except (FileNotFoundError, ColumnarInvalid):
+                write_columnar(path, build())
+    except OSError as e:
+        log.warning("cannot write %s (%s): building it in this worker's memory", what, e)
+        return ColumnarTable(build())
+    return ColumnarTable.open(path, fp)
+
+
 def ensure_columnar(snapshot: Snapshot, decoder: Decoder, key_decoder: Decoder | None = None,
                     limit: int | None = None) -> ColumnarTable:
     """The snapshot decoded by ``decoder``, from its columnar file; decoded and written first when there is none.

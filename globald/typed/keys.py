@@ -22,7 +22,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable
 from itertools import islice
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -33,6 +33,7 @@ from globald.common.errors import GlobaldError
 if TYPE_CHECKING:
     from globald.typed.arrow import Decoder
 
+V = TypeVar("V", bytes, bytes | None)  # a record's value; None: a tombstone, in an as-of lookup's versions
 KEYS_VERSION = "canonical-v1"  # part of a typed-key file's fingerprint: a change of canonical form rebuilds it
 
 
@@ -114,12 +115,14 @@ def latest_rows(keys: pa.Array, hashes: np.ndarray, stamps: np.ndarray) -> np.nd
     return None if len(kept) == n else kept
 
 
-def find_decoded(items: Iterable[tuple[bytes, bytes, int]], key_decoder: Decoder, wanted: bytes,
-                 batch: int = 4096) -> tuple[tuple[bytes, bytes, int] | None, int]:
+def find_decoded(items: Iterable[tuple[bytes, V, int]], key_decoder: Decoder, wanted: bytes,
+                 batch: int = 4096) -> tuple[tuple[bytes, V, int] | None, int]:
     """(the record whose decoded key's canonical form is ``wanted``, how many others it shadows), by decoding every
     key of ``items`` (key order) in batches: what ``get --decode`` does on a typed-key table, whose store is keyed
-    by the raw bytes. The same rule as the columnar file: the greatest timestamp, on a tie the later key."""
-    best: tuple[bytes, bytes, int] | None = None
+    by the raw bytes. The same rule as the columnar file: the greatest timestamp, on a tie the later key. With
+    ``--as-of``, ``items`` are each stored key's version in force then, tombstones (value None) included: the
+    answer is then the as-of fold over the decoded key, as Spark's (``globald.spark.asof_keys``)."""
+    best: tuple[bytes, V, int] | None = None
     matches = 0
     records = iter(items)
     while chunk := list(islice(records, batch)):

@@ -216,7 +216,8 @@ def test_stale_while_rebuilding(broker: Broker, topic: Callable[..., str], daemo
     t = topic()
     broker.admin.produce(t, random_records(45_000, keys=45_000, seed=51))
     d = daemon({"tbl": t}, start=False, snapshots={"interval_ms": 200, "retain": 3}, consume_batch_size=500,
-               kafka=SLOW_FETCH)
+               # the identity check that vouches for the old snapshot (wait_vouched) runs at each refresh
+               metadata_refresh_ms=500, kafka=SLOW_FETCH)
     # The daemon stops itself a third into the rebuild, to be looked at: however fast this machine rebuilds.
     arm_file = tmp_path / "arm.json"
     midway.arm(d, arm_file)

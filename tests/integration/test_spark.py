@@ -270,7 +270,8 @@ def test_rebuild_keeps_job_on_stale_snapshot_with_no_failed_lookup(spark: Any, b
     t = topic()
     broker.admin.produce(t, random_records(45_000, keys=45_000, seed=81))
     d = daemon({"tbl": t}, start=False, snapshots={"interval_ms": 200, "retain": 3}, consume_batch_size=500,
-               kafka=SLOW_FETCH)
+               # the identity check that vouches for the old snapshot (wait_vouched) runs at each refresh
+               metadata_refresh_ms=500, kafka=SLOW_FETCH)
     # The daemon stops itself a third into the rebuild, so that the job runs on the stale snapshot meanwhile, however
     # fast this machine rebuilds (frozen once the rebuild was seen starting, it could have finished already).
     arm_file = tmp_path / "arm.json"

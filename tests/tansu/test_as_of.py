@@ -125,14 +125,28 @@ def _check_as_of(d: DaemonProcess, every: list[Record], since: int, rng: random.
                 assert view.as_of(key, at) == as_of(every, key, at), (key, at)
 
 
+def reload_history(d: DaemonProcess, history: str | None, generation: int) -> dict[str, Any]:
+    """Reload ``d`` with table rates's ``history`` set to ``history`` (None: removed), and wait for the reload's
+    generation to show it RUNNING with it (with a since) or without it; its status."""
+    text = re.sub(r'^history = .*\n', "", d.config.read_text(), flags=re.M)
+    d.config.write_text(text + (f'history = "{history}"\n' if history else ""))  # the last [[tables]] entry's
+    r = globald("reload", "--config", str(d.config), timeout=300)
+    assert r.returncode == 0, r.stderr
+    return _table_state(d.wait_for(
+        lambda s: s["config"]["generation"] == generation and _table_state(s).get("state") == "RUNNING"
+        and (history is None) == ("history" not in _table_state(s))
+        and (history is None or _table_state(s)["history"]["since"] is not None),
+        timeout=120, what=f"the reload to history {history}"))
+
+
 def test_a_reload_adds_changes_and_removes_history(broker: Broker, daemon: Daemon) -> None:
     """A table with data gains ``history`` by a reload: it is replayed (no operator step), with since = the
     replay's start less the topic's min.compaction.lag.ms (read from the topic's config); as-of answers are the
     as-of fold's from since on and refused before. A reload changing the window takes it in place, in the same
     process and with nothing replayed: shrunk, since moves forward at once to the newest record time less the
-    window; grown, since stays. One removing history drops the family, the latest values unchanged. Added again at
-    a restart, over the store with data, it is rebuilt in-process (wipe ``history_added``), with no operator
-    step."""
+    window; grown, since stays. One removing history drops the family in place, the latest values unchanged.
+    Added again at a restart, over the store with data, it is rebuilt in-process (wipe ``history_added``), with
+    no operator step."""
     lag = 600_000
     t = f"lag{time.monotonic_ns()}"
     broker.admin.create(t, config={"min.compaction.lag.ms": str(lag)})
@@ -149,17 +163,7 @@ def test_a_reload_adds_changes_and_removes_history(broker: Broker, daemon: Daemo
     every = records(broker.settings, t, broker.admin.end_offsets(t))
     rng = random.Random(7)
 
-    def reload_to(history: str | None, generation: int) -> dict[str, Any]:
-        text = re.sub(r'^history = .*\n', "", d.config.read_text(), flags=re.M)
-        d.config.write_text(text + (f'history = "{history}"\n' if history else ""))  # the last [[tables]] entry's
-        r = globald("reload", "--config", str(d.config), timeout=300)
-        assert r.returncode == 0, r.stderr
-        return _table_state(d.wait_for(
-            lambda s: s["config"]["generation"] == generation and _table_state(s).get("state") == "RUNNING"
-            and (history is None) == ("history" not in _table_state(s))
-            and (history is None or _table_state(s)["history"]["since"] is not None),
-            timeout=120, what=f"the reload to history {history}"))
-
+    reload_to = functools.partial(reload_history, d)
     before = int(time.time() * 1000)
     state = reload_to("30d", 2)
     after = int(time.time() * 1000)

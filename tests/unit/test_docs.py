@@ -154,8 +154,8 @@ def test_where_to_change_what_names_what_the_code_has() -> None:
     engine = inspect.getsource(tables_change.apply) + inspect.getsource(changes.Delta.stores_added.fget) + \
         inspect.getsource(changes.Delta.stores_dropped.fget)
     kinds = [f.name for f in fields(changes.Delta)
-             if f.name in ("added", "dropped", "replaced", "redeclared", "windowed")]
-    assert len(kinds) == 5, kinds
+             if f.name in ("added", "dropped", "replaced", "redeclared", "windowed", "unversioned")]
+    assert len(kinds) == 6, kinds
     for kind in kinds:
         assert f".{kind}" in engine, f"engine.tables_change.apply does not handle Delta.{kind}"
     table_fields = {f.name for f in fields(changes.Delta)} - {"config", "changes", "kafka_changed"}

@@ -19,7 +19,7 @@ from globald.export.manifest import ExportHistory, ExportManifest, ExportManifes
 from globald.export.target import Target
 from globald.settings.config import TableConfig
 from globald.snapshot.manifest import Manifest, snapshot_since
-from globald.store.history import tailed_since
+from globald.store.gaps import BOOTSTRAP, since_after_gap
 from globald.store.names import META_HISTORY_SINCE
 from globald.store.offline import open_offline, since_of
 from globald.store.options import StoreOptions
@@ -78,7 +78,12 @@ def test_which_exports_a_versioned_table_may_start_from() -> None:
     assert "proven no since" in (history_refusal(unproven, DAY) or "")
 
 
+def tailed_since(since: int, exported: int, now: int, lag: int | None) -> tuple[int, str | None]:
+    return since_after_gap(since, exported, now, lag, BOOTSTRAP)
+
+
 def test_the_installed_store_keeps_the_exports_since_only_while_its_tail_cannot_have_lost_a_version() -> None:
+    """The rule of any gap in reading (``since_after_gap``; each edge in tests/unit/test_history_resume.py)."""
     exported, since = 1_800_000_000_000, 1_700_000_000_000
     # Within the lag of the export's snapshot: nothing after its offsets can have been compacted away yet.
     assert tailed_since(since, exported, exported + DAY - 1, DAY) == (since, None)
@@ -86,11 +91,15 @@ def test_the_installed_store_keeps_the_exports_since_only_while_its_tail_cannot_
     now = exported + DAY + 10
     moved, why = tailed_since(since, exported, now, DAY)
     assert moved == now - DAY and why is not None and "min.compaction.lag.ms (86400000 ms)" in why
+    assert f"the export's snapshot is {DAY + 10} ms old" in why and "versions after its offsets" in why
     # The lag unknown (taken as 0): any tail may have lost versions.
     moved, why = tailed_since(since, exported, exported + 1, None)
     assert moved == exported + 1 and why is not None and "unknown" in why
     # Never earlier than the export's own since.
     assert tailed_since(since, exported, since + 5, 10) == (since, None)
+    # An export dated after the bootstrap (its host's clock ahead): its tail's age is unknown, so since moves.
+    moved, why = tailed_since(since, now + 1_000, now, DAY)
+    assert moved == now - DAY and why is not None and "exporting host's clock is ahead" in why
 
 
 @pytest.mark.parametrize(("history", "why"), [

@@ -316,7 +316,7 @@ def test_an_unknown_compaction_lag_gives_no_earlier_since(tmp_path: Path) -> Non
     assert status is not None and status["since"] >= before and status["compaction_lag_ms"] is None
 
 
-def test_a_reload_adding_or_removing_history_replaces_the_table_and_a_new_window_is_taken_in_place() -> None:
+def test_a_reload_adding_history_replaces_the_table_and_a_new_window_or_its_removal_is_taken_in_place() -> None:
     from globald.settings.changes import changes, delta
 
     base = {"state_dir": "/srv/state", "kafka": {"bootstrap.servers": "127.0.0.1:9092"}}
@@ -324,12 +324,13 @@ def test_a_reload_adding_or_removing_history_replaces_the_table_and_a_new_window
     for table in ({"name": "b", "topic": "tb"}, {"name": "b", "topic": "tb", "value": v1}):  # raw, typed
         typed = "value" in table
         plain, week, day = ({**base, "tables": [{**table, **h}]} for h in ({}, {"history": "7d"}, {"history": "1d"}))
-        for old, new in ((plain, week), (week, plain)):  # history added or removed: replaced, replayed
-            found = changes(parse(old), parse(new))
-            assert [c.key for c in found] == ["tables.b"] and found[0].replaced and found[0].redeclared is None
-            assert found[0].windowed is None
-            d = delta(parse(old), parse(new))
-            assert d.replaced == (parse(new).table("b"),) and d.windowed == ()
+        found = changes(parse(plain), parse(week))  # history added: replaced, replayed
+        assert [c.key for c in found] == ["tables.b"] and found[0].replaced and found[0].redeclared is None
+        assert found[0].windowed is None and found[0].unversioned is None
+        d = delta(parse(plain), parse(week))
+        assert d.replaced == (parse(week).table("b"),) and d.windowed == d.unversioned == ()
+        found = changes(parse(week), parse(plain))  # removed: in place (tests/unit/test_history_removal.py)
+        assert not found[0].replaced and found[0].unversioned == parse(plain).table("b")
         for old, new in ((week, day), (day, week)):  # the window shrinks or grows: in place, nothing replayed
             found = changes(parse(old), parse(new))
             assert found[0].windowed == parse(new).table("b") and not found[0].replaced

@@ -1,5 +1,5 @@
 """A versioned table's since after a gap in reading (issue 45: never a since earlier than provable): the rule
-(``history.resumed_since``), and the loop's marks (``engine.reading``) on a real store: a restart after downtime
+(``store.gaps.since_after_gap``), and the loop's marks (``engine.reading``) on a real store: a restart after downtime
 longer than the topic's min.compaction.lag.ms, or a stall while running, moves since to the resume less the lag;
 a table that tails without a gap keeps it. The wall clock is the module's ``now_ms``, set by the tests."""
 
@@ -14,8 +14,8 @@ from globald.engine.reading import STALL_TOLERANCE_MS, ReadingMarks
 from globald.engine.table import TableRuntime
 from globald.engine.update_task import UpdateTask
 from globald.settings.config import TableConfig
-from globald.store import history
-from globald.store.history import resumed_since
+from globald.store import gaps, history
+from globald.store.gaps import since_after_gap
 from globald.store.options import StoreOptions
 from globald.store.table_store import TableStore
 from tests.unit.test_update_task import Event
@@ -24,42 +24,66 @@ LAG = 60_000
 SINCE = 1_000_000
 
 
-def test_a_gap_within_the_lag_keeps_since() -> None:
-    read = SINCE + 500_000
-    assert resumed_since(SINCE, read, read, LAG) == (SINCE, None)
-    assert resumed_since(SINCE, read, read + LAG, LAG) == (SINCE, None)  # every record appended since is there
+GAPS = [gaps.RESUME, gaps.BOOTSTRAP]
 
 
-def test_a_gap_longer_than_the_lag_moves_since_to_the_resume_less_the_lag() -> None:
-    read = SINCE + 500_000
-    now = read + LAG + 1
-    moved, why = resumed_since(SINCE, read, now, LAG)
-    assert moved == now - LAG and why is not None and "did not read its topic for" in why and "60000 ms" in why
-    # A since already later than what the resume proves stays.
-    assert resumed_since(now, read, now, LAG) == (now, None)
+# The one rule of a gap in reading (``store.gaps.since_after_gap``), each edge for both gaps: a resume after a restart,
+# an outage, a pause or a stall (from the read mark), and a bootstrap from an export (from its snapshot's time).
+
+@pytest.mark.parametrize("gap", GAPS)
+def test_a_gap_within_the_lag_keeps_since(gap: gaps.Gap) -> None:
+    start = SINCE + 500_000
+    assert since_after_gap(SINCE, start, start, LAG, gap) == (SINCE, None)
+    assert since_after_gap(SINCE, start, start + LAG, LAG, gap) == (SINCE, None)  # every record appended is there
 
 
-def test_an_unknown_lag_is_0_and_any_restart_moves_since_to_the_restart() -> None:
-    read = SINCE + 500_000
-    moved, why = resumed_since(SINCE, read, read + 1, None)
-    assert moved == read + 1 and why is not None and "unknown, taken as 0" in why
-    assert resumed_since(SINCE, read, read, None) == (SINCE, None)  # no gap at all
+@pytest.mark.parametrize("gap", GAPS)
+def test_a_gap_longer_than_the_lag_moves_since_to_the_end_less_the_lag(gap: gaps.Gap) -> None:
+    start = SINCE + 500_000
+    now = start + LAG + 1
+    moved, why = since_after_gap(SINCE, start, now, LAG, gap)
+    assert moved == now - LAG and why is not None and gap.span.format(gap=LAG + 1) in why and "60000 ms" in why
+    assert why.endswith(f"so since moves to {gap.end} less the lag")
+    # A since already later than what the end proves stays.
+    assert since_after_gap(now, start, now, LAG, gap) == (now, None)
 
 
-def test_no_record_of_reading_or_a_clock_stepped_back_moves_since() -> None:
+@pytest.mark.parametrize("gap", GAPS)
+def test_an_unknown_lag_is_0_so_any_gap_moves_since_to_the_end(gap: gaps.Gap) -> None:
+    start = SINCE + 500_000
+    moved, why = since_after_gap(SINCE, start, start + 1, None, gap)
+    assert moved == start + 1 and why is not None and "unknown, taken as 0" in why
+    # No gap at all: nothing can be gone. (A bootstrap kept nothing here before the rule was one: an export's
+    # snapshot dated the very millisecond of its bootstrap; the same proof holds for it.)
+    assert since_after_gap(SINCE, start, start, None, gap) == (SINCE, None)
+
+
+@pytest.mark.parametrize("gap", GAPS)
+def test_no_start_recorded_or_a_start_after_the_end_moves_since(gap: gaps.Gap) -> None:
     now = SINCE + 500_000
-    moved, why = resumed_since(SINCE, None, now, LAG)
-    assert moved == now - LAG and why is not None and "nothing records" in why
-    # The mark is in the future: the wall clock stepped back, and the gap is unknown: on doubt, move.
-    moved, why = resumed_since(SINCE, now + 5, now, LAG)
-    assert moved == now - LAG and why is not None and "stepped back" in why
+    moved, why = since_after_gap(SINCE, None, now, LAG, gap)
+    assert moved == now - LAG and why is not None and f"nothing records {gap.start}" in why
+    # The start is in the future: the wall clock stepped back (or an exporting host's clock is ahead), and the
+    # gap's real length is unknown: on doubt, move, even within the lag. (A bootstrap kept since here before the
+    # rule was one; docs/as-of.md, Exports and bootstraps.)
+    moved, why = since_after_gap(SINCE, now + 5, now, LAG, gap)
+    assert moved == now - LAG and why is not None and f"5 ms behind {gap.start} ({gap.behind})" in why
 
 
-def test_a_running_loop_tolerates_its_own_cadence() -> None:
+@pytest.mark.parametrize("gap", GAPS)
+def test_a_gap_within_the_tolerance_is_no_gap(gap: gaps.Gap) -> None:
+    start = SINCE + 500_000
+    assert since_after_gap(SINCE, start, start + 5_000, None, gap, tolerance_ms=10_000) == (SINCE, None)
+    assert since_after_gap(SINCE, start, start + 10_001, None, gap, tolerance_ms=10_000)[0] == start + 10_001
+    assert since_after_gap(SINCE, start, start + LAG, LAG, gap, tolerance_ms=10_000) == (SINCE, None)  # lag longer
+
+
+def test_a_resume_says_how_long_the_table_did_not_read() -> None:
     read = SINCE + 500_000
-    assert resumed_since(SINCE, read, read + 5_000, None, tolerance_ms=10_000) == (SINCE, None)
-    assert resumed_since(SINCE, read, read + 10_001, None, tolerance_ms=10_000)[0] == read + 10_001
-    assert resumed_since(SINCE, read, read + LAG, LAG, tolerance_ms=10_000) == (SINCE, None)  # the lag is longer
+    why = since_after_gap(SINCE, read, read + LAG + 1, LAG, gaps.RESUME)[1]
+    assert why is not None and "the table did not read its topic for 60001 ms" in why
+    why = since_after_gap(SINCE, read + 5, read, LAG, gaps.RESUME)[1]
+    assert why is not None and "stepped back" in why
 
 
 # -- the loop's marks on a real store ------------------------------------------------------------------------

@@ -34,7 +34,8 @@ from globald.snapshot.builder import Builder
 from globald.snapshot.publisher import SnapshotPublisher
 from globald.status.document import ConfigStatus
 from globald.status.statusfile import config_line
-from globald.store.names import snapshots_dir
+from globald.store import layout
+from globald.store.names import HISTORY_CF, db_dir, snapshots_dir
 
 AVRO = '{"type": "record", "name": "V", "fields": [{"name": "a", "type": "long"}]}'
 
@@ -177,6 +178,21 @@ def test_a_new_history_window_is_taken_in_place_and_redeclared_once(engine: Engi
     windows = [(tables[n].store.history_status() or {}).get("window_ms") for n in ("b", "r")]  # the stores'
     assert windows == [86_400_000, 30 * 86_400_000], windows
     assert (tables["b"].config.history, tables["r"].config.history) == (86_400_000, 30 * 86_400_000)
+
+
+@pytest.mark.parametrize("engine", [{"b": "30d", "r": "7d"}], indirect=True)
+def test_history_removed_is_taken_in_place_and_redeclared_once(engine: Engine, tmp_path: Path) -> None:
+    """Raw "b" and typed "r" lose history: each store drops it in place and each table is redeclared once, with no
+    state change; nothing is dropped, added or restored."""
+    new = config(tmp_path, {"a": "ta", "b": "tb", "c": "tc", "r": "tr"}, typed=("r",))
+    d = delta(engine.ref.now, new)
+    assert [t.name for t in d.unversioned] == ["b", "r"] and d.redeclared == d.windowed == d.replaced == ()
+    two_phase.apply(d, engine.ref, (engine.snapshots, engine.thread))
+    assert table_events(engine.heard, "b") == table_events(engine.heard, "r") == ["TableRedeclared"]
+    tables = engine.thread.manager.tables
+    for n in ("b", "r"):
+        assert tables[n].config.history is None and tables[n].store.history_status() is None
+        assert HISTORY_CF not in layout.families(db_dir(engine.ref.now.state_dir, n))
 
 
 class Refuses:
