@@ -170,7 +170,7 @@ class VersionedSeed(SeedRun):
         self.replayed_at: dict[str, int] = {}  # table -> the wall time (ms) before its last replay began
         self.last_since: dict[str, int] = {}  # table -> the served version's since at the last check
         self.steps = seed  # the next of HISTORY_STEPS
-        self.replaced: str | None = None  # the table the current event's reload replaces (history added, removed)
+        self.replaced: str | None = None  # the table the current event's reload replaces (history added)
         # A since up to this (epoch ms) is explained: a restart under a clock stepped forward measures its downtime
         # on the wall clock, the only one that spans it, and moves since by the step (docs/limitations.md)
         self.ahead_ok = 0
@@ -209,9 +209,8 @@ class VersionedSeed(SeedRun):
         self.steps += 1
         history = self.config.history
         if step == "toggle small" and plan.SMALL in history:
-            del history[plan.SMALL]
+            del history[plan.SMALL]  # in place: the table keeps RUNNING, its snapshots where they are
             self.floor.pop(plan.SMALL, None)
-            self.replaced = plan.SMALL
         elif step == "toggle small":
             history[plan.SMALL] = BULK_HISTORY
             self._replay_begins(plan.SMALL)  # adding history replaces the table: a replay (docs/as-of.md)
@@ -220,7 +219,7 @@ class VersionedSeed(SeedRun):
             history[plan.BULK] = SHORT_WINDOW if history.get(plan.BULK) == BULK_HISTORY else BULK_HISTORY
 
     def check_readers(self, f: Fault, out: Outcome) -> None:
-        """The campaign's, but a table replaced by a reload (history added or removed) moves the snapshots its
+        """The campaign's, but a table replaced by a reload (history added) moves the snapshots its
         readers lease aside (``snapshots/.dropped-<table>-<n>``, docs/operations/reload.md): the leased one must be
         there, not gone."""
         sid = self.leased.pop(self.replaced, None) if self.replaced is not None else None
