@@ -7,6 +7,11 @@ A table counts as reading at a turn when it is assigned, its topic is not paused
 poll, so a since moved by a gap is durable before any record read past the gap is written; the store writes the
 last mark with the offsets of every batch and at a clean close (``TableStore.put_read_mark``), which is what the
 next start measures its downtime from. Loop thread only; reads the wall clock, never waits on it.
+
+While the loop runs, a gap is measured on ``history.elapsed_ms``, which a step of the wall clock does not move: a
+table that tails without a gap keeps its since whatever the wall clock does (a +1 day step was once taken as a
+day-long stall, and since moved a day past every record time). Across a restart only the wall clock spans the
+downtime (the stored mark's), so that one is measured on it (docs/limitations.md).
 """
 
 from __future__ import annotations
@@ -30,25 +35,29 @@ class ReadingMarks:
     """See the module docstring."""
 
     def __init__(self) -> None:
-        self._at: dict[str, int] = {}  # table -> when the loop last saw it reading (epoch ms)
+        # table -> when the loop last saw it reading: (wall clock, epoch ms; history.elapsed_ms)
+        self._at: dict[str, tuple[int, int]] = {}
 
     def turn(self, tables: Mapping[str, TableRuntime], reading: Callable[[TableRuntime], bool]) -> None:
         now: int | None = None
+        ticks = 0
         for rt in tables.values():
             if not _versioned(rt) or not reading(rt):
                 continue
-            now = now or history.now_ms()
+            if now is None:
+                now, ticks = history.now_ms(), history.elapsed_ms()
             store, name = rt.store, rt.name
             last = self._at.get(name)
             if last is None:  # first seen reading in this run: a restart, measured from the store's mark (which
                 # no batch has overwritten: put_read_mark writes nothing before this sets history_read_at)
                 self._resumed(rt, now, store.history_read_mark(), 0, "restart")
-            elif not 0 <= now - last <= STALL_TOLERANCE_MS:  # from the store's mark when later: a store refilled
-                stored = store.history_read_mark()            # from an export meanwhile carries its own
-                self._resumed(rt, now, last if stored is None else max(last, stored), STALL_TOLERANCE_MS, "stall")
+            elif not 0 <= ticks - last[1] <= STALL_TOLERANCE_MS:  # a stall: it began this long ago, in wall time
+                began = now - (ticks - last[1])  # now; from the store's mark when later: a store refilled
+                stored = store.history_read_mark()  # from an export meanwhile carries its own
+                self._resumed(rt, now, began if stored is None else max(began, stored), STALL_TOLERANCE_MS, "stall")
             else:
                 store.history_read_at = now
-            self._at[name] = now
+            self._at[name] = (now, ticks)
 
     @staticmethod
     def _resumed(rt: TableRuntime, now: int, last: int | None, tolerance_ms: int, kind: str) -> None:

@@ -161,6 +161,16 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+_ELAPSED_CLOCK = getattr(time, "CLOCK_BOOTTIME", time.CLOCK_MONOTONIC)
+
+
+def elapsed_ms() -> int:
+    """A clock that only time passing moves, in ms: wall-clock steps (NTP, a resumed VM's) do not, while a frozen
+    process or a suspended machine does (CLOCK_BOOTTIME where there is one): what a gap in reading is measured on
+    while the loop runs (``engine.reading``)."""
+    return time.clock_gettime_ns(_ELAPSED_CLOCK) // 1_000_000
+
+
 def time_text(ms: int) -> str:
     """An epoch-ms record time as ISO 8601 UTC, with the number."""
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ms / 1000)) + f".{ms % 1000:03d}Z ({ms})"

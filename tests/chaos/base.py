@@ -13,7 +13,7 @@ import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from globald.embedded.broker import free_port
 from globald.snapshot import exact_requests as snap_requests
@@ -57,6 +57,8 @@ def produce_pinned(admin: TopicAdmin, topic: str, records: list[Record]) -> int:
 class SeedBase:
     """One seed's world: its topics, load, config and daemon, the arm file of the entry's hooks, settling."""
 
+    config_file: ClassVar[type[reloads.ConfigFile]] = reloads.ConfigFile  # the versioned lane's adds history
+
     def __init__(self, campaign: Campaign, seed: int) -> None:
         self.c = campaign
         self.seed = seed
@@ -84,7 +86,7 @@ class SeedBase:
         self.extra: str | None = None  # the topic of the table reload events add and drop, once created
         # [export] only for export events: the CI form's daemon stays as it was, pyarrow never loaded under libfiu
         exporting = campaign.args.exports_per_seed > 0
-        self.config = reloads.ConfigFile(self.root / "globald.toml", state, campaign.broker.settings, self.topics,
+        self.config = self.config_file(self.root / "globald.toml", state, campaign.broker.settings, self.topics,
                                          self.http_port, export=exporting)
         cfg = self.config.write()
         env = {entry.ARM_ENV: str(self.arm_path), **self.clock.env(),

@@ -74,8 +74,12 @@ class ConfigFile:
                      snapshots={"interval_ms": self.live["snapshots.interval_ms"],
                                 "retain": self.live["snapshots.retain"]},
                      **({"export": exports.section(self.path.parent, bootstrap=False)} if self.export else {}))
+        self.amend(tmp)
         os.replace(tmp, self.path)
         return self.path
+
+    def amend(self, path: Path) -> None:
+        """What a lane adds to the file before it is swapped in (the versioned lane: each table's ``history``)."""
 
     def sha256(self) -> str:
         return hashlib.sha256(self.path.read_bytes()).hexdigest()

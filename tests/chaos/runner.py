@@ -18,7 +18,7 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from tests.chaos import plan, powerloss, tools
 from tests.chaos.campaign import Outcome, Probe, SeedRun, Unrecoverable, summarize
@@ -50,6 +50,8 @@ class Campaign:
     notes: list[str] = field(default_factory=list)
     started: float = field(default_factory=time.monotonic)
     s3: S3Front | None = None  # the S3 emulator and its front, from the first export event on S3
+    seed_run: ClassVar[type[SeedRun]] = SeedRun  # one seed's world and faults (tests/chaos/versioned.py's too)
+    module: ClassVar[str] = "tests.chaos"  # what replays a fault (python -m …)
 
     def seeds(self) -> list[int]:
         n = 1 if self.args.only_fault is not None else self.args.seeds
@@ -76,10 +78,9 @@ class Campaign:
 
     def run(self) -> None:
         for seed in self.seeds():
-            run = SeedRun(self, seed)
+            run = self.seed_run(self, seed)
             a = self.args
-            faults = plan.events(seed, a.faults_per_seed, a.reloads_per_seed, a.exports_per_seed,
-                                 a.registry_per_seed)
+            faults = self.events(seed)
             say(f"seed {seed}: {a.faults_per_seed} faults, {a.reloads_per_seed} reload, {a.exports_per_seed} "
                 f"export and {a.registry_per_seed} registry events planned; working in {run.root}")
             try:
@@ -102,6 +103,10 @@ class Campaign:
                 say(f"seed {seed}: ABORTED by a campaign error: {e!r}")
             finally:
                 run.teardown()
+
+    def events(self, seed: int) -> list[plan.Fault]:
+        a = self.args
+        return plan.events(seed, a.faults_per_seed, a.reloads_per_seed, a.exports_per_seed, a.registry_per_seed)
 
     def _selected(self, fault: plan.Fault) -> bool:
         a = self.args
@@ -190,7 +195,7 @@ class Campaign:
         for o in failed:
             f = o.fault
             a = self.args
-            lines += [f"- **seed {f.seed}, fault {f.index}**: {f.describe()} — replay: `python -m tests.chaos "
+            lines += [f"- **seed {f.seed}, fault {f.index}**: {f.describe()} — replay: `python -m {self.module} "
                       f"--seed {f.seed} --faults-per-seed {a.faults_per_seed} --reloads-per-seed "
                       f"{a.reloads_per_seed} --exports-per-seed {a.exports_per_seed} --registry-per-seed "
                       f"{a.registry_per_seed} --only-fault {f.index}`"]
@@ -254,10 +259,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def run(args: argparse.Namespace) -> Campaign:
-    """The whole campaign; the caller decides what a failure means (exit status, assert)."""
+def run(args: argparse.Namespace, kind: type[Campaign] = Campaign) -> Campaign:
+    """The whole campaign (``kind``: the versioned lane's, tests/chaos/versioned.py); the caller decides what a
+    failure means (exit status, assert)."""
     root = Path(tempfile.mkdtemp(prefix="globald-chaos-"))
-    campaign = Campaign(args, root)
+    campaign = kind(args, root)
     say(f"{campaign.command()}; working in {root}")
     try:
         campaign.start()

@@ -90,17 +90,29 @@ def test_a_resume_says_how_long_the_table_did_not_read() -> None:
 
 
 class Clock:
+    """The wall clock (``now``) and the time elapsed (``history.elapsed_ms``): ``now`` moved moves both, ``step``
+    only the wall clock, as NTP or a resumed VM's step does."""
+
     def __init__(self, now: int) -> None:
         self.now = now
+        self.stepped = 0
 
     def __call__(self) -> int:
         return self.now
+
+    def elapsed(self) -> int:
+        return self.now - self.stepped
+
+    def step(self, ms: int) -> None:
+        self.now += ms
+        self.stepped += ms
 
 
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     c = Clock(10**12)
     monkeypatch.setattr(history, "now_ms", c)
+    monkeypatch.setattr(history, "elapsed_ms", c.elapsed, raising=False)
     return c
 
 
@@ -181,6 +193,29 @@ def test_a_stall_while_running_moves_since_and_the_batch_carries_the_loops_mark(
     clock.now += STALL_TOLERANCE_MS
     marks.turn({"tbl": rt}, _reading)
     assert _since(rt) == clock.now - STALL_TOLERANCE_MS
+    rt.store.close()
+
+
+def test_a_wall_clock_step_while_tailing_is_no_gap_and_keeps_since(tmp_path: Path, clock: Clock) -> None:
+    """A table that tails without a gap keeps its since, whatever the wall clock does meanwhile: the running loop
+    measures its gaps on a clock that steps do not move. Found by the chaos campaign's versioned lane: a +1 day step
+    was taken as a day-long stall, since moved a day past every record time, and every as-of lookup was refused
+    for that day, though nothing had been missed."""
+    rt = _runtime(tmp_path)
+    rt.store.compaction_lag_ms = None  # unknown (0): any gap past the loop's tolerance would move since
+    marks, _, since = _tailing(rt)
+    for step in (86_400_000, -86_400_000, 3_600_000):
+        clock.step(step)
+        marks.turn({"tbl": rt}, _reading)
+        assert _since(rt) == since, step
+        clock.now += 1_000
+        marks.turn({"tbl": rt}, _reading)
+        assert _since(rt) == since, step
+    # A real stall, with a step inside it, still moves since: to the resume (the lag is 0).
+    clock.now += STALL_TOLERANCE_MS * 3
+    clock.step(-60_000)
+    marks.turn({"tbl": rt}, _reading)
+    assert _since(rt) == max(since, clock.now)
     rt.store.close()
 
 
