@@ -30,7 +30,8 @@ reloaded or put back). A table whose declaration a reload changed is decoded aga
 which the publisher makes at once (``TableRedeclared``).
 
 Stopping the daemon stops the process: SIGTERM (with SIGCONT, should it be stopped), which it answers by removing
-its temporary file and releasing its lease; SIGKILL after ``STOP_GRACE_S``, and then this module removes the
+its temporary file and releasing its lease; SIGKILL once what is left of the stop's shared bound has passed (the
+daemon's ``STOP_JOINS_S``; ``STOP_GRACE_S`` for a decode past its ``TIMEOUT_S``), and then this module removes the
 temporary file and the lease it may have left. A failure is counted (``common.swallowed``, place
 ``snapshot_decode``, and the table's ``failures``), logged, and never more than that.
 """

@@ -176,6 +176,7 @@ def test_a_stop_does_not_wait_for_a_reload_checking_against_a_silent_registry(
         print(f"stopped in {took:.2f}s")
 
 
+@pytest.mark.long
 def test_a_stop_does_not_wait_for_the_starts_registry_probe_against_a_silent_registry(
         broker: Broker, topic: Callable[..., str], daemon: Daemon, tmp_path: Path) -> None:
     shutil.copytree(FIXTURES, tmp_path / "schemas")
