@@ -48,9 +48,14 @@ SUBJECT = "stop-value"
 WAIT_S = 120.0  # every wait for the daemon to reach a state: generous, a loaded 2-core machine
 
 
-def typed(daemon: Daemon, t: str, registry: RegistryDouble, section: str, **top: Any) -> DaemonProcess:
+def typed(daemon: Daemon, broker: Broker, t: str, registry: RegistryDouble, section: str, records: int,
+          **top: Any) -> DaemonProcess:
     """A daemon of table ``cust`` on ``t`` whose values take writer ids from ``registry`` (no retry within a
-    request, as the campaign's: one request waits on a silent registry, for the client's whole timeout)."""
+    request, as the campaign's: one request waits on a silent registry, for the client's whole timeout), once
+    ``records`` more are on ``t``, written with schema v1 registered under ``SUBJECT``."""
+    if records:
+        one = registry.register(SUBJECT, V1)
+        broker.admin.produce(t, produced(one, V1, records, keys=records // 2, seed=5))
     d = daemon({"cust": t}, start=False, registry={"url": registry.url, "timeout": 300}, **top)
     text = d.config.read_text().replace("timeout = 300\n", 'timeout = 300\n"max.retries" = 0\n')
     d.config.write_text(text + section)
@@ -59,15 +64,7 @@ def typed(daemon: Daemon, t: str, registry: RegistryDouble, section: str, **top:
 
 def stop_in_time(d: DaemonProcess, broker: Broker, t: str) -> float:
     """SIGTERM; the seconds to the exit, which must be 0 within ``STOP_S``; then the store against the fold."""
-    assert d.proc is not None
-    t0 = time.monotonic()
-    os.kill(d.pid, signal.SIGTERM)
-    try:
-        rc: int | None = d.proc.wait(90)
-    except subprocess.TimeoutExpired:
-        rc = None
-        d.stop(signal.SIGKILL)
-    took = time.monotonic() - t0
+    rc, took = d.timed_stop(90)
     assert rc == 0 and took <= STOP_S, f"exit {rc} {took:.2f}s after SIGTERM (bound {STOP_S}s)\n{d.tail(60)}"
     store = check_store(broker, d.state_dir, "cust", t)
     assert store.divergences == 0, f"store differs from the oracle at {store.offsets}: {store.error}"
@@ -132,10 +129,8 @@ def test_a_stop_does_not_wait_for_a_starved_decode_process_after_a_reload_met_a_
         broker: Broker, topic: Callable[..., str], daemon: Daemon) -> None:
     with RegistryDouble() as registry:
         t = topic()
-        one = registry.register(SUBJECT, V1)
-        broker.admin.produce(t, produced(one, V1, 300, keys=120, seed=3))
-        d = typed(daemon, t, registry, subject_section(SUBJECT), snapshots={"interval_ms": 500,
-                                                                             "decode_interval_ms": 200})
+        d = typed(daemon, broker, t, registry, subject_section(SUBJECT), 300, snapshots={"interval_ms": 500,
+                                                                                  "decode_interval_ms": 200})
         d.start()
         decoded_at(d, broker.admin.end_offsets(t), timeout=WAIT_S)
         registry.fault(THROTTLED, retry_after=600)
@@ -151,7 +146,7 @@ def test_a_stop_does_not_wait_for_a_starved_decode_process_after_a_reload_met_a_
         with busy(cpu):
             pid = decode_in_flight(d, cpu)
             took = stop_in_time(d, broker, t)
-        none_left("globald.typed.decode_snapshot")
+        none_left(f"globald.typed.decode_snapshot --config {d.config}")  # this daemon's: others may run beside
         assert "stopped with the daemon" in d.log.read_text(), d.tail()  # the decode in flight, with the daemon
         table_dir = snapshots_dir(d.state_dir, "cust")
         assert not [lease for lease in leases.read_all(table_dir)[0] if "decode" in lease.holder]
@@ -163,9 +158,7 @@ def test_a_stop_does_not_wait_for_a_reload_checking_against_a_silent_registry(
         broker: Broker, topic: Callable[..., str], daemon: Daemon) -> None:
     with RegistryDouble() as registry:
         t = topic()
-        one = registry.register(SUBJECT, V1)
-        broker.admin.produce(t, produced(one, V1, 40, keys=20, seed=5))
-        d = typed(daemon, t, registry, subject_section(SUBJECT))
+        d = typed(daemon, broker, t, registry, subject_section(SUBJECT), 40)
         d.start()
         d.wait_running({"cust": broker.admin.end_offsets(t)}, timeout=WAIT_S)
         registry.fault(SILENT)
@@ -182,14 +175,12 @@ def test_a_stop_does_not_wait_for_the_starts_registry_probe_against_a_silent_reg
     shutil.copytree(FIXTURES, tmp_path / "schemas")
     with RegistryDouble() as registry:
         t = topic()
-        one = registry.register(SUBJECT, V1)
-        broker.admin.produce(t, produced(one, V1, 40, keys=20, seed=6))
-        first = typed(daemon, t, registry, SECTION)  # a store, restored with the registry answering
+        first = typed(daemon, broker, t, registry, SECTION, 40)  # a store, restored with the registry answering
         first.start()
         first.wait_running({"cust": broker.admin.end_offsets(t)}, timeout=WAIT_S)
         assert first.stop() == 0
         registry.fault(SILENT)
-        d = typed(daemon, t, registry, SECTION)
+        d = typed(daemon, broker, t, registry, SECTION, 0)
         d.start()
         deadline = time.monotonic() + WAIT_S
         while not (registry.faulted[SILENT] > 0 and lock_holder(d.state_dir) == str(d.pid)):
