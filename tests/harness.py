@@ -257,6 +257,19 @@ class DaemonProcess:
             raise AssertionError(f"daemon did not stop on {sig}; log:\n{self.tail()}")
         return self.proc.returncode
 
+    def timed_stop(self, wait_s: float = 60.0) -> tuple[int | None, float]:
+        """SIGTERM; (exit code, seconds from the signal to the exit), as the chaos campaign's "stop within a second"
+        measures them. The exit code is None when the daemon had not exited within ``wait_s`` (then SIGKILLed)."""
+        assert self.proc is not None
+        t0 = time.monotonic()
+        os.kill(self.pid, signal.SIGTERM)
+        try:
+            rc: int | None = self.proc.wait(wait_s)
+        except subprocess.TimeoutExpired:
+            rc = None
+            self.stop(signal.SIGKILL)
+        return rc, time.monotonic() - t0
+
     def log_size(self) -> int:
         """The log's size now: a mark for ``log_since``, to tell what the daemon says from then on."""
         try:

@@ -9,8 +9,22 @@ tests) its wrapper fails with EINVAL, which an ``OSError`` handler then took for
 from __future__ import annotations
 
 import threading
+import time
 
 
 def pause(seconds: float, stop: threading.Event | None = None) -> bool:
     """Wait ``seconds`` on the monotonic clock, or until ``stop`` is set; True when stopped."""
     return (stop if stop is not None else threading.Event()).wait(max(0.0, seconds))
+
+
+class Deadline:
+    """One bound shared by several waits in turn (a stop's joins): each gets what is left of it, never more than its
+    own bound, so that their sum holds however many there are."""
+
+    def __init__(self, seconds: float) -> None:
+        self.end = time.monotonic() + seconds
+
+    def left(self, bound: float | None = None) -> float:
+        """Seconds left, at least 0, at most ``bound``."""
+        left = max(0.0, self.end - time.monotonic())
+        return left if bound is None else min(left, bound)

@@ -21,6 +21,7 @@ from typing import Any
 from globald.common import swallowed
 from globald.common.requests import EXPORT, OperatorRequest
 from globald.common.states import State
+from globald.common.waits import Deadline
 from globald.engine.events import Event, StateChanged, TableAdded, TableDropped, Verified, Wiped
 from globald.engine.view import EngineView
 from globald.export import retention
@@ -132,10 +133,12 @@ class ExportService:
                 leases.release(snapshots_dir(self.state_dir, name), self._lease_holder(name))
         self._worker.start()
 
-    def close(self) -> None:
+    def close(self, joins: Deadline | None = None) -> None:
+        """A stop: the worker's end waited for ``_STOP_JOIN_S`` at most (what is left of ``joins``, a stop's shared
+        bound); an upload blocked in the storage is abandoned: no manifest was written."""
         self._stop.set()
         self._jobs.put(None)
-        self._worker.join(_STOP_JOIN_S)  # an upload blocked in the storage is abandoned: no manifest was written
+        self._worker.join((joins or Deadline(_STOP_JOIN_S)).left(_STOP_JOIN_S))
         for name, tab in self._tables.items():
             if tab.busy:
                 with contextlib.suppress(OSError):

@@ -30,7 +30,8 @@ reloaded or put back). A table whose declaration a reload changed is decoded aga
 which the publisher makes at once (``TableRedeclared``).
 
 Stopping the daemon stops the process: SIGTERM (with SIGCONT, should it be stopped), which it answers by removing
-its temporary file and releasing its lease; SIGKILL after ``STOP_GRACE_S``, and then this module removes the
+its temporary file and releasing its lease; SIGKILL once what is left of the stop's shared bound has passed (the
+daemon's ``STOP_JOINS_S``; ``STOP_GRACE_S`` for a decode past its ``TIMEOUT_S``), and then this module removes the
 temporary file and the lease it may have left. A failure is counted (``common.swallowed``, place
 ``snapshot_decode``, and the table's ``failures``), logged, and never more than that.
 """
@@ -55,6 +56,7 @@ from typing import IO, Any
 from globald.common import swallowed
 from globald.common.errors import GlobaldError
 from globald.common.states import State
+from globald.common.waits import Deadline
 from globald.engine.events import Event, TableAdded, TableDropped
 from globald.settings.config import Config, TableConfig
 from globald.snapshot import leases
@@ -67,6 +69,7 @@ log = logging.getLogger(__name__)
 LEASE_S = 60.0  # renewed every 15 s; if the daemon dies with its decode, the lease holds at most this long
 TIMEOUT_S = 1800.0
 STOP_GRACE_S = 5.0
+KILLED_REAP_S = 0.1
 MAX_BACKOFF = 16
 COLUMNAR_TMP = f"{TMP_PREFIX}{COLUMNAR_PREFIX}"  # what replace_file names the columnar file while writing it
 
@@ -277,28 +280,35 @@ class SnapshotDecodes:
 
     # -- shutdown (main thread, after the loop) ----------------------------------------------------------------
 
-    def close(self) -> None:
-        """Stop a decode in flight and wait for it: no process and no half-written file outlives the daemon."""
+    def close(self, joins: Deadline | None = None) -> None:
+        """Stop a decode in flight: no process and no half-written file outlives the daemon. SIGTERM, answered by
+        the process cleaning up after itself; SIGKILL once ``STOP_GRACE_S`` (what is left of ``joins``, a stop's
+        shared bound) has passed, and then its leftovers are removed here: at nice 19 on a busy host it may not run
+        for seconds, and the stop does not wait for that."""
         run, self._run = self._run, None
         if run is None:
             return
-        self._stop(run)  # not a failure: the next daemon decodes CURRENT again
+        self._stop(run, (joins or Deadline(STOP_GRACE_S)).left(STOP_GRACE_S))  # not a failure: decoded again next
+        rc = run.proc.returncode
         log.info("table %s: decode of snapshot %s stopped with the daemon (exit %s)", run.table,
-                 self._tables[run.table].tried, run.proc.returncode)
+                 self._tables[run.table].tried, rc if rc is not None else "-9, not yet reaped")
 
     def _holder_of(self, table: str) -> str:
         return f"{self._holder}-{_label(table)}"
 
-    def _stop(self, run: _Run) -> None:
-        """SIGTERM, then SIGKILL after STOP_GRACE_S; waits (the daemon's main thread, once the loop has ended)."""
+    def _stop(self, run: _Run, grace_s: float) -> None:
+        """SIGTERM, then SIGKILL after ``grace_s`` (the daemon's main thread, once the loop has ended). A killed
+        process runs none of its own code once ``kill`` returns, so its leftovers are removed at once; it is reaped
+        if it is gone within ``KILLED_REAP_S`` (else by init, once the daemon has exited)."""
         proc = run.proc
         if proc.poll() is None:
             _terminate(proc)
             try:
-                proc.wait(STOP_GRACE_S)
+                proc.wait(grace_s)
             except subprocess.TimeoutExpired:
                 proc.kill()
-                proc.wait()
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(KILLED_REAP_S)
         self._cleanup(run, _lines(proc))
 
     def _cleanup(self, run: _Run, lines: list[dict[str, Any]]) -> None:
@@ -337,12 +347,14 @@ def _number(value: Any) -> float | None:
 
 
 def _lines(proc: subprocess.Popen[bytes]) -> list[dict[str, Any]]:
-    """The JSON lines a finished decode process wrote (a few hundred bytes: the pipe never fills)."""
+    """The JSON lines a finished (or SIGKILLed) decode process wrote (a few hundred bytes: the pipe never fills),
+    read without waiting: a killed process not yet gone writes nothing more, and its pipe is not closed yet."""
     out: IO[bytes] | None = proc.stdout
     if out is None:
         return []
     with contextlib.suppress(OSError, ValueError):
-        raw = out.read()
+        os.set_blocking(out.fileno(), False)
+        raw = out.read() or b""
         out.close()
         docs = []
         for line in raw.decode(errors="replace").splitlines():

@@ -25,6 +25,8 @@ from globald.status.document import DaemonStatus
 
 log = logging.getLogger(__name__)
 
+POLL_S = 0.1  # how often the serve loop looks for a stop: a stop waits this long at most for it
+
 
 class Endpoints:
     """What the handlers need from the daemon, as callables so this module knows nothing of the engine."""
@@ -139,7 +141,8 @@ class HttpServer:
         self.bind()
         assert self._server is not None
         server = self._server
-        self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.5},
+        # A stop (shutdown()) waits for the serve loop to see it, up to one poll_interval.
+        self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": POLL_S},
                                         name="globald-http", daemon=True)
         self._thread.start()
 
@@ -152,12 +155,13 @@ class HttpServer:
                         "connect reads /metrics and /status (table and topic names, offsets, errors); "
                         "[http] allow_non_loopback = true", self.config.host)
 
-    def stop(self) -> None:
+    def stop(self, wait_s: float = 5.0) -> None:
+        """Stop serving: waits one poll for the serve loop, and ``wait_s`` at most for its thread to end."""
         if self._server is None:
             return
         if self._thread is not None:  # shutdown() waits for serve_forever: never called when bound only
             self._server.shutdown()
         self._server.server_close()
         if self._thread is not None:
-            self._thread.join(5)
+            self._thread.join(wait_s)
         self._server = self._thread = None

@@ -16,6 +16,7 @@ from contextlib import contextmanager
 
 from globald.common import swallowed
 from globald.common.states import State
+from globald.common.waits import Deadline
 from globald.engine.events import (
     BatchRestored,
     Committed,
@@ -159,11 +160,12 @@ class Operations:
         self.decodes.reconfigure(config)  # the config file in force
         return later
 
-    def stop(self) -> None:
-        self.decodes.close()  # first: a decode process never outlives the daemon
+    def stop(self, joins: Deadline | None = None) -> None:
+        """``joins``: the stop's shared bound on waiting for the decode process and the HTTP thread."""
+        self.decodes.close(joins)  # first: a decode process never outlives the daemon
         self.inbox.close()  # the loop has ended: a reset it never ran is answered, not left to time out
         if self.http is not None:
-            self.http.stop()
+            self.http.stop(joins.left() if joins is not None else 5.0)
         self.hooks.close()
         if self.tracemalloc is not None:
             self.tracemalloc.close()

@@ -15,6 +15,7 @@ import faulthandler
 import logging
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -24,6 +25,7 @@ from typing import IO, TYPE_CHECKING
 
 from globald.common import swallowed
 from globald.common.states import Listeners, State
+from globald.common.waits import Deadline
 from globald.engine.events import Committed, Event, EventBus, RebuildRequests, StateChanged, Subscriber, deliver
 from globald.engine.state_manager import StateManager
 from globald.engine.thread import GlobalThread
@@ -52,6 +54,12 @@ _STATUS_EVERY_S = 1.0
 # Below systemd's TimeoutStopSec (120 s in systemd/), so that a stop stuck in a library call says where it is stuck
 # before the service manager's SIGKILL, which says nothing.
 STOP_GRACE_S = 60.0
+# What a stop waits, in all, for the threads and the decode process of every part but the loop once the loop has
+# committed and closed the stores: a stop is over within a second of the signal on a loaded host (issue 40), and
+# what is left behind then holds nothing the next start needs (a half-built snapshot is swept, an upload has no
+# manifest, a reload not applied is answered as such).
+STOP_JOINS_S = 0.25
+_STEP_POLL_S = 0.05
 
 
 def _guarded(fn: Subscriber) -> Subscriber:
@@ -223,7 +231,9 @@ class Daemon:
         lock = self._own_state_dir()
         if lock is None:
             return None
-        self._take_reader_schemas()
+        if not self._unless_stopped(self._take_reader_schemas, "globald-registry-start"):
+            lock.close()
+            return None
         if self.exports is not None:  # before the engine plans: a store bootstrapped now is planned as any other
             from globald.export.startup import bootstrap_empty_tables
 
@@ -240,6 +250,30 @@ class Daemon:
         log.info("globald %d starting on %s's malloc: %d table(s), state_dir %s", os.getpid(), allocator.active(),
                  len(self.config.tables), self.config.state_dir)
         return lock
+
+    def _unless_stopped(self, step: Callable[[], None], name: str) -> bool:
+        """Run ``step`` (a wait on the network, bounded only by its client's timeout) on a thread of its own, and
+        wait for it or a stop, whichever comes first: False when stopped first (the thread is left behind, and the
+        process ends without it: ``cli.main``)."""
+        done = threading.Event()
+        failed: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                step()
+            except BaseException as e:  # raised where the step was called, as it would have been
+                failed.append(e)
+            finally:
+                done.set()
+
+        threading.Thread(target=run, name=name, daemon=True).start()
+        while not done.wait(_STEP_POLL_S):  # a stop is seen within this
+            if self.thread.stopping:
+                log.info("stopped while %s waited on the network; not waiting for it", name)
+                return False
+        if failed:
+            raise failed[0]
+        return True
 
     def _wait_stop(self, seconds: float) -> bool:
         self.thread.wait_stop(seconds)
@@ -260,13 +294,17 @@ class Daemon:
             (log.info if taken else log.warning)("reader schema: %s", line)
 
     def _shutdown(self, lock: IO[str]) -> None:
-        self.reloader.close()
-        self.snapshots.close()
+        """After the loop's final commit and the stores' close: every other part stops, their waits for their threads
+        and the decode process sharing ``STOP_JOINS_S`` (a thread still inside a network or client call is left
+        behind: ``globald run`` then ends the process without waiting for any thread, ``cli.main``)."""
+        joins = Deadline(STOP_JOINS_S)
+        self.reloader.close(joins)
+        self.snapshots.close(joins)
         if self.exports is not None:
-            self.exports.close()
+            self.exports.close(joins)
         if self.thread.state in (State.NOT_RUNNING, State.ERROR):
             self.publish_status()
-        self.ops.stop()
+        self.ops.stop(joins)
         lock.close()
 
     def _own_state_dir(self) -> IO[str] | None:

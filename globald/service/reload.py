@@ -25,6 +25,7 @@ differs from the config in force (``settings.changes``) and apply it all or noth
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import queue
@@ -42,6 +43,7 @@ import globald
 from globald.common import logs
 from globald.common.errors import ConfigError
 from globald.common.requests import RELOAD, OperatorRequest
+from globald.common.waits import Deadline
 from globald.settings import config as configmod
 from globald.settings.changes import Change, Delta, changes, refusal
 from globald.settings.config import Config
@@ -53,6 +55,7 @@ log = logging.getLogger(__name__)
 
 # check-config reaches the registry and reads every schema; a check not done by then is a refusal, not a hang.
 CHECK_TIMEOUT_S = 300.0
+CLOSE_WAIT_S = 5.0  # a stop's wait for the reload thread when no shared bound is given
 MAX_CONFIG_BYTES = 1 << 20  # a config file is a few KiB; anything near this is not one
 
 
@@ -109,6 +112,8 @@ class Reloader:
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._asked_sha: str | None = None  # bytes the file watch already asked a reload for
+        self._current: ReloadRequest | None = None  # the request the reload thread took last
+        self._checker = _Checker(self._stopping)
 
     @property
     def config(self) -> Config:
@@ -142,15 +147,21 @@ class Reloader:
         self._thread = threading.Thread(target=self._run, name="globald-reload", daemon=True)
         self._thread.start()
 
-    def close(self) -> None:
-        """After the loop ended: a reload still being checked or waiting for the loop is answered as not applied."""
+    def close(self, joins: Deadline | None = None) -> None:
+        """After the loop ended: a reload still being checked or waiting for the loop is answered as not applied.
+        A check in flight is not waited for beyond ``joins`` (its check-config child is killed; a registry that
+        does not answer the thread's own request for a subject holds only that thread, left behind)."""
         self._stopping.set()
         self._queue.put(None)
         ready = self._ready
         if ready is not None:
             ready.done.set()
+        self._checker.kill()
         if self._thread is not None:
-            self._thread.join(timeout=5.0)
+            self._thread.join(timeout=(joins or Deadline(CLOSE_WAIT_S)).left(CLOSE_WAIT_S))
+        current = self._current
+        if current is not None and not current.settled:
+            current.settle(current.stopped)
 
     # -- the reload thread ------------------------------------------------------------------------------------
 
@@ -173,6 +184,7 @@ class Reloader:
 
     def _run(self) -> None:
         while (r := self._next()) is not None:
+            self._current = r
             path = r.path or self.path
             if self._stopping.is_set() or path is None:
                 r.settle("the daemon is stopping" if path is not None else "the daemon was not started from a file")
@@ -201,7 +213,7 @@ class Reloader:
             before = _read(path)
         except ConfigError as e:
             return _Ready(r, path, error=f"config error: {e}")
-        line = _check_config(path)
+        line = self._checker.check(path)
         if line is not None:
             return _Ready(r, path, error=line)
         try:
@@ -284,22 +296,54 @@ def _read(path: Path) -> bytes:
     return data
 
 
+class _Checker:
+    """``globald check-config --config path``, the command itself, in a child process (the reload thread's), which
+    a stop kills rather than waits for: a check reaches the registry and may wait on it."""
+
+    def __init__(self, stopping: threading.Event) -> None:
+        self._stopping = stopping
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen[str] | None = None
+
+    def check(self, path: Path) -> str | None:
+        """None when it passed, else its one line (``config error: key: what``)."""
+        # The product's entry point (globald/__main__.py), the command an operator types: no module path of the
+        # command line, which sits above the daemon, is spelled here.
+        # A registry in trouble does not refuse a reload: the start goes through it too, and a file refused once is
+        # not tried again by the watcher until its bytes change (a change made during an outage would never be
+        # applied).
+        argv = [sys.executable, "-m", globald.__name__, "check-config", "--config", str(path), "--registry-outage-ok"]
+        with self._lock:
+            if self._stopping.is_set():
+                return "the daemon is stopping"
+            proc = self._proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                                 stderr=subprocess.PIPE, text=True)
+        try:
+            _, stderr = proc.communicate(timeout=CHECK_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            return f"check-config did not finish within {CHECK_TIMEOUT_S:.0f}s (a registry that does not answer?)"
+        finally:
+            with self._lock:
+                self._proc = None
+        if self._stopping.is_set() and proc.returncode < 0:
+            return "the daemon is stopping"
+        if proc.returncode == 0:
+            for warning in (x for x in stderr.splitlines() if x.startswith("globald: warning: ")):
+                log.warning("reload of %s: %s", path, warning.removeprefix("globald: warning: "))
+            return None
+        line = (stderr.strip().splitlines() or [f"check-config exited {proc.returncode}"])[-1]
+        return line.removeprefix("globald: ")
+
+    def kill(self) -> None:
+        """A stop: the check in flight, if any, is killed (the reload it checks is not applied)."""
+        with self._lock:
+            if self._proc is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    self._proc.kill()
+
+
 def _check_config(path: Path) -> str | None:
-    """``globald check-config --config path``, the command itself, in a child process: None when it passed, else
-    its one line (``config error: key: what``)."""
-    # The product's entry point (globald/__main__.py), the command an operator types: no module path of the command
-    # line, which sits above the daemon, is spelled here.
-    # A registry in trouble does not refuse a reload: the start goes through it too, and a file refused once is not
-    # tried again by the watcher until its bytes change (a change made during an outage would never be applied).
-    argv = [sys.executable, "-m", globald.__name__, "check-config", "--config", str(path), "--registry-outage-ok"]
-    try:
-        done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, check=False,
-                              timeout=CHECK_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        return f"check-config did not finish within {CHECK_TIMEOUT_S:.0f}s (a registry that does not answer?)"
-    if done.returncode == 0:
-        for warning in (x for x in done.stderr.splitlines() if x.startswith("globald: warning: ")):
-            log.warning("reload of %s: %s", path, warning.removeprefix("globald: warning: "))
-        return None
-    line = (done.stderr.strip().splitlines() or [f"check-config exited {done.returncode}"])[-1]
-    return line.removeprefix("globald: ")
+    """One check-config of ``path``, outside any daemon (``_Checker.check``)."""
+    return _Checker(threading.Event()).check(path)

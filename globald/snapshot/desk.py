@@ -20,6 +20,7 @@ import time
 
 from globald.common import swallowed
 from globald.common.states import State
+from globald.common.waits import Deadline
 from globald.engine.view import EngineView
 from globald.settings.config import Config
 from globald.settings.ref import ConfigRef
@@ -60,8 +61,8 @@ class RequestDesk:
     def start(self) -> None:
         self._builds.start()
 
-    def close(self) -> None:
-        self._builds.close()
+    def close(self, joins: Deadline | None = None) -> None:
+        self._builds.close(joins)
 
     def watch(self, now: float) -> None:
         """Replace a build worker stuck inside a client (loop thread, every tick; ``ExactBuilds.watch``)."""

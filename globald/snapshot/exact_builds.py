@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from globald.common import swallowed
+from globald.common.waits import Deadline
 from globald.settings.ref import ConfigRef
 from globald.snapshot import manifest as manifests
 from globald.snapshot.builder import Builder, BuildRefused
@@ -87,7 +88,7 @@ class ExactBuilds:
         self._tables = tables
         self._host = host
         self._stop = threading.Event()
-        self._jobs: queue.Queue[Job] = queue.Queue()
+        self._jobs: queue.Queue[Job | None] = queue.Queue()  # None: a stop, waking the worker at once
         self._lock = threading.Lock()  # which worker is current, and the job it holds
         self._worker: _Worker | None = None
         self.replaced = 0  # workers left behind, stuck in a client
@@ -101,19 +102,22 @@ class ExactBuilds:
         self._worker = w
         w.thread.start()
 
-    def close(self) -> None:
-        """Stop the build worker, waiting ``CLOSE_WAIT_S`` at most: a build sees the stop at its next record, and
-        then closes its consumer, whose destroy can wait as long as a wall-clock step back (the architecture page).
-        A worker still inside it is left behind; a half-built snapshot is swept at the next start."""
+    def close(self, joins: Deadline | None = None) -> None:
+        """Stop the build worker, waiting ``CLOSE_WAIT_S`` at most (what is left of ``joins``, a stop's shared
+        bound): a waiting worker wakes at once; a build sees the stop at its next record, and then closes its
+        consumer, whose destroy can wait as long as a wall-clock step back (the architecture page). A worker still
+        inside it is left behind; a half-built snapshot is swept at the next start."""
         self._stop.set()
+        self._jobs.put(None)
         with self._lock:
             w = self._worker
         if w is not None:
             w.stop.set()
-            w.thread.join(timeout=CLOSE_WAIT_S)
+            wait = (joins or Deadline(CLOSE_WAIT_S)).left(CLOSE_WAIT_S)
+            w.thread.join(timeout=wait)
             if w.thread.is_alive():
-                log.warning("the exact-build worker did not end within %.0fs of the stop (a client's close stuck in "
-                            "librdkafka); stopping without it", CLOSE_WAIT_S)
+                log.warning("the exact-build worker did not end within %.1fs of the stop (a build, or a client's "
+                            "close, in flight); stopping without it", wait)
 
     @property
     def generation(self) -> int | None:
@@ -161,6 +165,8 @@ class ExactBuilds:
                     job = self._jobs.get(timeout=0.2)
                 except queue.Empty:
                     continue
+                if job is None:  # the stop's wake-up
+                    continue
                 with self._lock:
                     if self._worker is not w:  # left behind between its wait and now: the job is the new one's
                         self._jobs.put(job)
@@ -184,6 +190,8 @@ class ExactBuilds:
                 job = self._jobs.get_nowait()
             except queue.Empty:
                 break
+            if job is None:
+                continue
             tab = self._tables.get(job.table)
             if tab is not None:
                 self._host.answer(tab, Response(job.request.id, Code.STOPPING, "the daemon is stopping"))

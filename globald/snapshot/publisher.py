@@ -24,6 +24,7 @@ import logging
 import time
 from collections.abc import Callable
 
+from globald.common.waits import Deadline
 from globald.engine.events import Event, StateChanged, TableAdded, TableDropped, TableRedeclared, Verified, Wiped
 from globald.engine.view import EngineView
 from globald.settings.changes import Delta
@@ -89,8 +90,9 @@ class SnapshotPublisher:
         if tab.current is not None and recreated.unverified(tab.current):  # a crash inside keep_verified
             recreated.point_current(tab, None, {})
 
-    def close(self) -> None:
-        self._desk.close()
+    def close(self, joins: Deadline | None = None) -> None:
+        """A stop: the exact-build worker's end waited for within ``joins`` (``ExactBuilds.close``)."""
+        self._desk.close(joins)
 
     # -- a reload (loop thread, ``service.two_phase``) -------------------------------------------------------------
 

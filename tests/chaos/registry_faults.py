@@ -38,8 +38,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
-import time
 from typing import TYPE_CHECKING, Any
 
 from tests.chaos import exports, plan
@@ -317,15 +315,8 @@ class RegistryEvent:
 
     def _stop(self, when: str) -> bool:
         second, self.second = self.second, None
-        assert second is not None and second.proc is not None
-        t0 = time.monotonic()
-        os.kill(second.pid, signal.SIGTERM)
-        try:
-            rc: int | None = second.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            rc = None
-            second.stop(signal.SIGKILL)
-        took = time.monotonic() - t0
+        assert second is not None
+        rc, took = second.timed_stop(60)
         self.out.notes.append(f"stopped {took:.2f}s after SIGTERM ({when}), exit {rc}")
         if rc != 0 or took > STOP_S:
             self.out.problems.append(f"the typed table's daemon did not stop with 0 within {STOP_S:.0f}s of SIGTERM "

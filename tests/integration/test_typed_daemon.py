@@ -165,7 +165,8 @@ def test_a_decode_in_flight_holds_its_snapshot_not_the_daemon_and_stops_with_it(
             assert doc["tables"]["cust"]["decode"]["running_pid"] == pid and alive(pid)
             assert (table_dir / held).is_dir()
 
-            # Stopping the daemon stops the decode in flight (SIGTERM, with SIGCONT: it is stopped) and waits for it.
+            # Stopping the daemon stops the decode in flight (SIGTERM, with SIGCONT: it is stopped), and SIGKILLs it
+            # when it has not ended within the stop's bound (issue 40; a loaded host may not run it that soon).
             assert d2.stop() == 0
             assert not alive(pid), "the decode process outlived the daemon"
         finally:
@@ -174,4 +175,6 @@ def test_a_decode_in_flight_holds_its_snapshot_not_the_daemon_and_stops_with_it(
     assert columnar_files(state, "cust", held) == []  # neither a file nor a temporary
     assert not [lease for lease in leases.read_all(table_dir)[0] if "decode" in lease.holder]
     log = d2.log.read_text()
-    assert "stopped with the daemon (exit 143)" in log, log[-3000:]  # it ended on SIGTERM, cleaning up after itself
+    # It ended on SIGTERM cleaning up after itself, or was SIGKILLed and the daemon cleaned up after it: either way
+    # neither a file nor a lease is left (above).
+    assert "stopped with the daemon (exit 143)" in log or "stopped with the daemon (exit -9" in log, log[-3000:]
