@@ -109,3 +109,13 @@ def test_an_upload_refused_or_torn_is_reported_retried_and_never_named(
         broker: Broker, topic: Callable[..., str], daemon: Daemon, tmp_path: Path, front: Any, mode: str,
         monkeypatch: pytest.MonkeyPatch) -> None:
     run_upload_fault(broker, topic, daemon, tmp_path, front, mode, monkeypatch)
+
+
+@pytest.mark.long  # as above
+def test_an_upload_the_storage_never_answers_is_given_up_within_its_bound(
+        broker: Broker, topic: Callable[..., str], daemon: Daemon, tmp_path: Path, front: Any,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Storage that takes the upload and never answers held the export worker without end (the SDK retries its
+    timeouts; measured: still blocked after 40 s), every table's exports with it, with nothing reported: status
+    said busy, failures 0. Past ``upload_timeout_s`` the export is given up, counted failed, tried again."""
+    run_upload_fault(broker, topic, daemon, tmp_path, front, "silent", monkeypatch, upload_timeout_s=5)
