@@ -30,7 +30,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from globald.export.target import FILES_DIR
+from globald.export.target import EXPORTS_DIR, FILES_DIR
 
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "emulator", "AWS_SECRET_ACCESS_KEY": "emulator-secret",
                "AWS_DEFAULT_REGION": "us-east-1"}
@@ -189,8 +189,8 @@ class S3Front:
     @staticmethod
     def uploads(table: str) -> str:
         """What ``fail`` matches for an upload fault: the writes of ``table``'s files (objects, multipart parts,
-        completions), not of its directory markers, nor of its manifests (written after the files)."""
-        return rf"/{table}/{FILES_DIR}/[0-9a-f]"
+        completions) and manifests, not of its directory markers."""
+        return rf"/{table}/({FILES_DIR}/[0-9a-f]|{EXPORTS_DIR}/[0-9])"
 
     def uri(self, bucket: str, direct: bool = False) -> str:
         endpoint = self.backend if direct else self.endpoint
@@ -229,3 +229,27 @@ def delete(bucket_uri: str, *parts: str) -> None:
 
     with contextlib.suppress(FileNotFoundError):
         Target(bucket_uri).delete(*parts)
+
+
+def whole_exports(bucket_uri: str, table: str) -> tuple[list[str], list[str]]:
+    """The ids of the bucket's exports of ``table``, and what is wrong with them: a manifest that does not read, or
+    names a file missing, of another size, or whose content does not hash to its name (what a bootstrap refuses)."""
+    import hashlib
+
+    from globald.export.exporter import live_manifests
+    from globald.export.target import Target
+
+    target = Target(bucket_uri)
+    found, problems = live_manifests(target, table)
+    for m in found:
+        for f in m.files:
+            size = target.size(table, FILES_DIR, f.blob)
+            if size != f.size:
+                problems.append(f"export {m.id} names {f.blob}: {'missing' if size is None else f'{size} bytes'}")
+                continue
+            digest = hashlib.sha256()
+            for chunk in target.chunks(table, FILES_DIR, f.blob):
+                digest.update(chunk)
+            if digest.hexdigest() != f.sha256:
+                problems.append(f"export {m.id} names {f.blob}: its content hashes to {digest.hexdigest()}")
+    return [m.id for m in found], problems

@@ -10,15 +10,12 @@ its manifest names is whole, and a new host bootstraps from it."""
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from globald.export.exporter import live_manifests
-from globald.export.target import FILES_DIR, Target
 from tests.ci import require_module
 from tests.harness import Broker, DaemonProcess, oracle_at, random_records, values_only
 
@@ -43,22 +40,12 @@ def front() -> Iterator[Any]:
 
 
 def whole_exports(direct: str, table: str) -> list[str]:
-    """The ids of the bucket's exports of ``table``, each checked: every file its manifest names is there, of its
-    size, and hashes to its name (what a bootstrap verifies). Raises AssertionError naming the first that is not."""
-    target = Target(direct)
-    found, bad = live_manifests(target, table)
-    assert not bad, bad
-    for m in found:
-        for f in m.files:
-            assert target.size(table, FILES_DIR, f.blob) == f.size, f"export {m.id} names {f.blob}: missing or torn"
-            digest = hashlib.sha256(b"".join(target.chunks(table, FILES_DIR, f.blob))).hexdigest()
-            assert digest == f.sha256, f"export {m.id} names {f.blob}: its content hashes to {digest}"
-    return [m.id for m in found]
+    """The ids of the bucket's exports of ``table``, each checked whole (``s3_faults.whole_exports``)."""
+    from tests.chaos import s3_faults
 
-
-def _export(d: DaemonProcess) -> dict[str, Any]:
-    doc: dict[str, Any] = d.status()["tables"]["tbl"]["export"]
-    return doc
+    ids, problems = s3_faults.whole_exports(direct, table)
+    assert not problems, problems
+    return ids
 
 
 def run_upload_fault(broker: Broker, topic: Callable[..., str], daemon: Daemon, tmp_path: Path, front: Any,
