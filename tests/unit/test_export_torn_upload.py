@@ -7,8 +7,6 @@ before the fix: 3 MiB of a 4 MiB file, and 12 MiB of a 16 MiB (multipart) one, s
 
 from __future__ import annotations
 
-import socket
-import uuid
 from collections.abc import Iterator
 
 import pytest
@@ -22,23 +20,18 @@ MIB = 1 << 20
 
 @pytest.fixture(scope="module")
 def bucket_uri() -> Iterator[str]:
-    moto_server = require_module("moto.server", "test")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    with pytest.MonkeyPatch.context() as mp:
-        for k, v in {"AWS_ACCESS_KEY_ID": "emulator", "AWS_SECRET_ACCESS_KEY": "emulator-secret",
-                     "AWS_DEFAULT_REGION": "us-east-1"}.items():
+    """A bucket of the S3 emulator, written to directly (the chaos campaign's front is passed by)."""
+    require_module("moto.server", "test")
+    from tests.chaos.s3_faults import CREDENTIALS, S3Front
+
+    with pytest.MonkeyPatch.context() as mp:  # the emulator's credentials, for this module only
+        for k, v in CREDENTIALS.items():
             mp.setenv(k, v)
-        bucket = f"torn-{uuid.uuid4().hex[:12]}"
-        uri = f"s3://{bucket}/exports?endpoint_override=127.0.0.1:{port}&scheme=http&allow_bucket_creation=true"
-        Target(uri).fs.create_dir(bucket)
+        front = S3Front().start()
         try:
-            yield uri
+            yield front.uri(front.new_bucket(), direct=True)
         finally:
-            server.stop()
+            front.stop()
 
 
 def _cut(whole: int, after: int, error: BaseException) -> Iterator[bytes]:
