@@ -127,7 +127,7 @@ def export_snapshot(target: Target, snapshot_dir: Path, snap: Manifest, stop: th
         if f.blob in shared and target.size(snap.table, FILES_DIR, f.blob) == f.size:
             reused += f.size
             continue
-        uploaded += target.put(_read(db / f.name, stop), snap.table, FILES_DIR, f.blob)
+        uploaded += target.put(_read(db / f.name, stop), snap.table, FILES_DIR, f.blob, size=f.size)
     m = ExportManifest(id=new_export_id(), table=snap.table, topic=snap.topic, topic_id=info.topic_id,
                        offsets=dict(info.offsets), ladders={p: r for p, r in info.ladders.items() if p in info.offsets},
                        store_format=info.format, files=tuple(files), created=snap.created, snapshot=snap.id,
@@ -141,7 +141,7 @@ def export_snapshot(target: Target, snapshot_dir: Path, snap: Manifest, stop: th
     for f in files:
         if target.size(snap.table, FILES_DIR, f.blob) != f.size:
             log.info("table %s: export %s: %s was gone after its manifest; uploaded again", snap.table, m.id, f.blob)
-            uploaded += target.put(_read(db / f.name, stop), snap.table, FILES_DIR, f.blob)
+            uploaded += target.put(_read(db / f.name, stop), snap.table, FILES_DIR, f.blob, size=f.size)
     return Exported(m, uploaded, reused, time.monotonic() - started)
 
 

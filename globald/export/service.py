@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from globald.common import swallowed
@@ -26,7 +27,7 @@ from globald.engine.events import Event, StateChanged, TableAdded, TableDropped,
 from globald.engine.view import EngineView
 from globald.export import retention
 from globald.export.bootstrap import Origin
-from globald.export.exporter import ExportStopped, export_snapshot
+from globald.export.exporter import Exported, ExportStopped, export_snapshot
 from globald.export.refill import ExportRefills
 from globald.export.target import Target, TargetError, masked
 from globald.settings.config import ExportConfig
@@ -44,6 +45,12 @@ LEASE_S = 6 * 3600.0  # an upload holds its snapshot at most this long (released
 LOOK_S = 1.0
 REQUEST_WAIT_S = 600.0  # `globald export` waits this long at most for a verified snapshot to export
 _STOP_JOIN_S = 1.0
+_WATCH_S = 0.2  # how often the worker looks at its upload's bound and at the stop
+
+
+class _GivenUp(Exception):
+    """An export not written within ``[export] upload_timeout_s``: the storage took the upload and did not answer.
+    Check the storage and the network; the daemon keeps serving and the next interval tries again."""
 
 
 class ExportRequest(OperatorRequest):
@@ -258,7 +265,7 @@ class ExportService:
             try:
                 if target is None:
                     target = Target(self.export.uri)
-                done = export_snapshot(target, snap_dir / job.snapshot.id, job.snapshot, self._stop)
+                done = self._bounded(target, snap_dir, job)
                 m = done.manifest
                 last = {"export": m.id, "snapshot": job.snapshot.id, "offsets": offsets_to_json(m.offsets),
                         "bytes": m.total_bytes, "uploaded_bytes": done.uploaded_bytes,
@@ -275,17 +282,54 @@ class ExportService:
                     r.settle("the daemon stopped during the export; no manifest was written")
                 return
             except Exception as e:  # TargetError, a snapshot gone or damaged, a defect: counted, retried next time
-                why = f"{type(e).__name__}: {e}"
-                if not isinstance(e, TargetError | OSError):
-                    swallowed.record("export", e, log, "table %s: export failed", job.table)
-                else:
-                    log.warning("table %s: export of snapshot %s to %s failed: %s", job.table, job.snapshot.id,
-                                masked(self.export.uri), why)
-                for r in job.requests:
-                    r.settle(f"the export failed: {why}")
-                self._done.put((job.table, None, why))
+                self._failed(job, e)
             finally:
                 leases.release(snap_dir, self._lease_holder(job.table))
+
+    def _failed(self, job: _Job, e: Exception) -> None:
+        why = f"{type(e).__name__}: {e}"
+        if not isinstance(e, TargetError | OSError | _GivenUp):
+            swallowed.record("export", e, log, "table %s: export failed", job.table)
+        else:
+            log.warning("table %s: export of snapshot %s to %s failed: %s", job.table, job.snapshot.id,
+                        masked(self.export.uri), why)
+        for r in job.requests:
+            r.settle(f"the export failed: {why}")
+        self._done.put((job.table, None, why))
+
+    def _bounded(self, target: Target, snap_dir: Path, job: _Job) -> Exported:
+        """``export_snapshot`` in a thread of its own, given up past ``upload_timeout_s``: storage that takes the
+        upload and never answers holds a storage call without end (the SDK retries its timeouts), which would hold
+        this worker, and every table's exports, with nothing reported. Given up, the upload is told to stop (it
+        ends at its next chunk, before its manifest, and deletes what it cut short) and abandoned; its files are
+        named by no manifest unless it was already writing its manifest, whole, after every file. The next export
+        shares ``target`` with it: a pyarrow filesystem may be used from several threads and Target keeps no state
+        of its own, while a new S3 filesystem made while a call of another is in flight waited ~95 s (measured)."""
+        stop = threading.Event()
+        result: list[Exported | BaseException] = []
+
+        def upload() -> None:
+            try:
+                result.append(export_snapshot(target, snap_dir / job.snapshot.id, job.snapshot, stop))
+            except BaseException as e:  # handed to the worker, which reports it
+                result.append(e)
+
+        thread = threading.Thread(target=upload, name=f"globald-export-{job.table}"[:64], daemon=True)
+        thread.start()
+        deadline = time.monotonic() + self.export.upload_timeout_s
+        while thread.is_alive():
+            thread.join(_WATCH_S)
+            if self._stop.is_set():
+                stop.set()
+                raise ExportStopped("stopping")
+            if thread.is_alive() and time.monotonic() >= deadline:
+                stop.set()
+                raise _GivenUp(f"no answer from the export storage within upload_timeout_s = "
+                               f"{self.export.upload_timeout_s}; given up, no manifest written (the next interval "
+                               "tries again)")
+        if isinstance(result[0], BaseException):
+            raise result[0]
+        return result[0]
 
     def _retain(self, target: Target, table: str) -> None:
         try:

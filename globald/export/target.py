@@ -167,8 +167,12 @@ class Target:
                     return
                 yield bytes(chunk)
 
-    def put(self, data: Iterator[bytes], *parts: str) -> int:
-        """Write ``data`` under a dot-name beside ``parts``, then move it there; returns the bytes written."""
+    def put(self, data: Iterator[bytes], *parts: str, size: int | None = None) -> int:
+        """Write ``data`` at ``parts``; returns the bytes written. On a file system under a dot-name beside it, then
+        moved there. On an object store in place: pyarrow's stream completes the upload as it closes, even when an
+        error (a stop, a failed read, a part refused) closes it, so a write cut short would stand there partial,
+        under a name that claims the whole; given ``size`` (what a whole one holds), an object then found there at
+        any other size is deleted (one at that size is whole: another host's, or this one's)."""
         final = self.path(*parts)
         tmp = self.path(*parts[:-1], f"{TMP_PREFIX}{secrets.token_hex(8)}-{parts[-1]}") if self._aside else final
         self._call("mkdir", self.fs.create_dir, self.path(*parts[:-1]), recursive=True)
@@ -184,8 +188,21 @@ class Target:
             if tmp != final:
                 with contextlib.suppress(Exception):  # best effort: a dot-name nobody reads
                     self.fs.delete_file(tmp)
+            elif size is not None:
+                self._drop_torn(final, size)
             raise
         return n
+
+    def _drop_torn(self, path: str, size: int) -> None:
+        """Delete the object at ``path`` unless it holds ``size`` bytes. Best effort: the storage that refused the
+        write may refuse this too; a torn object left behind is named by no manifest of this host (the manifest is
+        written after its files), re-uploaded by the next export (its size differs) and refused by a bootstrap."""
+        from pyarrow import fs
+
+        with contextlib.suppress(Exception):
+            info = self.fs.get_file_info(path)
+            if info.type == fs.FileType.File and info.size != size:
+                self.fs.delete_file(path)
 
     def move(self, src: tuple[str, ...], dst: tuple[str, ...]) -> None:
         self._call("mkdir", self.fs.create_dir, self.path(*dst[:-1]), recursive=True)

@@ -247,6 +247,9 @@ class ExportConfig:
     bootstrap_timeout_s: int = field(default=300, metadata=declare(Integer(
         1, 86_400, help="a bootstrap not done within this bound (storage slow or unreachable) is given up: the "
                         "table restores from the topic")))
+    upload_timeout_s: int = field(default=3600, metadata=declare(Integer(
+        1, 604_800, help="an export not written within this bound (storage that takes the upload and never "
+                         "answers) is given up and counted failed, with no manifest; the next interval tries again")))
 
 
 @dataclass(frozen=True)

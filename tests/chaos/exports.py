@@ -24,7 +24,11 @@ with ``503 Slow Down`` (``s3 5xx``) or never (``s3 silent``), or the file is del
 newer export is made and copied in and retention runs with no grace (``s3 retention``: the export being downloaded
 is retired and its files no newer export shares deleted, the cut ``grace_s`` exists to prevent). A 5xx or a silence
 must be met by the download (the front counts the requests it failed) and the export refused unless the file had
-been read whole before.
+been read whole before. With an upload fault (``plan.S3_UPLOAD``) the download is left alone and the second daemon,
+once bootstrapped, exports into the bucket every second while the front answers its writes of files and manifests
+with 503 or 500, cuts them mid-body, or never answers them (then its ``upload_timeout_s`` is ``UPLOAD_BOUND_S``): the
+failed export must be reported (``export.failures``) with the same PID, RUNNING, and no manifest in the bucket may
+name a file missing or not whole; once healed, a later export must be written, whole.
 A damaged export must be refused, never installed: the origin is the topic, or an older export that does not hold
 the damaged file, and the store equals the fold either way (nothing claims more than it holds). With ``reload``, the
 config is changed (a live key) and a SIGHUP sent at the same freeze: the reload lands during the bootstrap and must
@@ -64,6 +68,8 @@ BOOTSTRAP_S = 180.0  # the second daemon RUNNING at the log end
 HOOK_S = 120.0  # the second daemon at its first download
 SILENT_BOUND_S = 15  # the second daemon's bootstrap_timeout_s: a silent file is given up after it
 STOP_S = 10.0  # the second daemon's stop: a bootstrapped store closes as any other
+UPLOAD_BOUND_S = 5  # the second daemon's upload_timeout_s: an upload never answered is given up after it
+UPLOAD_S = 120.0  # an upload fault met and reported; then an export written once healed
 
 
 def section(root: Path, bootstrap: bool) -> dict[str, Any]:
@@ -126,6 +132,10 @@ class ExportEvent:
         storage = {**section(self.run.root, bootstrap=True), "bootstrap_timeout_s": SILENT_BOUND_S}
         if self.uri is not None:
             storage["uri"] = self.uri
+        if self.f.params["storage"] in plan.S3_UPLOAD:  # exports into the bucket at once, and again each second
+            # The bound only where nothing answers: a refused or cut write is given up by the SDK itself (~6 s).
+            silent = self.f.params["storage"] == "s3 upload silent"
+            storage.update(interval_s=1, upload_timeout_s=UPLOAD_BOUND_S if silent else int(UPLOAD_S))
         tmp = write_config(root / "globald.toml.tmp", root / "state", self.run.broker.settings,
                            {table: self.run.topics[table]}, commit_interval_ms=500, metadata_refresh_ms=2000,
                            log_level="INFO", http={"enabled": False}, snapshots={"interval_ms": interval_ms},
@@ -187,7 +197,49 @@ class ExportEvent:
             out.problems.append(f"{table}: the store bootstrapped from an export differs from the oracle at "
                                 f"{store.offsets}: {store.error}")
             ok = False
+        if p["storage"] in plan.S3_UPLOAD:
+            ok = self._upload(second) and ok
         return self._stop(second) and ok
+
+    def _upload(self, second: DaemonProcess) -> bool:
+        """The second daemon's exports under the upload fault, then healed: reported failed, serving, no manifest
+        naming a file that is not whole; then one written whole."""
+        assert self.front is not None and self.bucket is not None
+        out, table, pid = self.out, self.f.table, second.pid
+        direct = self.front.uri(self.bucket, direct=True)
+
+        def export(doc: dict[str, Any]) -> dict[str, Any]:
+            return dict(doc["tables"][table].get("export") or {})
+
+        try:
+            doc = second.wait_for(lambda d: export(d).get("failures", 0) >= 1, UPLOAD_S,
+                                  "an export under the upload fault reported failed")
+            failed = export(doc)
+            ids, torn = s3_faults.whole_exports(direct, table)
+            met = self.front.failed
+            self.front.heal()
+            doc = second.wait_for(lambda d: export(d).get("exports", 0) >= 1, UPLOAD_S, "an export once healed")
+        except AssertionError as e:
+            out.problems.append(f"{self.f.params['storage']}: {str(e)[-600:]}")
+            return False
+        after, torn_after = s3_faults.whole_exports(direct, table)
+        last = (export(doc).get("last") or {}).get("export")
+        out.notes.append(f"upload fault met by {met} requests; reported: {str(failed.get('last_error'))[:200]}; "
+                         f"export {last} written once healed")
+        problems = [*torn, *torn_after]
+        if met == 0:
+            problems.append("the upload fault never met the upload: the front failed no request")
+        if ids != [self.export_id]:
+            problems.append(f"exports in the bucket under the upload fault: {ids}, only {self.export_id} expected")
+        if last not in after:
+            problems.append(f"export {last}, reported written once healed, is not in the bucket: {after}")
+        if second.pid != pid or doc["tables"][table].get("state") != "RUNNING":
+            problems.append(f"the exporting daemon changed (PID {pid} -> {second.pid}) or left RUNNING: "
+                            f"{doc['tables'][table].get('state')}")
+        if torn or torn_after:
+            out.divergences += 1  # a manifest claims a file it does not have whole
+        out.problems.extend(problems)
+        return not problems
 
     def _damage(self, export_id: str) -> str | None:
         """The event's storage fault on the export's largest file (the first downloaded: the daemon stands at its
@@ -231,6 +283,10 @@ class ExportEvent:
         direct, table = self.front.uri(self.bucket, direct=True), self.f.table
         what = f"{blob} ({biggest['name']}, {biggest['size']} bytes)"
         if storage == "s3 intact":
+            return None
+        if storage in plan.S3_UPLOAD:  # the download goes on whole; the exports the daemon then makes meet it
+            self.front.fail(storage.rsplit(" ", 1)[1], self.front.uploads(table), s3_faults.UPLOAD)
+            self.out.notes.append(f"storage: {storage}: the bucket's writes of {table} fail from the download on")
             return None
         if storage in ("s3 5xx", "s3 silent"):
             self.front.fail("5xx" if storage == "s3 5xx" else "silent", blob)

@@ -40,8 +40,10 @@ EXPORT_KINDS = (EXPORT,)
 # (truncated), a file the manifest names gone, a file that never answers (a FIFO: its open blocks).
 # The same on the S3 emulator (tests.chaos.s3_faults), the export copied into a bucket: intact, answered 503 Slow
 # Down, never answered, a file the manifest names gone, and retention (a newer export, then retention with no grace)
-# while the download stands.
-S3_STORAGE = ("s3 intact", "s3 5xx", "s3 silent", "s3 missing file", "s3 retention")
+# while the download stands. Then the upload: the second daemon, once bootstrapped, exports into the bucket, whose
+# writes of files and manifests are answered 503, cut mid-body (a torn write), never answered, or answered 500.
+S3_UPLOAD = ("s3 upload 5xx", "s3 upload cut", "s3 upload silent", "s3 upload 500")
+S3_STORAGE = ("s3 intact", "s3 5xx", "s3 silent", "s3 missing file", "s3 retention", *S3_UPLOAD)
 EXPORT_STORAGE = ("intact", "torn file", "missing file", "silent file", *S3_STORAGE)
 # Schema Registry faults (tests.chaos.registry_faults), met by a registry-typed table while it restores, runs, or
 # reloads: the double's modes (tests/support/registry.py), each a cell with each phase.

@@ -239,8 +239,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                    help="run only fault K of --seed (same --faults-per-seed as the run being replayed)")
     p.add_argument("--reloads-per-seed", type=int, default=3,
                    help="reload events per seed, after its faults (default 3; see tests/chaos/reloads.py)")
-    p.add_argument("--exports-per-seed", type=int, default=2,
-                   help="export events per seed, after its reload events (default 2; see tests/chaos/exports.py)")
+    p.add_argument("--exports-per-seed", type=int, default=3,  # 10 seeds: each storage fault with and without a reload
+                   help="export events per seed, after its reload events (default 3; see tests/chaos/exports.py)")
     p.add_argument("--registry-per-seed", type=int, default=3,
                    help="Schema Registry fault events per seed, after its export events (default 3; see "
                         "tests/chaos/registry_faults.py)")

@@ -1,6 +1,7 @@
 """CI form of the chaos campaign: one seed, a handful of faults, two reload events (a SIGHUP burst, a table added
-and dropped by ``globald reload``) and one Schema Registry event (silent, met by a reload), against the real daemon
-on its own broker.
+and dropped by ``globald reload``), one export event (a second daemon bootstrapped from an export on the S3
+emulator, whose exports then meet uploads cut mid-body) and one Schema Registry event (silent, met by a reload),
+against the real daemon on its own broker.
 
 It fails on any divergence, any PID change the campaign did not cause, any fault not recovered, any planned fault
 not injected (or an I/O fault the daemon never met: ``tests.chaos.reach``; a reload it did not apply:
@@ -33,7 +34,7 @@ from tests.support import registry as registry_double
 SEED = int(os.environ.get("GLOBALD_CHAOS_SEED", "10"))
 FAULTS = 5
 RELOADS = 2  # reload events after the faults (tests/chaos/reloads.py)
-EXPORTS = 0  # export events after those: ~25 s each (a second daemon bootstraps), beyond the CI budget
+EXPORTS = 1  # export events after those (tests/chaos/exports.py): seed 10's, an upload cut mid-body on the S3 emulator
 REGISTRY = 1  # Schema Registry events after those (tests/chaos/registry_faults.py): seed 10's is silent @ reload
 
 
@@ -95,13 +96,15 @@ def test_export_events_come_after_the_reload_events_and_cover_their_phases() -> 
 
 
 def test_make_chaos_bootstraps_from_every_storage_fault_with_and_without_a_reload() -> None:
-    """``make chaos`` bootstraps from an intact, a torn and a missing-file export, each with a reload landing during
-    the download and without."""
+    """``make chaos`` bootstraps from an export under each storage fault (file://, the S3 emulator's download and
+    upload), each with a reload landing during the download and without."""
     args = runner.parse([])
     events = [e for s in range(args.seed, args.seed + args.seeds)
               for e in plan.exports(s, args.exports_per_seed, args.faults_per_seed + args.reloads_per_seed)]
     assert {(e.params["storage"], e.params["reload"]) for e in events} == {
         (storage, reload) for storage in plan.EXPORT_STORAGE for reload in (False, True)}
+    # The CI form meets the S3 emulator and an upload fault (~+20 s: a second daemon bootstraps, then exports).
+    assert [e.params["storage"] for e in plan.exports(SEED, EXPORTS, FAULTS + RELOADS)] == ["s3 upload cut"]
 
 
 def test_registry_events_come_last_and_make_chaos_has_every_fault_in_every_phase() -> None:
