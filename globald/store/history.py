@@ -28,11 +28,10 @@ from __future__ import annotations
 import logging
 import struct
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Message
 from rocksdict import Rdict
 
 from globald.store.failures import store_io
@@ -59,6 +58,9 @@ VALUE = b"\x01"
 SUFFIX_BYTES = _SUFFIX.size
 KEY_END = _END
 MAX_I64 = _MAX_I64
+# For a fold that writes the versions in its own loop (``engine.fold``): ``version_key`` spelled out there.
+MAX_U32 = _MAX_U32
+pack_suffix = _SUFFIX.pack
 
 
 def escape(key: bytes) -> bytes:
@@ -283,36 +285,19 @@ class HistoryWriter:
         self._untimed: str | None = None
         self._added = 0
 
-    def add_all(self, records: Sequence[Message]) -> None:
-        """Every keyed record of ``records`` (no error events) as a version. The restore's hot loop, in one frame
-        and spelled out (``version_key``, ``escape``): a call per record cost a versioned restore a fifth of its
-        rate (bench/history_restore.py). ``0 in key`` looks for a zero byte with memchr, where ``b"\\x00" in key``
-        takes the substring search (~10x as long, a fifth of the loop); ``clock`` starts below every timestamp kept
-        and the versions added are counted from the records skipped, so that a record costs no more than it must."""
-        put, handle, pack = self._batch.put, self._handle, _SUFFIX.pack
-        clock = -1 if self._clock is None else self._clock
-        untimed, skipped = self._untimed, 0
-        for m in records:
-            key = m.key()
-            if key is None:
-                skipped += 1
-                continue
-            ts_type, ts = m.timestamp()
-            if ts_type == TIMESTAMP_NOT_AVAILABLE or ts < 0:  # no place in time (module docstring)
-                skipped += 1
-                if untimed is None and self._meta.untimed is None:
-                    untimed = f"{m.partition()}/{m.offset()}"
-                continue
-            if 0 in key:
-                key = key.replace(b"\x00", b"\x00\xff")
-            value = m.value()
-            put(key + _END + pack(_MAX_I64 - ts, _MAX_I64 - m.offset(), _MAX_U32 - m.partition()),  # type: ignore[operator]
-                TOMBSTONE if value is None else VALUE + value, handle)
-            if ts > clock:
-                clock = ts
+    def sink(self) -> tuple[Callable[..., None], Any, int, str | None]:
+        """What a fold that adds the versions in its own loop (``engine.fold``) needs: the batch's ``put``, the
+        history family's handle, the clock so far (-1: none, below every timestamp kept) and the first record
+        without a timestamp seen so far (None: none); it hands back what it saw with ``added``."""
+        return self._batch.put, self._handle, -1 if self._clock is None else self._clock, self._untimed
+
+    def added(self, clock: int, untimed: str | None, versions: int) -> None:
+        """What a fold's loop (``sink``) saw: the newest timestamp, the first record without one (set only when
+        the store has none recorded yet), and how many versions it added."""
         self._clock = None if clock < 0 else clock
-        self._untimed = untimed
-        self._added += len(records) - skipped
+        if untimed is not None and self._meta.untimed is None:
+            self._untimed = untimed
+        self._added += versions
 
     def finish(self) -> None:
         """Prune and mark: call once, after the last ``add`` and before the batch is written."""

@@ -147,6 +147,12 @@ class StoreOptions:
             # L0's compaction score also counts its bytes against the base level's: raised with the file
             # trigger, or the size alone would start the compactions the trigger puts off.
             values.set_max_bytes_for_level_base(self.bulk_l0_mb << 20)
+        if bulk and history:
+            # A versioned table's versions are each record again (1M versions against 100k values in
+            # bench/history_restore.py): compressing them as the load's flushes write them cost a tenth of the
+            # flushes' CPU. The merge of L0 after the load compresses them (the family's usual options then); the
+            # pile's bound is in memtables' bytes (``bulk_l0_files``), which uncompressed files do not exceed.
+            families[HISTORY_CF].set_compression_type(DBCompressionType.none())
         if bulk:
             # Sorting and writing the memtables is then the work left behind the writer: two flush threads (a
             # quarter of the background jobs) halve the backlog a restore waits for at its end.
