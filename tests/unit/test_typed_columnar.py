@@ -13,7 +13,7 @@ import pytest
 
 from globald import typed
 from globald.settings.typed_spec import ValueFormat
-from globald.typed import columnar
+from globald.typed import columnar, columnar_table
 from globald.typed.arrow import DecodeFailure, python_rows
 from globald.typed.columnar import ColumnarInvalid, ColumnarTable, build_table, key_hashes, write_columnar
 from tests.unit.typed_fixtures import FIXTURES, avro_payload, avro_schema, customer_v2
@@ -51,7 +51,8 @@ def test_string_keys_are_looked_up_as_utf8() -> None:
 
 def test_keys_sharing_a_hash_are_still_told_apart(monkeypatch: pytest.MonkeyPatch) -> None:
     # Pure logic: a hash that collides for every key exercises the probe and the byte-by-byte confirmation.
-    monkeypatch.setattr(columnar, "key_hashes", lambda keys: np.full(len(keys), 42, np.uint64))
+    for module in (columnar, columnar_table):  # the builder's hashes and the reader's
+        monkeypatch.setattr(module, "key_hashes", lambda keys: np.full(len(keys), 42, np.uint64))
     content = items(60)
     table = ColumnarTable(build_table(content, typed.load(None, "t"), {}))
     asked = [k for k, _, _ in content] + [b"absent"]
@@ -59,13 +60,14 @@ def test_keys_sharing_a_hash_are_still_told_apart(monkeypatch: pytest.MonkeyPatc
 
 
 
-@pytest.mark.parametrize("asked_n", [1, columnar._PROBE_TAIL, columnar._PROBE_TAIL + 1, 700])
+@pytest.mark.parametrize("asked_n", [1, columnar_table._PROBE_TAIL, columnar_table._PROBE_TAIL + 1, 700])
 def test_long_chains_are_probed_to_their_ends_in_batches_of_any_size(monkeypatch: pytest.MonkeyPatch,
                                                                      asked_n: int) -> None:
     # Four hashes for every key: chains as long as the index allows, ended a slot a round and then in one round
     # (the tail), or in one round from the start; absent keys end at an empty slot or at the chain's end.
-    monkeypatch.setattr(columnar, "key_hashes",
-                        lambda keys: np.array([len(k or b"") % 4 for k in keys.to_pylist()], np.uint64))
+    for module in (columnar, columnar_table):  # the builder's hashes and the reader's
+        monkeypatch.setattr(module, "key_hashes",
+                            lambda keys: np.array([len(k or b"") % 4 for k in keys.to_pylist()], np.uint64))
     content = items(300, seed=3)
     table = ColumnarTable(build_table(content, typed.load(None, "t"), {}))
     row = {k: i for i, (k, _, _) in enumerate(content)}

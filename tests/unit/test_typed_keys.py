@@ -15,7 +15,7 @@ import pytest
 
 from globald import typed
 from globald.settings.typed_spec import ValueFormat
-from globald.typed import columnar
+from globald.typed import columnar, columnar_table
 from globald.typed.arrow import DecodeFailure, Decoder
 from globald.typed.columnar import ColumnarInvalid, ColumnarTable, build_table, columnar_path, write_columnar
 from globald.typed.keys import KeyTypeUnsupported, canonical
@@ -65,7 +65,8 @@ def test_two_stored_keys_decoding_alike_keep_the_latest_and_count_the_shadowed()
 
 def test_keys_sharing_a_hash_are_deduplicated_by_their_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
     # Pure logic: a hash colliding for every key must neither merge distinct keys nor hide real duplicates.
-    monkeypatch.setattr(columnar, "key_hashes", lambda keys: np.full(len(keys), 7, np.uint64))
+    for module in (columnar, columnar_table):  # the builder's hashes and the reader's
+        monkeypatch.setattr(module, "key_hashes", lambda keys: np.full(len(keys), 7, np.uint64))
     content = sorted([(avro_key(f"k{i}", 1 + i % 2), b"v%d" % i, i) for i in range(30)]
                      + [(avro_key("k3", 1), b"x", 0)])
     table = ColumnarTable(build_table(content, RAW, {"table": "t"}, key_decoder()))
