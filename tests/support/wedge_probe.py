@@ -25,6 +25,8 @@ import logging
 import os
 import random
 import signal
+import socket
+import subprocess
 import tempfile
 import threading
 import time
@@ -33,6 +35,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
+from globald.embedded.broker import free_port
 from globald.settings.kafka_properties import consumer_settings
 from tests.support.admin import TopicAdmin
 from tests.support.broker import EmbeddedKafka
@@ -40,6 +43,72 @@ from tests.support.broker import EmbeddedKafka
 TOPIC = "wedge"
 PARTITIONS = 3
 KILL_POINTS = ("idle", "fetch", "produce")
+# librdkafka debug lines counted in every cycle (lower case): what the restarted broker answered, and what the
+# client did with it. A 0.9 broker answers requests before its controller has told it the cluster's brokers.
+MARKERS = {"no_brokers": " 0 brokers, ", "decommission": "decommission", "rebootstrap": "rebootstrap",
+           "unknown_topic": "unknown topic", "leader_none": "leader -1"}
+
+
+def serve_proxy(listen: int, target: int) -> None:
+    """A TCP forwarder 127.0.0.1:``listen`` -> 127.0.0.1:``target`` (``--via-proxy``): SIGKILLed, its connections end
+    and its port refuses, as a killed broker's would, while the broker behind it keeps its state."""
+    import asyncio
+
+    async def pipe(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        try:
+            while data := await r.read(65536):
+                w.write(data)
+                await w.drain()
+        except OSError:
+            pass
+        finally:
+            w.close()
+
+    async def handle(cr: asyncio.StreamReader, cw: asyncio.StreamWriter) -> None:
+        try:
+            br, bw = await asyncio.open_connection("127.0.0.1", target)
+        except OSError:
+            cw.close()
+            return
+        await asyncio.gather(pipe(cr, bw), pipe(br, cw))
+
+    async def run() -> None:
+        server = await asyncio.start_server(handle, "127.0.0.1", listen, reuse_address=True)
+        async with server:
+            await server.serve_forever()
+
+    asyncio.run(run())
+
+
+class Proxy:
+    """The forwarder's process; ``kill`` and ``start`` stand for a broker SIGKILLed and restarted (same port, same
+    data, and none of a real restart's window in which the broker answers with an empty cluster)."""
+
+    def __init__(self, listen: int, target: int) -> None:
+        self.listen, self.target = listen, target
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        import sys
+
+        self.proc = subprocess.Popen([sys.executable, "-m", "tests.support.wedge_probe", "--serve-proxy",
+                                      f"{self.listen}:{self.target}"], start_new_session=True)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", self.listen), timeout=0.5).close()
+                return
+            except OSError:
+                time.sleep(0.02)
+        raise RuntimeError(f"the proxy did not listen on {self.listen}")
+
+    def kill(self) -> int | None:
+        if self.proc is None:
+            return None
+        pid = self.proc.pid
+        self.proc.kill()
+        self.proc.wait()
+        return pid
 
 
 class Ring(logging.Handler):
@@ -51,6 +120,10 @@ class Ring(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         self.lines.append((time.monotonic(), record.getMessage()))
+
+    def count(self, t: float) -> dict[str, int]:
+        lines = [line.lower() for ts, line in list(self.lines) if ts >= t]
+        return {k: n for k, m in MARKERS.items() if (n := sum(m in line for line in lines))}
 
     def since(self, t: float) -> list[str]:
         return [f"{ts:.3f} {line}" for ts, line in list(self.lines) if ts >= t]
@@ -156,18 +229,20 @@ class Cycles(threading.Thread):
     """Kills and restarts the broker, cycle after cycle, and measures how long the consumer stays silent."""
 
     def __init__(self, args: argparse.Namespace, kafka: EmbeddedKafka, load: Load, watched: Watched,
-                 ring: Ring, plain: dict[str, Any]) -> None:
+                 ring: Ring, plain: dict[str, Any], proxy: Proxy | None) -> None:
         super().__init__(name="wedge-cycles", daemon=True)
+        self.proxy = proxy
         self.args, self.kafka, self.load, self.watched, self.ring, self.plain = args, kafka, load, watched, ring, plain
         self.rnd = random.Random(args.seed)
         self.results: list[dict[str, Any]] = []
         self.finished = threading.Event()
+        self.stop = threading.Event()  # SIGINT/SIGTERM: end after the cycle under way
 
     def run(self) -> None:
         try:
             deadline = time.monotonic() + self.args.minutes * 60
             n = 0
-            while time.monotonic() < deadline and n < self.args.cycles:
+            while time.monotonic() < deadline and n < self.args.cycles and not self.stop.is_set():
                 n += 1
                 self.cycle(n)
         finally:
@@ -205,10 +280,15 @@ class Cycles(threading.Thread):
             self.load.running.set()
             time.sleep(self.rnd.uniform(0.5, 3))
         killed = time.monotonic()
-        pid = self.kafka.broker_pid
-        self.kafka.stop_broker(signal.SIGKILL)
-        time.sleep(down)
-        self.kafka.start_broker(timeout=120)
+        if self.proxy is not None:
+            pid = self.proxy.kill()
+            time.sleep(down)
+            self.proxy.start()
+        else:
+            pid = self.kafka.broker_pid
+            self.kafka.stop_broker(signal.SIGKILL)
+            time.sleep(down)
+            self.kafka.start_broker(timeout=120)
         ready = time.monotonic()
         self.load.running.set()
         result: dict[str, Any] = {"cycle": n, "point": point, "down_s": round(down, 2), "old_pid": pid,
@@ -218,6 +298,7 @@ class Cycles(threading.Thread):
             result.update(self._wedged(n, killed, ready))
         else:
             result["silent_s"] = round(silent, 2)
+        result["seen"] = self.ring.count(killed)
         self.results.append(result)
         print(json.dumps(result), flush=True)
 
@@ -242,6 +323,12 @@ class Cycles(threading.Thread):
             f'{{"t": {t - killed:.3f}, "stats": {s}}}\n' for t, s in list(self.watched.stats) if t >= killed - 2))
         (out / f"cycle{n}-errors.txt").write_text("".join(
             f"{t - killed:.3f} {e}\n" for t, e in list(self.watched.errors) if t >= killed - 2))
+        try:  # librdkafka's threads, native stacks: a thread blocked for good shows here
+            bt = subprocess.run(["gdb", "-p", str(os.getpid()), "-batch", "-ex", "thread apply all bt"],
+                                capture_output=True, text=True, timeout=180)
+            (out / f"cycle{n}-threads.txt").write_text(bt.stdout + bt.stderr)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            (out / f"cycle{n}-threads.txt").write_text(f"no stacks: {e}\n")
         info: dict[str, Any] = {"wedged": True, "positions": dict(self.watched.positions), "fresh_ends": fresh}
         more = self._wait_records(ready, self.args.max_wait)
         info["silent_s"] = round(more, 2) if more is not None else f">{self.args.max_wait}"
@@ -262,17 +349,34 @@ def main() -> None:
     p.add_argument("--list-every", type=float, default=1.0,
                    help="seconds between metadata listings on the consumer while it hears nothing (0: none)")
     p.add_argument("--debug", default="broker,topic,fetch,metadata,protocol")
+    p.add_argument("--ring", type=int, default=400_000, help="librdkafka log lines kept in memory")
     p.add_argument("--stats-ms", type=int, default=1000)
     p.add_argument("--set", action="append", default=[], metavar="PROP=VALUE",
                    help="a consumer property added to the daemon's (the fix under test)")
     p.add_argument("--out", default="/tmp/wedge-probe")
     p.add_argument("--run-dir", default=None, help="the broker's directory (default: a new temporary one)")
+    p.add_argument("--via-proxy", action="store_true",
+                   help="kill and restart a TCP forwarder in front of the broker instead of the broker (fast cycles)")
+    p.add_argument("--serve-proxy", metavar="LISTEN:TARGET", help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.serve_proxy:
+        listen, target = args.serve_proxy.split(":")
+        serve_proxy(int(listen), int(target))
+        return
 
     run_dir = Path(args.run_dir or tempfile.mkdtemp(prefix="wedge-probe-"))
-    kafka = EmbeddedKafka(run_dir / "kafka").start()
+    proxy: Proxy | None = None
+    if args.via_proxy:  # the broker advertises the proxy's port: every client connects through it
+        kafka = EmbeddedKafka(run_dir / "kafka", port=free_port())
+        proxy = Proxy(free_port(), kafka.port)
+        kafka.broker_props = {"advertised.listeners": f"PLAINTEXT://127.0.0.1:{proxy.listen}"}
+        proxy.start()
+        kafka.start()
+    else:
+        kafka = EmbeddedKafka(run_dir / "kafka").start()
     try:
-        plain = kafka.client_settings
+        plain = kafka.client_settings if proxy is None else {**kafka.client_settings,
+                                                              "bootstrap.servers": f"127.0.0.1:{proxy.listen}"}
         TopicAdmin.for_broker(plain, kafka.zookeeper).create(TOPIC, partitions=PARTITIONS)
         extra = dict(kv.split("=", 1) for kv in args.set)
         settings = {**consumer_settings({**plain, **extra}), "statistics.interval.ms": args.stats_ms}
@@ -280,12 +384,17 @@ def main() -> None:
             settings["debug"] = args.debug
         print(json.dumps({"librdkafka": __import__("confluent_kafka").libversion()[0], "broker": kafka.bootstrap,
                           "run_dir": str(run_dir), "extra": extra, "pid": os.getpid()}), flush=True)
-        ring = Ring(400_000)
+        ring = Ring(args.ring)
         watched = Watched(settings, ring, stats_keep=600, list_every=args.list_every)
         load = Load(plain, args.rate)
         load.start()
         load.running.set()
-        cycles = Cycles(args, kafka, load, watched, ring, plain)
+        cycles = Cycles(args, kafka, load, watched, ring, plain, proxy)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: cycles.stop.set())
+        # SIGUSR1: write the log kept in memory (the last --ring lines), to see a cycle that recovered.
+        signal.signal(signal.SIGUSR1, lambda *_: (Path(args.out).mkdir(parents=True, exist_ok=True), (
+            Path(args.out) / f"ring-{time.monotonic():.0f}.log").write_text("\n".join(ring.since(0)) + "\n")))
         cycles.start()
         while not cycles.finished.is_set():
             watched.turn()
@@ -301,6 +410,8 @@ def main() -> None:
         watched.consumer.close()
     finally:
         kafka.stop()
+        if proxy is not None:
+            proxy.kill()
 
 
 if __name__ == "__main__":
