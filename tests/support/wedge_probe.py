@@ -40,12 +40,14 @@ from globald.settings.kafka_properties import consumer_settings
 from tests.support.admin import TopicAdmin
 from tests.support.broker import EmbeddedKafka
 
-TOPIC = "wedge"
+TOPIC = "wedge"  # --topic: the name's length decides whether librdkafka parses an empty cluster's answer
 PARTITIONS = 3
-KILL_POINTS = ("idle", "fetch", "produce")
+# flap: killed again (up to three times) within a second of each restart, while the client is reconnecting.
+KILL_POINTS = ("idle", "fetch", "produce", "flap")
 # librdkafka debug lines counted in every cycle (lower case): what the restarted broker answered, and what the
 # client did with it. A 0.9 broker answers requests before its controller has told it the cluster's brokers.
-MARKERS = {"no_brokers": " 0 brokers, ", "decommission": "decommission", "rebootstrap": "rebootstrap",
+MARKERS = {"no_brokers": " 0 brokers, ", "protoerr": "not enough room in tmpabuf",
+           "decommission": "decommission", "rebootstrap": "rebootstrap",
            "unknown_topic": "unknown topic", "leader_none": "leader -1"}
 
 
@@ -140,6 +142,7 @@ class Load(threading.Thread):
         self.running = threading.Event()
         self.done = threading.Event()
         self.sent = 0
+        self.refused = 0
 
     def burst(self, n: int) -> None:
         for i in range(n):
@@ -152,6 +155,9 @@ class Load(threading.Thread):
             self.sent += 1
         except BufferError:
             self.producer.poll(0.1)
+        except KafkaException:  # the topic unknown for now (an empty cluster's answer after a restart)
+            self.refused += 1
+            time.sleep(0.01)
 
     def run(self) -> None:
         i = 0
@@ -262,7 +268,7 @@ class Cycles(threading.Thread):
         return False
 
     def cycle(self, n: int) -> None:
-        point = self.rnd.choice(KILL_POINTS)
+        point = self.rnd.choice(self.args.points.split(","))
         down = self.rnd.uniform(0, self.args.down_max)
         if point == "idle":
             self.load.running.clear()
@@ -280,15 +286,11 @@ class Cycles(threading.Thread):
             self.load.running.set()
             time.sleep(self.rnd.uniform(0.5, 3))
         killed = time.monotonic()
-        if self.proxy is not None:
-            pid = self.proxy.kill()
-            time.sleep(down)
-            self.proxy.start()
-        else:
-            pid = self.kafka.broker_pid
-            self.kafka.stop_broker(signal.SIGKILL)
-            time.sleep(down)
-            self.kafka.start_broker(timeout=120)
+        if point == "flap":
+            for _ in range(self.rnd.randint(1, 3)):
+                self._kill_restart(self.rnd.uniform(0, 2))
+                time.sleep(self.rnd.uniform(0, 1))
+        pid = self._kill_restart(down)
         ready = time.monotonic()
         self.load.running.set()
         result: dict[str, Any] = {"cycle": n, "point": point, "down_s": round(down, 2), "old_pid": pid,
@@ -301,6 +303,18 @@ class Cycles(threading.Thread):
         result["seen"] = self.ring.count(killed)
         self.results.append(result)
         print(json.dumps(result), flush=True)
+
+    def _kill_restart(self, down: float) -> int | None:
+        if self.proxy is not None:
+            pid = self.proxy.kill()
+            time.sleep(down)
+            self.proxy.start()
+            return pid
+        pid = self.kafka.broker_pid
+        self.kafka.stop_broker(signal.SIGKILL)
+        time.sleep(down)
+        self.kafka.start_broker(timeout=120)
+        return pid
 
     def _wait_records(self, since: float, bound: float) -> float | None:
         end = since + bound
@@ -337,6 +351,7 @@ class Cycles(threading.Thread):
 
 
 def main() -> None:
+    global TOPIC
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--minutes", type=float, default=30)
     p.add_argument("--cycles", type=int, default=10**9)
@@ -346,6 +361,7 @@ def main() -> None:
     p.add_argument("--rate", type=int, default=2000, help="records/s of the steady load")
     p.add_argument("--burst", type=int, default=200_000, help="backlog made before a 'fetch' kill")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--points", default=",".join(KILL_POINTS), help=f"kill points to draw from ({KILL_POINTS})")
     p.add_argument("--list-every", type=float, default=1.0,
                    help="seconds between metadata listings on the consumer while it hears nothing (0: none)")
     p.add_argument("--debug", default="broker,topic,fetch,metadata,protocol")
@@ -358,12 +374,14 @@ def main() -> None:
     p.add_argument("--via-proxy", action="store_true",
                    help="kill and restart a TCP forwarder in front of the broker instead of the broker (fast cycles)")
     p.add_argument("--serve-proxy", metavar="LISTEN:TARGET", help=argparse.SUPPRESS)
+    p.add_argument("--topic", default=TOPIC)
     args = p.parse_args()
     if args.serve_proxy:
         listen, target = args.serve_proxy.split(":")
         serve_proxy(int(listen), int(target))
         return
 
+    TOPIC = args.topic
     run_dir = Path(args.run_dir or tempfile.mkdtemp(prefix="wedge-probe-"))
     proxy: Proxy | None = None
     if args.via_proxy:  # the broker advertises the proxy's port: every client connects through it
