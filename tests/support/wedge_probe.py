@@ -46,7 +46,7 @@ PARTITIONS = 3
 KILL_POINTS = ("idle", "fetch", "produce", "flap")
 # librdkafka debug lines counted in every cycle (lower case): what the restarted broker answered, and what the
 # client did with it. A 0.9 broker answers requests before its controller has told it the cluster's brokers.
-MARKERS = {"no_brokers": " 0 brokers, ", "protoerr": "not enough room in tmpabuf",
+MARKERS = {"no_brokers": " 0 brokers, ", "protoerr": "not enough room in tmpabuf", "notexists": "exists -> notexists",
            "decommission": "decommission", "rebootstrap": "rebootstrap",
            "unknown_topic": "unknown topic", "leader_none": "leader -1"}
 
@@ -136,13 +136,19 @@ class Load(threading.Thread):
 
     def __init__(self, settings: dict[str, Any], rate: int) -> None:
         super().__init__(name="wedge-load", daemon=True)
-        self.producer = Producer({**settings, "linger.ms": 20, "message.timeout.ms": 120_000,
-                                  "queue.buffering.max.messages": 1_000_000, "log_level": 0})
+        self._settings = {**settings, "linger.ms": 20, "message.timeout.ms": 120_000,
+                          "queue.buffering.max.messages": 1_000_000, "log_level": 0}
+        self.producer = self._new()
+        self.refused_since = 0.0
+        self.renewed = 0  # producers replaced: one that took the topic as gone stays so until its periodic refresh
         self.rate = rate
         self.running = threading.Event()
         self.done = threading.Event()
         self.sent = 0
         self.refused = 0
+
+    def _new(self) -> Producer:
+        return Producer(self._settings)
 
     def burst(self, n: int) -> None:
         for i in range(n):
@@ -155,9 +161,18 @@ class Load(threading.Thread):
             self.sent += 1
         except BufferError:
             self.producer.poll(0.1)
-        except KafkaException:  # the topic unknown for now (an empty cluster's answer after a restart)
+        except KafkaException:  # the topic taken as gone (an empty cluster's answer after a restart)
             self.refused += 1
+            now = time.monotonic()
+            self.refused_since = self.refused_since or now
+            if now - self.refused_since > 2:  # this producer would wait for its next periodic refresh: a new one
+                self.producer.flush(0)
+                self.producer = self._new()
+                self.renewed += 1
+                self.refused_since = 0.0
             time.sleep(0.01)
+            return
+        self.refused_since = 0.0
 
     def run(self) -> None:
         i = 0
@@ -301,6 +316,7 @@ class Cycles(threading.Thread):
         else:
             result["silent_s"] = round(silent, 2)
         result["seen"] = self.ring.count(killed)
+        result["producers_renewed"] = self.load.renewed
         self.results.append(result)
         print(json.dumps(result), flush=True)
 
@@ -424,7 +440,8 @@ def main() -> None:
                           "wedged_by_point": dict(collections.Counter(r["point"] for r in wedged)),
                           "silent_median_s": silent[len(silent) // 2] if silent else None,
                           "silent_max_s": silent[-1] if silent else None,
-                          "records": watched.records, "list_failures": watched.list_failures}), flush=True)
+                          "records": watched.records, "list_failures": watched.list_failures,
+                          "producers_renewed": load.renewed}), flush=True)
         watched.consumer.close()
     finally:
         kafka.stop()
