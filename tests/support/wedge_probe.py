@@ -40,7 +40,8 @@ from globald.settings.kafka_properties import consumer_settings
 from tests.support.admin import TopicAdmin
 from tests.support.broker import EmbeddedKafka
 
-TOPIC = "wedge"  # --topic: the name's length decides whether librdkafka parses an empty cluster's answer
+# --topics: how many, and how long their names are, decides whether librdkafka parses an empty cluster's answer.
+TOPICS = ["wedge"]
 PARTITIONS = 3
 # flap: killed again (up to three times) within a second of each restart, while the client is reconnecting.
 KILL_POINTS = ("idle", "fetch", "produce", "flap")
@@ -157,7 +158,8 @@ class Load(threading.Thread):
 
     def _send(self, i: int) -> None:
         try:
-            self.producer.produce(TOPIC, key=b"k%d" % (i % 5000), value=b"v" * 100, partition=i % PARTITIONS)
+            self.producer.produce(TOPICS[i % len(TOPICS)], key=b"k%d" % (i % 5000), value=b"v" * 100,
+                                  partition=(i // len(TOPICS)) % PARTITIONS)
             self.sent += 1
         except BufferError:
             self.producer.poll(0.1)
@@ -199,8 +201,8 @@ class Watched:
         self.consumer = Consumer({**settings, "logger": log,
                                   "stats_cb": lambda s: self.stats.append((time.monotonic(), s)),
                                   "error_cb": lambda e: self.errors.append((time.monotonic(), str(e)))})
-        self.positions = dict.fromkeys(range(PARTITIONS), 0)
-        self.consumer.assign([TopicPartition(TOPIC, p, 0) for p in range(PARTITIONS)])
+        self.positions = {f"{t}[{p}]": 0 for t in TOPICS for p in range(PARTITIONS)}
+        self.consumer.assign([TopicPartition(t, p, 0) for t in TOPICS for p in range(PARTITIONS)])
         self.last_record = 0.0
         self.records = 0
         self.list_every = list_every
@@ -218,7 +220,7 @@ class Watched:
                 if err.code() != KafkaError._PARTITION_EOF:
                     self.errors.append((time.monotonic(), f"message error: {err}"))
                 continue
-            self.positions[m.partition()] = m.offset() + 1
+            self.positions[f"{m.topic()}[{m.partition()}]"] = (m.offset() or 0) + 1
             got += 1
         now = time.monotonic()
         if got:
@@ -234,13 +236,14 @@ class Watched:
         time.sleep(0.02)
 
 
-def ends(settings: dict[str, Any]) -> dict[int, int]:
+def ends(settings: dict[str, Any]) -> dict[str, int]:
     """The partitions' ends, asked by a new client (the "new client answered at once" of the soak)."""
     c = Consumer({**settings, "group.id": "wedge-probe-fresh", "log_level": 0})
     try:
         out = {}
-        for p in range(PARTITIONS):
-            out[p] = c.get_watermark_offsets(TopicPartition(TOPIC, p), timeout=10, cached=False)[1]
+        for t in TOPICS:
+            for p in range(PARTITIONS):
+                out[f"{t}[{p}]"] = c.get_watermark_offsets(TopicPartition(t, p), timeout=10, cached=False)[1]
         return out
     finally:
         c.close()
@@ -344,8 +347,9 @@ class Cycles(threading.Thread):
         """Silent past the bound: record the state, then wait up to --max-wait for it to end on its own."""
         out = Path(self.args.out)
         out.mkdir(parents=True, exist_ok=True)
+        fresh: dict[str, Any]
         try:
-            fresh = ends(self.plain)
+            fresh = dict(ends(self.plain))
         except KafkaException as e:
             fresh = {"error": str(e)}
         (out / f"cycle{n}-debug.log").write_text("\n".join(self.ring.since(killed - 2)) + "\n")
@@ -367,7 +371,7 @@ class Cycles(threading.Thread):
 
 
 def main() -> None:
-    global TOPIC
+    global TOPICS
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--minutes", type=float, default=30)
     p.add_argument("--cycles", type=int, default=10**9)
@@ -390,14 +394,14 @@ def main() -> None:
     p.add_argument("--via-proxy", action="store_true",
                    help="kill and restart a TCP forwarder in front of the broker instead of the broker (fast cycles)")
     p.add_argument("--serve-proxy", metavar="LISTEN:TARGET", help=argparse.SUPPRESS)
-    p.add_argument("--topic", default=TOPIC)
+    p.add_argument("--topics", default=",".join(TOPICS), help="topics of 3 partitions each, comma-separated")
     args = p.parse_args()
     if args.serve_proxy:
         listen, target = args.serve_proxy.split(":")
         serve_proxy(int(listen), int(target))
         return
 
-    TOPIC = args.topic
+    TOPICS = args.topics.split(",")
     run_dir = Path(args.run_dir or tempfile.mkdtemp(prefix="wedge-probe-"))
     proxy: Proxy | None = None
     if args.via_proxy:  # the broker advertises the proxy's port: every client connects through it
@@ -411,7 +415,9 @@ def main() -> None:
     try:
         plain = kafka.client_settings if proxy is None else {**kafka.client_settings,
                                                               "bootstrap.servers": f"127.0.0.1:{proxy.listen}"}
-        TopicAdmin.for_broker(plain, kafka.zookeeper).create(TOPIC, partitions=PARTITIONS)
+        admin = TopicAdmin.for_broker(plain, kafka.zookeeper)
+        for t in TOPICS:
+            admin.create(t, partitions=PARTITIONS)
         extra = dict(kv.split("=", 1) for kv in args.set)
         settings = {**consumer_settings({**plain, **extra}), "statistics.interval.ms": args.stats_ms}
         if args.debug:
@@ -427,8 +433,11 @@ def main() -> None:
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: cycles.stop.set())
         # SIGUSR1: write the log kept in memory (the last --ring lines), to see a cycle that recovered.
-        signal.signal(signal.SIGUSR1, lambda *_: (Path(args.out).mkdir(parents=True, exist_ok=True), (
-            Path(args.out) / f"ring-{time.monotonic():.0f}.log").write_text("\n".join(ring.since(0)) + "\n")))
+        def dump(*_: object) -> None:
+            Path(args.out).mkdir(parents=True, exist_ok=True)
+            (Path(args.out) / f"ring-{time.monotonic():.0f}.log").write_text("\n".join(ring.since(0)) + "\n")
+
+        signal.signal(signal.SIGUSR1, dump)
         cycles.start()
         while not cycles.finished.is_set():
             watched.turn()
