@@ -135,8 +135,9 @@ class Ring(logging.Handler):
 class Load(threading.Thread):
     """A producer at ``rate`` records/s over the partitions while ``running`` is set; ``burst`` queues more."""
 
-    def __init__(self, settings: dict[str, Any], rate: int) -> None:
+    def __init__(self, settings: dict[str, Any], rate: int, renew_after: float) -> None:
         super().__init__(name="wedge-load", daemon=True)
+        self.renew_after = renew_after
         self._settings = {**settings, "linger.ms": 20, "message.timeout.ms": 120_000,
                           "queue.buffering.max.messages": 1_000_000, "log_level": 0}
         self.producer = self._new()
@@ -167,7 +168,8 @@ class Load(threading.Thread):
             self.refused += 1
             now = time.monotonic()
             self.refused_since = self.refused_since or now
-            if now - self.refused_since > 2:  # this producer would wait for its next periodic refresh: a new one
+            # This producer would wait for its next periodic refresh: a new one (0: never, to measure that wait).
+            if self.renew_after > 0 and now - self.refused_since > self.renew_after:
                 self.producer.flush(0)
                 self.producer = self._new()
                 self.renewed += 1
@@ -320,6 +322,7 @@ class Cycles(threading.Thread):
             result["silent_s"] = round(silent, 2)
         result["seen"] = self.ring.count(killed)
         result["producers_renewed"] = self.load.renewed
+        result["produce_refused"] = self.load.refused  # both since the start
         self.results.append(result)
         print(json.dumps(result), flush=True)
 
@@ -389,6 +392,10 @@ def main() -> None:
     p.add_argument("--stats-ms", type=int, default=1000)
     p.add_argument("--set", action="append", default=[], metavar="PROP=VALUE",
                    help="a consumer property added to the daemon's (the fix under test)")
+    p.add_argument("--producer-set", action="append", default=[], metavar="PROP=VALUE",
+                   help="a property of the load's producer")
+    p.add_argument("--producer-renew-after", type=float, default=2.0,
+                   help="seconds a producer may refuse the topic before it is replaced (0: never)")
     p.add_argument("--out", default="/tmp/wedge-probe")
     p.add_argument("--run-dir", default=None, help="the broker's directory (default: a new temporary one)")
     p.add_argument("--via-proxy", action="store_true",
@@ -426,7 +433,8 @@ def main() -> None:
                           "run_dir": str(run_dir), "extra": extra, "pid": os.getpid()}), flush=True)
         ring = Ring(args.ring)
         watched = Watched(settings, ring, stats_keep=600, list_every=args.list_every)
-        load = Load(plain, args.rate)
+        load = Load({**plain, **dict(kv.split("=", 1) for kv in args.producer_set)}, args.rate,
+                    args.producer_renew_after)
         load.start()
         load.running.set()
         cycles = Cycles(args, kafka, load, watched, ring, plain, proxy)
