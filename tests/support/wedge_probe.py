@@ -7,13 +7,18 @@ after such a restart while a new client was answered at once; the daemon now rep
 ``confluent_kafka.Consumer`` with the daemon's consumer settings (``consumer_settings``: its managed properties and
 defaults, plus the 0.9 client settings), assigned to three partitions at explicit offsets, polled without blocking
 as the loop polls. Each cycle SIGKILLs the broker at a random point (the consumer idle at the end, catching up a
-backlog, or under a steady produce), restarts it on the same port, and measures how long the consumer takes to get
-records again. A cycle silent past ``--bound`` seconds while a new client reads records past the consumer's
-positions is a wedge: the probe writes librdkafka's debug log (``--debug`` contexts) since the kill, and its
-statistics (per broker and per partition: state, fetch_state, leader, fetchq_cnt, next_offset), to ``--out``.
+backlog, under a steady produce, or killed again while reconnecting), restarts it on the same port, and measures how
+long the consumer takes to get records again. A cycle silent past ``--bound`` seconds is written to ``--out``:
+librdkafka's debug log (``--debug`` contexts) since the kill, its statistics (per broker and per partition: state,
+fetch_state, leader, fetchq_cnt, next_offset), native stacks (gdb), and in the cycle's line the consumer's positions
+beside a new client's ends. Positions behind the ends: the consumer wedged; equal: nothing new was produced (a
+producer that took the topic as gone, see ``--producer-renew-after``).
 
-Run: ``PYTHONPATH=$PWD python -m tests.support.wedge_probe --minutes 30 --out /tmp/wedge`` (``--help``). Not a
-test: it runs for as long as it is told, and prints one line per cycle and a summary. Not shipped in the wheel.
+Run: ``PYTHONPATH=$PWD python -m tests.support.wedge_probe --topics soak-customers,soak-products --list-every 0
+--minutes 30 --out /tmp/wedge`` (``--help``). Not a test: it runs for as long as it is told, and prints one line per
+cycle and a summary. Run it from a copy of the tree (``git archive HEAD globald tests``) when editing meanwhile: the
+``--via-proxy`` forwarder (``tests.support.tcp_forwarder``) is started anew at every cycle. Findings:
+docs/testing/reliability.md. Not shipped in the wheel.
 """
 
 from __future__ import annotations
@@ -25,7 +30,6 @@ import logging
 import os
 import random
 import signal
-import socket
 import subprocess
 import tempfile
 import threading
@@ -39,6 +43,7 @@ from globald.embedded.broker import free_port
 from globald.settings.kafka_properties import consumer_settings
 from tests.support.admin import TopicAdmin
 from tests.support.broker import EmbeddedKafka
+from tests.support.tcp_forwarder import Proxy
 
 # --topics: how many, and how long their names are, decides whether librdkafka parses an empty cluster's answer.
 TOPICS = ["wedge"]
@@ -50,68 +55,6 @@ KILL_POINTS = ("idle", "fetch", "produce", "flap")
 MARKERS = {"no_brokers": " 0 brokers, ", "protoerr": "not enough room in tmpabuf", "notexists": "exists -> notexists",
            "decommission": "decommission", "rebootstrap": "rebootstrap",
            "unknown_topic": "unknown topic", "leader_none": "leader -1"}
-
-
-def serve_proxy(listen: int, target: int) -> None:
-    """A TCP forwarder 127.0.0.1:``listen`` -> 127.0.0.1:``target`` (``--via-proxy``): SIGKILLed, its connections end
-    and its port refuses, as a killed broker's would, while the broker behind it keeps its state."""
-    import asyncio
-
-    async def pipe(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-        try:
-            while data := await r.read(65536):
-                w.write(data)
-                await w.drain()
-        except OSError:
-            pass
-        finally:
-            w.close()
-
-    async def handle(cr: asyncio.StreamReader, cw: asyncio.StreamWriter) -> None:
-        try:
-            br, bw = await asyncio.open_connection("127.0.0.1", target)
-        except OSError:
-            cw.close()
-            return
-        await asyncio.gather(pipe(cr, bw), pipe(br, cw))
-
-    async def run() -> None:
-        server = await asyncio.start_server(handle, "127.0.0.1", listen, reuse_address=True)
-        async with server:
-            await server.serve_forever()
-
-    asyncio.run(run())
-
-
-class Proxy:
-    """The forwarder's process; ``kill`` and ``start`` stand for a broker SIGKILLed and restarted (same port, same
-    data, and none of a real restart's window in which the broker answers with an empty cluster)."""
-
-    def __init__(self, listen: int, target: int) -> None:
-        self.listen, self.target = listen, target
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        import sys
-
-        self.proc = subprocess.Popen([sys.executable, "-m", "tests.support.wedge_probe", "--serve-proxy",
-                                      f"{self.listen}:{self.target}"], start_new_session=True)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", self.listen), timeout=0.5).close()
-                return
-            except OSError:
-                time.sleep(0.02)
-        raise RuntimeError(f"the proxy did not listen on {self.listen}")
-
-    def kill(self) -> int | None:
-        if self.proc is None:
-            return None
-        pid = self.proc.pid
-        self.proc.kill()
-        self.proc.wait()
-        return pid
 
 
 class Ring(logging.Handler):
@@ -400,13 +343,8 @@ def main() -> None:
     p.add_argument("--run-dir", default=None, help="the broker's directory (default: a new temporary one)")
     p.add_argument("--via-proxy", action="store_true",
                    help="kill and restart a TCP forwarder in front of the broker instead of the broker (fast cycles)")
-    p.add_argument("--serve-proxy", metavar="LISTEN:TARGET", help=argparse.SUPPRESS)
     p.add_argument("--topics", default=",".join(TOPICS), help="topics of 3 partitions each, comma-separated")
     args = p.parse_args()
-    if args.serve_proxy:
-        listen, target = args.serve_proxy.split(":")
-        serve_proxy(int(listen), int(target))
-        return
 
     TOPICS = args.topics.split(",")
     run_dir = Path(args.run_dir or tempfile.mkdtemp(prefix="wedge-probe-"))
@@ -451,8 +389,9 @@ def main() -> None:
             watched.turn()
         load.done.set()
         wedged = [r for r in cycles.results if r.get("wedged")]
+        behind = [r for r in wedged if r["positions"] != r["fresh_ends"]]  # the consumer's own silence
         silent = sorted(r["silent_s"] for r in cycles.results if not r.get("wedged"))
-        print(json.dumps({"cycles": len(cycles.results), "wedged": len(wedged),
+        print(json.dumps({"cycles": len(cycles.results), "wedged": len(wedged), "consumer_wedged": len(behind),
                           "by_point": dict(collections.Counter(r["point"] for r in cycles.results)),
                           "wedged_by_point": dict(collections.Counter(r["point"] for r in wedged)),
                           "silent_median_s": silent[len(silent) // 2] if silent else None,
