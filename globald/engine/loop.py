@@ -21,6 +21,7 @@ from confluent_kafka import Consumer, KafkaException, Message
 
 from globald.common import swallowed
 from globald.common.states import State, StateMachine
+from globald.common.waits import Deadline
 from globald.engine.cluster_watch import (
     ClusterWatch,
     Decision,
@@ -374,13 +375,14 @@ class Loop:
         self.stats.consumer_renewals += 1
         self.worker.retire(old)  # closed off the loop thread: a destroy can wait as long as a clock step
 
-    def close(self) -> None:
-        """The consumer goes to the cluster worker to be closed there, then the worker stops (bounded)."""
+    def close(self, joins: Deadline) -> None:
+        """The consumer goes to the cluster worker to be closed there, then the worker stops, waited for within
+        what is left of ``joins`` (the stop's shared bound)."""
         for rt in self.tables.values():
             rt.assigned = False  # nothing is assigned once the consumer is closed: no more watermarks from it
         self.refill.close()
         self.worker.retire(self.consumer)
-        if not self.worker.close():
+        if not self.worker.close(joins.left()):
             log.warning("a Kafka client did not close within the stop's bound (stuck in librdkafka); stopping "
                         "without it")
 

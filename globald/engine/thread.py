@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from globald.common.states import Listeners, State, StateMachine
+from globald.common.waits import STOP_JOINS_S, Deadline
 from globald.engine import tables_change
 from globald.engine.background_upgrade import BackgroundUpgrade
 from globald.engine.events import (
@@ -76,6 +77,7 @@ class GlobalThread:
         self._refills = refills
         self._stop = threading.Event()
         self._loop: Loop | None = None
+        self.joins: Deadline | None = None  # the stop's shared bound, from the stores' close on (``_shutdown``)
         self._delta: Delta | None = None  # a reload prepared, not yet committed or aborted
         self._next_consumer: Consumer | None = None
         # The generation of the config the loop's consumer was made from (status: ``config.clients``): the start's,
@@ -219,10 +221,13 @@ class GlobalThread:
                     log.warning("final commit failed (%s); the stores stay at their last durable commit", e)
                     clean = False
         self.manager.close(clean=clean)
+        # The stop's shared bound starts here, once what was applied is durable: the cluster worker's wait is its
+        # first share, every other part's the rest (``Daemon._shutdown``)
+        self.joins = Deadline(STOP_JOINS_S)
         if loop is not None:
-            loop.close()  # the consumer is closed on the cluster worker, within a bound
-        else:
-            self.worker.close()
+            loop.close(self.joins)  # the consumer is closed on the cluster worker, within the bound
+        elif not self.worker.close(self.joins.left()):
+            log.warning("the cluster worker was still inside a Kafka client call at the stop; stopping without it")
         if self.machine.state == State.PENDING_SHUTDOWN:
             for rt in self.tables.values():
                 rt.machine.to(State.NOT_RUNNING, "stopped")

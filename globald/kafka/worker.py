@@ -34,7 +34,8 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-# How long a stop waits for the worker to close its clients before the process goes on without it.
+# How long ``close`` waits for the worker when not given a bound: a daemon's stop gives it what is left of the stop's
+# shared bound (``common.waits.STOP_JOINS_S``), as a call inside librdkafka cannot be cut short.
 CLOSE_WAIT_S = 5.0
 
 
@@ -240,7 +241,10 @@ class ClusterWorker:
 
     def close(self, wait_s: float = CLOSE_WAIT_S) -> bool:
         """Stop: questions still queued are dropped, closes still run, each runner closes its clients. Waits
-        ``wait_s`` at most in all; False when a runner was still inside a call then (it is left behind)."""
+        ``wait_s`` at most in all; False when a runner was still inside a call then (it is left behind, a daemon
+        thread the process's end does not wait for). What a runner left behind does afterwards touches no store: a
+        question works on its clients and on values the loop gave it when it asked, and its answer only goes to
+        ``take``, which nobody calls any more."""
         self._stop.set()
         for _ in self._runners:
             self._jobs.put(None)

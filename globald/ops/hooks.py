@@ -110,12 +110,18 @@ class HookRunner:
             self._worker.start()
 
     def close(self, timeout: float | None = None) -> None:
-        """Deliver what is queued (bounded by ``timeout``), then stop the worker."""
+        """Deliver what is queued, then stop the worker. ``timeout``: what the caller waits for that, at most (a
+        daemon's stop: what is left of its shared bound; a reload's old runner: two hooks' timeouts). A command or
+        POST still running then is left to the worker, a daemon thread the process's end does not wait for: a
+        hook is the user's code, and a stop is over within a second whatever it does (issue 40)."""
         if self._worker is None:
             return
         with contextlib.suppress(queue.Full):
-            self._queue.put(None, timeout=1)
+            self._queue.put(None, timeout=1 if timeout is None else 0)
         self._worker.join(timeout if timeout is not None else self.timeout * 2 + 1)
+        if self._worker.is_alive():
+            log.warning("state hooks: a hook still running at the stop's bound is not waited for, nor are the "
+                        "events queued after it delivered")
         self._worker = None
 
     def _run(self) -> None:

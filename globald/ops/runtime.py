@@ -166,7 +166,7 @@ class Operations:
         self.inbox.close()  # the loop has ended: a reset it never ran is answered, not left to time out
         if self.http is not None:
             self.http.stop(joins.left() if joins is not None else 5.0)
-        self.hooks.close()
+        self.hooks.close(joins.left() if joins is not None else None)  # the user's code: not waited for past the bound
         if self.tracemalloc is not None:
             self.tracemalloc.close()
         self.progress.clear()

@@ -25,7 +25,7 @@ from typing import IO, TYPE_CHECKING
 
 from globald.common import swallowed
 from globald.common.states import Listeners, State
-from globald.common.waits import Deadline
+from globald.common.waits import STOP_JOINS_S, Deadline
 from globald.engine.events import Committed, Event, EventBus, RebuildRequests, StateChanged, Subscriber, deliver
 from globald.engine.state_manager import StateManager
 from globald.engine.thread import GlobalThread
@@ -54,11 +54,6 @@ _STATUS_EVERY_S = 1.0
 # Below systemd's TimeoutStopSec (120 s in systemd/), so that a stop stuck in a library call says where it is stuck
 # before the service manager's SIGKILL, which says nothing.
 STOP_GRACE_S = 60.0
-# What a stop waits, in all, for the threads and the decode process of every part but the loop once the loop has
-# committed and closed the stores: a stop is over within a second of the signal on a loaded host (issue 40), and
-# what is left behind then holds nothing the next start needs (a half-built snapshot is swept, an upload has no
-# manifest, a reload not applied is answered as such).
-STOP_JOINS_S = 0.25
 _STEP_POLL_S = 0.05
 
 
@@ -297,7 +292,7 @@ class Daemon:
         """After the loop's final commit and the stores' close: every other part stops, their waits for their threads
         and the decode process sharing ``STOP_JOINS_S`` (a thread still inside a network or client call is left
         behind: ``globald run`` then ends the process without waiting for any thread, ``cli.main``)."""
-        joins = Deadline(STOP_JOINS_S)
+        joins = self.thread.joins or Deadline(STOP_JOINS_S)  # begun by the loop's stop, the cluster worker's share
         self.reloader.close(joins)
         self.snapshots.close(joins)
         if self.exports is not None:
