@@ -17,6 +17,10 @@ import time
 # what is left behind then holds nothing the next start needs (a half-built snapshot is swept, an upload has no
 # manifest, a reload not applied is answered as such, a cluster question's answer is dropped).
 STOP_JOINS_S = 0.25
+# When, after the stop was asked, a stop no longer waits for the state hooks to deliver what is queued (the stop's own
+# PENDING_SHUTDOWN and NOT_RUNNING among them): a hook is the user's code, a command or a POST bounded only by its
+# own timeout_ms, and the stop is over within a second with the process's end; a quick hook is delivered in full.
+STOP_HOOKS_S = 0.5
 
 
 def pause(seconds: float, stop: threading.Event | None = None) -> bool:

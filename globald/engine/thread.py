@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
@@ -78,6 +79,7 @@ class GlobalThread:
         self._stop = threading.Event()
         self._loop: Loop | None = None
         self.joins: Deadline | None = None  # the stop's shared bound, from the stores' close on (``_shutdown``)
+        self.asked_at: float | None = None  # when a stop was first asked (monotonic)
         self._delta: Delta | None = None  # a reload prepared, not yet committed or aborted
         self._next_consumer: Consumer | None = None
         # The generation of the config the loop's consumer was made from (status: ``config.clients``): the start's,
@@ -169,6 +171,8 @@ class GlobalThread:
             self.worker.retire(consumer)
 
     def stop(self) -> None:
+        if self.asked_at is None:
+            self.asked_at = time.monotonic()  # when the stop's bounds began (``Daemon._shutdown``)
         self._stop.set()
         self.worker.wake.set()  # ends the loop's idle wait at once (``Loop._poll_one``)
 

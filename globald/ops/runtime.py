@@ -160,13 +160,15 @@ class Operations:
         self.decodes.reconfigure(config)  # the config file in force
         return later
 
-    def stop(self, joins: Deadline | None = None) -> None:
-        """``joins``: the stop's shared bound on waiting for the decode process and the HTTP thread."""
+    def stop(self, joins: Deadline | None = None, hooks: Deadline | None = None) -> None:
+        """``joins``: the stop's shared bound on waiting for the decode process and the HTTP thread; ``hooks``: when
+        the state hooks are no longer waited for (``common.waits.STOP_HOOKS_S``), never before ``joins`` ends."""
         self.decodes.close(joins)  # first: a decode process never outlives the daemon
         self.inbox.close()  # the loop has ended: a reset it never ran is answered, not left to time out
         if self.http is not None:
             self.http.stop(joins.left() if joins is not None else 5.0)
-        self.hooks.close(joins.left() if joins is not None else None)  # the user's code: not waited for past the bound
+        # the user's code: not waited for past the stop's bound
+        self.hooks.close(None if joins is None else max(joins.left(), hooks.left() if hooks is not None else 0.0))
         if self.tracemalloc is not None:
             self.tracemalloc.close()
         self.progress.clear()

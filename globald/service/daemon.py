@@ -25,7 +25,7 @@ from typing import IO, TYPE_CHECKING
 
 from globald.common import swallowed
 from globald.common.states import Listeners, State
-from globald.common.waits import STOP_JOINS_S, Deadline
+from globald.common.waits import STOP_HOOKS_S, STOP_JOINS_S, Deadline
 from globald.engine.events import Committed, Event, EventBus, RebuildRequests, StateChanged, Subscriber, deliver
 from globald.engine.state_manager import StateManager
 from globald.engine.thread import GlobalThread
@@ -299,7 +299,8 @@ class Daemon:
             self.exports.close(joins)
         if self.thread.state in (State.NOT_RUNNING, State.ERROR):
             self.publish_status()
-        self.ops.stop(joins)
+        asked = self.thread.asked_at
+        self.ops.stop(joins, hooks=joins if asked is None else Deadline(STOP_HOOKS_S - (time.monotonic() - asked)))
         lock.close()
 
     def _own_state_dir(self) -> IO[str] | None:

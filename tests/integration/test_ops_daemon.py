@@ -125,7 +125,9 @@ with open({str(out)!r}, "a") as f:
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         d = daemon({"tbl": t}, start=False, hooks={
-            "on_state_change": [sys.executable, str(script)],
+            # -I -S: a hook starts in 10 ms rather than 30: the stop's own events are delivered within STOP_HOOKS_S
+            # of the signal (0.5 s), after which a stop does not wait for its hooks (issue 40)
+            "on_state_change": [sys.executable, "-I", "-S", str(script)],
             "webhook_url": f"http://127.0.0.1:{server.server_address[1]}/globald", "timeout_ms": 5000})
         d.env = {"NOTIFY_SOCKET": str(tmp_path / "nobody-listens.sock")}
         d.start()
