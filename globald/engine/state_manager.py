@@ -389,9 +389,10 @@ class StateManager:
     def memory_usage(self) -> dict[str, dict[str, int] | None]:
         return {name: rt.store.memory_usage() for name, rt in self.tables.items()}
 
-    def close(self, clean: bool) -> None:
+    def close(self, clean: bool, stopping: bool = False) -> None:
+        """``stopping``: the daemon's stop, after the final commit (``TableStore.close``)."""
         for rt in self.tables.values():
             try:
-                rt.store.close(clean=clean)
+                rt.store.close(clean=clean, stopping=stopping)
             except StoreUnavailableError as e:  # the store stays at its last durable commit
                 log.warning("table %s: close failed: %s", rt.name, e)

@@ -224,7 +224,7 @@ class GlobalThread:
                 except STORE_FAULTS as e:
                     log.warning("final commit failed (%s); the stores stay at their last durable commit", e)
                     clean = False
-        self.manager.close(clean=clean)
+        self.manager.close(clean=clean, stopping=True)
         # The stop's shared bound starts here, once what was applied is durable: the cluster worker's wait is its
         # first share, every other part's the rest (``Daemon._shutdown``)
         self.joins = Deadline(STOP_JOINS_S)

@@ -121,10 +121,12 @@ class Database:
         o = self.options
         return replace(o, level_base_mb=o.level_base_mb or base, target_file_mb=o.target_file_mb or target)
 
-    def _disconnect(self) -> None:
+    def _disconnect(self, abandon: bool = False) -> None:
+        """``abandon``: background work (flushes, compactions) is cancelled, not awaited, and the memtables are not
+        flushed: what they hold is in the WAL, synced (a stop after its final commit, ``TableStore.close``)."""
         db = self._db
         assert db is not None
-        if self._bulk:
+        if self._bulk or abandon:
             # Writes made since the last flush live only in memtables. rocksdict flushes a family on its own
             # whenever a family's Rdict is dropped, which would make data durable without its offsets or the
             # reverse; RocksDB's shutdown first flushes every family in one atomic flush, after which those
@@ -135,7 +137,7 @@ class Database:
         try:
             db.close()
         except Exception as e:
-            if not self._bulk:
+            if not (self._bulk or abandon):
                 raise StoreIOError(f"table {self.table}: close: {e}") from e
             # After cancel_all_background RocksDB always answers "Shutdown in progress", and the outcome of the
             # flush it made is not reported at all: end_bulk_load checks what reached the disk instead.

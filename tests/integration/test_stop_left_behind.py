@@ -128,7 +128,7 @@ def _reader_held(fifo: Path, d: DaemonProcess) -> Iterator[None]:
         os.close(fd)
 
 
-@pytest.mark.long  # two daemons' starts, a restore and an export: over 15 s
+@pytest.mark.long  # two daemons, an export and (s3) the emulator: ~7 s each at a load of 7, over the few seconds of make test
 @pytest.mark.parametrize("storage", ["file", "s3"])
 def test_a_stop_during_a_bootstraps_download_does_not_wait_for_silent_storage(
         storage: str, broker: Broker, topic: Callable[..., str], daemon: Daemon, tmp_path: Path) -> None:
