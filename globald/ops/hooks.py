@@ -69,6 +69,7 @@ class HookRunner:
         self.delivered = 0
         self._queue: queue.Queue[StateEvent | None] = queue.Queue(QUEUE_SIZE)
         self._worker: threading.Thread | None = None
+        self._running: subprocess.Popen[bytes] | None = None  # the hook command in progress (the worker's)
         self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}), _NoRedirects())
 
     @property
@@ -112,16 +113,21 @@ class HookRunner:
     def close(self, timeout: float | None = None) -> None:
         """Deliver what is queued, then stop the worker. ``timeout``: what the caller waits for that, at most (a
         daemon's stop: what is left of its shared bound; a reload's old runner: two hooks' timeouts). A command or
-        POST still running then is left to the worker, a daemon thread the process's end does not wait for: a
-        hook is the user's code, and a stop is over within a second whatever it does (issue 40)."""
+        POST still running then is left to the worker, a daemon thread the process's end does not wait for, and a
+        command's process group is killed: a hook is the user's code, and a stop is over within a second whatever
+        it does (issue 40)."""
         if self._worker is None:
             return
         with contextlib.suppress(queue.Full):
             self._queue.put(None, timeout=1 if timeout is None else 0)
         self._worker.join(timeout if timeout is not None else self.timeout * 2 + 1)
         if self._worker.is_alive():
-            log.warning("state hooks: a hook still running at the stop's bound is not waited for, nor are the "
-                        "events queued after it delivered")
+            running = self._running
+            if running is not None:  # killed as at its timeout: no hook command outlives the daemon
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(running.pid, signal.SIGKILL)
+            log.warning("state hooks: a hook still running at the stop's bound is not waited for (a command is "
+                        "killed), nor are the events queued after it delivered")
         self._worker = None
 
     def _run(self) -> None:
@@ -146,6 +152,7 @@ class HookRunner:
             self.failures["command"] += 1
             log.warning("state hook %s could not start: %s", argv[0], e.strerror or e)
             return
+        self._running = proc
         try:
             out, _ = proc.communicate(timeout=self.timeout)
         except subprocess.TimeoutExpired:
@@ -155,6 +162,8 @@ class HookRunner:
             self.failures["command"] += 1
             log.warning("state hook %s timed out after %.1fs and was killed", argv[0], self.timeout)
             return
+        finally:
+            self._running = None
         if proc.returncode != 0:
             self.failures["command"] += 1
             tail = out[-OUTPUT_LIMIT:].decode("utf-8", "replace").strip()

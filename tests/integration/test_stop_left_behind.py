@@ -33,7 +33,7 @@ from tests.chaos.registry_faults import STOP_S
 from tests.ci import require_module
 from tests.harness import Broker, DaemonProcess, random_records
 from tests.integration.test_export import FAST, _export_at, _export_conf, _exporter
-from tests.integration.test_stop_bound import processes_naming
+from tests.integration.test_stop_bound import none_left, processes_naming
 from tests.reliability.checks import check_store
 
 pytestmark = pytest.mark.kafka
@@ -91,8 +91,9 @@ def test_a_stop_does_not_wait_for_a_state_hook_that_does_not_return(
         took = stopped_in_time(d)
         assert ":PENDING_SHUTDOWN" in seen.read_text().splitlines(), seen.read_text()  # the held hook had run
         assert "a hook still running at the stop's bound is not waited for" in d.log.read_text(errors="replace")
+        none_left(str(hook))  # killed with its process group, as at its timeout: no hook outlives the daemon
     finally:
-        for pid in processes_naming(str(hook)):  # the held hook, in a session of its own, outlives the daemon
+        for pid in processes_naming(str(hook)):  # in a session of its own: never left to a later test
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGKILL)
     print(f"stopped in {took:.2f}s")
@@ -128,7 +129,7 @@ def _reader_held(fifo: Path, d: DaemonProcess) -> Iterator[None]:
         os.close(fd)
 
 
-@pytest.mark.long  # two daemons, an export and (s3) the emulator: ~7 s each at a load of 7, over the few seconds of make test
+@pytest.mark.long  # two daemons, an export, (s3) the emulator: ~7 s each at a load of 7, past make test's few
 @pytest.mark.parametrize("storage", ["file", "s3"])
 def test_a_stop_during_a_bootstraps_download_does_not_wait_for_silent_storage(
         storage: str, broker: Broker, topic: Callable[..., str], daemon: Daemon, tmp_path: Path) -> None:
