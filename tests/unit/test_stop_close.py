@@ -41,3 +41,15 @@ def test_a_stop_leaves_the_memtables_to_the_synced_wal_and_the_next_open_finds_e
 def test_a_close_outside_a_stop_still_flushes(tmp_path: Path) -> None:
     _written(tmp_path).close(clean=True)
     assert _wal_bytes(tmp_path) < sum(len(k) + len(v) for k, v in RECORDS.items())
+
+
+def test_a_stop_in_a_bulk_load_keeps_what_was_loaded_without_ending_the_load(tmp_path: Path) -> None:
+    store = TableStore.open(tmp_path, "tbl", "topic", StoreOptions()).store
+    store.begin_bulk_load()
+    write_records(store, RECORDS, {0: len(RECORDS)})
+    store.close(clean=True, stopping=True)  # the final commit left the bulk table out: no end_bulk_load, no sync
+    reopened = TableStore.open(tmp_path, "tbl", "topic", StoreOptions())
+    # RocksDB's shutdown flushed the memtables, data and offsets together: the restore resumes where it was
+    assert not reopened.crashed and reopened.store.offsets() == {0: len(RECORDS)}
+    assert {k: reopened.store.get(k) for k in VALUES} == {k: (v, 7) for k, v in VALUES.items()}
+    reopened.store.close()
