@@ -262,3 +262,50 @@ def test_an_object_gone_between_open_and_read_is_a_missing_file_and_retention_go
 
     with pytest.raises(TargetError, match="NETWORK_CONNECTION"):
         target._call("read", fails)
+
+
+def test_the_brokers_refusal_during_a_download_halts_it_and_nothing_is_opened_or_installed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The broker's checks run beside the download (issue 44): a refusal from them stops every file's download at
+    its next chunk, the store is never opened (the checks are waited for first) and the export is not used, for
+    the broker's reason."""
+    from collections.abc import Iterator
+
+    from globald.export import bootstrap
+    from globald.export.checks import BrokerChecks, Refused
+    from globald.settings.config import load
+
+    target_uri = (tmp_path / "bucket").as_uri()
+    snap, m = _snapshot(tmp_path, 3_000, "0000000000000001")
+    exported = export_snapshot(Target(target_uri), snap, m, threading.Event()).manifest
+    halts: list[threading.Event] = []
+    asked = threading.Event()
+
+    def refuses(self: BrokerChecks) -> None:
+        halts.append(self.halt)
+        asked.set()
+        raise Refused("the broker refused it (test)")
+
+    class Slow(Target):
+        def chunks(self, *parts: str) -> Iterator[bytes]:
+            for chunk in super().chunks(*parts):
+                for i in range(0, len(chunk), 100):
+                    yield chunk[i:i + 100]
+                    # the download is under way when the broker's answer comes: the next piece is read after it
+                    assert asked.wait(60) and halts[0].wait(60)
+
+    opened: list[Path] = []
+    monkeypatch.setattr(BrokerChecks, "check", refuses)
+    monkeypatch.setattr(bootstrap.Bootstrap, "_check", lambda self, m, db: opened.append(db))
+    state = tmp_path / "new"
+    state.mkdir(mode=0o700)
+    cfg_path = tmp_path / "new.toml"
+    cfg_path.write_text(f'state_dir = "{state}"\n[export]\nuri = "{target_uri}"\n[kafka]\n'
+                        '"bootstrap.servers" = "127.0.0.1:9"\n[[tables]]\nname = "tbl"\ntopic = "topic"\n')
+    cfg = load(cfg_path)
+    b = bootstrap.Bootstrap(cfg, cfg.tables[0], Slow(target_uri), threading.Event(), bootstrap.Install())
+    origin = b.run()
+    assert origin.kind == "topic" and "the broker refused it (test)" in (origin.fallback or ""), origin
+    assert b.downloaded <= 100 * min(bootstrap.DOWNLOADERS, len(exported.files)) < exported.total_bytes
+    assert not opened and not bootstrap.staging_dir(state, "tbl").exists()
+    assert bootstrap.needs_bootstrap(state, "tbl")
