@@ -216,6 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--speedup", type=int, default=6, help="time acceleration of the default load")
     p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument("--scratch", type=Path, default=None, help="parent of the scratch directory (default $TMPDIR)")
+    p.add_argument("--keep-log", type=Path, default=None, help="where to copy the bootstrapping host's log")
     args = p.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # the finally stops the broker
     started = time.monotonic()
@@ -275,6 +276,8 @@ def main(argv: list[str] | None = None) -> int:
         export_rx = _received(work / "from-export.rx.json", time.time(), args.stats_ms / 1000)
         from_export.stop()
         host_log = from_export.log.read_text(errors="replace")
+        if args.keep_log is not None:
+            args.keep_log.write_text(host_log)
         steps = breakdown(host_log, spawned)
         # The bootstrap's own split (download, the broker's checks beside it, open and check, sync and install)
         split = [line[24:] for line in host_log.splitlines() if "the broker's checks took" in line]

@@ -57,8 +57,11 @@ class BrokerChecks:
         try:
             self.check()
         except Refused as e:
-            self._refused = e
-            self.halt.set()  # the download stops at its next chunk
+            # After the download failed (it set halt, which cut the reads back short) the refusal is only its echo:
+            # the download's own error is the reason then.
+            if not self.halt.is_set():
+                self._refused = e
+                self.halt.set()  # the download stops at its next chunk
         except BaseException as e:  # a defect: raised on the bootstrap's thread, as before
             self._failed = e
             self.halt.set()
