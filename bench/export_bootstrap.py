@@ -216,6 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--speedup", type=int, default=6, help="time acceleration of the default load")
     p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument("--scratch", type=Path, default=None, help="parent of the scratch directory (default $TMPDIR)")
+    p.add_argument("--keep-log", type=Path, default=None, help="where to copy the bootstrapping host's log")
     args = p.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # the finally stops the broker
     started = time.monotonic()
@@ -274,7 +275,12 @@ def main(argv: list[str] | None = None) -> int:
         export_s, doc = _running_after(from_export, state, ends)
         export_rx = _received(work / "from-export.rx.json", time.time(), args.stats_ms / 1000)
         from_export.stop()
-        steps = breakdown(from_export.log.read_text(errors="replace"), spawned)
+        host_log = from_export.log.read_text(errors="replace")
+        if args.keep_log is not None:
+            args.keep_log.write_text(host_log)
+        steps = breakdown(host_log, spawned)
+        # The bootstrap's own split (download, the broker's checks beside it, open and check, sync and install)
+        split = [line[24:] for line in host_log.splitlines() if "the broker's checks took" in line]
         progress(f"from the export: {export_s:.1f} s: {steps}")
         origin = doc["tables"][TABLE]["origin"]
         result: dict[str, Any] = {
@@ -283,6 +289,7 @@ def main(argv: list[str] | None = None) -> int:
             "running_from_topic_s": round(topic_s, 2), "running_from_export_s": round(export_s, 2),
             "ratio": round(export_s / topic_s, 3), "origin": origin,
             "from_export_breakdown_s": steps,  # seconds after the spawn, from the new host's log
+            "bootstrap_split": split[0] if split else None,
             "broker_bytes": {"topic_log_bytes": log_bytes, "from_topic_rxbytes": topic_rx,
                              "from_export_rxbytes": export_rx,
                              "ratio": round(export_rx / topic_rx, 4) if topic_rx else None},

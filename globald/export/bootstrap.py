@@ -38,11 +38,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from globald.export.checks import BrokerChecks, Refused
 from globald.export.exporter import live_manifests
 from globald.export.manifest import ExportFile, ExportManifest
 from globald.export.target import FILES_DIR, Target, TargetError
-from globald.kafka.clients import TransientKafkaError, make_consumer, partitions, watermarks
-from globald.kafka.identity import VERIFY_TIMEOUT_S, RecordReader, TopicIds, verify
 from globald.settings.config import Config, TableConfig
 from globald.store import durable, gaps, history
 from globald.store.layout import offsets_to_json
@@ -63,10 +62,6 @@ log = logging.getLogger(__name__)
 
 FREE_MARGIN = 64 << 20  # bytes left free on the state_dir after a download
 DOWNLOADERS = 4  # files downloaded at once
-
-
-class Refused(Exception):
-    """This export cannot be used (the message says why); an older one, or the topic, is used instead."""
 
 
 class Abandoned(Exception):
@@ -160,7 +155,7 @@ class Bootstrap:
                  install: Install) -> None:
         self.config, self.table, self.target, self.stop, self.install = config, table, target, stop, install
         self.downloaded = 0
-        self.lag_ms: int | None = None  # the topic's min.compaction.lag.ms as _usable read it (a versioned table's)
+        self.lag_ms: int | None = None  # the topic's min.compaction.lag.ms as the broker checks read it (versioned)
         self.history: dict[str, Any] | None = None  # what _stamp_closed set the store's since to
         self._counted = threading.Lock()  # downloaded is added to by each downloader
 
@@ -178,14 +173,34 @@ class Bootstrap:
         if not found:
             reasons.append(f"no export of table {self.table.name} in {shown}")
         for m in found:
+            halt = threading.Event()  # a refusal on either side: the other stops early
             try:
                 self._usable(m)
-                self._download(m, stage)
+                steps = [time.monotonic()]
+                checks = BrokerChecks(self.config, self.table, m, self.stop, halt)
+                try:
+                    self._download(m, stage, halt)
+                except BaseException:
+                    halt.set()  # the checks end at their next wait
+                    refused = checks.refusal()  # the broker's reason when it has one already: it used to come first
+                    if refused is not None:
+                        raise refused from None
+                    raise
+                steps.append(time.monotonic())
+                checks.result()  # nothing is opened, stamped or installed before the broker's checks passed
+                self.lag_ms = checks.lag_ms
+                steps.append(time.monotonic())
                 self._check(m, stage / DB_DIR)
                 self._stamp_closed(m, stage / DB_DIR)
+                steps.append(time.monotonic())
                 # Downloaded files were synced whole (_fetch); RocksDB synced each table file it wrote since.
                 durable.sync_tree(stage, synced_suffixes=(".sst",))
                 self.install.run(lambda: self._move(stage))
+                steps.append(time.monotonic())
+                log.info("table %s: export %s: downloaded in %.2f s, the broker's checks took %.2f s beside it "
+                         "(%.2f s waited for after), opened and checked in %.2f s, synced and installed in %.2f s",
+                         self.table.name, m.id, steps[1] - steps[0], checks.seconds, steps[2] - steps[1],
+                         steps[3] - steps[2], steps[4] - steps[3])
             except Refused as e:
                 shutil.rmtree(stage, ignore_errors=True)
                 reasons.append(f"export {m.id}: {e}")
@@ -204,6 +219,7 @@ class Bootstrap:
     # -- is it usable -------------------------------------------------------------------------------------------
 
     def _usable(self, m: ExportManifest) -> None:
+        """What the manifest alone refuses; the broker's side runs beside the download (``checks.BrokerChecks``)."""
         if m.topic != self.table.topic:
             raise Refused(f"it mirrors topic {m.topic}, the table mirrors {self.table.topic}")
         refusal = history_refusal(m, self.table.history)
@@ -213,51 +229,12 @@ class Bootstrap:
             raise Refused(f"store format {m.store_format} is not one this globald reads {READABLE_FORMATS}")
         if m.typed != self.table.typed:
             raise Refused("exported from a typed table" if m.typed else "exported from a raw (untyped) table")
-        consumer = make_consumer(self.config)
-        try:
-            listed = partitions(consumer, self.table.topic)
-            marks = {p: watermarks(consumer, self.table.topic, p) for p in listed}
-        except TransientKafkaError as e:
-            raise Refused(f"cannot ask the broker about topic {self.table.topic}: {e}") from None
-        finally:
-            consumer.close()
-        missing = sorted(set(m.offsets) - set(marks))
-        if missing:
-            raise Refused(f"partitions {missing} are not in topic {self.table.topic} any more")
-        for p, o in sorted(m.offsets.items()):
-            low, high = marks[p]
-            if o < low:
-                raise Refused(f"partition {p} is at offset {o}, below the log start {low}: records between are gone")
-            if o > high:
-                raise Refused(f"partition {p} is at offset {o}, past the log end {high}: another topic")
-        ids = TopicIds(self.config.consumer_settings())
-        try:
-            if m.topic_id is not None:
-                now = ids.get(self.table.topic, VERIFY_TIMEOUT_S)
-                if now is not None and now != m.topic_id:
-                    raise Refused(f"topic ID {m.topic_id}, the broker's topic is {now}: deleted and recreated since")
-            if self.table.versioned:
-                self.lag_ms = ids.compaction_lag_ms(self.table.topic, VERIFY_TIMEOUT_S)
-        finally:
-            ids.close()
-        rungs = {p: r for p, r in m.ladders.items() if r}
-        reader = RecordReader(self.config.consumer_settings(), self.stop.wait)  # on this bootstrap's own thread
-        try:
-            verdict = verify(reader, self.table.topic, rungs, VERIFY_TIMEOUT_S)
-        finally:
-            reader.close()
-        if verdict.recreated:
-            raise Refused(f"topic {self.table.topic} is not the one exported: {verdict.describe()}")
-        if verdict.unreachable:
-            raise Refused(f"cannot read topic {self.table.topic} back at the export's fingerprints: "
-                          f"{'; '.join(sorted(set(verdict.unreachable.values())))}")
-        for p, why in sorted(verdict.unverifiable.items()):
-            log.warning("table %s: export %s, partition %d: %s; the engine's check reads its older records back",
-                        self.table.name, m.id, p, why)
 
     # -- download and check -------------------------------------------------------------------------------------
 
-    def _download(self, m: ExportManifest, stage: Path) -> None:
+    def _download(self, m: ExportManifest, stage: Path, halt: threading.Event | None = None) -> None:
+        """Every file of ``m`` into ``stage``; ``halt`` (set elsewhere: the broker refused the export) stops it
+        early, without an error of its own."""
         free = shutil.disk_usage(self.config.state_dir).free
         if m.total_bytes + FREE_MARGIN > free:
             raise Refused(f"{m.total_bytes} bytes to download, the state_dir has {free} free")
@@ -271,7 +248,7 @@ class Bootstrap:
         pending: queue.SimpleQueue[ExportFile] = queue.SimpleQueue()
         for f in sorted(m.files, key=lambda f: f.size, reverse=True):
             pending.put(f)
-        halt = threading.Event()  # one file failed: the others stop at their next chunk
+        halt = halt or threading.Event()  # one file failed: the others stop at their next chunk
         failed: list[Exception] = []
 
         def downloader() -> None:

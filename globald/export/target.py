@@ -84,6 +84,8 @@ def check_uri(uri: str, timeout_s: float = 10.0) -> None:
     within ``timeout_s``: opening an S3 URI without a region asks the bucket's) is not refused here."""
     import threading
 
+    if _plain_local(uri):
+        return  # pyarrow takes any such URI; importing it here cost a second import of it at every start (issue 44)
     from pyarrow import fs
 
     refused: list[str] = []
@@ -101,6 +103,21 @@ def check_uri(uri: str, timeout_s: float = 10.0) -> None:
     worker.join(timeout_s)
     if refused:
         raise ValueError(refused[0])
+
+
+_PLAIN_PATH = re.compile(r"/[A-Za-z0-9._~/+=,@:-]*")  # no percent escapes, no "//" start: pyarrow's parse is plain
+
+
+def _plain_local(uri: str) -> bool:
+    """``uri`` is a local directory URI every pyarrow takes (``file:///abs/path``: no host, no query, no escapes),
+    so that checking it needs no pyarrow."""
+    try:
+        parts = urlsplit(uri)
+    except ValueError:
+        return False
+    return (parts.scheme == "file" and parts.netloc == "" and not parts.query and not parts.fragment
+            and uri == f"file://{parts.path}" and _PLAIN_PATH.fullmatch(parts.path) is not None
+            and not parts.path.startswith("//"))
 
 
 @dataclass(frozen=True)

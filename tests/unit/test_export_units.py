@@ -15,6 +15,7 @@ from globald.export import retention
 from globald.export.exporter import export_snapshot, live_manifests
 from globald.export.manifest import ExportManifest, ExportManifestError
 from globald.export.target import EXPORTS_DIR, FILES_DIR, RETIRED_DIR, Target, TargetError, masked
+from globald.settings.config import Config, load
 from globald.snapshot.manifest import Manifest
 from globald.store.fingerprint import Fingerprint, Ladder
 from globald.store.options import StoreOptions
@@ -47,6 +48,16 @@ def _snapshot(tmp_path: Path, n: int, name: str) -> tuple[Path, Manifest]:
     m = Manifest(table="tbl", topic="topic", id=name, offsets={0: n}, created=time.time(), daemon_state="RUNNING",
                  table_state="RUNNING", records=n)
     return snap, m
+
+
+def _new_host(tmp_path: Path, target_uri: str) -> Config:
+    """The config of a new host bootstrapping table ``tbl`` from ``target_uri`` (no broker: nothing asks one)."""
+    state = tmp_path / "new"
+    state.mkdir(mode=0o700)
+    cfg_path = tmp_path / "new.toml"
+    cfg_path.write_text(f'state_dir = "{state}"\n[export]\nuri = "{target_uri}"\n[kafka]\n'
+                        '"bootstrap.servers" = "127.0.0.1:9"\n[[tables]]\nname = "tbl"\ntopic = "topic"\n')
+    return load(cfg_path)
 
 
 def test_exports_are_incremental_and_their_manifests_name_every_file(tmp_path: Path) -> None:
@@ -175,7 +186,6 @@ def test_a_download_fetches_files_at_once_and_a_damaged_one_refuses_the_export(t
     from collections.abc import Iterator
 
     from globald.export.bootstrap import Bootstrap, Install, Refused, staging_dir
-    from globald.settings.config import load
     from globald.store.names import DB_DIR
 
     target_uri = (tmp_path / "bucket").as_uri()
@@ -196,12 +206,8 @@ def test_a_download_fetches_files_at_once_and_a_damaged_one_refuses_the_export(t
                 together.wait()  # BrokenBarrierError when one thread fetches the files one after the other
             yield from super().chunks(*parts)
 
-    state = tmp_path / "new"
-    state.mkdir(mode=0o700)
-    cfg_path = tmp_path / "new.toml"
-    cfg_path.write_text(f'state_dir = "{state}"\n[export]\nuri = "{target_uri}"\n[kafka]\n'
-                        '"bootstrap.servers" = "127.0.0.1:9"\n[[tables]]\nname = "tbl"\ntopic = "topic"\n')
-    cfg = load(cfg_path)
+    cfg = _new_host(tmp_path, target_uri)
+    state = cfg.state_dir
     stage = staging_dir(state, "tbl")
     b = Bootstrap(cfg, cfg.tables[0], Meeting(target_uri), threading.Event(), Install())
     b._download(exported, stage)
@@ -262,3 +268,45 @@ def test_an_object_gone_between_open_and_read_is_a_missing_file_and_retention_go
 
     with pytest.raises(TargetError, match="NETWORK_CONNECTION"):
         target._call("read", fails)
+
+
+def test_the_brokers_refusal_during_a_download_halts_it_and_nothing_is_opened_or_installed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The broker's checks run beside the download (issue 44): a refusal from them stops every file's download at
+    its next chunk, the store is never opened (the checks are waited for first) and the export is not used, for
+    the broker's reason."""
+    from collections.abc import Iterator
+
+    from globald.export import bootstrap
+    from globald.export.checks import BrokerChecks, Refused
+
+    target_uri = (tmp_path / "bucket").as_uri()
+    snap, m = _snapshot(tmp_path, 3_000, "0000000000000001")
+    exported = export_snapshot(Target(target_uri), snap, m, threading.Event()).manifest
+    halts: list[threading.Event] = []
+    asked = threading.Event()
+
+    def refuses(self: BrokerChecks) -> None:
+        halts.append(self.halt)
+        asked.set()
+        raise Refused("the broker refused it (test)")
+
+    class Slow(Target):
+        def chunks(self, *parts: str) -> Iterator[bytes]:
+            for chunk in super().chunks(*parts):
+                for i in range(0, len(chunk), 100):
+                    yield chunk[i:i + 100]
+                    # the download is under way when the broker's answer comes: the next piece is read after it
+                    assert asked.wait(60) and halts[0].wait(60)
+
+    opened: list[Path] = []
+    monkeypatch.setattr(BrokerChecks, "check", refuses)
+    monkeypatch.setattr(bootstrap.Bootstrap, "_check", lambda self, m, db: opened.append(db))
+    cfg = _new_host(tmp_path, target_uri)
+    state = cfg.state_dir
+    b = bootstrap.Bootstrap(cfg, cfg.tables[0], Slow(target_uri), threading.Event(), bootstrap.Install())
+    origin = b.run()
+    assert origin.kind == "topic" and "the broker refused it (test)" in (origin.fallback or ""), origin
+    assert b.downloaded <= 100 * min(bootstrap.DOWNLOADERS, len(exported.files)) < exported.total_bytes
+    assert not opened and not bootstrap.staging_dir(state, "tbl").exists()
+    assert bootstrap.needs_bootstrap(state, "tbl")

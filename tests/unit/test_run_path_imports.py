@@ -106,3 +106,23 @@ def test_a_config_run_refuses_is_refused_before_the_re_exec(tmp_path: Path) -> N
                        timeout=120)
     assert r.returncode == 2 and not r.stdout.strip(), r.stdout[-2000:] + r.stderr[-3000:]
     assert "kafka.fetch.max.bytes" in r.stderr and not (tmp_path / "state").exists(), r.stderr
+
+
+def test_a_local_export_uri_is_checked_without_pyarrow_and_a_bad_one_still_refused(tmp_path: Path) -> None:
+    """An [export] uri of a local directory (file:///abs/path) is one pyarrow always takes: the process that
+    re-executes checks it without importing pyarrow (0.3 s and more, paid again by the process that runs); one
+    pyarrow refuses (a host in a local URI) is still exit 2 naming export.uri."""
+    config = tmp_path / "globald.toml"
+    base = (f'state_dir = "{tmp_path / "state"}"\n[http]\nport = 0\n'
+            '[kafka]\n"bootstrap.servers" = "127.0.0.1:9"\n[[tables]]\nname = "t"\ntopic = "t"\n[export]\n')
+    config.write_text(base + f'uri = "{(tmp_path / "bucket").as_uri()}"\n')
+    r = subprocess.run([sys.executable, "-c", BEFORE_EXEC, str(config)], cwd=REPO, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0 and r.stdout.strip(), r.stdout[-2000:] + r.stderr[-3000:]
+    loaded = set(json.loads(r.stdout.strip().splitlines()[-1]))
+    assert "globald.settings.config" in loaded and "pyarrow" not in loaded, sorted(loaded)
+
+    config.write_text(base + 'uri = "file://elsewhere/bucket"\n')
+    r = subprocess.run([sys.executable, "-c", BEFORE_EXEC, str(config)], cwd=REPO, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2 and "export.uri" in r.stderr and "hostname" in r.stderr, r.stderr[-3000:]
