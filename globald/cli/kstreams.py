@@ -18,7 +18,7 @@ from typing import Any
 from confluent_kafka import Consumer
 
 from globald.common.errors import ConfigError, ImportRefusedError, StoreCorruptError
-from globald.kafka.clients import TransientKafkaError, partitions, watermarks
+from globald.kafka.clients import TransientKafkaError, log_bounds
 from globald.settings.config import TOPIC_NAME_RE, Config
 from globald.store import checkpoint_file, durable, layout
 from globald.store.names import (
@@ -117,14 +117,11 @@ def _refuse_if_open(source: Path) -> None:
 
 def _validate_offsets(config: Config, topic: str, offsets: dict[int, int]) -> dict[int, list[int]]:
     """Each partition's offset within [log start, log end], every partition covered; returns the bounds."""
-    c = Consumer({**config.consumer_settings(), "log_level": 3})
     try:
-        parts = partitions(c, topic)
-        bounds = {p: watermarks(c, topic, p) for p in parts}
+        bounds = log_bounds(Consumer({**config.consumer_settings(), "log_level": 3}), topic)
     except TransientKafkaError as e:
         raise ImportRefusedError(f"cannot validate the offsets against topic {topic}: {e}") from None
-    finally:
-        c.close()
+    parts = sorted(bounds)
     problems = [f"partition {p} is not in the checkpoint" for p in parts if p not in offsets]
     problems += [f"partition {p} does not exist in the topic" for p in offsets if p not in bounds]
     problems += [f"partition {p} offset {o} is outside the log [{bounds[p][0]}, {bounds[p][1]}]"

@@ -14,7 +14,7 @@ import threading
 import time
 
 from globald.export.manifest import ExportManifest
-from globald.kafka.clients import TransientKafkaError, make_consumer, partitions, watermarks
+from globald.kafka.clients import TransientKafkaError, log_bounds, make_consumer
 from globald.kafka.identity import VERIFY_TIMEOUT_S, RecordReader, TopicIds, verify
 from globald.settings.config import Config, TableConfig
 
@@ -73,14 +73,10 @@ class BrokerChecks:
 
     def check(self) -> None:
         m, topic = self.m, self.table.topic
-        consumer = make_consumer(self.config)
         try:
-            listed = partitions(consumer, topic)
-            marks = {p: watermarks(consumer, topic, p) for p in listed}
+            marks = log_bounds(make_consumer(self.config), topic)
         except TransientKafkaError as e:
             raise Refused(f"cannot ask the broker about topic {topic}: {e}") from None
-        finally:
-            consumer.close()
         missing = sorted(set(m.offsets) - set(marks))
         if missing:
             raise Refused(f"partitions {missing} are not in topic {topic} any more")

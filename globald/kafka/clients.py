@@ -81,3 +81,12 @@ def watermarks(consumer: Consumer, topic: str, partition: int, timeout: float = 
     if low < 0 or high < 0:
         raise TransientKafkaError(f"watermarks of {topic}[{partition}] unknown ({low}, {high})")
     return low, high
+
+
+def log_bounds(consumer: Consumer, topic: str) -> dict[int, tuple[int, int]]:
+    """(log start, end) of every partition of ``topic``, listed then asked of the broker; the consumer is closed
+    after, whatever happens (a one-off check's). TransientKafkaError when the broker does not answer."""
+    try:
+        return {p: watermarks(consumer, topic, p) for p in partitions(consumer, topic)}
+    finally:
+        consumer.close()
