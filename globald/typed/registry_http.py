@@ -102,6 +102,14 @@ def client(settings: dict[str, Any]) -> Any:
         return found
 
 
+def forget_clients() -> None:
+    """Drop the clients kept per settings, and with them the schemas each cached by id. A registry's ids never
+    change meaning, so a daemon keeps its client; but a registry replaced by another at the same address (the
+    tests' registries, whose ports the OS hands out again) would otherwise be answered from the first one's cache."""
+    with _CLIENTS_LOCK:
+        _CLIENTS.clear()
+
+
 def timed_out(e: BaseException) -> bool:
     """A request the registry did not answer in time: httpx's (or httpx2's, whichever the client uses) timeouts are
     ``TimeoutException``s, Python's own ``TimeoutError``."""

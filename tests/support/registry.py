@@ -19,6 +19,7 @@ import time
 from collections import Counter
 
 from globald.embedded.registry import LocalRegistry, _Error
+from globald.typed.registry_http import forget_clients
 
 SILENT, UNAVAILABLE, THROTTLED, UNAUTHORIZED, SLOW = "silent", "503", "429", "401", "slow"
 MODES = (SILENT, UNAVAILABLE, THROTTLED, UNAUTHORIZED, SLOW)
@@ -34,6 +35,13 @@ class RegistryDouble(LocalRegistry):
         self.faulted: Counter[str] = Counter()
         self._healed = threading.Event()
         self._healed.set()
+
+    def start(self) -> RegistryDouble:
+        # A port the OS gave an earlier test's registry may be this one's: the clients this process keeps per URL
+        # (and the schemas they cached by id, which differ between registries) must not outlive that one.
+        forget_clients()
+        super().start()
+        return self
 
     def fault(self, mode: str, retry_after: int = 30, delay_s: float = 0.0) -> None:
         """From now on every request meets ``mode`` (one of ``MODES``) until ``heal()``."""

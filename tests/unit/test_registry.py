@@ -467,3 +467,19 @@ def test_json_schema_references_through_the_registry(tmp_path: Path, registry: R
                                                                                ("zip", pa.string())]))])
     got = dec.decode(pa.array([confluent(sid, b'{"id": 1, "home": {"city": "Oslo", "zip": "0150"}}')]))
     assert python_rows(got.values) == [{"id": 1, "home": {"city": "Oslo", "zip": "0150"}}]
+
+
+def test_a_registry_started_at_an_earlier_ones_port_is_not_answered_from_its_cache() -> None:
+    """The OS hands a closed registry's port to the next test's: the client this process keeps per URL must not
+    answer schema ids from the first registry's cache (a protobuf table once read id 2 as another test's Avro)."""
+    from globald.typed.registry_http import client
+
+    with RegistryDouble() as first:
+        sid = first.register("a-value", '{"type": "string"}')
+        port = first.port
+        assert client({"url": first.url}).get_schema(sid).schema_type == "AVRO"
+    second = RegistryDouble()
+    second.port = port
+    with second:
+        assert second.register("b-value", '{"type": "long"}') == sid
+        assert client({"url": second.url}).get_schema(sid).schema_str == '{"type": "long"}'
