@@ -103,10 +103,8 @@ def phase(sampler: Sampler, d: DaemonProcess, name: str) -> dict[str, Any]:
     return {name: out}
 
 
-def write_amp(log: Path, since_micros: int) -> tuple[int, int]:
-    """(bytes written by flushes, by compactions) after ``since_micros``, from RocksDB's event log."""
-    flush_jobs: set[int] = set()
-    flushed = compacted = 0
+def events(log: Path, since_micros: int) -> Iterator[dict[str, Any]]:
+    """RocksDB's event log (the ``EVENT_LOG_v1`` lines of its LOG) after ``since_micros``."""
     for line in log.read_text(errors="replace").splitlines():
         at = line.find("EVENT_LOG_v1 ")
         if at < 0:
@@ -115,8 +113,15 @@ def write_amp(log: Path, since_micros: int) -> tuple[int, int]:
             ev = json.loads(line[at + len("EVENT_LOG_v1 "):])
         except ValueError:
             continue
-        if ev.get("time_micros", 0) < since_micros:
-            continue
+        if ev.get("time_micros", 0) >= since_micros:
+            yield ev
+
+
+def write_amp(log: Path, since_micros: int) -> tuple[int, int]:
+    """(bytes written by flushes, by compactions) after ``since_micros``, from RocksDB's event log."""
+    flush_jobs: set[Any] = set()
+    flushed = compacted = 0
+    for ev in events(log, since_micros):
         kind = ev.get("event")
         if kind == "flush_started":
             flush_jobs.add(ev.get("job"))
