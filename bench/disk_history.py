@@ -44,6 +44,7 @@ from bench.disk import (
     Sampler,
     amplification,
     events,
+    paced,
     running,
 )
 from bench.restore import TABLE
@@ -151,17 +152,14 @@ def churn_versioned(root: Path, progress: Callable[[str], None], values: str = "
         user = 0
         done = threading.Event()
 
-        def produce() -> None:  # paced: a tenth of a second's records at a time
+        def send(batch: list[tuple[bytes, bytes]]) -> None:
+            for k, v in batch:
+                producer.produce(topic, v, k)
+            producer.poll(0)
+
+        def produce() -> None:
             nonlocal user
-            batches = int(seconds * 10)
-            start = time.monotonic()
-            source = records(CHURN_RATE * batches // 10, 34, values)
-            for i in range(batches):
-                for k, v in (next(source) for _ in range(CHURN_RATE // 10)):
-                    user += len(k) + len(v)
-                    producer.produce(topic, v, k)
-                producer.poll(0)
-                time.sleep(max(0.0, start + (i + 1) / 10 - time.monotonic()))
+            user = paced(records(CHURN_RATE * int(seconds * 10) // 10, 34, values), CHURN_RATE, seconds, send)
             producer.flush(60)
             done.set()
 
