@@ -20,9 +20,10 @@ from typing import Any
 
 import confluent_kafka
 
-from bench import data, disk, freshness, memory, optional, recovery, report, restore, whole_process
+from bench import data, disk, disk_history, freshness, memory, optional, recovery, report, restore, whole_process
 from bench.env import BenchEnv
 from bench.pipelines import PIPELINES
+from globald.embedded.tansu import TansuMissingError
 
 # oor rewrites the topic, disk adds records to it: they come last.
 BENCHES = ("restore", "whole", "rss", "snapshots", "freshness", "spark", "resume", "oor", "disk")
@@ -118,6 +119,10 @@ def main(argv: list[str] | None = None) -> int:
                 r["oor"] = recovery.out_of_range(env, ds, stopped_state, a.repeats, progress)
             elif bench == "disk":
                 r["disk"] = disk.disk_use(env, ds, progress)
+                try:  # issue 45's disk goals: a versioned table, on Tansu (records with timestamps)
+                    r["disk"]["history"] = disk_history.churn_versioned(env.fresh_dir("disk-history"), progress)
+                except TansuMissingError as e:
+                    progress(f"disk history: not measured: {e}")
         r["meta"]["load_end"] = [round(x, 2) for x in os.getloadavg()]
         r["meta"]["seconds"] = round(time.monotonic() - started, 1)
         paths = report.write(r, a.out, f"bench-{size_name(a.records)}")

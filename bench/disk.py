@@ -103,10 +103,8 @@ def phase(sampler: Sampler, d: DaemonProcess, name: str) -> dict[str, Any]:
     return {name: out}
 
 
-def write_amp(log: Path, since_micros: int) -> tuple[int, int]:
-    """(bytes written by flushes, by compactions) after ``since_micros``, from RocksDB's event log."""
-    flush_jobs: set[int] = set()
-    flushed = compacted = 0
+def events(log: Path, since_micros: int) -> Iterator[dict[str, Any]]:
+    """RocksDB's event log (the ``EVENT_LOG_v1`` lines of its LOG) after ``since_micros``."""
     for line in log.read_text(errors="replace").splitlines():
         at = line.find("EVENT_LOG_v1 ")
         if at < 0:
@@ -115,8 +113,15 @@ def write_amp(log: Path, since_micros: int) -> tuple[int, int]:
             ev = json.loads(line[at + len("EVENT_LOG_v1 "):])
         except ValueError:
             continue
-        if ev.get("time_micros", 0) < since_micros:
-            continue
+        if ev.get("time_micros", 0) >= since_micros:
+            yield ev
+
+
+def write_amp(log: Path, since_micros: int) -> tuple[int, int]:
+    """(bytes written by flushes, by compactions) after ``since_micros``, from RocksDB's event log."""
+    flush_jobs: set[Any] = set()
+    flushed = compacted = 0
+    for ev in events(log, since_micros):
         kind = ev.get("event")
         if kind == "flush_started":
             flush_jobs.add(ev.get("job"))
@@ -141,6 +146,20 @@ def amplification(log: Path, since: int, user: int) -> dict[str, Any]:
             "written_x_flushed": round((flushed + compacted) / max(1, flushed), 2)}
 
 
+def paced(source: Iterator[tuple[bytes, bytes]], rate: int, seconds: float,
+          send: Callable[[list[tuple[bytes, bytes]]], object]) -> int:
+    """``send`` ``rate`` records a second of ``source`` for ``seconds``, a tenth of a second's at a time; returns
+    their user bytes (key + value)."""
+    user = 0
+    start = time.monotonic()
+    for i in range(int(seconds * 10)):
+        batch = [next(source) for _ in range(rate // 10)]
+        user += sum(len(k) + len(v) for k, v in batch)
+        send(batch)
+        time.sleep(max(0.0, start + (i + 1) / 10 - time.monotonic()))
+    return user
+
+
 def churn(env: BenchEnv, progress: Callable[[str], None], interval: float = 0.2) -> dict[str, Any]:
     """The churn load: the state_dir's maximum under updates over the same keys, against the settled live store."""
     topic = "disk-churn"
@@ -160,16 +179,10 @@ def churn(env: BenchEnv, progress: Callable[[str], None], interval: float = 0.2)
         user = 0
         done = threading.Event()
 
-        def produce() -> None:  # paced: a tenth of a second's records at a time
+        def produce() -> None:
             nonlocal user
-            batches = int(CHURN_SECONDS * 10)
-            start = time.monotonic()
-            source = churn_records(CHURN_RATE * batches // 10, seed=34)
-            for i in range(batches):
-                batch = [next(source) for _ in range(CHURN_RATE // 10)]
-                user += sum(len(k) + len(v) for k, v in batch)
-                env.admin.produce(topic, batch)
-                time.sleep(max(0.0, start + (i + 1) / 10 - time.monotonic()))
+            user = paced(churn_records(int(CHURN_RATE * CHURN_SECONDS), seed=34), CHURN_RATE, CHURN_SECONDS,
+                         lambda batch: env.admin.produce(topic, batch))
             done.set()
 
         t = threading.Thread(target=produce, daemon=True)

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from bench import disk
+from bench import disk, disk_history
 
 RESTORE_LABELS = {
     "globald": "globald (GlobalThread, to RUNNING)",
@@ -91,7 +91,8 @@ def targets(r: dict[str, Any]) -> list[dict[str, Any]]:
                        f"{v}x", f"against Spark's own broadcast hash join: {jvm}x" if jvm is not None else ""))
     out.append(_target("Spark join vs the JVM's broadcast hash join", "> 1.0x per core", jvm,
                        jvm is not None and jvm > 1.0, f"{jvm}x"))
-    return out + disk.targets(r, _target)
+    versioned = (r.get("disk") or {}).get("history")
+    return out + disk.targets(r, _target) + (disk_history.targets(versioned, _target) if versioned else [])
 
 
 def _thread_table(pipelines: dict[str, Any]) -> list[str]:
@@ -186,7 +187,7 @@ def _other_sections(r: dict[str, Any]) -> list[str]:
                   f"its own clock: {x['raw_batch_inside_seconds']}). {x['records']:,} records, {x['repeats']} "
                   f"interleaved repetitions: **{x['ratio']}x** (within each: {x['paired_ratios']}); globald's store "
                   f"against the oracle: {x['verified']}."]
-    parts += disk.markdown(r)
+    parts += disk.markdown(r) + disk_history.markdown((r.get("disk") or {}).get("history"))
     if "rss" in r:
         x = r["rss"]
         parts += ["## Memory",
