@@ -88,28 +88,32 @@ class Lineage:
             return list(self._reads)
 
 
-def observe_read(df: Any, read: Read) -> Any:
+def observe_read(df: Any, read: Read, fallbacks: Any = None) -> Any:
     """``df`` with ``read`` attached as the named observation ``read.observation``: literal metrics, so they are
-    the same however many rows (or none) the query has."""
+    the same however many rows (or none) the query has. With ``fallbacks`` (``globald.spark.session.Fallbacks``),
+    ``df`` still has the hidden fallback column, which the same observation adds up (metric ``n``) and drops: one
+    node on every row of the query instead of two (issue 44.3)."""
     from globald.spark.session import functions
 
     fns = functions(df.sparkSession)
-    return df.observe(read.observation, fns.lit(read.table).alias("table"),
-                      fns.lit(read.snapshot).cast("string").alias("snapshot"),
-                      fns.lit(json.dumps(read.to_json()["offsets"])).alias("offsets"),
-                      fns.lit(read.seq).alias("seq"))
+    metrics = [fns.lit(read.table).alias("table"), fns.lit(read.snapshot).cast("string").alias("snapshot"),
+               fns.lit(json.dumps(read.to_json()["offsets"])).alias("offsets"), fns.lit(read.seq).alias("seq")]
+    if fallbacks is not None:
+        return fallbacks.watch(df, df.sparkSession, read.observation, metrics)
+    return df.observe(read.observation, *metrics)
 
 
 def recorded(kind: str, *, observe: bool = False) -> Callable[[F], F]:
     """A view method's calls recorded in its lineage after they built their result (which captured the
-    descriptor); with ``observe``, the DataFrame it returns carries its read as a named observation."""
+    descriptor); with ``observe``, the DataFrame it returns carries its read as a named observation (which also
+    counts the fallbacks of a DataFrame the call left its hidden column on: ``view._unwatched``)."""
 
     def wrap(method: F) -> F:
         @functools.wraps(method)
         def call(view: Any, *args: Any, **kwargs: Any) -> Any:
             out = method(view, *args, **kwargs)
             read = view._record(kind, observe=observe)
-            return observe_read(out, read) if observe else out
+            return observe_read(out, read, view._unwatched()) if observe else out
 
         return call  # type: ignore[return-value]
 
