@@ -100,16 +100,18 @@ class Fallbacks:
         self._pending: deque[Any] = deque(maxlen=MAX_PENDING)
         self._counted = 0
         self.accumulator: Any = None
+        self._sum: tuple[Any, Any] | None = None  # (session, its metric column): built once, not per join
 
     def watch(self, df: Any, spark: Any, name: str | None = None, metrics: Sequence[Any] = ()) -> Any:
         """``df`` (with the hidden count column) observed and with that column dropped. ``name`` and ``metrics``:
         the observation's name and other metrics of its own (a join's lineage, ``globald.spark.lineage``), so
         that one observation carries both: each is a node evaluated on every row of the query."""
-        F = functions(spark)
+        if self._sum is None or self._sum[0] is not spark:  # each column costs round trips to the JVM
+            F = functions(spark)
+            self._sum = (spark, F.coalesce(F.sum(F.col(FALLBACK_COL)), F.lit(0)).alias("n"))
         obs = observation(spark, name)
         self._pending.append(obs)
-        return df.observe(obs, *metrics, F.coalesce(F.sum(F.col(FALLBACK_COL)), F.lit(0)).alias("n")
-                          ).drop(FALLBACK_COL)
+        return df.observe(obs, *metrics, self._sum[1]).drop(FALLBACK_COL)
 
     @property
     def value(self) -> int:
