@@ -4,7 +4,8 @@ Every ``join``, ``udf``, ``lookup_partitions`` and ``foreach_batch`` micro-batch
 table, the snapshot id and the offsets of the descriptor it captured (the one its executors are told to read), in
 the view's ``lineage()``, newest last. A ``join`` also carries its read on the DataFrame as a named observation
 (``globald:<table>:<id>``, unique: Spark refuses two observations of one name in a plan, and one query
-may join two views of a table), which Spark's UI (the plan's CollectMetrics node), ``QueryExecutionListener``\\s and a
+may join two views of a table; it also carries the join's fallback count ``n``, ``globald.spark.session``),
+which Spark's UI (the plan's CollectMetrics node), ``QueryExecutionListener``\\s and a
 stream's ``lastProgress.observedMetrics`` show. ``view.refresh(offsets=read.offsets)`` reads that version again,
 built at exactly those offsets if no snapshot holds them any more (exact builds).
 
