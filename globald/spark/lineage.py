@@ -4,7 +4,8 @@ Every ``join``, ``udf``, ``lookup_partitions`` and ``foreach_batch`` micro-batch
 table, the snapshot id and the offsets of the descriptor it captured (the one its executors are told to read), in
 the view's ``lineage()``, newest last. A ``join`` also carries its read on the DataFrame as a named observation
 (``globald:<table>:<id>``, unique: Spark refuses two observations of one name in a plan, and one query
-may join two views of a table), which Spark's UI (the plan's CollectMetrics node), ``QueryExecutionListener``\\s and a
+may join two views of a table; it also carries the join's fallback count ``n``, ``globald.spark.session``),
+which Spark's UI (the plan's CollectMetrics node), ``QueryExecutionListener``\\s and a
 stream's ``lastProgress.observedMetrics`` show. ``view.refresh(offsets=read.offsets)`` reads that version again,
 built at exactly those offsets if no snapshot holds them any more (exact builds).
 
@@ -66,6 +67,7 @@ class Lineage:
     def __init__(self) -> None:
         self._reads: deque[Read] = deque(maxlen=MAX_READS)
         self._lock = threading.Lock()
+        self._metrics: tuple[int, Any, list[Any]] | None = None  # (seq, session, the observation's metrics)
 
     def record(self, desc: dict[str, Any], kind: str, *, batch_id: int | None = None,
                observe: bool = False) -> Read:
@@ -87,29 +89,54 @@ class Lineage:
         with self._lock:
             return list(self._reads)
 
+    def metrics(self, read: Read, spark: Any) -> list[Any]:
+        """``read``'s literal metrics (``read_metrics``), built once per descriptor and session: each column is
+        driver round trips to the JVM (about 8 ms a join on a classic session, issue 44.3), and reads of one
+        descriptor (``seq``) have the same table, snapshot and offsets."""
+        with self._lock:
+            if self._metrics is not None and self._metrics[0] == read.seq and self._metrics[1] is spark:
+                return self._metrics[2]
+        built = read_metrics(read, spark)
+        with self._lock:
+            self._metrics = (read.seq, spark, built)
+        return built
 
-def observe_read(df: Any, read: Read) -> Any:
-    """``df`` with ``read`` attached as the named observation ``read.observation``: literal metrics, so they are
-    the same however many rows (or none) the query has."""
+
+def read_metrics(read: Read, spark: Any) -> list[Any]:
+    """The columns a join's observation of ``read`` carries: literals, so they are the same however many rows (or
+    none) the query has."""
     from globald.spark.session import functions
 
-    fns = functions(df.sparkSession)
-    return df.observe(read.observation, fns.lit(read.table).alias("table"),
-                      fns.lit(read.snapshot).cast("string").alias("snapshot"),
-                      fns.lit(json.dumps(read.to_json()["offsets"])).alias("offsets"),
-                      fns.lit(read.seq).alias("seq"))
+    fns = functions(spark)
+    return [fns.lit(read.table).alias("table"), fns.lit(read.snapshot).cast("string").alias("snapshot"),
+            fns.lit(json.dumps(read.to_json()["offsets"])).alias("offsets"), fns.lit(read.seq).alias("seq")]
+
+
+def observe_read(df: Any, read: Read, fallbacks: Any = None, metrics: list[Any] | None = None) -> Any:
+    """``df`` with ``read`` attached as the named observation ``read.observation`` (its ``metrics``, built when not
+    given: ``read_metrics``). With ``fallbacks`` (``globald.spark.session.Fallbacks``), ``df`` still has the hidden
+    fallback column, which the same observation adds up (metric ``n``) and drops: one node on every row of the
+    query instead of two (issue 44.3)."""
+    if metrics is None:
+        metrics = read_metrics(read, df.sparkSession)
+    if fallbacks is not None:
+        return fallbacks.watch(df, df.sparkSession, read.observation, metrics)
+    return df.observe(read.observation, *metrics)
 
 
 def recorded(kind: str, *, observe: bool = False) -> Callable[[F], F]:
     """A view method's calls recorded in its lineage after they built their result (which captured the
-    descriptor); with ``observe``, the DataFrame it returns carries its read as a named observation."""
+    descriptor); with ``observe``, the DataFrame it returns carries its read as a named observation (which also
+    counts the fallbacks of a DataFrame the call left its hidden column on: ``view._unwatched``)."""
 
     def wrap(method: F) -> F:
         @functools.wraps(method)
         def call(view: Any, *args: Any, **kwargs: Any) -> Any:
             out = method(view, *args, **kwargs)
             read = view._record(kind, observe=observe)
-            return observe_read(out, read) if observe else out
+            if not observe:
+                return out
+            return observe_read(out, read, view._unwatched(), view._lineage.metrics(read, out.sparkSession))
 
         return call  # type: ignore[return-value]
 

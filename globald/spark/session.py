@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from collections.abc import Sequence
 from typing import Any
 
 from globald.common.errors import GlobaldError
@@ -57,16 +58,17 @@ def functions(spark: Any) -> Any:
     return sql_functions
 
 
-def observation(spark: Any) -> Any:
-    """A new ``Observation`` of the session's own kind (PySpark otherwise picks by a process-wide variable)."""
+def observation(spark: Any, name: str | None = None) -> Any:
+    """A new ``Observation`` (named ``name``, else by Spark) of the session's own kind (PySpark otherwise picks by
+    a process-wide variable)."""
     if is_connect(spark):
         from pyspark.sql.connect.observation import Observation as ConnectObservation
 
-        return ConnectObservation()
+        return ConnectObservation(name)
     from pyspark.sql.observation import Observation
 
     obs = object.__new__(Observation)  # Observation.__new__ would pick Connect's class by the process variable
-    Observation.__init__(obs)
+    Observation.__init__(obs, name)
     return obs
 
 
@@ -98,13 +100,18 @@ class Fallbacks:
         self._pending: deque[Any] = deque(maxlen=MAX_PENDING)
         self._counted = 0
         self.accumulator: Any = None
+        self._sum: tuple[Any, Any] | None = None  # (session, its metric column): built once, not per join
 
-    def watch(self, df: Any, spark: Any) -> Any:
-        """``df`` (with the hidden count column) observed and with that column dropped."""
-        F = functions(spark)
-        obs = observation(spark)
+    def watch(self, df: Any, spark: Any, name: str | None = None, metrics: Sequence[Any] = ()) -> Any:
+        """``df`` (with the hidden count column) observed and with that column dropped. ``name`` and ``metrics``:
+        the observation's name and other metrics of its own (a join's lineage, ``globald.spark.lineage``), so
+        that one observation carries both: each is a node evaluated on every row of the query."""
+        if self._sum is None or self._sum[0] is not spark:  # each column costs round trips to the JVM
+            F = functions(spark)
+            self._sum = (spark, F.coalesce(F.sum(F.col(FALLBACK_COL)), F.lit(0)).alias("n"))
+        obs = observation(spark, name)
         self._pending.append(obs)
-        return df.observe(obs, F.coalesce(F.sum(F.col(FALLBACK_COL)), F.lit(0)).alias("n")).drop(FALLBACK_COL)
+        return df.observe(obs, *metrics, self._sum[1]).drop(FALLBACK_COL)
 
     @property
     def value(self) -> int:

@@ -221,6 +221,13 @@ class GlobalTableView:
         self._captured.desc = None
         return self._lineage.record(desc, kind, batch_id=batch_id, observe=observe)
 
+    def _unwatched(self) -> Fallbacks | None:
+        """The view's fallbacks when this thread's last ``join`` left the hidden fallback column for its lineage
+        observation to count (``globald.spark.lineage.observe_read``), else None."""
+        left = getattr(self._captured, "unwatched", False)
+        self._captured.unwatched = False
+        return self.fallbacks if left else None
+
     @recorded("join", observe=True)
     def join(self, df: Any, on: str, value_col: str = "value", timestamp_col: str = "timestamp",
              snapshot_col: str | None = None, *, flatten: bool | str = False, error_col: str | None = None,
@@ -282,8 +289,10 @@ class GlobalTableView:
         fn = arrow_fn(self.settings, desc_bc, data_bc, on, value_col, timestamp_col, snapshot_col, count, **extra)
         if not count:
             return df.mapInArrow(fn, StructType(fields))
-        out = df.mapInArrow(fn, StructType([*fields, StructField(FALLBACK_COL, LongType(), False)]))
-        return self.fallbacks.watch(out, df.sparkSession)
+        # The hidden column is counted and dropped by the read's observation (``recorded``): one observation, a
+        # node run on every row, instead of two.
+        self._captured.unwatched = True
+        return df.mapInArrow(fn, StructType([*fields, StructField(FALLBACK_COL, LongType(), False)]))
 
     @recorded("lookup_partitions")
     def lookup_partitions(self, rdd: Any, key: Callable[[Any], object] | None = None) -> Any:
