@@ -29,7 +29,6 @@ file (over 2 GB of values) is read by one seek per row instead (slow, logged).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import logging
@@ -44,14 +43,7 @@ import pyarrow.compute as pc
 from globald.common.errors import GlobaldError
 from globald.store.history import KEY_END, MAX_I64, SUFFIX_BYTES, VALUE, HistoryMeta
 from globald.store.names import ASOF_HISTORY_FILE, ASOF_HISTORY_LAYOUT
-from globald.typed.columnar import (
-    META,
-    ColumnarInvalid,
-    ColumnarTable,
-    ColumnarTooLarge,
-    _host_lock,
-    write_columnar,
-)
+from globald.typed.columnar import META, ColumnarTable, ColumnarTooLarge, mapped_or_built
 from globald.typed.hashing import HASH, key_hashes, slot_table
 
 if TYPE_CHECKING:
@@ -183,24 +175,16 @@ def _narrow_values(values: pa.Array) -> pa.Array:
 def ensure(snapshot: Snapshot) -> ColumnarTable:
     """The snapshot's as-of table, mapped from its file; built and written first when there is none (under the
     host lock: one builder per host). A directory this user may not write gets it in this worker's memory."""
-    directory = snapshot.table_dir / snapshot.id
-    path = directory / FILE
-    with contextlib.suppress(FileNotFoundError, ColumnarInvalid):
-        return ColumnarTable.open(path, FINGERPRINT)
-    try:
-        with _host_lock(directory):
-            with contextlib.suppress(FileNotFoundError, ColumnarInvalid):
-                return ColumnarTable.open(path, FINGERPRINT)  # another worker built it meanwhile
-            table = build(snapshot)
-            write_columnar(path, table)
-            log.info("as-of table of snapshot %s of %s: %d keys, %d versions", snapshot.id, snapshot.manifest.table,
-                     table.num_rows, table.num_rows + (len(table.column("older").chunk(0).values) if table.num_rows
-                                                       else 0))
-    except OSError as e:
-        log.warning("cannot write the as-of file of snapshot %s (%s): building it in this worker's memory",
-                    snapshot.id, e)
-        return ColumnarTable(build(snapshot))
-    return ColumnarTable.open(path, FINGERPRINT)
+
+    def built() -> pa.Table:
+        table = build(snapshot)
+        log.info("as-of table of snapshot %s of %s: %d keys, %d versions", snapshot.id, snapshot.manifest.table,
+                 table.num_rows, table.num_rows + (len(table.column("older").chunk(0).values) if table.num_rows
+                                                   else 0))
+        return table
+
+    return mapped_or_built(snapshot.table_dir / snapshot.id / FILE, FINGERPRINT, built,
+                           f"the as-of file of snapshot {snapshot.id}")
 
 
 # -- answering -----------------------------------------------------------------------------------------------------

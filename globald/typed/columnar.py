@@ -237,18 +237,23 @@ def _bounded(items: Iterable[tuple[bytes, bytes, int]], limit: int | None, about
         yield k, v, ts
 
 
-def mapped_or_built(path: Path, fp: str, build: Callable[[], pa.Table], what: str) -> ColumnarTable:
+def mapped_or_built(path: Path, fp: str, build: Callable[[], pa.Table], what: str,
+                    available: Callable[[list[int]], bool] | None = None) -> ColumnarTable:
     """The file at ``path`` (of fingerprint ``fp``), mapped; built by ``build`` and written first when there is
-    none, under the host lock of its directory (one builder per host, the others then map it). A directory this
-    user may not write (or a full disk) gets the table in this worker's memory, logged naming ``what``."""
+    none, or when the one there cannot be used (``ColumnarTable.open``, ``available`` included), under the host lock
+    of its directory (one builder per host, the others then map it). A directory this user may not write (read-only,
+    full or over quota) gets the table in this worker's memory, logged naming ``what``."""
     with contextlib.suppress(FileNotFoundError, ColumnarInvalid):
-        return ColumnarTable.open(path, fp)
+        return ColumnarTable.open(path, fp, available)
     try:
         with _host_lock(path.parent):
             try:
-                return ColumnarTable.open(path, fp)  # another worker built it meanwhile
-            except (FileNotFoundError, ColumnarInvalid):
-                write_columnar(path, build())
+                return ColumnarTable.open(path, fp, available)  # another worker built it meanwhile
+            except FileNotFoundError:
+                pass
+            except ColumnarInvalid as e:
+                log.info("%s rebuilt: %s", what, e)
+            write_columnar(path, build())
     except OSError as e:
         log.warning("cannot write %s (%s): building it in this worker's memory", what, e)
         return ColumnarTable(build())
@@ -265,27 +270,15 @@ def ensure_columnar(snapshot: Snapshot, decoder: Decoder, key_decoder: Decoder |
     ColumnarTooLarge for a snapshot that does not fit one file, or whose keys and values (``ROW_BYTES`` more a row)
     pass ``limit`` bytes when one is given and no file is there yet: the caller reads per batch."""
     directory = snapshot.table_dir / snapshot.id
-    path, fp = columnar_path(directory, decoder, key_decoder), fingerprint(decoder, key_decoder)
-    with contextlib.suppress(FileNotFoundError, ColumnarInvalid):
-        return ColumnarTable.open(path, fp, decoder.available)
     about = {"table": snapshot.manifest.table, "snapshot": snapshot.id,
              "offsets": {str(p): o for p, o in snapshot.offsets.items()}}
-    try:
-        with _host_lock(directory):
-            try:
-                return ColumnarTable.open(path, fp, decoder.available)  # another worker decoded it meanwhile
-            except FileNotFoundError:
-                pass
-            except ColumnarInvalid as e:
-                log.info("columnar file rebuilt: %s", e)
-            table = build_table(_bounded(snapshot, limit, about), decoder, about, key_decoder, snapshot.origins)
-            write_columnar(path, table)
-            log.info("decoded snapshot %s of %s into %s: %d rows, %d decode errors, %.2fs", snapshot.id,
-                     about["table"], path.name, table.num_rows, table.num_rows - table.column("error").null_count,
-                     json.loads(table.schema.metadata[META.encode()])["decode_s"])
-    except OSError as e:  # read-only, full or over quota: the reader is served all the same, from its own memory
-        log.warning("cannot write the columnar file of snapshot %s (%s): decoding it in this worker's memory",
-                    snapshot.id, e)
-        return ColumnarTable(build_table(_bounded(snapshot, limit, about), decoder, about, key_decoder,
-                                         snapshot.origins))
-    return ColumnarTable.open(path, fp)
+
+    def decoded() -> pa.Table:
+        table = build_table(_bounded(snapshot, limit, about), decoder, about, key_decoder, snapshot.origins)
+        log.info("decoded snapshot %s of %s: %d rows, %d decode errors, %.2fs", snapshot.id, about["table"],
+                 table.num_rows, table.num_rows - table.column("error").null_count,
+                 json.loads(table.schema.metadata[META.encode()])["decode_s"])
+        return table
+
+    return mapped_or_built(columnar_path(directory, decoder, key_decoder), fingerprint(decoder, key_decoder),
+                           decoded, f"the columnar file of snapshot {snapshot.id}", decoder.available)
