@@ -241,8 +241,10 @@ class Target:
 
 
 # How pyarrow's S3 filesystem says that an object is not there (another host's retention removed it meanwhile):
-# callers take it as they take a file gone from a local directory (FileNotFoundError).
-_GONE = re.compile(r"NO_SUCH_KEY|NoSuchKey|The specified key does not exist")
+# callers take it as they take a file gone from a local directory (FileNotFoundError). A read of an object deleted
+# after its stream opened may get a 404 without an error body, which the AWS SDK names RESOURCE_NOT_FOUND (seen in
+# CI: a download racing another host's retention, grace_s = 0).
+_GONE = re.compile(r"NO_SUCH_KEY|NoSuchKey|The specified key does not exist|RESOURCE_NOT_FOUND")
 _SECRETISH = re.compile(r"(?i)(secret|password|token|key)=[^&\s]+")
 
 

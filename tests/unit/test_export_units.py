@@ -310,3 +310,19 @@ def test_the_brokers_refusal_during_a_download_halts_it_and_nothing_is_opened_or
     assert b.downloaded <= 100 * min(bootstrap.DOWNLOADERS, len(exported.files)) < exported.total_bytes
     assert not opened and not bootstrap.staging_dir(state, "tbl").exists()
     assert bootstrap.needs_bootstrap(state, "tbl")
+
+
+@pytest.mark.parametrize("said", [S3_GONE, "AWS Error RESOURCE_NOT_FOUND during GetObject operation: "])
+def test_each_way_s3_says_an_object_is_gone_is_a_missing_file(tmp_path: Path, said: str) -> None:
+    """A ranged GET of an object deleted after its stream opened may be answered 404 without an error body: the AWS
+    SDK then says RESOURCE_NOT_FOUND, not NO_SUCH_KEY (a CI download raced retention so). Both are FileNotFoundError,
+    which the bootstrap reports as a file missing from the storage; another failure stays a TargetError."""
+
+    def fails(text: str) -> None:
+        raise OSError(text)
+
+    target = Target(tmp_path.as_uri())
+    with pytest.raises(FileNotFoundError):
+        target._call("read", fails, said)
+    with pytest.raises(TargetError, match="read failed"):
+        target._call("read", fails, "AWS Error NETWORK_CONNECTION during GetObject operation")
